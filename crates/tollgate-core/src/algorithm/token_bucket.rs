@@ -1,0 +1,83 @@
+//! Token bucket with lazy refill, in exact fixed point.
+//!
+//! One token is `token = period / gcd(limit, period)` units and `rate = limit / gcd(limit, period)` units accrue
+//! per microsecond, so refill is exact with no rounding. The state is the instant the bucket is full again
+//! (`full_at`, which is also the reset clients are told) plus the sub-microsecond `remainder`: the deficit at
+//! `now` is `(full_at − now) × rate − remainder` units. A key whose `full_at` has passed is a full bucket, the same
+//! as a fresh one, which is why `full_at` doubles as its time to live. Mirrored line for line by
+//! `lua/token_bucket.lua`.
+
+use std::time::Duration;
+
+use super::{Step, div_ceil};
+use crate::{Decision, Outcome, Quota, Timestamp};
+
+/// Persisted state of one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct TokenBucketState {
+    /// When the bucket is full again, in µs since the epoch.
+    pub full_at: u64,
+    /// Units (< `rate`) by which the deficit falls short of `(full_at − now) × rate`.
+    pub remainder: u64,
+}
+
+/// Decides one request of `cost` tokens at `now`.
+#[must_use]
+pub fn decide(
+    state: Option<TokenBucketState>,
+    quota: &Quota,
+    cost: u64,
+    now: Timestamp,
+) -> Step<TokenBucketState> {
+    let now = now.as_micros();
+    let token = quota.token_bucket_token();
+    let rate = quota.token_bucket_rate();
+    let capacity = quota.burst() * token;
+    let (full_at, remainder) = match state {
+        Some(s) if s.full_at > now => (s.full_at, s.remainder),
+        _ => (now, 0),
+    };
+    // A clock that stepped back could make the deficit exceed the bucket (and the product overflow): an empty
+    // bucket is the most that can be owed.
+    let deficit = if full_at - now > capacity / rate {
+        capacity
+    } else {
+        ((full_at - now) * rate - remainder).min(capacity)
+    };
+    let decision = |outcome, remaining, reset, retry_after| Decision {
+        outcome,
+        limit: quota.limit(),
+        remaining,
+        reset: Timestamp::from_micros(reset),
+        retry_after,
+        now: Timestamp::from_micros(now),
+    };
+
+    if cost > quota.burst() {
+        let remaining = (capacity - deficit) / token;
+        return Step { decision: decision(Outcome::CostExceedsCapacity, remaining, full_at, None), state: None };
+    }
+    let need = cost * token;
+    if deficit + need <= capacity {
+        let deficit = deficit + need;
+        let wait = div_ceil(deficit, rate);
+        let state = TokenBucketState { full_at: now + wait, remainder: wait * rate - deficit };
+        let remaining = (capacity - deficit) / token;
+        return Step {
+            decision: decision(Outcome::Allowed, remaining, state.full_at, None),
+            state: Some(state),
+        };
+    }
+    // Earliest t with (full_at − t) × rate − remainder ≤ capacity − need.
+    let admit_at = full_at - (capacity - need + remainder) / rate;
+    let remaining = (capacity - deficit) / token;
+    Step {
+        decision: decision(
+            Outcome::Limited,
+            remaining,
+            full_at,
+            Some(Duration::from_micros(admit_at - now)),
+        ),
+        state: None,
+    }
+}

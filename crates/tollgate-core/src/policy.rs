@@ -1,0 +1,281 @@
+//! Policies: which algorithm, how many requests, over which period.
+//!
+//! A [`Quota`] says "`limit` requests per `period`, with bursts of up to `burst`"; a [`Policy`] adds the
+//! [`Algorithm`]. Both are validated when built, so a request can never meet an invalid one.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate_core::{Policy, Quota};
+//!
+//! // 100 requests per second, in bursts of up to 20.
+//! let bucket = Policy::token_bucket(Quota::per_second(100)?.with_burst(20)?);
+//! // 1000 requests per rolling minute.
+//! let window = Policy::sliding_window(Quota::per_minute(1000)?)?;
+//! assert_eq!(window.quota().period(), Duration::from_secs(60));
+//!
+//! // Invalid quotas are typed errors with readable messages.
+//! let err = Quota::per_second(0).unwrap_err();
+//! assert_eq!(err.to_string(), "a quota's limit must be at least 1");
+//! # Ok::<(), tollgate_core::PolicyError>(())
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+/// The largest product of a count and a duration the integer arithmetic accepts.
+///
+/// The same formulas run in Redis Lua, where numbers are doubles: 2^52 keeps every intermediate sum below
+/// 2^53, where doubles stop being exact integers.
+pub const MAX_SCALED: u64 = 1 << 52;
+
+/// Which algorithm decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Token bucket with lazy refill: bursts up to the bucket size, then `limit` per `period` on average.
+    TokenBucket,
+    /// Cloudflare's sliding window counter: `current + previous × (1 − elapsed / period)`, fixed state per key.
+    SlidingWindowCounter,
+}
+
+impl Algorithm {
+    /// A short stable name (`token_bucket`, `sliding_window`), used in keys, metrics and logs.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::TokenBucket => "token_bucket",
+            Self::SlidingWindowCounter => "sliding_window",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a quota or policy was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The limit was zero.
+    ZeroLimit,
+    /// The period was zero.
+    ZeroPeriod,
+    /// The period was not a whole number of microseconds.
+    SubMicrosecondPeriod,
+    /// The burst was zero.
+    ZeroBurst,
+    /// The numbers are too large for exact integer arithmetic (here and in Redis Lua).
+    TooLarge {
+        /// Which product overflowed.
+        what: &'static str,
+    },
+    /// A sliding window admits exactly `limit` per window; it has no separate burst.
+    BurstNotSupported,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ZeroLimit => f.write_str("a quota's limit must be at least 1"),
+            Self::ZeroPeriod => f.write_str("a quota's period must be longer than zero"),
+            Self::SubMicrosecondPeriod => {
+                f.write_str("a quota's period must be a whole number of microseconds")
+            }
+            Self::ZeroBurst => f.write_str("a token bucket's burst must be at least 1"),
+            Self::TooLarge { what } => write!(
+                f,
+                "{what} exceeds 2^52 and cannot be computed exactly; use a shorter period, a smaller \
+                 limit or burst, or round numbers that share a common factor"
+            ),
+            Self::BurstNotSupported => f.write_str(
+                "a sliding window admits `limit` per window and has no burst; use a token bucket for bursts",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        let t = a % b;
+        a = b;
+        b = t;
+    }
+    a
+}
+
+/// `limit` requests per `period`, with bursts of up to `burst` (token bucket only; defaults to `limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    limit: u64,
+    period_us: u64,
+    burst: u64,
+}
+
+impl Quota {
+    /// `limit` requests per `period`.
+    pub const fn new(limit: u64, period: Duration) -> Result<Self, PolicyError> {
+        if limit == 0 {
+            return Err(PolicyError::ZeroLimit);
+        }
+        if period.is_zero() {
+            return Err(PolicyError::ZeroPeriod);
+        }
+        if period.subsec_nanos() % 1_000 != 0 {
+            return Err(PolicyError::SubMicrosecondPeriod);
+        }
+        let micros = period.as_micros();
+        if micros > MAX_SCALED as u128 {
+            return Err(PolicyError::TooLarge { what: "the period in microseconds" });
+        }
+        Self::checked(limit, micros as u64, limit)
+    }
+
+    /// `limit` requests per second.
+    pub const fn per_second(limit: u64) -> Result<Self, PolicyError> {
+        Self::new(limit, Duration::from_secs(1))
+    }
+
+    /// `limit` requests per minute.
+    pub const fn per_minute(limit: u64) -> Result<Self, PolicyError> {
+        Self::new(limit, Duration::from_secs(60))
+    }
+
+    /// `limit` requests per hour.
+    pub const fn per_hour(limit: u64) -> Result<Self, PolicyError> {
+        Self::new(limit, Duration::from_secs(3_600))
+    }
+
+    /// The same rate with a bucket of `burst` tokens (token bucket only).
+    pub const fn with_burst(self, burst: u64) -> Result<Self, PolicyError> {
+        Self::checked(self.limit, self.period_us, burst)
+    }
+
+    const fn checked(limit: u64, period_us: u64, burst: u64) -> Result<Self, PolicyError> {
+        if burst == 0 {
+            return Err(PolicyError::ZeroBurst);
+        }
+        let quota = Self { limit, period_us, burst };
+        let rate = quota.token_bucket_rate();
+        match burst.checked_mul(quota.token_bucket_token()) {
+            Some(cap) if cap <= MAX_SCALED && rate <= MAX_SCALED => Ok(quota),
+            _ => Err(PolicyError::TooLarge { what: "burst × period ÷ gcd(limit, period)" }),
+        }
+    }
+
+    /// Requests admitted per period on average.
+    #[must_use]
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The period the limit applies to.
+    #[must_use]
+    pub const fn period(&self) -> Duration {
+        Duration::from_micros(self.period_us)
+    }
+
+    /// The period in microseconds.
+    #[must_use]
+    pub const fn period_micros(&self) -> u64 {
+        self.period_us
+    }
+
+    /// The largest burst (token bucket capacity).
+    #[must_use]
+    pub const fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// Fixed-point size of one token: a token is `period / gcd(limit, period)` units.
+    #[must_use]
+    pub const fn token_bucket_token(&self) -> u64 {
+        self.period_us / gcd(self.limit, self.period_us)
+    }
+
+    /// Fixed-point refill: `limit / gcd(limit, period)` units accrue per microsecond.
+    #[must_use]
+    pub const fn token_bucket_rate(&self) -> u64 {
+        self.limit / gcd(self.limit, self.period_us)
+    }
+
+    /// The sliding window's time resolution in microseconds: 1 µs, 1 ms or 1 s, the finest that keeps
+    /// `limit × period` exact.
+    const fn sliding_window_tick(&self) -> Option<u64> {
+        let ticks = [1, 1_000, 1_000_000];
+        let mut i = 0;
+        while i < ticks.len() {
+            let tick = ticks[i];
+            if self.period_us % tick == 0 {
+                match self.limit.checked_mul(self.period_us / tick) {
+                    Some(p) if p <= MAX_SCALED => return Some(tick),
+                    _ => {}
+                }
+            }
+            i += 1;
+        }
+        None
+    }
+}
+
+/// An algorithm with its quota: everything a store needs to decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Policy {
+    algorithm: Algorithm,
+    quota: Quota,
+    tick_us: u64,
+}
+
+impl Policy {
+    /// A token bucket holding `quota.burst()` tokens, refilled at `quota.limit()` per `quota.period()`.
+    #[must_use]
+    pub const fn token_bucket(quota: Quota) -> Self {
+        Self { algorithm: Algorithm::TokenBucket, quota, tick_us: 1 }
+    }
+
+    /// A sliding window counter admitting `quota.limit()` per rolling `quota.period()`.
+    pub const fn sliding_window(quota: Quota) -> Result<Self, PolicyError> {
+        if quota.burst != quota.limit {
+            return Err(PolicyError::BurstNotSupported);
+        }
+        match quota.sliding_window_tick() {
+            Some(tick_us) => Ok(Self { algorithm: Algorithm::SlidingWindowCounter, quota, tick_us }),
+            None => Err(PolicyError::TooLarge { what: "limit × period" }),
+        }
+    }
+
+    /// `algorithm` over `quota`.
+    pub const fn new(algorithm: Algorithm, quota: Quota) -> Result<Self, PolicyError> {
+        match algorithm {
+            Algorithm::TokenBucket => Ok(Self::token_bucket(quota)),
+            Algorithm::SlidingWindowCounter => Self::sliding_window(quota),
+        }
+    }
+
+    /// The algorithm.
+    #[must_use]
+    pub const fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The quota.
+    #[must_use]
+    pub const fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    /// The sliding window's resolution in microseconds (1 for the token bucket).
+    #[must_use]
+    pub const fn tick_micros(&self) -> u64 {
+        self.tick_us
+    }
+
+    /// The largest cost a single request may have: a larger one can never be admitted.
+    #[must_use]
+    pub const fn max_cost(&self) -> u64 {
+        self.quota.burst
+    }
+}

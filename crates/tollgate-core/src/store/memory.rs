@@ -1,0 +1,340 @@
+//! The in-process store: sharded, bounded, self-cleaning.
+//!
+//! ```
+//! use tollgate_core::{MemoryStore, Policy, Quota};
+//!
+//! let store = MemoryStore::new();
+//! let policy = Policy::token_bucket(Quota::per_second(2)?);
+//! assert!(store.check_now("client-1", &policy, 1)?.is_allowed());
+//! assert!(store.check_now("client-1", &policy, 1)?.is_allowed());
+//! assert!(!store.check_now("client-1", &policy, 1)?.is_allowed());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::{Future, ready};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::algorithm::sliding_window::{self, SlidingWindowState};
+use crate::algorithm::token_bucket::{self, TokenBucketState};
+use crate::algorithm::Step;
+use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, Timestamp};
+
+/// Default bound on tracked keys: about 40 MB of state at worst.
+pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
+/// A shard is not swept below this many keys.
+const MIN_SWEEP: usize = 64;
+
+/// In-process state for any number of keys and policies.
+///
+/// Keys are stored as 64-bit keyed SipHash digests, never raw, so a long or hostile key costs the same as a short
+/// one, and the seed is random per store so collisions cannot be aimed for. State that has decayed back to
+/// "fresh" is dropped as the store grows, without any chore for the caller.
+///
+/// At most `max_keys` keys are tracked (each of the N shards holds `max_keys / N`, rounded up). At the bound, a
+/// request for a key that is not tracked yet returns [`StoreError::KeyCapacity`] (the limiter's failure policy
+/// decides what that means); keys already tracked keep their state and their decisions. A key is admitted again as
+/// soon as an expired one can be swept.
+pub struct MemoryStore<C = SystemClock> {
+    shards: Box<[Mutex<Shard>]>,
+    seed: RandomState,
+    shard_bits: u32,
+    shard_capacity: usize,
+    max_keys: usize,
+    clock: C,
+}
+
+impl<C> fmt::Debug for MemoryStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shards.len())
+            .field("max_keys", &self.max_keys)
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    /// A store on the system clock, holding at most [`DEFAULT_MAX_KEYS`] keys.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A builder to set the key bound, the shard count or the clock.
+    #[must_use]
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder { max_keys: DEFAULT_MAX_KEYS, shards: None, clock: SystemClock::new() }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Configures a [`MemoryStore`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct MemoryStoreBuilder<C = SystemClock> {
+    max_keys: usize,
+    shards: Option<usize>,
+    clock: C,
+}
+
+impl<C: Clock> MemoryStoreBuilder<C> {
+    /// Tracks at most `max_keys` keys (at least 1).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// Uses `shards` shards, rounded up to a power of two (default: 4 × the available cores).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// Takes time from `clock` instead of the system clock.
+    pub fn clock<C2: Clock>(self, clock: C2) -> MemoryStoreBuilder<C2> {
+        MemoryStoreBuilder { max_keys: self.max_keys, shards: self.shards, clock }
+    }
+
+    /// Builds the store.
+    #[must_use]
+    pub fn build(self) -> MemoryStore<C> {
+        let cores = std::thread::available_parallelism().map_or(4, usize::from);
+        let wanted = self.shards.unwrap_or(cores * 4).clamp(1, 1 << 16);
+        let count = wanted.next_power_of_two().min(self.max_keys.next_power_of_two());
+        MemoryStore {
+            shards: (0..count).map(|_| Mutex::new(Shard::default())).collect(),
+            seed: RandomState::new(),
+            shard_bits: count.trailing_zeros(),
+            shard_capacity: self.max_keys.div_ceil(count),
+            max_keys: self.max_keys,
+            clock: self.clock,
+        }
+    }
+}
+
+impl<C> MemoryStore<C> {
+    /// Number of keys currently tracked (expired ones included until they are swept).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    /// Whether no key is tracked.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configured bound on tracked keys.
+    #[must_use]
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// Decides a request at the clock's current time.
+    pub fn check_now(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.check_at(key, policy, cost, self.clock.now())
+    }
+
+    /// Decides a request at `now` (time injection for tests and the shared decision vectors).
+    pub fn check_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        let hash = self.seed.hash_one(key);
+        let index = if self.shard_bits == 0 { 0 } else { (hash >> (40 - self.shard_bits.min(24))) as usize };
+        let mut shard = lock(&self.shards[index & (self.shards.len() - 1)]);
+        let cap = self.shard_capacity;
+        let quota = policy.quota();
+        match policy.algorithm() {
+            Algorithm::TokenBucket => shard.apply(hash, now, cap, self.max_keys, Table::buckets, |s| {
+                token_bucket::decide(s, &quota, cost, now)
+            }),
+            Algorithm::SlidingWindowCounter => shard.apply(hash, now, cap, self.max_keys, Table::windows, |s| {
+                sliding_window::decide(s, policy, cost, now)
+            }),
+        }
+    }
+
+    /// Drops every key whose state is indistinguishable from a fresh one. Never required: the store sweeps
+    /// itself as it grows.
+    pub fn sweep(&self) {
+        let now = self.clock.now().as_micros();
+        for shard in &*self.shards {
+            lock(shard).sweep(now);
+        }
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+impl<C: Clock> Store for MemoryStore<C> {
+    fn check(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(self.check_now(key, policy, cost))
+    }
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic cannot happen while a shard is held, but a poisoned lock must not take the limiter down with it.
+    shard.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Keys are already SipHash digests: hashing them again would only cost time.
+#[derive(Default)]
+struct DigestHasher(u64);
+
+impl Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Map<V> = HashMap<u64, V, BuildHasherDefault<DigestHasher>>;
+
+/// A stored value that knows when it has decayed back to "fresh".
+trait Entry: Copy {
+    type State: Copy;
+    fn new(state: Self::State, decision: &Decision) -> Self;
+    fn state(&self) -> Self::State;
+    fn expires_at(&self) -> u64;
+}
+
+impl Entry for TokenBucketState {
+    type State = Self;
+    fn new(state: Self, _: &Decision) -> Self {
+        state
+    }
+    fn state(&self) -> Self {
+        *self
+    }
+    fn expires_at(&self) -> u64 {
+        self.full_at
+    }
+}
+
+#[derive(Clone, Copy)]
+struct WindowEntry {
+    state: SlidingWindowState,
+    expires_at: u64,
+}
+
+impl Entry for WindowEntry {
+    type State = SlidingWindowState;
+    fn new(state: SlidingWindowState, decision: &Decision) -> Self {
+        Self { state, expires_at: decision.reset.as_micros() }
+    }
+    fn state(&self) -> SlidingWindowState {
+        self.state
+    }
+    fn expires_at(&self) -> u64 {
+        self.expires_at
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    buckets: Map<TokenBucketState>,
+    windows: Map<WindowEntry>,
+    /// Sweep when the shard grows to this many keys…
+    sweep_at: usize,
+    /// …but only once some key may have expired.
+    next_expiry: u64,
+}
+
+struct Table;
+
+impl Table {
+    fn buckets(shard: &mut Shard) -> &mut Map<TokenBucketState> {
+        &mut shard.buckets
+    }
+    fn windows(shard: &mut Shard) -> &mut Map<WindowEntry> {
+        &mut shard.windows
+    }
+}
+
+impl Shard {
+    fn len(&self) -> usize {
+        self.buckets.len() + self.windows.len()
+    }
+
+    fn apply<E: Entry>(
+        &mut self,
+        hash: u64,
+        now: Timestamp,
+        cap: usize,
+        max_keys: usize,
+        table: fn(&mut Shard) -> &mut Map<E>,
+        decide: impl FnOnce(Option<E::State>) -> Step<E::State>,
+    ) -> Result<Decision, StoreError> {
+        if let Some(entry) = table(self).get_mut(&hash) {
+            let step = decide(Some(entry.state()));
+            if let Some(state) = step.state {
+                *entry = E::new(state, &step.decision);
+            }
+            return Ok(step.decision);
+        }
+        let step = decide(None);
+        let Some(state) = step.state else { return Ok(step.decision) };
+        let entry = E::new(state, &step.decision);
+        let now = now.as_micros();
+        if entry.expires_at() <= now {
+            return Ok(step.decision); // already indistinguishable from fresh
+        }
+        let len = self.len();
+        if (len >= self.sweep_at.max(MIN_SWEEP) || len >= cap) && now >= self.next_expiry {
+            self.sweep(now);
+        }
+        if self.len() >= cap {
+            return Err(StoreError::KeyCapacity { max_keys });
+        }
+        self.next_expiry = self.next_expiry.min(entry.expires_at());
+        table(self).insert(hash, entry);
+        Ok(step.decision)
+    }
+
+    fn sweep(&mut self, now: u64) {
+        let mut next = u64::MAX;
+        let mut keep = |expires_at: u64| {
+            let live = expires_at > now;
+            if live {
+                next = next.min(expires_at);
+            }
+            live
+        };
+        self.buckets.retain(|_, e| keep(e.expires_at()));
+        self.windows.retain(|_, e| keep(e.expires_at()));
+        self.next_expiry = next;
+        self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
+    }
+}

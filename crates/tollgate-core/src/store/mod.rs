@@ -1,0 +1,41 @@
+//! Where limiter state lives: the [`Store`] trait and the in-process [`MemoryStore`].
+//!
+//! Any algorithm runs on any store, and every store returns the same decisions for the same inputs and times;
+//! the state location only decides whether a limit holds per instance or for the whole fleet.
+
+mod error;
+mod memory;
+
+use std::future::Future;
+use std::sync::Arc;
+
+pub use error::StoreError;
+pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
+
+use crate::{Decision, Policy};
+
+/// Decides requests against state kept somewhere.
+///
+/// `key` identifies the client (or route, or both); the same key under two algorithms has separate state, and
+/// callers namespace keys per policy. `cost` is how many tokens the request takes (0 inspects without
+/// consuming).
+pub trait Store: Send + Sync + 'static {
+    /// Decides one request and updates the key's state, atomically.
+    fn check(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+}
+
+impl<S: Store> Store for Arc<S> {
+    fn check(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).check(key, policy, cost)
+    }
+}

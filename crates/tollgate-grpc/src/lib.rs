@@ -1,0 +1,2 @@
+//! tollgate-grpc: not written yet.
+#![forbid(unsafe_code)]

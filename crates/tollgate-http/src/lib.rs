@@ -1,0 +1,2 @@
+//! tollgate-http: not written yet.
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! tollgate-redis: not written yet.
+#![forbid(unsafe_code)]

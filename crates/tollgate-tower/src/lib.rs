@@ -1,0 +1,2 @@
+//! tollgate-tower: not written yet.
+#![forbid(unsafe_code)]

@@ -1,0 +1,29 @@
+//! tollgate: rate limits and load shedding for tower, axum and tonic services, per instance or for a whole
+//! fleet.
+//!
+//! This facade re-exports the workspace crates; enable the `redis`, `axum` and `tonic` features for the parts
+//! you use.
+//!
+//! ```
+//! use tollgate::{MemoryStore, Policy, Quota};
+//!
+//! let store = MemoryStore::new();
+//! let policy = Policy::sliding_window(Quota::per_minute(60)?)?;
+//! assert!(store.check_now("client", &policy, 1)?.is_allowed());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![forbid(unsafe_code)]
+
+pub use tollgate_core::*;
+
+#[cfg(feature = "redis")]
+pub use tollgate_redis as redis;
+
+#[cfg(feature = "axum")]
+pub use tollgate_http as http;
+
+#[cfg(any(feature = "axum", feature = "tonic"))]
+pub use tollgate_tower as tower;
+
+#[cfg(feature = "tonic")]
+pub use tollgate_grpc as grpc;
