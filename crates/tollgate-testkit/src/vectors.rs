@@ -1,0 +1,125 @@
+//! The shared decision vectors: `tests/vectors/decisions.json` at the workspace root.
+//!
+//! Each case is a policy and a sequence of requests at explicit instants, with the decision every store must
+//! return. The same file runs against `MemoryStore` and `RedisStore`: that is how "identical decisions for
+//! identical inputs" is checked rather than hoped for.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tollgate_core::{Algorithm, Decision, Outcome, Policy, Quota, Timestamp};
+
+/// Every case in the file.
+#[derive(Debug, Deserialize)]
+pub struct Vectors {
+    /// The cases.
+    pub cases: Vec<Case>,
+}
+
+/// One policy and the requests it decides.
+#[derive(Debug, Deserialize)]
+pub struct Case {
+    /// What the case checks.
+    pub name: String,
+    /// `token_bucket` or `sliding_window`.
+    pub algorithm: String,
+    /// Requests per period.
+    pub limit: u64,
+    /// The period in microseconds.
+    pub period_us: u64,
+    /// Token bucket capacity (defaults to `limit`).
+    #[serde(default)]
+    pub burst: Option<u64>,
+    /// The requests, in order.
+    pub steps: Vec<Step>,
+}
+
+/// One request and the decision expected for it.
+#[derive(Debug, Deserialize)]
+pub struct Step {
+    /// When the request arrives, µs since the epoch.
+    pub at_us: u64,
+    /// The client key.
+    pub key: String,
+    /// Tokens the request takes.
+    pub cost: u64,
+    /// `allowed`, `limited` or `cost_exceeds_capacity`.
+    pub outcome: String,
+    /// Expected `remaining`.
+    pub remaining: u64,
+    /// Expected `reset`, µs since the epoch.
+    pub reset_us: u64,
+    /// Expected `retry_after` in µs (absent unless limited).
+    #[serde(default)]
+    pub retry_after_us: Option<u64>,
+}
+
+impl Vectors {
+    /// Loads the workspace's vector file.
+    ///
+    /// # Panics
+    /// When the file is missing or malformed: a test cannot go on without its data.
+    #[must_use]
+    pub fn load() -> Self {
+        let path = Self::path();
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("malformed {}: {e}", path.display()))
+    }
+
+    /// Where the vector file lives.
+    #[must_use]
+    pub fn path() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/vectors/decisions.json")
+    }
+}
+
+impl Case {
+    /// The case's policy.
+    ///
+    /// # Panics
+    /// When the case describes an invalid policy (a broken vector file).
+    #[must_use]
+    pub fn policy(&self) -> Policy {
+        let quota = Quota::new(self.limit, Duration::from_micros(self.period_us))
+            .and_then(|q| q.with_burst(self.burst.unwrap_or(self.limit)))
+            .unwrap_or_else(|e| panic!("case {}: {e}", self.name));
+        let algorithm = match self.algorithm.as_str() {
+            "token_bucket" => Algorithm::TokenBucket,
+            "sliding_window" => Algorithm::SlidingWindowCounter,
+            other => panic!("case {}: unknown algorithm {other}", self.name),
+        };
+        Policy::new(algorithm, quota).unwrap_or_else(|e| panic!("case {}: {e}", self.name))
+    }
+}
+
+impl Step {
+    /// The request's instant.
+    #[must_use]
+    pub const fn at(&self) -> Timestamp {
+        Timestamp::from_micros(self.at_us)
+    }
+
+    /// The expected decision.
+    ///
+    /// # Panics
+    /// On an unknown outcome name (a broken vector file).
+    #[must_use]
+    pub fn expected(&self, policy: &Policy) -> Decision {
+        let outcome = match self.outcome.as_str() {
+            "allowed" => Outcome::Allowed,
+            "limited" => Outcome::Limited,
+            "cost_exceeds_capacity" => Outcome::CostExceedsCapacity,
+            other => panic!("unknown outcome {other}"),
+        };
+        Decision {
+            outcome,
+            limit: policy.quota().limit(),
+            remaining: self.remaining,
+            reset: Timestamp::from_micros(self.reset_us),
+            retry_after: self.retry_after_us.map(Duration::from_micros),
+            now: self.at(),
+        }
+    }
+}
