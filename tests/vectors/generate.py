@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Writes decisions.json: the shared decision vectors for every tollgate store.
+
+The expected decisions come from this file's own reference model, written from the textbook definitions in
+exact rational arithmetic (fractions.Fraction) and searching for retry instants instead of using closed forms,
+so it shares no formula with the Rust or Lua implementations it checks. Run: python3 tests/vectors/generate.py
+"""
+import json
+import random
+from fractions import Fraction
+from math import ceil, floor
+from pathlib import Path
+
+T0 = 1_700_000_000_000_000  # a whole second (and hour) since the epoch, in µs
+S = 1_000_000
+MAX_SCALED = 1 << 52
+
+
+class TokenBucket:
+    """tokens(t) = min(burst, tokens0 + (t - t0) * limit / period); a bucket starts full."""
+
+    def __init__(self, limit, period, burst):
+        self.limit, self.period, self.burst = limit, period, burst
+        self.keys = {}
+
+    def tokens(self, key, t):
+        if key not in self.keys:
+            return Fraction(self.burst)
+        tokens, t0 = self.keys[key]
+        return min(Fraction(self.burst), tokens + Fraction((t - t0) * self.limit, self.period))
+
+    def full_at(self, tokens, t):
+        return t + ceil((self.burst - tokens) * Fraction(self.period, self.limit))
+
+    def decide(self, key, t, cost):
+        tokens = self.tokens(key, t)
+        if cost > self.burst:
+            return ("cost_exceeds_capacity", floor(tokens), self.full_at(tokens, t), None)
+        if tokens >= cost:
+            tokens -= cost
+            self.keys[key] = (tokens, t)
+            return ("allowed", floor(tokens), self.full_at(tokens, t), None)
+        # The earliest whole microsecond at which `cost` tokens are there.
+        wait = ceil((cost - tokens) * Fraction(self.period, self.limit))
+        assert self.tokens(key, t + wait) >= cost and self.tokens(key, t + wait - 1) < cost
+        return ("limited", floor(tokens), self.full_at(tokens, t), wait)
+
+
+class SlidingWindow:
+    """estimate = current + previous * (1 - elapsed / period), windows aligned to the epoch, elapsed in ticks."""
+
+    def __init__(self, limit, period):
+        self.limit, self.period = limit, period
+        self.tick = next(t for t in (1, 1000, S) if period % t == 0 and limit * (period // t) <= MAX_SCALED)
+        self.keys = {}
+
+    def counts(self, key, t):
+        start = t - t % self.period
+        ws, prev, cur = self.keys.get(key, (start, 0, 0))
+        if ws == start:
+            return start, prev, cur
+        if ws + self.period == start:
+            return start, cur, 0
+        return start, 0, 0
+
+    def estimate(self, key, t, extra_current=0):
+        start, prev, cur = self.counts(key, t)
+        ticks = self.period // self.tick
+        elapsed = (t - start) // self.tick
+        return cur + extra_current + prev * Fraction(ticks - elapsed, ticks)
+
+    def reset(self, start, prev, cur, t):
+        return start + 2 * self.period if cur else (start + self.period if prev else t)
+
+    def admits(self, key, t, cost):
+        return self.estimate(key, t) + cost <= self.limit
+
+    def decide(self, key, t, cost):
+        start, prev, cur = self.counts(key, t)
+        if cost <= self.limit and self.admits(key, t, cost):
+            self.keys[key] = (start, prev, cur + cost)
+            est = self.estimate(key, t)
+            return ("allowed", max(0, floor(self.limit - est)), self.reset(start, prev, cur + cost, t), None)
+        est = self.estimate(key, t)
+        remaining = max(0, floor(self.limit - est))
+        if cost > self.limit:
+            return ("cost_exceeds_capacity", remaining, self.reset(start, prev, cur, t), None)
+        # Admission can only change at tick boundaries, and only towards "admitted" as time passes: binary search
+        # for the first boundary after the current tick.
+        lo, hi = (t - start) // self.tick, 2 * (self.period // self.tick)
+        assert not self.admits(key, start + lo * self.tick, cost) and self.admits(key, start + hi * self.tick, cost)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.admits(key, start + mid * self.tick, cost):
+                hi = mid
+            else:
+                lo = mid
+        hi = start + hi * self.tick
+        return ("limited", remaining, self.reset(start, prev, cur, t), hi - t)
+
+
+def run(name, algorithm, limit, period, steps, burst=None):
+    model = TokenBucket(limit, period, burst or limit) if algorithm == "token_bucket" else SlidingWindow(limit, period)
+    out = []
+    for at, key, cost in steps:
+        outcome, remaining, reset, retry = model.decide(key, at, cost)
+        step = {"at_us": at, "key": key, "cost": cost, "outcome": outcome, "remaining": remaining, "reset_us": reset}
+        if retry is not None:
+            step["retry_after_us"] = retry
+        out.append(step)
+    case = {"name": name, "algorithm": algorithm, "limit": limit, "period_us": period, "steps": out}
+    if burst is not None:
+        case["burst"] = burst
+    return case
+
+
+def same(t, n, key="a", cost=1):
+    return [(t, key, cost)] * n
+
+
+def random_steps(seed, n, span, max_cost, keys):
+    rng = random.Random(seed)
+    t = T0 + rng.randrange(span)
+    steps = []
+    for _ in range(n):
+        t += int(rng.expovariate(1 / span)) if rng.random() < 0.7 else 0
+        steps.append((t, rng.choice(keys), rng.randint(0, max_cost) or 1))
+    return steps
+
+
+def cases():
+    tb, sw = "token_bucket", "sliding_window"
+    yield run("tb: a fresh bucket admits its burst at once, then says when the next token comes", tb, 5, S, same(T0, 6))
+    yield run("tb: one token refills after period/limit", tb, 5, S, same(T0, 6) + [(T0 + 200_000, "a", 1), (T0 + 200_000, "a", 1)])
+    yield run("tb: a partial refill is not a token", tb, 5, S, same(T0, 5) + [(T0 + 100_000, "a", 1), (T0 + 199_999, "a", 1), (T0 + 200_000, "a", 1)])
+    yield run("tb: burst after idle is by design", tb, 10, S, same(T0, 11) + same(T0 + 5 * S, 11))
+    yield run("tb: burst smaller than the limit", tb, 10, S, same(T0, 3) + [(T0 + 100_000, "a", 1)] * 2, burst=2)
+    yield run("tb: burst larger than the limit", tb, 1, S, same(T0, 6) + [(T0 + S, "a", 1), (T0 + S, "a", 1)], burst=5)
+    yield run("tb: cost above one", tb, 5, S, [(T0, "a", 3), (T0, "a", 3), (T0 + 200_000, "a", 3), (T0 + 400_000, "a", 3)])
+    yield run("tb: a cost above the burst can never succeed", tb, 5, S, [(T0, "a", 6), (T0, "a", 2), (T0, "a", 6)])
+    yield run("tb: a cost equal to the burst", tb, 5, S, [(T0, "a", 5), (T0, "a", 5), (T0 + S, "a", 5)])
+    yield run("tb: a rate that does not divide the period (3/s)", tb, 3, S, same(T0, 4) + [(T0 + 333_333, "a", 1), (T0 + 333_334, "a", 1), (T0 + 666_667, "a", 1), (T0 + 999_999, "a", 1), (T0 + S, "a", 1)])
+    yield run("tb: 7 per 10 s with a burst of 3", tb, 7, 10 * S, same(T0, 4) + [(T0 + 1_428_571, "a", 1), (T0 + 1_428_572, "a", 1), (T0 + 4 * S, "a", 2)], burst=3)
+    yield run("tb: more tokens per second than microseconds", tb, 10_000_000, S, [(T0, "a", 100), (T0, "a", 1), (T0 + 1, "a", 10), (T0 + 1, "a", 1), (T0 + 7, "a", 50)], burst=100)
+    yield run("tb: 60 per minute", tb, 60, 60 * S, same(T0, 61) + [(T0 + S - 1, "a", 1), (T0 + S, "a", 1)])
+    yield run("tb: GitHub's 5000 per hour", tb, 5000, 3600 * S, [(T0, "a", 4999), (T0, "a", 1), (T0, "a", 1), (T0 + 720_000, "a", 1)])
+    yield run("tb: keys are independent", tb, 2, S, same(T0, 3, "a") + same(T0, 3, "b") + [(T0 + 500_000, "a", 1), (T0 + 500_000, "b", 1)])
+    yield run("tb: retry exactly at retry_after is admitted", tb, 4, S, same(T0, 5) + [(T0 + 250_000, "a", 1), (T0 + 250_000, "a", 1), (T0 + 500_000, "a", 1)])
+    yield run("tb: a cost of zero inspects without consuming", tb, 2, S, [(T0, "a", 0), (T0, "a", 1), (T0, "a", 0), (T0, "a", 1), (T0, "a", 0)])
+    yield run("tb: days of idle refill to the burst, not beyond", tb, 3, S, same(T0, 4) + same(T0 + 3 * 86_400 * S, 4))
+    yield run("tb: one per microsecond", tb, 1, 1, same(T0, 2) + same(T0 + 1, 2))
+    yield run("tb: reset moves with consumption, not with time", tb, 10, S, [(T0, "a", 4), (T0 + 100_000, "a", 1), (T0 + 250_000, "a", 2), (T0 + 260_000, "a", 9)])
+    yield run("tb: random traffic, 5 per second, burst 8", tb, 5, S, random_steps(1, 120, 150_000, 3, ["a", "b", "c"]), burst=8)
+    yield run("tb: random traffic, 7 per 3 seconds", tb, 7, 3 * S, random_steps(2, 120, 400_000, 4, ["a", "b"]))
+
+    m = 60 * S
+    w0 = T0 - T0 % m
+    yield run("sw: the seed's example (42 previous, 18 current, 15 s of 60: 49.5 + 1 > 50)", sw, 50, m, [(w0 + 30 * S, "a", 42), (w0 + m + 15 * S, "a", 18), (w0 + m + 15 * S, "a", 1)])
+    yield run("sw: the seed's example admitted under a limit of 51 (50.5)", sw, 51, m, [(w0 + 30 * S, "a", 42), (w0 + m + 15 * S, "a", 18), (w0 + m + 15 * S, "a", 1), (w0 + m + 15 * S, "a", 1)])
+    yield run("sw: fill a window, then wait for the next", sw, 3, S, same(T0, 4) + [(T0 + 500_000, "a", 1)])
+    yield run("sw: the previous window's weight decays", sw, 4, S, same(T0 + 900_000, 4) + [(T0 + S, "a", 1), (T0 + S + 250_000, "a", 1), (T0 + S + 500_000, "a", 1), (T0 + S + 750_000, "a", 1), (T0 + S + 750_000, "a", 1)])
+    yield run("sw: two idle windows forget everything", sw, 2, S, same(T0, 3) + same(T0 + 2 * S, 3))
+    yield run("sw: exactly at the window boundary", sw, 2, S, same(T0 + S - 1, 3) + same(T0 + S, 2))
+    yield run("sw: the last microsecond of a window", sw, 2, S, same(T0 + 999_999, 3))
+    yield run("sw: retry later in the same window", sw, 10, S, [(T0, "a", 10), (T0 + S, "a", 1), (T0 + S + 100_000, "a", 1), (T0 + S + 100_000, "a", 1)])
+    yield run("sw: retry in the next window", sw, 5, S, [(T0 + 100_000, "a", 4), (T0 + 200_000, "a", 2), (T0 + 300_000, "a", 1), (T0 + 400_000, "a", 1)])
+    yield run("sw: cost above one and equal to the limit", sw, 6, S, [(T0, "a", 4), (T0, "a", 3), (T0 + S, "a", 6), (T0 + 2 * S, "a", 6)])
+    yield run("sw: a cost above the limit can never succeed", sw, 6, S, [(T0, "a", 7), (T0, "a", 1), (T0, "a", 7)])
+    yield run("sw: millisecond ticks for a large hourly limit", sw, 5_000_000, 3600 * S, [(T0, "a", 5_000_000), (T0 + 3600 * S + 1_234_567, "a", 2000), (T0 + 3600 * S + 1_234_999, "a", 1), (T0 + 3600 * S + 1_235_000, "a", 1)])
+    yield run("sw: second ticks for a billion per day", sw, 1_000_000_000, 86_400 * S, [(T0 - T0 % (86_400 * S) + 86_400 * S - 1, "a", 999_999_999), (T0 - T0 % (86_400 * S) + 86_400 * S + 1_500_000, "a", 12), (T0 - T0 % (86_400 * S) + 86_400 * S + 1_500_000, "a", 1)])
+    yield run("sw: keys are independent", sw, 2, S, same(T0, 3, "a") + same(T0, 3, "b"))
+    yield run("sw: a cost of zero inspects without consuming", sw, 2, S, [(T0, "a", 0), (T0, "a", 2), (T0, "a", 0)])
+    yield run("sw: retry exactly at retry_after is admitted", sw, 3, S, same(T0 + 600_000, 3) + [(T0 + S + 100_000, "a", 1), (T0 + S + 400_000, "a", 1), (T0 + S + 400_000, "a", 1)])
+    yield run("sw: 100 per minute across several windows", sw, 100, m, [(w0 + i * 7_000_000, "a", 9) for i in range(30)])
+    yield run("sw: random traffic, 6 per second", sw, 6, S, random_steps(3, 150, 120_000, 2, ["a", "b", "c"]))
+    yield run("sw: random traffic, 20 per 2 seconds", sw, 20, 2 * S, random_steps(4, 150, 60_000, 5, ["a", "b"]))
+
+
+def main():
+    data = {"note": "generated by tests/vectors/generate.py; edit that file, not this one", "cases": list(cases())}
+    path = Path(__file__).with_name("decisions.json")
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{len(data['cases'])} cases, {sum(len(c['steps']) for c in data['cases'])} steps -> {path}")
+
+
+if __name__ == "__main__":
+    main()
