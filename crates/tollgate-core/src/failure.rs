@@ -51,7 +51,9 @@ impl FailurePolicy {
                 now,
             }),
             Self::Closed => {
-                let retry = quota.period().clamp(Duration::from_secs(1), Duration::from_secs(60));
+                let retry = quota
+                    .period()
+                    .clamp(Duration::from_secs(1), Duration::from_secs(60));
                 Some(Decision {
                     outcome: Outcome::Limited,
                     limit: quota.limit(),
@@ -88,7 +90,11 @@ pub struct ParseFailurePolicyError(String);
 
 impl fmt::Display for ParseFailurePolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "unknown failure policy {:?}: expected open, closed or local", self.0)
+        write!(
+            f,
+            "unknown failure policy {:?}: expected open, closed or local",
+            self.0
+        )
     }
 }
 

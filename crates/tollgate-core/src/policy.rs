@@ -124,12 +124,14 @@ impl Quota {
         if period.is_zero() {
             return Err(PolicyError::ZeroPeriod);
         }
-        if period.subsec_nanos() % 1_000 != 0 {
+        if !period.subsec_nanos().is_multiple_of(1_000) {
             return Err(PolicyError::SubMicrosecondPeriod);
         }
         let micros = period.as_micros();
         if micros > MAX_SCALED as u128 {
-            return Err(PolicyError::TooLarge { what: "the period in microseconds" });
+            return Err(PolicyError::TooLarge {
+                what: "the period in microseconds",
+            });
         }
         Self::checked(limit, micros as u64, limit)
     }
@@ -158,11 +160,17 @@ impl Quota {
         if burst == 0 {
             return Err(PolicyError::ZeroBurst);
         }
-        let quota = Self { limit, period_us, burst };
+        let quota = Self {
+            limit,
+            period_us,
+            burst,
+        };
         let rate = quota.token_bucket_rate();
         match burst.checked_mul(quota.token_bucket_token()) {
             Some(cap) if cap <= MAX_SCALED && rate <= MAX_SCALED => Ok(quota),
-            _ => Err(PolicyError::TooLarge { what: "burst × period ÷ gcd(limit, period)" }),
+            _ => Err(PolicyError::TooLarge {
+                what: "burst × period ÷ gcd(limit, period)",
+            }),
         }
     }
 
@@ -209,7 +217,7 @@ impl Quota {
         let mut i = 0;
         while i < ticks.len() {
             let tick = ticks[i];
-            if self.period_us % tick == 0 {
+            if self.period_us.is_multiple_of(tick) {
                 match self.limit.checked_mul(self.period_us / tick) {
                     Some(p) if p <= MAX_SCALED => return Some(tick),
                     _ => {}
@@ -233,7 +241,11 @@ impl Policy {
     /// A token bucket holding `quota.burst()` tokens, refilled at `quota.limit()` per `quota.period()`.
     #[must_use]
     pub const fn token_bucket(quota: Quota) -> Self {
-        Self { algorithm: Algorithm::TokenBucket, quota, tick_us: 1 }
+        Self {
+            algorithm: Algorithm::TokenBucket,
+            quota,
+            tick_us: 1,
+        }
     }
 
     /// A sliding window counter admitting `quota.limit()` per rolling `quota.period()`.
@@ -242,8 +254,14 @@ impl Policy {
             return Err(PolicyError::BurstNotSupported);
         }
         match quota.sliding_window_tick() {
-            Some(tick_us) => Ok(Self { algorithm: Algorithm::SlidingWindowCounter, quota, tick_us }),
-            None => Err(PolicyError::TooLarge { what: "limit × period" }),
+            Some(tick_us) => Ok(Self {
+                algorithm: Algorithm::SlidingWindowCounter,
+                quota,
+                tick_us,
+            }),
+            None => Err(PolicyError::TooLarge {
+                what: "limit × period",
+            }),
         }
     }
 

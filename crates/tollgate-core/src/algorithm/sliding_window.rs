@@ -86,7 +86,11 @@ pub fn decide(
     }
     let used = current * ticks + previous * (ticks - elapsed);
     let remaining = (limit * ticks).saturating_sub(used) / ticks;
-    let new_state = SlidingWindowState { window_start: start, previous, current };
+    let new_state = SlidingWindowState {
+        window_start: start,
+        previous,
+        current,
+    };
     let decision = Decision {
         outcome,
         limit,
@@ -96,5 +100,8 @@ pub fn decide(
         now: Timestamp::from_micros(now),
     };
     let changed = outcome == Outcome::Allowed;
-    Step { decision, state: changed.then_some(new_state) }
+    Step {
+        decision,
+        state: changed.then_some(new_state),
+    }
 }

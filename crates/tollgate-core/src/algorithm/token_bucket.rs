@@ -55,13 +55,19 @@ pub fn decide(
 
     if cost > quota.burst() {
         let remaining = (capacity - deficit) / token;
-        return Step { decision: decision(Outcome::CostExceedsCapacity, remaining, full_at, None), state: None };
+        return Step {
+            decision: decision(Outcome::CostExceedsCapacity, remaining, full_at, None),
+            state: None,
+        };
     }
     let need = cost * token;
     if deficit + need <= capacity {
         let deficit = deficit + need;
         let wait = div_ceil(deficit, rate);
-        let state = TokenBucketState { full_at: now + wait, remainder: wait * rate - deficit };
+        let state = TokenBucketState {
+            full_at: now + wait,
+            remainder: wait * rate - deficit,
+        };
         let remaining = (capacity - deficit) / token;
         return Step {
             decision: decision(Outcome::Allowed, remaining, state.full_at, None),

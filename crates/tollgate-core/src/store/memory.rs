@@ -17,9 +17,9 @@ use std::future::{Future, ready};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::{Mutex, MutexGuard};
 
+use crate::algorithm::Step;
 use crate::algorithm::sliding_window::{self, SlidingWindowState};
 use crate::algorithm::token_bucket::{self, TokenBucketState};
-use crate::algorithm::Step;
 use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, Timestamp};
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
@@ -64,9 +64,12 @@ impl MemoryStore {
     }
 
     /// A builder to set the key bound, the shard count or the clock.
-    #[must_use]
     pub fn builder() -> MemoryStoreBuilder {
-        MemoryStoreBuilder { max_keys: DEFAULT_MAX_KEYS, shards: None, clock: SystemClock::new() }
+        MemoryStoreBuilder {
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: None,
+            clock: SystemClock::new(),
+        }
     }
 }
 
@@ -100,7 +103,11 @@ impl<C: Clock> MemoryStoreBuilder<C> {
 
     /// Takes time from `clock` instead of the system clock.
     pub fn clock<C2: Clock>(self, clock: C2) -> MemoryStoreBuilder<C2> {
-        MemoryStoreBuilder { max_keys: self.max_keys, shards: self.shards, clock }
+        MemoryStoreBuilder {
+            max_keys: self.max_keys,
+            shards: self.shards,
+            clock,
+        }
     }
 
     /// Builds the store.
@@ -108,7 +115,9 @@ impl<C: Clock> MemoryStoreBuilder<C> {
     pub fn build(self) -> MemoryStore<C> {
         let cores = std::thread::available_parallelism().map_or(4, usize::from);
         let wanted = self.shards.unwrap_or(cores * 4).clamp(1, 1 << 16);
-        let count = wanted.next_power_of_two().min(self.max_keys.next_power_of_two());
+        let count = wanted
+            .next_power_of_two()
+            .min(self.max_keys.next_power_of_two());
         MemoryStore {
             shards: (0..count).map(|_| Mutex::new(Shard::default())).collect(),
             seed: RandomState::new(),
@@ -155,17 +164,25 @@ impl<C: Clock> MemoryStore<C> {
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
         let hash = self.seed.hash_one(key);
-        let index = if self.shard_bits == 0 { 0 } else { (hash >> (40 - self.shard_bits.min(24))) as usize };
+        let index = if self.shard_bits == 0 {
+            0
+        } else {
+            (hash >> (40 - self.shard_bits.min(24))) as usize
+        };
         let mut shard = lock(&self.shards[index & (self.shards.len() - 1)]);
         let cap = self.shard_capacity;
         let quota = policy.quota();
         match policy.algorithm() {
-            Algorithm::TokenBucket => shard.apply(hash, now, cap, self.max_keys, Table::buckets, |s| {
-                token_bucket::decide(s, &quota, cost, now)
-            }),
-            Algorithm::SlidingWindowCounter => shard.apply(hash, now, cap, self.max_keys, Table::windows, |s| {
-                sliding_window::decide(s, policy, cost, now)
-            }),
+            Algorithm::TokenBucket => {
+                shard.apply(hash, now, cap, self.max_keys, Table::buckets, |s| {
+                    token_bucket::decide(s, &quota, cost, now)
+                })
+            }
+            Algorithm::SlidingWindowCounter => {
+                shard.apply(hash, now, cap, self.max_keys, Table::windows, |s| {
+                    sliding_window::decide(s, policy, cost, now)
+                })
+            }
         }
     }
 
@@ -197,7 +214,9 @@ impl<C: Clock> Store for MemoryStore<C> {
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     // A panic cannot happen while a shard is held, but a poisoned lock must not take the limiter down with it.
-    shard.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    shard
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Keys are already SipHash digests: hashing them again would only cost time.
@@ -252,7 +271,10 @@ struct WindowEntry {
 impl Entry for WindowEntry {
     type State = SlidingWindowState;
     fn new(state: SlidingWindowState, decision: &Decision) -> Self {
-        Self { state, expires_at: decision.reset.as_micros() }
+        Self {
+            state,
+            expires_at: decision.reset.as_micros(),
+        }
     }
     fn state(&self) -> SlidingWindowState {
         self.state
@@ -305,7 +327,9 @@ impl Shard {
             return Ok(step.decision);
         }
         let step = decide(None);
-        let Some(state) = step.state else { return Ok(step.decision) };
+        let Some(state) = step.state else {
+            return Ok(step.decision);
+        };
         let entry = E::new(state, &step.decision);
         let now = now.as_micros();
         if entry.expires_at() <= now {

@@ -1,0 +1,197 @@
+//! The in-process store: isolation, self-cleaning, the key bound, concurrency and hostile input.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::{
+    ManualClock, MemoryStore, Outcome, Policy, Quota, Store, StoreError, Timestamp,
+};
+
+const T0: u64 = 1_700_000_000_000_000;
+
+fn clock() -> ManualClock {
+    ManualClock::new(Timestamp::from_micros(T0))
+}
+
+fn bucket(limit: u64) -> Policy {
+    Policy::token_bucket(Quota::per_second(limit).unwrap())
+}
+
+fn window(limit: u64) -> Policy {
+    Policy::sliding_window(Quota::per_second(limit).unwrap()).unwrap()
+}
+
+#[test]
+fn algorithms_keep_separate_state_for_the_same_key() {
+    let store = MemoryStore::builder().clock(clock()).build();
+    assert!(store.check_now("k", &bucket(1), 1).unwrap().is_allowed());
+    assert!(!store.check_now("k", &bucket(1), 1).unwrap().is_allowed());
+    assert!(store.check_now("k", &window(1), 1).unwrap().is_allowed());
+    assert_eq!(store.len(), 2);
+}
+
+#[test]
+fn idle_keys_are_dropped_once_they_equal_fresh_state() {
+    let clock = clock();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .build();
+    for i in 0..1_000 {
+        store
+            .check_now(&format!("client-{i}"), &bucket(10), 1)
+            .unwrap();
+    }
+    assert_eq!(store.len(), 1_000);
+    // One token refills in 100 ms: after that every bucket is full, i.e. fresh.
+    clock.advance(Duration::from_millis(100));
+    for i in 0..1_000 {
+        store
+            .check_now(&format!("late-{i}"), &bucket(10), 1)
+            .unwrap();
+    }
+    assert!(
+        store.len() <= 1_000 + 64,
+        "expired keys were not swept: {}",
+        store.len()
+    );
+    clock.advance(Duration::from_millis(100));
+    store.sweep();
+    assert!(store.is_empty());
+}
+
+#[test]
+fn a_peek_on_a_fresh_key_stores_nothing() {
+    let store = MemoryStore::builder().clock(clock()).build();
+    let d = store.check_now("k", &bucket(3), 0).unwrap();
+    assert_eq!((d.outcome, d.remaining), (Outcome::Allowed, 3));
+    assert!(store.is_empty());
+}
+
+#[test]
+fn at_the_key_bound_new_keys_get_an_error_and_tracked_keys_keep_working() {
+    let clock = clock();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .max_keys(8)
+        .shards(1)
+        .build();
+    let policy = bucket(2);
+    for i in 0..8 {
+        assert!(
+            store
+                .check_now(&format!("k{i}"), &policy, 1)
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    let err = store.check_now("intruder", &policy, 1).unwrap_err();
+    assert!(
+        matches!(err, StoreError::KeyCapacity { max_keys: 8 }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("maximum of 8 keys"));
+    // Tracked keys still decide with their state intact: one token left, then limited.
+    assert!(store.check_now("k0", &policy, 1).unwrap().is_allowed());
+    assert_eq!(
+        store.check_now("k0", &policy, 1).unwrap().outcome,
+        Outcome::Limited
+    );
+    assert_eq!(store.len(), 8);
+    // Once tracked keys decay back to fresh, new keys are admitted again.
+    clock.advance(Duration::from_secs(1));
+    assert!(
+        store
+            .check_now("intruder", &policy, 1)
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(store.len() <= 8);
+}
+
+#[test]
+fn a_flood_of_distinct_keys_cannot_grow_the_store_past_its_bound() {
+    let store = MemoryStore::builder()
+        .clock(clock())
+        .max_keys(1_000)
+        .build();
+    let mut refused = 0;
+    for i in 0..20_000 {
+        match store.check_now(&format!("flood-{i}"), &window(5), 1) {
+            Ok(d) => assert!(d.is_allowed()),
+            Err(StoreError::KeyCapacity { .. }) => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(store.len() <= 1_000 + 64, "len {}", store.len());
+    assert!(refused >= 18_000, "refused {refused}");
+}
+
+#[test]
+fn long_and_binary_keys_are_fine() {
+    let store = MemoryStore::builder().clock(clock()).build();
+    let long = "x".repeat(1 << 20);
+    assert!(store.check_now(&long, &bucket(1), 1).unwrap().is_allowed());
+    assert!(!store.check_now(&long, &bucket(1), 1).unwrap().is_allowed());
+    assert!(
+        store
+            .check_now("\0\u{1}{}\u{ffff}", &bucket(1), 1)
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(store.check_now("", &bucket(1), 1).unwrap().is_allowed());
+}
+
+#[test]
+fn a_clock_that_steps_back_never_panics_or_mints_tokens() {
+    let clock = clock();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    for policy in [bucket(5), window(5)] {
+        for _ in 0..5 {
+            assert!(store.check_now("k", &policy, 1).unwrap().is_allowed());
+        }
+        clock.set(Timestamp::from_micros(T0 - 3_600_000_000));
+        for _ in 0..3 {
+            assert!(!store.check_now("k", &policy, 1).unwrap().is_allowed());
+        }
+        clock.set(Timestamp::from_micros(0));
+        assert!(!store.check_now("k", &policy, 1).unwrap().is_allowed());
+        clock.set(Timestamp::from_micros(T0));
+    }
+}
+
+#[test]
+fn concurrent_threads_admit_exactly_the_burst() {
+    let store = Arc::new(MemoryStore::builder().clock(clock()).build());
+    let policy = Policy::token_bucket(Quota::per_hour(1).unwrap().with_burst(1_000).unwrap());
+    let admitted: usize = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let store = &store;
+                s.spawn(move || {
+                    (0..500)
+                        .filter(|_| store.check_now("hot", &policy, 1).unwrap().is_allowed())
+                        .count()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert_eq!(admitted, 1_000);
+}
+
+#[test]
+fn the_store_trait_answers_like_the_sync_api() {
+    let store = Arc::new(MemoryStore::builder().clock(clock()).build());
+    let policy = bucket(1);
+    let fut = Store::check(&store, "k", &policy, 1);
+    // MemoryStore's future is ready at once; poll it without a runtime.
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut fut = std::pin::pin!(fut);
+    match fut.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(Ok(d)) => assert!(d.is_allowed()),
+        other => panic!("{other:?}"),
+    }
+    assert!(!store.check_now("k", &bucket(1), 1).unwrap().is_allowed());
+}
