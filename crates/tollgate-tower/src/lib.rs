@@ -1,2 +1,35 @@
-//! tollgate-tower: not written yet.
+//! Tower middleware for tollgate: the request-rate limiter, key extraction, costs, enforcement modes and the
+//! typed rejections every tollgate limiter shares.
+//!
+//! The layers are generic over the request type; the `tollgate-http` and `tollgate-grpc` adapters turn
+//! [`Rejection`]s into HTTP and gRPC responses and render each [`Verdict`] as headers or metadata.
+//!
+//! | concept | where |
+//! |---|---|
+//! | the rate limiter (layer, service, future) | [`rate_limit`] |
+//! | which bucket a request belongs to | [`key`] ([`KeyExtractor`]), [`digest`] for secret keys |
+//! | how many tokens it takes | [`cost`] ([`Cost`]) |
+//! | shadow mode and the kill switch | [`mode`] ([`Mode`], [`EnforcementSwitch`]) |
+//! | what a rejection says | [`rejection`] ([`Rejection`], [`RejectionKind`]) |
+//! | what an admitted response carries | [`verdict`] ([`Verdict`], [`Verdicts`], [`VerdictSink`]) |
+//!
+//! See [`rate_limit`] for a complete example.
 #![forbid(unsafe_code)]
+
+pub mod cost;
+pub mod digest;
+pub mod key;
+pub mod mode;
+pub mod rate_limit;
+pub mod rejection;
+pub mod verdict;
+
+pub use cost::{Cost, CostFn, UnitCost};
+pub use key::{ConstKey, KeyError, KeyExtractor, KeyFn};
+pub use mode::{EnforcementSwitch, Mode};
+pub use rate_limit::{RateLimit, RateLimitLayer};
+pub use rejection::{Rejection, RejectionKind};
+pub use verdict::{Verdict, VerdictSink, Verdicts};
+
+/// The boxed error type of tower services, from which [`Rejection`] and [`KeyError`] are downcast.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

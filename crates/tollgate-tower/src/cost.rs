@@ -1,0 +1,55 @@
+//! How many tokens a request takes.
+//!
+//! ```
+//! use tollgate_tower::{Cost, CostFn, UnitCost};
+//!
+//! assert_eq!(Cost::<&str>::cost(&UnitCost, &"anything"), 1);
+//! // A batch request costs one token per item.
+//! let per_item = CostFn::new(|req: &Vec<u32>| req.len() as u64);
+//! assert_eq!(per_item.cost(&vec![1, 2, 3]), 3);
+//! ```
+
+/// Computes the cost of a request in tokens.
+///
+/// A cost of 0 inspects the quota without consuming it; a cost above the policy's burst is rejected for good
+/// (`Outcome::CostExceedsCapacity`).
+pub trait Cost<Req>: Send + Sync + 'static {
+    /// The request's cost.
+    fn cost(&self, req: &Req) -> u64;
+}
+
+/// Every request costs one token (the default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UnitCost;
+
+impl<Req> Cost<Req> for UnitCost {
+    fn cost(&self, _: &Req) -> u64 {
+        1
+    }
+}
+
+/// A cost computed by a closure.
+#[derive(Clone, Copy)]
+pub struct CostFn<F>(F);
+
+impl<F> CostFn<F> {
+    /// Wraps `f`.
+    pub const fn new(f: F) -> Self {
+        Self(f)
+    }
+}
+
+impl<F> std::fmt::Debug for CostFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CostFn")
+    }
+}
+
+impl<Req, F> Cost<Req> for CostFn<F>
+where
+    F: Fn(&Req) -> u64 + Send + Sync + 'static,
+{
+    fn cost(&self, req: &Req) -> u64 {
+        (self.0)(req)
+    }
+}

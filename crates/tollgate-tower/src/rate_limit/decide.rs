@@ -1,0 +1,203 @@
+//! The decision shared by every clone of a limiter: store call, failure policy, shadow mode, metrics, logs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use metrics::Counter;
+use tollgate_core::{FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
+
+use crate::{Mode, Rejection, RejectionKind, Verdict};
+
+/// What a limiter concluded about one request.
+pub(crate) enum Conclusion {
+    /// Pass the request on; the verdict (if any) goes onto the response.
+    Admit(Option<Verdict>),
+    /// Reject it.
+    Reject(Rejection),
+}
+
+/// The failure policy's answer to a store error.
+enum Recovery {
+    /// Decided by the local fallback store.
+    Decided(tollgate_core::Decision),
+    /// Admit without a decision.
+    Open,
+    /// Reject (or, in shadow mode, admit) as unavailable.
+    Closed,
+}
+
+/// Decision counters, registered once per layer so the hot path does no label work.
+pub(crate) struct Counters {
+    allowed: Counter,
+    limited: Counter,
+    shadow_limited: Counter,
+    failed_open: Counter,
+    failed_closed: Counter,
+    failed_local: Counter,
+}
+
+impl Counters {
+    fn new(name: &Arc<str>) -> Self {
+        let c = |outcome: &'static str| metrics::counter!("tollgate_decisions_total", "limiter" => name.to_string(), "outcome" => outcome);
+        Self {
+            allowed: c("allowed"),
+            limited: c("limited"),
+            shadow_limited: c("shadow_limited"),
+            failed_open: c("store_error_open"),
+            failed_closed: c("store_error_closed"),
+            failed_local: c("store_error_local"),
+        }
+    }
+}
+
+/// Lets one log line through per second, so a failing store or a shadow limit cannot flood the logs.
+struct LogGate {
+    start: Instant,
+    next_ms: AtomicU64,
+}
+
+impl LogGate {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            next_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn open(&self) -> bool {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let next = self.next_ms.load(Ordering::Relaxed);
+        now >= next
+            && self
+                .next_ms
+                .compare_exchange(next, now + 1_000, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+pub(crate) struct Shared<K, St, C> {
+    pub(crate) name: Arc<str>,
+    pub(crate) policy: Policy,
+    pub(crate) store: Arc<St>,
+    pub(crate) key: K,
+    pub(crate) cost: C,
+    pub(crate) switch: crate::EnforcementSwitch,
+    on_error: FailurePolicy,
+    fallback: Option<Arc<MemoryStore>>,
+    counters: Counters,
+    log_gate: LogGate,
+}
+
+impl<K, St: Store, C> Shared<K, St, C> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        name: Arc<str>,
+        policy: Policy,
+        store: Arc<St>,
+        key: K,
+        cost: C,
+        switch: crate::EnforcementSwitch,
+        on_error: FailurePolicy,
+        fallback: Option<Arc<MemoryStore>>,
+    ) -> Self {
+        let counters = Counters::new(&name);
+        Self {
+            name,
+            policy,
+            store,
+            key,
+            cost,
+            switch,
+            on_error,
+            fallback,
+            counters,
+            log_gate: LogGate::new(),
+        }
+    }
+
+    /// Decides one request in `mode` (`Enforce` or `Shadow`; `Off` never gets here).
+    pub(crate) async fn decide(&self, key: String, cost: u64, mode: Mode) -> Conclusion {
+        let decision = match self.store.check(&key, &self.policy, cost).await {
+            Ok(decision) => decision,
+            Err(err) => match self.recover(&key, cost, &err) {
+                Recovery::Decided(decision) => decision,
+                Recovery::Open => return Conclusion::Admit(None),
+                Recovery::Closed => return self.fail_closed(mode),
+            },
+        };
+        let verdict = Verdict {
+            limiter: self.name.clone(),
+            window: self.policy.quota().period(),
+            decision,
+            enforced: mode == Mode::Enforce,
+        };
+        if decision.is_allowed() {
+            self.counters.allowed.increment(1);
+            return Conclusion::Admit(Some(verdict));
+        }
+        if mode == Mode::Shadow {
+            self.counters.shadow_limited.increment(1);
+            if self.log_gate.open() {
+                tracing::info!(
+                    limiter = &*self.name,
+                    outcome = decision.outcome.as_str(),
+                    "shadow mode: request over the limit admitted"
+                );
+            }
+            return Conclusion::Admit(Some(verdict));
+        }
+        self.counters.limited.increment(1);
+        Conclusion::Reject(Rejection::rate_limited(verdict))
+    }
+
+    /// Applies the failure policy after a store error.
+    fn recover(&self, key: &str, cost: u64, err: &StoreError) -> Recovery {
+        metrics::counter!(
+            "tollgate_store_errors_total",
+            "limiter" => self.name.to_string(),
+            "kind" => err.kind(),
+            "failure_policy" => self.on_error.as_str()
+        )
+        .increment(1);
+        if self.log_gate.open() {
+            tracing::warn!(
+                limiter = &*self.name,
+                error = %err,
+                failure_policy = self.on_error.as_str(),
+                "rate-limit store failed; applying the failure policy"
+            );
+        }
+        match (&self.fallback, self.on_error) {
+            (_, FailurePolicy::Open) => {
+                self.counters.failed_open.increment(1);
+                Recovery::Open
+            }
+            (Some(fallback), FailurePolicy::Local) => {
+                match fallback.check_now(key, &self.policy, cost) {
+                    Ok(decision) => {
+                        self.counters.failed_local.increment(1);
+                        Recovery::Decided(decision)
+                    }
+                    // The local store is full too: nothing left to decide with.
+                    Err(_) => Recovery::Closed,
+                }
+            }
+            _ => Recovery::Closed,
+        }
+    }
+
+    fn fail_closed(&self, mode: Mode) -> Conclusion {
+        self.counters.failed_closed.increment(1);
+        if mode == Mode::Shadow {
+            return Conclusion::Admit(None);
+        }
+        let rejection = Rejection::new(RejectionKind::StoreUnavailable, self.name.clone());
+        // The retry the core's closed policy announces (one period, within 1 s to 60 s); it does not depend on now.
+        let closed = FailurePolicy::Closed.synthesize(&self.policy, Timestamp::default());
+        Conclusion::Reject(match closed.and_then(|d| d.retry_after) {
+            Some(retry) => rejection.with_retry_after(retry),
+            None => rejection,
+        })
+    }
+}

@@ -1,0 +1,149 @@
+use std::fmt;
+use std::sync::Arc;
+
+use tollgate_core::{FailurePolicy, MemoryStore, Policy, Store};
+use tower_layer::Layer;
+
+use super::RateLimit;
+use super::decide::Shared;
+use crate::{EnforcementSwitch, Mode, UnitCost};
+
+/// Applies a request-rate limit to a service: see the [module docs](crate::rate_limit).
+///
+/// Cheap to clone; every service it builds shares the store, the enforcement switch and the local fallback.
+#[must_use]
+pub struct RateLimitLayer<K, St, C = UnitCost> {
+    name: Arc<str>,
+    policy: Policy,
+    store: Arc<St>,
+    key: K,
+    cost: C,
+    switch: EnforcementSwitch,
+    on_error: FailurePolicy,
+    fallback: Option<Arc<MemoryStore>>,
+}
+
+impl<K, St: Store> RateLimitLayer<K, St> {
+    /// A limit named `name` (the policy name clients see in headers) enforcing `policy` on `store`, one bucket per
+    /// key from `key`. Requests cost 1, enforcement is on, and a failing store rejects (fails closed).
+    ///
+    /// Layers with the same name on the same store share buckets (e.g. the copies axum makes per route).
+    pub fn new(name: impl Into<Arc<str>>, policy: Policy, store: Arc<St>, key: K) -> Self {
+        Self {
+            name: name.into(),
+            policy,
+            store,
+            key,
+            cost: UnitCost,
+            switch: EnforcementSwitch::default(),
+            on_error: FailurePolicy::default(),
+            fallback: None,
+        }
+    }
+}
+
+impl<K, St: Store, C> RateLimitLayer<K, St, C> {
+    /// Computes each request's cost with `cost` instead of charging 1.
+    pub fn cost<C2>(self, cost: C2) -> RateLimitLayer<K, St, C2> {
+        RateLimitLayer {
+            name: self.name,
+            policy: self.policy,
+            store: self.store,
+            key: self.key,
+            cost,
+            switch: self.switch,
+            on_error: self.on_error,
+            fallback: self.fallback,
+        }
+    }
+
+    /// Sets the mode the layer starts in (on its current switch, which every clone shares).
+    pub fn mode(self, mode: Mode) -> Self {
+        self.switch.set(mode);
+        self
+    }
+
+    /// Starts in shadow mode: decide, count and log, never reject.
+    pub fn shadow(self) -> Self {
+        self.mode(Mode::Shadow)
+    }
+
+    /// Uses `switch` (e.g. one shared by several layers) for the enforcement mode.
+    pub fn switch(mut self, switch: EnforcementSwitch) -> Self {
+        self.switch = switch;
+        self
+    }
+
+    /// What to do when the store fails: admit (`Open`), reject with 503 (`Closed`, the default), or decide on an
+    /// in-process store with the same policy (`Local`: a per-instance limit while the shared one is down).
+    pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
+        self.on_error = policy;
+        self.fallback = match policy {
+            FailurePolicy::Local => Some(self.fallback.unwrap_or_default()),
+            _ => None,
+        };
+        self
+    }
+
+    /// A handle on the enforcement mode, to flip it at run time (the kill switch).
+    #[must_use]
+    pub fn enforcement(&self) -> EnforcementSwitch {
+        self.switch.clone()
+    }
+
+    /// The limit's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The limit's policy.
+    #[must_use]
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+}
+
+impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            policy: self.policy,
+            store: self.store.clone(),
+            key: self.key.clone(),
+            cost: self.cost.clone(),
+            switch: self.switch.clone(),
+            on_error: self.on_error,
+            fallback: self.fallback.clone(),
+        }
+    }
+}
+
+impl<K, St, C> fmt::Debug for RateLimitLayer<K, St, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("name", &self.name)
+            .field("policy", &self.policy)
+            .field("mode", &self.switch.mode())
+            .field("on_store_error", &self.on_error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K: Clone, St: Store, C: Clone> Layer<S> for RateLimitLayer<K, St, C> {
+    type Service = RateLimit<S, K, St, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        let shared = Shared::new(
+            self.name.clone(),
+            self.policy,
+            self.store.clone(),
+            self.key.clone(),
+            self.cost.clone(),
+            self.switch.clone(),
+            self.on_error,
+            self.fallback.clone(),
+        );
+        RateLimit::from_shared(inner, Arc::new(shared))
+    }
+}

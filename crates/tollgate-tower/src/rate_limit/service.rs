@@ -1,0 +1,120 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use tollgate_core::Store;
+use tower_service::Service;
+
+use super::decide::{Conclusion, Shared};
+use super::future::ResponseFuture;
+use crate::{BoxError, Cost, KeyExtractor, Mode, VerdictSink};
+
+/// A service limited by a [`RateLimitLayer`](super::RateLimitLayer).
+///
+/// Errors are the inner service's, boxed, plus [`Rejection`](crate::Rejection) (over the limit, or the store
+/// failed closed) and [`KeyError`](crate::KeyError) (the key's source is missing: a configuration error).
+pub struct RateLimit<S, K, St, C> {
+    inner: S,
+    shared: Arc<Shared<K, St, C>>,
+}
+
+impl<S, K, St, C> RateLimit<S, K, St, C> {
+    pub(super) fn from_shared(inner: S, shared: Arc<Shared<K, St, C>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The enforcement switch shared with the layer that built this service.
+    #[must_use]
+    pub fn enforcement(&self) -> crate::EnforcementSwitch {
+        self.shared.switch.clone()
+    }
+}
+
+impl<S: Clone, K, St, C> RateLimit<S, K, St, C> {
+    /// Takes the inner service that `poll_ready` made ready, leaving a clone (not yet ready) in its place: a
+    /// rejected or deferred request must not hold on to (or leak) the readiness it was granted.
+    fn take_ready(&mut self) -> S {
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
+    }
+}
+
+impl<S: Clone, K, St, C> Clone for RateLimit<S, K, St, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, St, C> fmt::Debug for RateLimit<S, K, St, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("limiter", &self.shared.name)
+            .field("policy", &self.shared.policy)
+            .field("mode", &self.shared.switch.mode())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, St, C, Req> Service<Req> for RateLimit<S, K, St, C>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    S::Response: VerdictSink,
+    K: KeyExtractor<Req>,
+    St: Store,
+    C: Cost<Req>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, S, Req>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let shared = &self.shared;
+        let mode = shared.switch.mode();
+        if mode == Mode::Off {
+            return ResponseFuture::calling(self.inner.call(req), None);
+        }
+        let mut key = String::with_capacity(shared.name.len() + 48);
+        key.push_str(&shared.name);
+        key.push(':');
+        if let Err(err) = shared.key.extract(&req, &mut key) {
+            drop(self.take_ready());
+            return ResponseFuture::failed(err.into());
+        }
+        let cost = shared.cost.cost(&req);
+        let shared = shared.clone();
+        let mut decide: Pin<Box<dyn Future<Output = Conclusion> + Send>> =
+            Box::pin(async move { shared.decide(key, cost, mode).await });
+        // An in-process store decides at once: finishing here lets an admitted request call the ready inner
+        // service directly, without cloning it. A store that has to wait is polled again, with the real waker, by
+        // the response future (every future re-registers its waker on each poll).
+        match decide
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(Conclusion::Admit(verdict)) => {
+                ResponseFuture::calling(self.inner.call(req), verdict)
+            }
+            Poll::Ready(Conclusion::Reject(rejection)) => {
+                drop(self.take_ready());
+                ResponseFuture::failed(rejection.into())
+            }
+            Poll::Pending => ResponseFuture::deciding(decide, self.take_ready(), req),
+        }
+    }
+}

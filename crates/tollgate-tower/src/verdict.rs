@@ -1,0 +1,150 @@
+//! What each limiter decided, carried on the response so adapters can render headers.
+//!
+//! Every limiter that admits a request pushes its [`Verdict`] onto the response through [`VerdictSink`]
+//! (for `http::Response`, into its extensions, with the `http` feature). Stacked layers — a per-client limit
+//! around a per-route one — each add their own entry, so the HTTP adapter can list every policy in the
+//! `RateLimit` fields. A rejection carries the rejecting limiter's verdict in the [`Rejection`](crate::Rejection).
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate_core::{Decision, Outcome, Timestamp};
+//! use tollgate_tower::{Verdict, Verdicts};
+//!
+//! let decision = |remaining| Decision {
+//!     outcome: Outcome::Allowed,
+//!     limit: 10,
+//!     remaining,
+//!     reset: Timestamp::from_micros(2_500_000),
+//!     retry_after: None,
+//!     now: Timestamp::from_micros(1_000_000),
+//! };
+//! let mut verdicts = Verdicts::default();
+//! verdicts.push(Verdict::new("per-client", Duration::from_secs(1), decision(7)));
+//! verdicts.push(Verdict::new("per-route", Duration::from_secs(1), decision(2)));
+//! let binding = verdicts.binding().unwrap();
+//! assert_eq!(&*binding.limiter, "per-route"); // the closest to its limit
+//! assert_eq!(binding.reset_secs(), 2); // 1.5 s, rounded up
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::Decision;
+
+/// One limiter's decision on one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The limiter's (policy's) name, shown to clients in headers.
+    pub limiter: Arc<str>,
+    /// The policy's period.
+    pub window: Duration,
+    /// The decision, with every number headers show.
+    pub decision: Decision,
+    /// False in shadow mode: decided but not enforced, and not shown to clients.
+    pub enforced: bool,
+}
+
+impl Verdict {
+    /// An enforced verdict.
+    pub fn new(limiter: impl Into<Arc<str>>, window: Duration, decision: Decision) -> Self {
+        Self {
+            limiter: limiter.into(),
+            window,
+            decision,
+            enforced: true,
+        }
+    }
+
+    /// Whole seconds until the decision's reset, rounded up (never announces a reset earlier than it happens).
+    #[must_use]
+    pub fn reset_secs(&self) -> u64 {
+        ceil_secs(self.decision.reset_after())
+    }
+
+    /// The window in whole seconds, rounded up (at least 1).
+    #[must_use]
+    pub fn window_secs(&self) -> u64 {
+        ceil_secs(self.window).max(1)
+    }
+
+    /// Requests counted against the limit in the current window (`limit − remaining`, at least 0).
+    #[must_use]
+    pub fn used(&self) -> u64 {
+        self.decision.limit.saturating_sub(self.decision.remaining)
+    }
+}
+
+/// Whole seconds in `d`, rounded up.
+#[must_use]
+pub fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// The verdicts of every limiter a request went through, innermost first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdicts(Vec<Verdict>);
+
+impl Verdicts {
+    /// Adds a verdict.
+    pub fn push(&mut self, verdict: Verdict) {
+        self.0.push(verdict);
+    }
+
+    /// All verdicts, innermost limiter first.
+    pub fn iter(&self) -> impl Iterator<Item = &Verdict> {
+        self.0.iter()
+    }
+
+    /// Enforced verdicts only: the ones clients may see.
+    pub fn enforced(&self) -> impl Iterator<Item = &Verdict> {
+        self.0.iter().filter(|v| v.enforced)
+    }
+
+    /// Number of verdicts.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The enforced verdict that binds the client most: a denial first, then the fewest remaining, then the
+    /// latest reset. Single-policy headers (`X-RateLimit-*`) describe this one.
+    #[must_use]
+    pub fn binding(&self) -> Option<&Verdict> {
+        self.enforced().min_by_key(|v| {
+            (
+                v.decision.is_allowed(),
+                v.decision.remaining,
+                std::cmp::Reverse(v.decision.reset),
+            )
+        })
+    }
+}
+
+/// A request or response that can carry [`Verdicts`].
+///
+/// Implemented for `http::Request` and `http::Response` (in their extensions) with the `http` feature; implement
+/// it for your own response type to use the layer elsewhere.
+pub trait VerdictSink {
+    /// The verdicts carried so far (created empty on first use).
+    fn verdicts_mut(&mut self) -> &mut Verdicts;
+}
+
+#[cfg(feature = "http")]
+impl<B> VerdictSink for http::Response<B> {
+    fn verdicts_mut(&mut self) -> &mut Verdicts {
+        self.extensions_mut().get_or_insert_default::<Verdicts>()
+    }
+}
+
+#[cfg(feature = "http")]
+impl<B> VerdictSink for http::Request<B> {
+    fn verdicts_mut(&mut self) -> &mut Verdicts {
+        self.extensions_mut().get_or_insert_default::<Verdicts>()
+    }
+}

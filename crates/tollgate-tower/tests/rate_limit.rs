@@ -1,0 +1,395 @@
+//! The generic layer on a toy request type: keys, costs, modes, failure policies, readiness.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::{
+    Decision, FailurePolicy, ManualClock, MemoryStore, Outcome, Policy, Quota, Store, StoreError,
+    Timestamp,
+};
+use tollgate_tower::{
+    BoxError, CostFn, KeyError, KeyFn, Mode, RateLimitLayer, Rejection, RejectionKind, VerdictSink,
+    Verdicts,
+};
+use tower::limit::ConcurrencyLimitLayer;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+#[derive(Debug, Clone)]
+struct Req {
+    user: Option<&'static str>,
+    items: u64,
+}
+
+fn req(user: &'static str) -> Req {
+    Req {
+        user: Some(user),
+        items: 1,
+    }
+}
+
+#[derive(Debug, Default)]
+struct Reply(Verdicts);
+
+impl VerdictSink for Reply {
+    fn verdicts_mut(&mut self) -> &mut Verdicts {
+        &mut self.0
+    }
+}
+
+type UserKey = KeyFn<fn(&Req, &mut String) -> Result<(), KeyError>>;
+
+fn by_user() -> UserKey {
+    KeyFn::new(|req: &Req, key: &mut String| {
+        key.push_str(req.user.ok_or_else(|| KeyError::missing("the user"))?);
+        Ok(())
+    })
+}
+
+const T0: u64 = 1_700_000_000_000_000;
+
+fn manual_store() -> (ManualClock, Arc<MemoryStore<ManualClock>>) {
+    let clock = ManualClock::new(Timestamp::from_micros(T0));
+    (
+        clock.clone(),
+        Arc::new(MemoryStore::builder().clock(clock).build()),
+    )
+}
+
+fn echo() -> impl Service<Req, Response = Reply, Error = BoxError, Future: Send> + Clone {
+    tower::service_fn(|_: Req| async { Ok::<_, BoxError>(Reply::default()) })
+}
+
+async fn call<S>(svc: &mut S, r: Req) -> Result<Reply, BoxError>
+where
+    S: Service<Req, Response = Reply, Error = BoxError>,
+{
+    svc.ready().await?.call(r).await
+}
+
+fn rejection(err: &BoxError) -> &Rejection {
+    err.downcast_ref::<Rejection>()
+        .unwrap_or_else(|| panic!("expected a Rejection, got {err}"))
+}
+
+#[tokio::test]
+async fn admits_up_to_the_limit_then_rejects_with_the_decision() {
+    let (_clock, store) = manual_store();
+    let policy = Policy::token_bucket(Quota::per_second(3).unwrap());
+    let mut svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new("api", policy, store, by_user()))
+        .service(echo());
+
+    for remaining in [2, 1, 0] {
+        let reply = call(&mut svc, req("ann")).await.unwrap();
+        let verdict = reply.0.iter().next().unwrap();
+        assert_eq!(
+            (
+                &*verdict.limiter,
+                verdict.decision.remaining,
+                verdict.enforced
+            ),
+            ("api", remaining, true)
+        );
+        assert_eq!(verdict.window, Duration::from_secs(1));
+    }
+    let err = call(&mut svc, req("ann")).await.unwrap_err();
+    let rejection = rejection(&err);
+    assert_eq!(rejection.kind(), RejectionKind::RateLimited);
+    assert_eq!(rejection.limiter(), "api");
+    let decision = rejection.decision().unwrap();
+    assert_eq!(decision.outcome, Outcome::Limited);
+    assert_eq!(
+        rejection.retry_after(),
+        Some(Duration::from_micros(333_334))
+    );
+    assert_eq!(rejection.retry_after_secs(), Some(1));
+    // Another key has its own bucket.
+    assert!(call(&mut svc, req("bob")).await.is_ok());
+}
+
+#[tokio::test]
+async fn missing_key_is_a_configuration_error_not_a_global_bucket() {
+    let (_clock, store) = manual_store();
+    let policy = Policy::token_bucket(Quota::per_second(1).unwrap());
+    let mut svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new("api", policy, store.clone(), by_user()))
+        .service(echo());
+    for _ in 0..3 {
+        let err = call(
+            &mut svc,
+            Req {
+                user: None,
+                items: 1,
+            },
+        )
+        .await
+        .unwrap_err();
+        let key_err = err.downcast_ref::<KeyError>().expect("a KeyError");
+        assert_eq!(key_err.what(), "the user");
+    }
+    assert!(
+        store.is_empty(),
+        "no bucket was created for requests without a key"
+    );
+}
+
+#[tokio::test]
+async fn cost_function_charges_per_item() {
+    let (_clock, store) = manual_store();
+    let policy = Policy::token_bucket(Quota::per_minute(10).unwrap());
+    let layer =
+        RateLimitLayer::new("batch", policy, store, by_user()).cost(CostFn::new(|r: &Req| r.items));
+    let mut svc = ServiceBuilder::new().layer(layer).service(echo());
+    let reply = call(
+        &mut svc,
+        Req {
+            user: Some("ann"),
+            items: 7,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.0.iter().next().unwrap().decision.remaining, 3);
+    let err = call(
+        &mut svc,
+        Req {
+            user: Some("ann"),
+            items: 4,
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(rejection(&err).decision().unwrap().remaining, 3);
+    // A cost above the burst can never be admitted: no retry helps.
+    let err = call(
+        &mut svc,
+        Req {
+            user: Some("bob"),
+            items: 11,
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        rejection(&err).decision().unwrap().outcome,
+        Outcome::CostExceedsCapacity
+    );
+    assert_eq!(rejection(&err).retry_after_secs(), None);
+}
+
+#[tokio::test]
+async fn shadow_mode_admits_and_counts_then_enforces_when_switched() {
+    let (_clock, store) = manual_store();
+    let policy = Policy::token_bucket(Quota::per_minute(2).unwrap());
+    let layer = RateLimitLayer::new("dark", policy, store, by_user()).shadow();
+    let switch = layer.enforcement();
+    let mut svc = ServiceBuilder::new().layer(layer).service(echo());
+    let mut outcomes = Vec::new();
+    for _ in 0..4 {
+        let reply = call(&mut svc, req("ann")).await.unwrap();
+        let verdict = reply.0.iter().next().unwrap();
+        assert!(!verdict.enforced);
+        outcomes.push(verdict.decision.outcome);
+    }
+    // Counted: the store's quota was spent exactly as if enforced.
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Allowed,
+            Outcome::Allowed,
+            Outcome::Limited,
+            Outcome::Limited
+        ]
+    );
+    switch.set(Mode::Enforce);
+    let err = call(&mut svc, req("ann")).await.unwrap_err();
+    assert_eq!(rejection(&err).kind(), RejectionKind::RateLimited);
+}
+
+#[tokio::test]
+async fn kill_switch_skips_the_store() {
+    let (_clock, store) = manual_store();
+    let policy = Policy::token_bucket(Quota::per_minute(1).unwrap());
+    let layer = RateLimitLayer::new("api", policy, store.clone(), by_user());
+    let switch = layer.enforcement();
+    let mut svc = ServiceBuilder::new().layer(layer).service(echo());
+    call(&mut svc, req("ann")).await.unwrap();
+    assert!(call(&mut svc, req("ann")).await.is_err());
+    switch.set(Mode::Off);
+    for _ in 0..3 {
+        let reply = call(&mut svc, req("ann")).await.unwrap();
+        assert!(reply.0.is_empty(), "no verdict while the limiter is off");
+    }
+    call(
+        &mut svc,
+        Req {
+            user: None,
+            items: 1,
+        },
+    )
+    .await
+    .expect("keys are not even extracted when off");
+    switch.set(Mode::Enforce);
+    assert!(
+        call(&mut svc, req("ann")).await.is_err(),
+        "the bucket was not refilled by the bypass"
+    );
+}
+
+#[tokio::test]
+async fn rejection_releases_the_inner_readiness() {
+    let (_clock, store) = manual_store();
+    let policy = Policy::token_bucket(Quota::per_minute(1).unwrap());
+    let mut svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new("api", policy, store, by_user()))
+        .layer(ConcurrencyLimitLayer::new(1))
+        .service(echo());
+    let mut other = svc.clone();
+    call(&mut svc, req("ann")).await.unwrap();
+    // Ready (holding the single permit), then rejected: the permit must go back.
+    assert!(call(&mut svc, req("ann")).await.is_err());
+    let ready = tokio::time::timeout(Duration::from_secs(5), other.ready()).await;
+    assert!(
+        ready.is_ok(),
+        "the rejected call kept the inner service's permit"
+    );
+    // A missing key releases it too.
+    let mut third = svc.clone();
+    assert!(
+        other
+            .call(Req {
+                user: None,
+                items: 1
+            })
+            .await
+            .is_err()
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), third.ready())
+            .await
+            .is_ok()
+    );
+}
+
+/// A store that answers only after yielding to the runtime, as a network store does.
+struct Remote(MemoryStore<ManualClock>);
+
+impl Store for Remote {
+    fn check(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let decision = self.0.check_now(key, policy, cost);
+        async move {
+            tokio::task::yield_now().await;
+            decision
+        }
+    }
+}
+
+#[tokio::test]
+async fn asynchronous_store_decides_in_the_response_future() {
+    let clock = ManualClock::new(Timestamp::from_micros(T0));
+    let store = Arc::new(Remote(MemoryStore::builder().clock(clock).build()));
+    let policy = Policy::sliding_window(Quota::per_minute(2).unwrap()).unwrap();
+    let mut svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new("remote", policy, store, by_user()))
+        .layer(ConcurrencyLimitLayer::new(1))
+        .service(echo());
+    let mut other = svc.clone();
+    for remaining in [1, 0] {
+        let reply = call(&mut svc, req("ann")).await.unwrap();
+        assert_eq!(reply.0.iter().next().unwrap().decision.remaining, remaining);
+    }
+    assert!(call(&mut svc, req("ann")).await.is_err());
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), other.ready())
+            .await
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn store_failure_follows_the_failure_policy() {
+    // A real store failure: a MemoryStore that can track one key refuses a second one.
+    let policy = Policy::token_bucket(Quota::per_minute(1).unwrap());
+    let full_store = || {
+        let store = Arc::new(MemoryStore::builder().max_keys(1).shards(1).build());
+        store.check_now("api:someone-else", &policy, 1).unwrap();
+        store
+    };
+
+    let mut open = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new("api", policy, full_store(), by_user())
+                .on_store_error(FailurePolicy::Open),
+        )
+        .service(echo());
+    for _ in 0..3 {
+        let reply = call(&mut open, req("ann")).await.unwrap();
+        assert!(
+            reply.0.is_empty(),
+            "a failed-open admission carries no invented numbers"
+        );
+    }
+
+    let mut closed = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new("api", policy, full_store(), by_user())
+                .on_store_error(FailurePolicy::Closed),
+        )
+        .service(echo());
+    let err = call(&mut closed, req("ann")).await.unwrap_err();
+    assert_eq!(rejection(&err).kind(), RejectionKind::StoreUnavailable);
+    assert_eq!(rejection(&err).retry_after(), Some(Duration::from_secs(60)));
+
+    let mut local = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new("api", policy, full_store(), by_user())
+                .on_store_error(FailurePolicy::Local),
+        )
+        .service(echo());
+    let reply = call(&mut local, req("ann")).await.unwrap();
+    assert_eq!(reply.0.iter().next().unwrap().decision.remaining, 0);
+    let err = call(&mut local, req("ann")).await.unwrap_err();
+    assert_eq!(
+        rejection(&err).kind(),
+        RejectionKind::RateLimited,
+        "the local fallback enforces the policy"
+    );
+}
+
+#[tokio::test]
+async fn stacked_layers_each_add_their_verdict() {
+    let (_clock, store) = manual_store();
+    let per_user = RateLimitLayer::new(
+        "per-user",
+        Policy::token_bucket(Quota::per_minute(5).unwrap()),
+        store.clone(),
+        by_user(),
+    );
+    let global = RateLimitLayer::new(
+        "global",
+        Policy::token_bucket(Quota::per_minute(2).unwrap()),
+        store,
+        tollgate_tower::ConstKey::new("all"),
+    );
+    let mut svc = ServiceBuilder::new()
+        .layer(per_user)
+        .layer(global)
+        .service(echo());
+    let reply = call(&mut svc, req("ann")).await.unwrap();
+    let names: Vec<_> = reply
+        .0
+        .iter()
+        .map(|v| (&*v.limiter, v.decision.remaining))
+        .collect();
+    assert_eq!(names, [("global", 1), ("per-user", 4)]);
+    assert_eq!(&*reply.0.binding().unwrap().limiter, "global");
+    call(&mut svc, req("bob")).await.unwrap();
+    let err = call(&mut svc, req("cid")).await.unwrap_err();
+    assert_eq!(rejection(&err).limiter(), "global");
+}
