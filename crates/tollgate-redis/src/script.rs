@@ -1,0 +1,131 @@
+//! The Lua scripts (from the workspace's `lua/`), their arguments and their replies.
+
+use std::time::Duration;
+
+use tollgate_core::{Algorithm, Decision, Outcome, Policy, Timestamp};
+
+use crate::BackendError;
+
+/// `lua/token_bucket.lua`, embedded at compile time.
+pub const TOKEN_BUCKET_LUA: &str = include_str!("../lua/token_bucket.lua");
+/// `lua/sliding_window.lua`, embedded at compile time.
+pub const SLIDING_WINDOW_LUA: &str = include_str!("../lua/sliding_window.lua");
+
+/// A script's source and SHA-1, as `EVALSHA` wants it.
+#[derive(Debug)]
+pub(crate) struct Script {
+    pub(crate) source: &'static str,
+    pub(crate) sha: String,
+}
+
+impl Script {
+    fn new(source: &'static str) -> Self {
+        Self { source, sha: redis::Script::new(source).get_hash().to_owned() }
+    }
+}
+
+/// Both scripts, hashed once per store.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    token_bucket: Script,
+    sliding_window: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        Self { token_bucket: Script::new(TOKEN_BUCKET_LUA), sliding_window: Script::new(SLIDING_WINDOW_LUA) }
+    }
+
+    pub(crate) fn for_algorithm(&self, algorithm: Algorithm) -> &Script {
+        match algorithm {
+            Algorithm::TokenBucket => &self.token_bucket,
+            Algorithm::SlidingWindowCounter => &self.sliding_window,
+        }
+    }
+}
+
+/// The script's ARGV: the policy's derived integers (so the script needs no gcd), the cost and the injected time
+/// (empty: the server's `TIME`).
+pub(crate) fn args(policy: &Policy, cost: u64, now: Option<Timestamp>) -> [String; 5] {
+    let quota = policy.quota();
+    let now = now.map_or_else(String::new, |t| t.as_micros().to_string());
+    match policy.algorithm() {
+        Algorithm::TokenBucket => [
+            quota.token_bucket_token().to_string(),
+            quota.token_bucket_rate().to_string(),
+            quota.burst().to_string(),
+            cost.to_string(),
+            now,
+        ],
+        Algorithm::SlidingWindowCounter => [
+            quota.limit().to_string(),
+            quota.period_micros().to_string(),
+            policy.tick_micros().to_string(),
+            cost.to_string(),
+            now,
+        ],
+    }
+}
+
+/// Turns `{outcome, remaining, reset_us, retry_after_us, now_us}` into a [`Decision`].
+pub(crate) fn parse_reply(policy: &Policy, reply: &redis::Value) -> Result<Decision, BackendError> {
+    let bad = |why: &str| BackendError::BadReply(format!("{why} in script reply {reply:?}"));
+    let redis::Value::Array(items) = reply else { return Err(bad("expected an array")) };
+    let mut ints = [0_i64; 5];
+    if items.len() != ints.len() {
+        return Err(bad("expected 5 integers"));
+    }
+    for (slot, item) in ints.iter_mut().zip(items) {
+        let redis::Value::Int(n) = item else { return Err(bad("expected integers")) };
+        *slot = *n;
+    }
+    let [outcome, remaining, reset, retry_after, now] = ints;
+    let unsigned = |n: i64| u64::try_from(n).map_err(|_| bad("negative value"));
+    let outcome = match outcome {
+        0 => Outcome::Allowed,
+        1 => Outcome::Limited,
+        2 => Outcome::CostExceedsCapacity,
+        _ => return Err(bad("unknown outcome")),
+    };
+    Ok(Decision {
+        outcome,
+        limit: policy.quota().limit(),
+        remaining: unsigned(remaining)?,
+        reset: Timestamp::from_micros(unsigned(reset)?),
+        retry_after: if retry_after < 0 { None } else { Some(Duration::from_micros(unsigned(retry_after)?)) },
+        now: Timestamp::from_micros(unsigned(now)?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::Quota;
+
+    #[test]
+    fn scripts_are_embedded_and_hashed() {
+        let scripts = Scripts::new();
+        let tb = scripts.for_algorithm(Algorithm::TokenBucket);
+        assert!(tb.source.contains("token_bucket.rs"));
+        assert_eq!(tb.sha.len(), 40);
+        assert_ne!(tb.sha, scripts.for_algorithm(Algorithm::SlidingWindowCounter).sha);
+    }
+
+    #[test]
+    fn replies_parse_and_bad_replies_are_errors() {
+        let policy = Policy::token_bucket(Quota::per_second(5).unwrap());
+        let ok = redis::Value::Array(vec![
+            redis::Value::Int(1),
+            redis::Value::Int(0),
+            redis::Value::Int(2_000_000),
+            redis::Value::Int(200_000),
+            redis::Value::Int(1_000_000),
+        ]);
+        let d = parse_reply(&policy, &ok).unwrap();
+        assert_eq!(d.outcome, Outcome::Limited);
+        assert_eq!(d.retry_after, Some(Duration::from_millis(200)));
+        assert_eq!(d.limit, 5);
+        assert!(parse_reply(&policy, &redis::Value::Nil).is_err());
+        assert!(parse_reply(&policy, &redis::Value::Array(vec![redis::Value::Int(9); 5])).is_err());
+    }
+}

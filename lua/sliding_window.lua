@@ -1,0 +1,120 @@
+-- Sliding window counter: estimate = current + previous * (1 - elapsed / period). A line-for-line port of
+-- crates/tollgate-core/src/algorithm/sliding_window.rs (read that file for the reasoning).
+--
+-- KEYS[1]  the key's hash: window_start (µs since the epoch, a multiple of the period), previous, current
+-- ARGV[1]  limit   requests per period
+-- ARGV[2]  period  in µs
+-- ARGV[3]  tick    time resolution in µs (Policy::tick_micros), so that limit * period / tick stays exact
+-- ARGV[4]  cost    this request's cost
+-- ARGV[5]  now     µs since the epoch; empty: the server's TIME (no client clock can mint requests)
+--
+-- Returns {outcome, remaining, reset_us, retry_after_us, now_us}; outcome 0 allowed, 1 limited,
+-- 2 cost exceeds capacity; retry_after_us is -1 when absent. Integers only: Redis truncates Lua numbers.
+--
+-- Lua numbers are doubles. Every value here stays at or below 2^53 (Policy guarantees it), where doubles are
+-- exact integers, but `/` is a float division: idiv floors it and corrects the last bit, so it equals Rust's `/`.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function imod(a, b)
+  return a - idiv(a, b) * b
+end
+
+local function div_ceil(a, b)
+  local q = idiv(a, b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+-- Redis formats a Lua number argument in the shortest float notation ("1.7e+15"): write integers digit by digit.
+local function int(x)
+  return string.format('%d', x)
+end
+
+local key = KEYS[1]
+local limit = tonumber(ARGV[1])
+local period = tonumber(ARGV[2])
+local tick = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+local ticks = idiv(period, tick)
+-- An injected time says nothing about how long the key must live in the server's time, where the next step
+-- of a test may come a moment later than the injected clock says: such keys live at least a minute.
+local min_ttl_ms = 1
+local now
+if ARGV[5] ~= nil and ARGV[5] ~= '' then
+  now = tonumber(ARGV[5])
+  min_ttl_ms = 60000
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local start = now - imod(now, period)
+local previous, current = 0, 0
+local stored = redis.call('HMGET', key, 'window_start', 'previous', 'current')
+if stored[1] then
+  local window_start = tonumber(stored[1])
+  if window_start > start then
+    -- The clock stepped back: decide as of the stored window's start.
+    now = window_start
+    start = window_start
+  end
+  if window_start == start then
+    previous, current = tonumber(stored[2]), tonumber(stored[3])
+  elseif window_start + period == start then
+    previous = tonumber(stored[3])
+  end
+end
+local elapsed = idiv(now - start, tick)
+-- estimate * ticks = current * ticks + previous * (ticks - elapsed)
+local weighted_previous = previous * (ticks - elapsed)
+local outcome = 1
+local retry_after = -1
+if cost > limit then
+  outcome = 2
+elseif current + cost <= limit and weighted_previous <= (limit - current - cost) * ticks then
+  outcome = 0
+  current = current + cost
+else
+  local admit_at
+  if current + cost <= limit then
+    -- Later in this window, once the previous window's weight has decayed enough.
+    admit_at = start + (ticks - idiv((limit - current - cost) * ticks, previous)) * tick
+  else
+    -- In the next window, where this window's count becomes the previous one.
+    admit_at = start + period + (ticks - idiv((limit - cost) * ticks, current)) * tick
+  end
+  retry_after = admit_at - now
+end
+local used = current * ticks + previous * (ticks - elapsed)
+local remaining = 0
+if limit * ticks > used then
+  remaining = idiv(limit * ticks - used, ticks)
+end
+local reset
+if current > 0 then
+  reset = start + 2 * period
+elseif previous > 0 then
+  reset = start + period
+else
+  reset = now
+end
+if outcome == 0 then
+  -- The state lives exactly until both counts have decayed to zero, when it is indistinguishable from fresh.
+  if reset > now then
+    redis.call('HSET', key, 'window_start', int(start), 'previous', int(previous), 'current', int(current))
+    redis.call('PEXPIRE', key, int(math.max(div_ceil(reset - now, 1000), min_ttl_ms)))
+  else
+    redis.call('DEL', key)
+  end
+end
+return {outcome, remaining, reset, retry_after, now}

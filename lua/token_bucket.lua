@@ -1,0 +1,93 @@
+-- Token bucket with lazy refill, in exact fixed point: a line-for-line port of
+-- crates/tollgate-core/src/algorithm/token_bucket.rs (read that file for the reasoning).
+--
+-- KEYS[1]  the bucket's hash: full_at (µs since the epoch), remainder
+-- ARGV[1]  token   size of one token in fixed-point units (Quota::token_bucket_token)
+-- ARGV[2]  rate    units accrued per µs (Quota::token_bucket_rate)
+-- ARGV[3]  burst   bucket capacity in tokens
+-- ARGV[4]  cost    tokens this request takes
+-- ARGV[5]  now     µs since the epoch; empty: the server's TIME (no client clock can mint tokens)
+--
+-- Returns {outcome, remaining, reset_us, retry_after_us, now_us}; outcome 0 allowed, 1 limited,
+-- 2 cost exceeds capacity; retry_after_us is -1 when absent. Integers only: Redis truncates Lua numbers.
+--
+-- Lua numbers are doubles. Every value here stays below 2^53 (Quota guarantees it), where doubles are exact
+-- integers, but `/` is a float division: idiv floors it and corrects the last bit, so it equals Rust's `/`.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function div_ceil(a, b)
+  local q = idiv(a, b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+-- Redis formats a Lua number argument in the shortest float notation ("1.7e+15"): write integers digit by digit.
+local function int(x)
+  return string.format('%d', x)
+end
+
+local key = KEYS[1]
+local token = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local burst = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+-- An injected time says nothing about how long the key must live in the server's time, where the next step
+-- of a test may come a moment later than the injected clock says: such keys live at least a minute.
+local min_ttl_ms = 1
+local now
+if ARGV[5] ~= nil and ARGV[5] ~= '' then
+  now = tonumber(ARGV[5])
+  min_ttl_ms = 60000
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local capacity = burst * token
+local full_at, remainder = now, 0
+local stored = redis.call('HMGET', key, 'full_at', 'remainder')
+if stored[1] and tonumber(stored[1]) > now then
+  full_at, remainder = tonumber(stored[1]), tonumber(stored[2])
+end
+-- A clock that stepped back could make the deficit exceed the bucket: an empty bucket is the most owed.
+local deficit
+if full_at - now > idiv(capacity, rate) then
+  deficit = capacity
+else
+  deficit = math.min((full_at - now) * rate - remainder, capacity)
+end
+
+if cost > burst then
+  local remaining = idiv(capacity - deficit, token)
+  return {2, remaining, full_at, -1, now}
+end
+local need = cost * token
+if deficit + need <= capacity then
+  deficit = deficit + need
+  local wait = div_ceil(deficit, rate)
+  local new_full_at = now + wait
+  local new_remainder = wait * rate - deficit
+  local remaining = idiv(capacity - deficit, token)
+  -- The state lives exactly until it is indistinguishable from a full (fresh) bucket.
+  if new_full_at > now then
+    redis.call('HSET', key, 'full_at', int(new_full_at), 'remainder', int(new_remainder))
+    redis.call('PEXPIRE', key, int(math.max(div_ceil(new_full_at - now, 1000), min_ttl_ms)))
+  else
+    redis.call('DEL', key)
+  end
+  return {0, remaining, new_full_at, -1, now}
+end
+-- Earliest t with (full_at - t) * rate - remainder <= capacity - need.
+local admit_at = full_at - idiv(capacity - need + remainder, rate)
+local remaining = idiv(capacity - deficit, token)
+return {1, remaining, full_at, admit_at - now, now}
