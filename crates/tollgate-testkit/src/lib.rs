@@ -2,4 +2,5 @@
 //! Redis stores honest, and (in [`redis`]) real Redis servers for tests.
 #![forbid(unsafe_code)]
 
+pub mod redis;
 pub mod vectors;
