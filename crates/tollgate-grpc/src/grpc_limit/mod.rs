@@ -1,0 +1,40 @@
+//! The tonic-facing layer: tollgate's limiters inside, an infallible gRPC service outside.
+//!
+//! [`GrpcLimitLayer`] wraps any tollgate layer (a [`RateLimitLayer`](tollgate_tower::RateLimitLayer), a
+//! [`MethodLimitLayer`](crate::MethodLimitLayer), a stack of several) and answers for them in gRPC:
+//!
+//! - a [`Rejection`](tollgate_tower::Rejection) becomes a trailers-only response (HTTP 200, `grpc-status` in the
+//!   headers, no body) built by [`rejection_status`](crate::status::rejection_status);
+//! - a [`KeyError`](tollgate_tower::KeyError) becomes `INTERNAL` naming the missing key source;
+//! - any other error becomes the status tonic would have made of it;
+//! - an admitted call's response carries the rate-limit metadata of every enforced verdict
+//!   ([`insert_verdicts`](crate::status::insert_verdicts)), and its body is passed through untouched, so a
+//!   guard living in the body (a concurrency permit) is held until a stream ends or is dropped.
+//!
+//! The service's error type is [`Infallible`](std::convert::Infallible): no `HandleErrorLayer` is needed.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tollgate_core::{MemoryStore, Policy, Quota};
+//! use tollgate_grpc::{GrpcLimitLayer, key::MetadataKey};
+//! use tollgate_tower::RateLimitLayer;
+//!
+//! let per_api_key = RateLimitLayer::new(
+//!     "per-api-key",
+//!     Policy::sliding_window(Quota::per_minute(600)?)?,
+//!     Arc::new(MemoryStore::new()),
+//!     MetadataKey::new("x-api-key")?,
+//! );
+//! let layer = GrpcLimitLayer::new(per_api_key);
+//! // tonic::transport::Server::builder().layer(layer).add_service(GreeterServer::new(greeter))
+//! # let _ = layer;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod future;
+mod layer;
+mod service;
+
+pub use future::ResponseFuture;
+pub use layer::GrpcLimitLayer;
+pub use service::GrpcLimit;

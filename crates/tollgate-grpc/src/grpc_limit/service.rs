@@ -1,0 +1,76 @@
+use std::convert::Infallible;
+use std::fmt;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tollgate_tower::BoxError;
+use tower_service::Service;
+
+use super::ResponseFuture;
+
+/// A service whose tollgate rejections are gRPC responses; built by [`GrpcLimitLayer`](super::GrpcLimitLayer).
+pub struct GrpcLimit<S> {
+    inner: S,
+    // An error from the inner service's `poll_ready`, answered by the next call as a status: with an infallible
+    // error type, readiness errors can only be reported through a response.
+    not_ready: Option<BoxError>,
+}
+
+impl<S> GrpcLimit<S> {
+    pub(super) const fn new(inner: S) -> Self {
+        Self {
+            inner,
+            not_ready: None,
+        }
+    }
+
+    /// The limited service.
+    pub const fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Clone> Clone for GrpcLimit<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            not_ready: None,
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for GrpcLimit<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for GrpcLimit<S>
+where
+    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if self.not_ready.is_none() {
+            if let Err(err) = std::task::ready!(self.inner.poll_ready(cx)) {
+                self.not_ready = Some(err.into());
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        match self.not_ready.take() {
+            Some(err) => ResponseFuture::failed(err),
+            None => ResponseFuture::new(self.inner.call(req)),
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Which bucket a gRPC call belongs to: a metadata entry (e.g. an API key, stored hashed), the peer's IP address
+//! or the called method, alone or combined in tuples.
+//!
+//! A missing source is a [`KeyError`] (the call fails with `INTERNAL` naming what is missing), never a silent
+//! global bucket.
+//!
+//! ```
+//! use tollgate_grpc::key::{GrpcMethod, MetadataKey, PeerIp};
+//! use tollgate_tower::KeyExtractor;
+//!
+//! let req = http::Request::builder()
+//!     .uri("/helloworld.Greeter/SayHello")
+//!     .header("x-api-key", "secret-1")
+//!     .body(())?;
+//!
+//! let mut key = String::new();
+//! (MetadataKey::new("x-api-key")?, GrpcMethod).extract(&req, &mut key)?;
+//! assert_eq!(key, "f7e7c36e458e80e6b6a2c67d0a9ec09b|/helloworld.Greeter/SayHello"); // the secret is not stored
+//!
+//! // No peer address: a plain `http::Request` was not served by tonic's transport.
+//! let err = PeerIp.extract(&req, &mut String::new()).unwrap_err();
+//! assert!(err.to_string().contains("peer address"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt::Write as _;
+
+use http::HeaderName;
+use http::header::InvalidHeaderName;
+use tollgate_tower::digest::push_hex_digest;
+use tollgate_tower::{KeyError, KeyExtractor};
+use tonic::transport::server::TcpConnectInfo;
+
+/// The value of one metadata entry, hashed (SHA-256, 128 bits, hex): an API key or token is never stored raw,
+/// and a long or binary value costs the same as a short one.
+///
+/// Works for ASCII and binary (`-bin`) entries alike: the bytes as received are hashed.
+#[derive(Debug, Clone)]
+pub struct MetadataKey {
+    name: HeaderName,
+    missing: String,
+}
+
+impl MetadataKey {
+    /// Keys calls by the metadata entry `name` (e.g. `x-api-key`); an invalid name is an error, not a panic.
+    pub fn new(name: &str) -> Result<Self, InvalidHeaderName> {
+        let name = HeaderName::try_from(name.to_ascii_lowercase())?;
+        let missing = format!("the {name} metadata");
+        Ok(Self { name, missing })
+    }
+
+    /// The metadata entry's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        self.name.as_str()
+    }
+}
+
+impl<B> KeyExtractor<http::Request<B>> for MetadataKey {
+    fn extract(&self, req: &http::Request<B>, key: &mut String) -> Result<(), KeyError> {
+        let value = req.headers().get(&self.name).ok_or_else(|| {
+            KeyError::missing(self.missing.clone()).with_hint(
+                "the client must send it, or limit by another key such as the peer address",
+            )
+        })?;
+        push_hex_digest(value.as_bytes(), key);
+        Ok(())
+    }
+}
+
+/// The peer's IP address, from the [`TcpConnectInfo`] that tonic's `transport::Server` records on each request.
+///
+/// The port is left out: a client opening several connections is still one client.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PeerIp;
+
+impl<B> KeyExtractor<http::Request<B>> for PeerIp {
+    fn extract(&self, req: &http::Request<B>, key: &mut String) -> Result<(), KeyError> {
+        let ip = req
+            .extensions()
+            .get::<TcpConnectInfo>()
+            .and_then(TcpConnectInfo::remote_addr)
+            .map(|addr| addr.ip())
+            .ok_or_else(|| {
+                KeyError::missing("the peer address").with_hint(
+                    "serve with tonic's transport::Server over TCP, which records TcpConnectInfo on each request",
+                )
+            })?;
+        // IPv4-mapped IPv6 peers are the same clients as their IPv4 form.
+        let _ = write!(key, "{}", ip.to_canonical());
+        Ok(())
+    }
+}
+
+/// The called method's path, `/package.Service/Method`: combine it with a client key, e.g.
+/// `(PeerIp, GrpcMethod)`, for one bucket per client and method under a single policy.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GrpcMethod;
+
+impl<B> KeyExtractor<http::Request<B>> for GrpcMethod {
+    fn extract(&self, req: &http::Request<B>, key: &mut String) -> Result<(), KeyError> {
+        key.push_str(req.uri().path());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+
+    fn request_from(peer: &str) -> http::Request<()> {
+        let mut req = http::Request::new(());
+        let remote_addr: SocketAddr = peer.parse().unwrap();
+        req.extensions_mut().insert(TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some(remote_addr),
+        });
+        req
+    }
+
+    #[test]
+    fn peer_ip_ignores_the_port_and_unmaps_ipv4() {
+        let mut a = String::new();
+        PeerIp
+            .extract(&request_from("10.1.2.3:5000"), &mut a)
+            .unwrap();
+        let mut b = String::new();
+        PeerIp
+            .extract(&request_from("[::ffff:10.1.2.3]:6000"), &mut b)
+            .unwrap();
+        assert_eq!(a, "10.1.2.3");
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn metadata_keys_are_hashed_and_missing_ones_are_errors() {
+        let extractor = MetadataKey::new("X-Api-Key").unwrap();
+        assert_eq!(extractor.name(), "x-api-key");
+        let mut req = http::Request::new(());
+        let err = extractor.extract(&req, &mut String::new()).unwrap_err();
+        assert_eq!(err.what(), "the x-api-key metadata");
+
+        req.headers_mut().insert("x-api-key", "k1".parse().unwrap());
+        let mut key = String::new();
+        extractor.extract(&req, &mut key).unwrap();
+        assert_eq!(key.len(), 32);
+        assert!(!key.contains("k1"));
+    }
+
+    #[test]
+    fn invalid_metadata_names_are_errors() {
+        assert!(MetadataKey::new("bad name").is_err());
+    }
+}
