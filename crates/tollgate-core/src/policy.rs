@@ -113,6 +113,9 @@ pub struct Quota {
     limit: u64,
     period_us: u64,
     burst: u64,
+    // Derived once here, not per request: a gcd is a loop of divisions.
+    token: u64,
+    rate: u64,
 }
 
 impl Quota {
@@ -160,13 +163,16 @@ impl Quota {
         if burst == 0 {
             return Err(PolicyError::ZeroBurst);
         }
+        let divisor = gcd(limit, period_us);
+        let (token, rate) = (period_us / divisor, limit / divisor);
         let quota = Self {
             limit,
             period_us,
             burst,
+            token,
+            rate,
         };
-        let rate = quota.token_bucket_rate();
-        match burst.checked_mul(quota.token_bucket_token()) {
+        match burst.checked_mul(token) {
             Some(cap) if cap <= MAX_SCALED && rate <= MAX_SCALED => Ok(quota),
             _ => Err(PolicyError::TooLarge {
                 what: "burst × period ÷ gcd(limit, period)",
@@ -201,13 +207,13 @@ impl Quota {
     /// Fixed-point size of one token: a token is `period / gcd(limit, period)` units.
     #[must_use]
     pub const fn token_bucket_token(&self) -> u64 {
-        self.period_us / gcd(self.limit, self.period_us)
+        self.token
     }
 
     /// Fixed-point refill: `limit / gcd(limit, period)` units accrue per microsecond.
     #[must_use]
     pub const fn token_bucket_rate(&self) -> u64 {
-        self.limit / gcd(self.limit, self.period_us)
+        self.rate
     }
 
     /// The sliding window's time resolution in microseconds: 1 µs, 1 ms or 1 s, the finest that keeps
