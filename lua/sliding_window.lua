@@ -109,12 +109,12 @@ else
   reset = now
 end
 if outcome == 0 then
-  -- The state lives exactly until both counts have decayed to zero, when it is indistinguishable from fresh.
-  if reset > now then
+  -- The state lives exactly until both counts have decayed to zero, when it is indistinguishable from fresh. A
+  -- decayed state is still written over an existing one, as the Rust store does: after a clock step back it
+  -- differs.
+  if reset > now or stored[1] then
     redis.call('HSET', key, 'window_start', int(start), 'previous', int(previous), 'current', int(current))
     redis.call('PEXPIRE', key, int(math.max(div_ceil(reset - now, 1000), min_ttl_ms)))
-  else
-    redis.call('DEL', key)
   end
 end
 return {outcome, remaining, reset, retry_after, now}

@@ -78,12 +78,11 @@ if deficit + need <= capacity then
   local new_full_at = now + wait
   local new_remainder = wait * rate - deficit
   local remaining = idiv(capacity - deficit, token)
-  -- The state lives exactly until it is indistinguishable from a full (fresh) bucket.
-  if new_full_at > now then
+  -- The state lives exactly until it is indistinguishable from a full (fresh) bucket. A state that is already
+  -- full is still written over an existing one, as the Rust store does: after a clock step back it differs.
+  if new_full_at > now or stored[1] then
     redis.call('HSET', key, 'full_at', int(new_full_at), 'remainder', int(new_remainder))
     redis.call('PEXPIRE', key, int(math.max(div_ceil(new_full_at - now, 1000), min_ttl_ms)))
-  else
-    redis.call('DEL', key)
   end
   return {0, remaining, new_full_at, -1, now}
 end

@@ -18,6 +18,13 @@ pub enum BackendError {
     BadReply(String),
 }
 
+impl BackendError {
+    /// Whether the connection's own response or connect timeout fired.
+    pub(crate) fn is_timeout(&self) -> bool {
+        matches!(self, Self::Redis(e) if e.is_timeout())
+    }
+}
+
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

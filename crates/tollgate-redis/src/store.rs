@@ -183,6 +183,7 @@ impl RedisStore {
         probe.disarm();
         let result = match result {
             Ok(Ok(reply)) => script::parse_reply(policy, &reply).map_err(StoreError::backend),
+            Ok(Err(e)) if e.is_timeout() => Err(StoreError::Timeout(inner.timeout)),
             Ok(Err(e)) => Err(StoreError::backend(e)),
             Err(_) => Err(StoreError::Timeout(inner.timeout)),
         };

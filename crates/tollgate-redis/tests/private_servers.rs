@@ -1,0 +1,205 @@
+//! RedisStore against private `redis-server` processes that the tests pause, kill, restart, flush and replicate:
+//! each fault follows the configured failure policy, no call waits for a dead server, and decisions resume when
+//! Redis returns.
+
+mod common;
+
+use std::error::Error as _;
+use std::time::{Duration, Instant};
+
+use tollgate_core::{FailurePolicy, Outcome, Policy, Quota, Store, StoreError};
+use tollgate_redis::{BackendError, CircuitState, EvictionCheck, RedisStore};
+use tollgate_testkit::redis::RedisServer;
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+const COOL_DOWN: Duration = Duration::from_millis(200);
+
+async fn fault_store(server: &RedisServer, failure_policy: FailurePolicy) -> RedisStore {
+    RedisStore::builder(server.url())
+        .namespace("faults")
+        .timeout(TIMEOUT)
+        .circuit_breaker(3, COOL_DOWN)
+        .failure_policy(failure_policy)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Polls until Redis decides again (the circuit's cool-down, a reconnect), for at most 10 s.
+async fn until_redis_decides(store: &RedisStore, key: &str, policy: &Policy) -> tollgate_core::Decision {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.try_check(key, policy, 1).await {
+            Ok(d) => return d,
+            Err(e) => assert!(Instant::now() < deadline, "Redis did not come back: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The call came back although the server could not answer: bounded by the timeout, not by the server. (The bound
+/// is loose on purpose: it separates "returned after the timeout" from "waited for the server", not fast from slow.)
+fn assert_bounded(started: Instant) {
+    assert!(started.elapsed() < TIMEOUT * 20, "a call waited {:?} for a dead server", started.elapsed());
+}
+
+#[tokio::test]
+async fn sigstop_hang_times_out_opens_the_circuit_and_recovers() {
+    let server = RedisServer::start();
+    let store = fault_store(&server, FailurePolicy::Open).await;
+    let policy = common::hourly_bucket(3);
+    assert_eq!(store.try_check("k", &policy, 1).await.unwrap().remaining, 2);
+
+    server.pause();
+    let mut kinds = Vec::new();
+    for _ in 0..6 {
+        let started = Instant::now();
+        let err = store.try_check("k", &policy, 1).await.unwrap_err();
+        assert_bounded(started);
+        kinds.push(err.kind());
+    }
+    assert_eq!(kinds, ["timeout", "timeout", "timeout", "circuit_open", "circuit_open", "circuit_open"]);
+    assert_eq!(store.circuit_state(), CircuitState::Open);
+    // Through the Store trait the failure policy answers: fail open.
+    let started = Instant::now();
+    let d = store.check("k", &policy, 1).await.unwrap();
+    assert_bounded(started);
+    assert_eq!((d.outcome, d.remaining, d.reset), (Outcome::Allowed, 2, d.now), "a synthesized open decision");
+
+    server.resume();
+    let d = until_redis_decides(&store, "fresh", &policy).await;
+    assert_eq!(store.circuit_state(), CircuitState::Closed);
+    assert_eq!((d.outcome, d.remaining), (Outcome::Allowed, 2));
+    // The state survived the pause. Requests that timed out were already on the wire and ran when the server
+    // woke up (as any timed-out write may): at least the first request and this one are counted.
+    let d = store.try_check("k", &policy, 1).await.unwrap();
+    assert!(d.remaining <= 1, "{d:?}");
+}
+
+#[tokio::test]
+async fn sigkill_fails_closed_and_a_restarted_empty_server_starts_fresh() {
+    let mut server = RedisServer::start();
+    let store = fault_store(&server, FailurePolicy::Closed).await;
+    let policy = common::hourly_window(3);
+    for _ in 0..3 {
+        assert!(store.check("k", &policy, 1).await.unwrap().is_allowed());
+    }
+    server.kill();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let d = store.check("k", &policy, 1).await.unwrap();
+        assert_bounded(started);
+        assert_eq!(d.outcome, Outcome::Limited);
+        assert!(d.retry_after.unwrap() >= Duration::from_secs(1), "{d:?}");
+    }
+    assert!(matches!(store.try_check("k", &policy, 1).await, Err(StoreError::CircuitOpen | StoreError::Backend(_) | StoreError::Timeout(_))));
+
+    server.restart();
+    // The restarted server is empty (and has no scripts): a fresh window, loaded by EVAL after NOSCRIPT.
+    let d = until_redis_decides(&store, "k", &policy).await;
+    assert_eq!((d.outcome, d.remaining), (Outcome::Allowed, 2));
+}
+
+#[tokio::test]
+async fn local_fallback_keeps_a_per_instance_limit_while_redis_is_down() {
+    let mut server = RedisServer::start();
+    let store = fault_store(&server, FailurePolicy::Local).await;
+    let policy = common::hourly_bucket(3);
+    server.kill();
+    let outcomes: Vec<bool> = {
+        let mut v = Vec::new();
+        for _ in 0..5 {
+            v.push(store.check("k", &policy, 1).await.unwrap().is_allowed());
+        }
+        v
+    };
+    assert_eq!(outcomes, [true, true, true, false, false]);
+    server.restart();
+    let d = until_redis_decides(&store, "k", &policy).await;
+    assert_eq!(d.remaining, 2, "Redis's own state, not the local one, decides again");
+}
+
+#[tokio::test]
+async fn script_flush_is_survived_transparently_and_state_is_kept() {
+    let server = RedisServer::start();
+    let store = fault_store(&server, FailurePolicy::Closed).await;
+    let bucket = common::hourly_bucket(5);
+    let window = common::hourly_window(5);
+    for policy in [&bucket, &window] {
+        assert_eq!(store.try_check("k", policy, 1).await.unwrap().remaining, 4);
+        assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
+        assert_eq!(store.try_check("k", policy, 1).await.unwrap().remaining, 3);
+        assert_eq!(store.try_check("k", policy, 1).await.unwrap().remaining, 2);
+    }
+    let info = server.cli(&["INFO", "commandstats"]);
+    let calls = common::command_calls(&info, &["info", "config", "script", "client", "hello"]);
+    let get = |name: &str| calls.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
+    // Each script's first call and each call after a flush: NOSCRIPT (a failed call, not counted in `calls`),
+    // then one EVAL that runs and reloads the script. Every other call: one EVALSHA.
+    assert_eq!(get("eval"), 4, "{calls:?}");
+    assert_eq!(get("evalsha"), 6, "{calls:?}");
+    let evalsha = info.lines().find(|l| l.starts_with("cmdstat_evalsha:")).unwrap_or_default();
+    assert!(evalsha.contains("failed_calls=4"), "{info}");
+}
+
+#[tokio::test]
+async fn exactly_one_command_per_decision() {
+    let server = RedisServer::start();
+    let store = fault_store(&server, FailurePolicy::Closed).await;
+    let policy = Policy::token_bucket(Quota::per_second(1_000).unwrap());
+    let window = Policy::sliding_window(Quota::per_second(1_000).unwrap()).unwrap();
+    // Load both scripts, then count from zero.
+    store.try_check("warm", &policy, 1).await.unwrap();
+    store.try_check("warm", &window, 1).await.unwrap();
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]), "OK");
+    let decisions = 200;
+    for i in 0..decisions {
+        let p = if i % 2 == 0 { &policy } else { &window };
+        store.check(&format!("key{}", i % 7), p, 1).await.unwrap();
+    }
+    let info = server.cli(&["INFO", "commandstats"]);
+    // Commands the script runs inside Redis are counted too; what the client sent is everything else.
+    let calls = common::command_calls(&info, &["info", "config|resetstat", "time", "hmget", "hset", "pexpire"]);
+    assert_eq!(calls, [("evalsha".to_owned(), decisions)], "{info}");
+}
+
+#[tokio::test]
+async fn a_replica_answers_readonly_which_is_reported_and_handled_by_the_failure_policy() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::replica_of(&primary);
+    let store = RedisStore::builder(replica.url())
+        .namespace("replica")
+        .timeout(Duration::from_secs(2))
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .await
+        .unwrap();
+    let policy = common::hourly_bucket(3);
+    let err = store.try_check("k", &policy, 1).await.unwrap_err();
+    let backend = err.source().and_then(|s| s.downcast_ref::<BackendError>()).expect("a backend error");
+    assert!(matches!(backend, BackendError::ReadOnly(_)), "{backend:?}");
+    assert!(err.to_string().contains("replica"), "{err}");
+    let d = store.check("k", &policy, 1).await.unwrap();
+    assert_eq!(d.outcome, Outcome::Limited, "fail closed");
+    assert_eq!(replica.cli(&["DBSIZE"]), "0");
+    assert_eq!(primary.cli(&["DBSIZE"]), "0");
+}
+
+#[tokio::test]
+async fn the_eviction_policy_is_checked_at_start_up() {
+    let safe = RedisServer::start();
+    let store = fault_store(&safe, FailurePolicy::Closed).await;
+    assert_eq!(store.eviction_check(), &EvictionCheck::NoEviction);
+
+    let lru = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    let store = fault_store(&lru, FailurePolicy::Closed).await;
+    assert_eq!(store.eviction_check(), &EvictionCheck::Evicting("allkeys-lru".into()));
+    assert_eq!(store.check_eviction_policy().await, EvictionCheck::Evicting("allkeys-lru".into()));
+
+    // Managed services often forbid CONFIG: the check says it could not tell.
+    let locked = RedisServer::start_with(&["--rename-command", "CONFIG", ""]);
+    let store = fault_store(&locked, FailurePolicy::Closed).await;
+    assert!(matches!(store.eviction_check(), EvictionCheck::Unknown(why) if why.contains("CONFIG") || why.contains("unknown command")), "{:?}", store.eviction_check());
+    // Deciding does not need CONFIG.
+    assert!(store.try_check("k", &common::hourly_bucket(1), 1).await.unwrap().is_allowed());
+}

@@ -1,0 +1,299 @@
+//! RedisStore against the shared Redis at `REDIS_URL`: the shared vectors, Rust/Lua agreement, atomicity under
+//! concurrency, several instances sharing one limit, and TTLs. Each test uses its own key namespace.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use tollgate_core::algorithm::token_bucket::{self, TokenBucketState};
+use tollgate_core::{Algorithm, MemoryStore, Outcome, Policy, Quota, Store, Timestamp};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::redis::redis_url;
+use tollgate_testkit::vectors::Vectors;
+
+#[tokio::test]
+async fn shared_vectors_are_bit_identical_to_memory_store_and_expected() {
+    let vectors = Vectors::load();
+    assert!(vectors.cases.len() >= 10, "the vector file holds too few cases");
+    let redis = common::store(&redis_url(), "vectors").await;
+    let mut steps = 0;
+    for (i, case) in vectors.cases.iter().enumerate() {
+        let policy = case.policy();
+        let memory = MemoryStore::new();
+        for (j, step) in case.steps.iter().enumerate() {
+            // A key per case: cases must not see each other's state.
+            let key = format!("case{i}:{}", step.key);
+            let from_redis = redis.try_check_at(&key, &policy, step.cost, step.at()).await.expect("redis decides");
+            let from_memory = memory.check_at(&key, &policy, step.cost, step.at()).expect("memory decides");
+            let expected = step.expected(&policy);
+            assert_eq!(from_redis, expected, "case {:?}, step {j}: redis vs expected", case.name);
+            assert_eq!(from_memory, expected, "case {:?}, step {j}: memory vs expected", case.name);
+            steps += 1;
+        }
+    }
+    assert!(steps >= 100, "only {steps} steps ran");
+}
+
+/// A small deterministic generator (xorshift64*), so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Rust and Lua agree on awkward policies too: huge limits, periods that share no factor with the limit,
+/// microsecond periods, products close to 2^52, costs above the burst, and a clock that steps back.
+#[tokio::test]
+async fn lua_agrees_with_rust_on_random_policies_and_traffic() {
+    let redis = common::store(&redis_url(), "agree").await;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let quotas: Vec<Quota> = [
+        (3, 7),
+        (1, 1),
+        (999_983, 3_600_000_000),
+        (1 << 20, 999_999_937),
+        (1_000_000_007, 86_400_000_000),
+        (13, 1_700_000),
+        (1 << 40, 1_000_000),
+        (1 << 30, 1_048_576),
+        (4_503_599, 1_000_000_000),
+    ]
+    .into_iter()
+    .filter_map(|(limit, us)| Quota::new(limit, Duration::from_micros(us)).ok())
+    .collect();
+    assert!(quotas.len() >= 7, "too few valid quotas: {quotas:?}");
+    let mut policies = Vec::new();
+    for q in quotas {
+        policies.push(Policy::token_bucket(q));
+        policies.push(Policy::token_bucket(q.with_burst(1).unwrap()));
+        if let Ok(q) = q.with_burst(q.limit().saturating_mul(3).min(1 << 30)) {
+            policies.push(Policy::token_bucket(q));
+        }
+        if let Ok(p) = Policy::sliding_window(q) {
+            policies.push(p);
+        }
+    }
+    let mut compared = 0;
+    for (i, policy) in policies.iter().enumerate() {
+        let memory = MemoryStore::new();
+        let period = policy.quota().period_micros();
+        let mut now = 1_700_000_000_000_000 + rng.below(1 << 40);
+        for _ in 0..60 {
+            now = match rng.below(10) {
+                0 => now.saturating_sub(rng.below(period.min(1 << 30) + 1)), // the clock steps back
+                1..=3 => now,
+                4..=7 => now + rng.below(period / 4 + 1),
+                _ => now + rng.below(3 * period + 1),
+            };
+            let burst = policy.max_cost();
+            let cost = match rng.below(8) {
+                0 => 0,
+                1 => burst,
+                2 => burst + 1 + rng.below(3),
+                3 => rng.below(burst.min(1 << 20)) + 1,
+                _ => 1,
+            };
+            let key = format!("p{i}");
+            let at = Timestamp::from_micros(now);
+            let r = redis.try_check_at(&key, policy, cost, at).await.expect("redis decides");
+            let m = memory.check_at(&key, policy, cost, at).expect("memory decides");
+            assert_eq!(r, m, "policy {policy:?}, cost {cost}, at {now}");
+            compared += 1;
+        }
+    }
+    assert!(compared > 1_000);
+}
+
+/// The textbook race: read state, decide in the client, write state back. Two round trips let concurrent
+/// callers read the same state.
+async fn naive_check(conn: &mut redis::aio::MultiplexedConnection, key: &str, policy: &Policy) -> bool {
+    let (full_at, remainder): (Option<u64>, Option<u64>) =
+        redis::cmd("HMGET").arg(key).arg("full_at").arg("remainder").query_async(conn).await.unwrap();
+    let state = full_at.map(|full_at| TokenBucketState { full_at, remainder: remainder.unwrap_or(0) });
+    let step = token_bucket::decide(state, &policy.quota(), 1, Timestamp::from(std::time::SystemTime::now()));
+    if let Some(s) = step.state {
+        let _: () = conn.hset_multiple(key, &[("full_at", s.full_at), ("remainder", s.remainder)]).await.unwrap();
+        let _: () = conn.expire(key, 3_600).await.unwrap();
+    }
+    step.decision.is_allowed()
+}
+
+#[test]
+fn sixty_four_concurrent_tasks_admit_exactly_the_limit_and_a_naive_client_does_not() {
+    let rt = common::runtime();
+    rt.block_on(async {
+        const TASKS: usize = 64;
+        const PER_TASK: usize = 8;
+        let limit = 100;
+        for policy in [common::hourly_bucket(limit), common::hourly_window(limit)] {
+            let store = Arc::new(common::store(&redis_url(), "atomic").await);
+            let admitted = Arc::new(AtomicU64::new(0));
+            let mut tasks = Vec::new();
+            for _ in 0..TASKS {
+                let (store, admitted) = (store.clone(), admitted.clone());
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..PER_TASK {
+                        if store.try_check("hot", &policy, 1).await.expect("redis decides").is_allowed() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            assert_eq!(admitted.load(Ordering::Relaxed), limit, "{:?}", policy.algorithm());
+        }
+
+        // The same load through the naive client over-admits: the race is real.
+        let policy = common::hourly_bucket(limit);
+        let key = format!("{}:naive", tollgate_testkit::redis::unique_prefix("naive"));
+        let client = redis::Client::open(redis_url()).unwrap();
+        let admitted = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..TASKS {
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let (admitted, key) = (admitted.clone(), key.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..PER_TASK {
+                    if naive_check(&mut conn, &key, &policy).await {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let naive = admitted.load(Ordering::Relaxed);
+        assert!(naive > limit, "the naive GET-then-SET client admitted {naive}, expected more than {limit}");
+    });
+}
+
+#[test]
+fn four_instances_with_their_own_pools_share_one_global_limit() {
+    let rt = common::runtime();
+    rt.block_on(async {
+        let namespace = tollgate_testkit::redis::unique_prefix("fleet");
+        for policy in [common::hourly_bucket(40), common::hourly_window(40)] {
+            let mut instances = Vec::new();
+            for _ in 0..4 {
+                let store = RedisStore::builder(redis_url())
+                    .namespace(namespace.clone())
+                    .timeout(Duration::from_secs(5))
+                    .pool_size(8)
+                    .build()
+                    .await
+                    .unwrap();
+                instances.push(Arc::new(store));
+            }
+            let admitted = Arc::new(AtomicU64::new(0));
+            let mut tasks = Vec::new();
+            for store in &instances {
+                for _ in 0..8 {
+                    let (store, admitted) = (store.clone(), admitted.clone());
+                    tasks.push(tokio::spawn(async move {
+                        for _ in 0..5 {
+                            // Through the Store trait, as a tower layer would call it.
+                            if store.check("tenant", &policy, 1).await.unwrap().is_allowed() {
+                                admitted.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }));
+                }
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            // 160 attempts; an in-process limit per instance would admit 4 × 40.
+            assert_eq!(admitted.load(Ordering::Relaxed), 40, "{:?}", policy.algorithm());
+        }
+    });
+}
+
+#[tokio::test]
+async fn every_key_has_the_policy_derived_ttl() {
+    let store = common::store(&redis_url(), "ttl").await;
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+
+    // 5 per hour: each token is 720 s, so after two requests the bucket is full again in 1440 s.
+    let bucket = common::hourly_bucket(5);
+    // 10 per minute: an admitted request keeps the window alive until the end of the next window.
+    let window = Policy::sliding_window(Quota::per_minute(10).unwrap()).unwrap();
+    for (policy, requests) in [(bucket, 2), (window, 3)] {
+        let mut last = None;
+        for _ in 0..requests {
+            last = Some(store.try_check("client", &policy, 1).await.unwrap());
+        }
+        let decision = last.unwrap();
+        let key = store.redis_key("client", policy.algorithm());
+        let pttl: i64 = conn.pttl(&key).await.unwrap();
+        let derived = i64::try_from(decision.reset_after().as_micros().div_ceil(1_000)).unwrap();
+        assert!(derived > 0);
+        // The TTL was set to `derived` when the script ran; the PTTL read afterwards can only be lower.
+        assert!(pttl <= derived && pttl > derived - 5_000, "{:?}: PTTL {pttl} ms, derived {derived} ms", policy.algorithm());
+        if policy.algorithm() == Algorithm::TokenBucket {
+            assert_eq!(derived, 1_440_000);
+        }
+    }
+
+    // A denied request writes nothing: the TTL is not extended.
+    let tiny = Policy::token_bucket(Quota::per_hour(1).unwrap());
+    assert_eq!(store.try_check("once", &tiny, 1).await.unwrap().outcome, Outcome::Allowed);
+    let once = store.redis_key("once", Algorithm::TokenBucket);
+    let before: i64 = conn.pttl(&once).await.unwrap();
+    assert_eq!(store.try_check("once", &tiny, 1).await.unwrap().outcome, Outcome::Limited);
+    let after: i64 = conn.pttl(&once).await.unwrap();
+    assert!(after <= before, "a denied request extended the TTL from {before} to {after}");
+
+    // No tollgate limiter key in the shared Redis lacks a TTL (whoever wrote it).
+    let mut iter: redis::AsyncIter<String> = conn.scan_match("*:{*}:[ts][bw]").await.unwrap();
+    let mut keys = Vec::new();
+    while let Some(k) = iter.next_item().await {
+        keys.push(k.unwrap());
+    }
+    drop(iter);
+    assert!(keys.len() >= 2);
+    for key in keys {
+        let pttl: i64 = conn.pttl(&key).await.unwrap();
+        assert!(pttl != -1, "{key} has no TTL");
+    }
+}
+
+#[tokio::test]
+async fn bad_builder_settings_are_errors() {
+    for ns in ["", "has space", "{tag}", &"n".repeat(65)] {
+        let err = RedisStore::builder(redis_url()).namespace(ns).build().await.unwrap_err();
+        assert!(err.to_string().contains("namespace"), "{err}");
+    }
+    let err = RedisStore::builder(redis_url()).timeout(Duration::ZERO).build().await.unwrap_err();
+    assert!(err.to_string().contains("timeout"), "{err}");
+    let err = RedisStore::builder("not a url").build().await.unwrap_err();
+    assert!(err.to_string().contains("Redis"), "{err}");
+}
+
+#[tokio::test]
+async fn hostile_keys_are_hashed_and_still_limited() {
+    let store = common::store(&redis_url(), "hostile").await;
+    let policy = common::hourly_bucket(2);
+    let long = "k".repeat(10_000);
+    for key in [long.as_str(), "{slot}", "caf\u{e9} \u{0}\n"] {
+        let redis_key = store.redis_key(key, Algorithm::TokenBucket);
+        assert!(redis_key.len() < 120 && !redis_key.contains(key), "{redis_key}");
+        assert!(store.try_check(key, &policy, 1).await.unwrap().is_allowed());
+        assert!(store.try_check(key, &policy, 1).await.unwrap().is_allowed());
+        assert!(!store.try_check(key, &policy, 1).await.unwrap().is_allowed());
+    }
+}
