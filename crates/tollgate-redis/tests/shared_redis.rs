@@ -245,7 +245,8 @@ async fn every_key_has_the_policy_derived_ttl() {
         // The TTL was set to `derived` when the script ran; the PTTL read afterwards can only be lower.
         assert!(pttl <= derived && pttl > derived - 5_000, "{:?}: PTTL {pttl} ms, derived {derived} ms", policy.algorithm());
         if policy.algorithm() == Algorithm::TokenBucket {
-            assert_eq!(derived, 1_440_000);
+            // Two tokens of 720 s owed, minus the moment between the two requests.
+            assert!(derived <= 1_440_000 && derived > 1_435_000, "{derived}");
         }
     }
 
