@@ -1,0 +1,165 @@
+//! Rate-limit response headers, rendered from [`Verdicts`] and nothing else.
+//!
+//! - IETF (draft-ietf-httpapi-ratelimit-headers-10): `RateLimit-Policy: "<name>";q=<limit>;w=<window s>` and
+//!   `RateLimit: "<name>";r=<remaining>;t=<seconds to reset>`, one list member per enforced limiter, outermost
+//!   limiter first.
+//! - GitHub style, for the binding limiter (a denial first, else the fewest remaining): `X-RateLimit-Limit`,
+//!   `-Remaining`, `-Reset` (epoch seconds of the stored reset, rounded up), `-Used` (`limit − remaining`) and
+//!   `-Resource` (the limiter's name).
+//!
+//! `t` is the decision's reset minus the decision's `now` (the decider's clock, e.g. Redis's), rounded up.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate_core::{Decision, Outcome, Timestamp};
+//! use tollgate_http::HeaderSet;
+//! use tollgate_tower::{Verdict, Verdicts};
+//!
+//! let mut verdicts = Verdicts::default();
+//! verdicts.push(Verdict::new("api", Duration::from_secs(60), Decision {
+//!     outcome: Outcome::Allowed,
+//!     limit: 100,
+//!     remaining: 98,
+//!     reset: Timestamp::from_micros(1_700_000_001_200_000),
+//!     retry_after: None,
+//!     now: Timestamp::from_micros(1_700_000_000_000_000),
+//! }));
+//! let mut headers = http::HeaderMap::new();
+//! HeaderSet::ALL.render(&verdicts, &mut headers);
+//! assert_eq!(headers["ratelimit-policy"], r#""api";q=100;w=60"#);
+//! assert_eq!(headers["ratelimit"], r#""api";r=98;t=2"#);
+//! assert_eq!(headers["x-ratelimit-reset"], "1700000002");
+//! assert_eq!(headers["x-ratelimit-used"], "2");
+//! ```
+
+use std::fmt::Write as _;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use tollgate_tower::{Verdict, Verdicts};
+
+/// `RateLimit-Policy` (IETF draft 10).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (IETF draft 10).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `X-RateLimit-Limit`.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset` (epoch seconds).
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// `X-RateLimit-Used`.
+pub const X_RATELIMIT_USED: HeaderName = HeaderName::from_static("x-ratelimit-used");
+/// `X-RateLimit-Resource`.
+pub const X_RATELIMIT_RESOURCE: HeaderName = HeaderName::from_static("x-ratelimit-resource");
+
+/// Which header families a layer writes (both by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HeaderSet {
+    ietf: bool,
+    github: bool,
+}
+
+impl HeaderSet {
+    /// The IETF fields and the GitHub-style ones.
+    pub const ALL: Self = Self {
+        ietf: true,
+        github: true,
+    };
+    /// `RateLimit-Policy` and `RateLimit` only.
+    pub const IETF: Self = Self {
+        ietf: true,
+        github: false,
+    };
+    /// `X-RateLimit-*` only.
+    pub const GITHUB: Self = Self {
+        ietf: false,
+        github: true,
+    };
+    /// No rate-limit fields (`Retry-After` is still sent on rejections).
+    pub const NONE: Self = Self {
+        ietf: false,
+        github: false,
+    };
+
+    /// Writes the chosen fields for `verdicts` into `headers`, replacing earlier values (an outer layer re-renders
+    /// with the inner layers' verdicts included). Nothing is written when no verdict is enforced.
+    pub fn render(self, verdicts: &Verdicts, headers: &mut HeaderMap) {
+        let Some(binding) = verdicts.binding() else {
+            return;
+        };
+        if self.ietf {
+            let mut policy = String::with_capacity(48);
+            let mut state = String::with_capacity(48);
+            for (i, v) in verdicts
+                .enforced()
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .enumerate()
+            {
+                let sep = if i == 0 { "" } else { ", " };
+                policy.push_str(sep);
+                push_sf_string(&mut policy, &v.limiter);
+                let _ = write!(policy, ";q={};w={}", v.decision.limit, v.window_secs());
+                state.push_str(sep);
+                push_sf_string(&mut state, &v.limiter);
+                let _ = write!(state, ";r={};t={}", v.decision.remaining, v.reset_secs());
+            }
+            insert_string(headers, RATELIMIT_POLICY, policy);
+            insert_string(headers, RATELIMIT, state);
+        }
+        if self.github {
+            render_github(binding, headers);
+        }
+    }
+}
+
+impl Default for HeaderSet {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
+
+fn render_github(v: &Verdict, headers: &mut HeaderMap) {
+    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(v.decision.limit));
+    headers.insert(
+        X_RATELIMIT_REMAINING,
+        HeaderValue::from(v.decision.remaining),
+    );
+    headers.insert(
+        X_RATELIMIT_RESET,
+        HeaderValue::from(v.decision.reset.as_secs_ceil()),
+    );
+    headers.insert(X_RATELIMIT_USED, HeaderValue::from(v.used()));
+    let mut resource = String::with_capacity(v.limiter.len());
+    resource.extend(v.limiter.chars().map(visible));
+    insert_string(headers, X_RATELIMIT_RESOURCE, resource);
+}
+
+fn insert_string(headers: &mut HeaderMap, name: HeaderName, value: String) {
+    // Every character was made visible ASCII above, so this cannot fail; skipping beats panicking regardless.
+    if let Ok(value) = HeaderValue::try_from(value) {
+        headers.insert(name, value);
+    }
+}
+
+/// Appends `s` as a structured-field string (RFC 8941): quoted, `"` and `\` escaped, other characters outside
+/// printable ASCII replaced by `?`.
+fn push_sf_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars().map(visible) {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+}
+
+fn visible(c: char) -> char {
+    if c == ' ' || c.is_ascii_graphic() {
+        c
+    } else {
+        '?'
+    }
+}
