@@ -97,8 +97,8 @@ pub fn rejection_status(rejection: &Rejection) -> tonic::Status {
 
     let mut headers = HeaderMap::new();
     if let Some(verdict) = rejection.verdict() {
-        insert_verdict(&mut headers, verdict);
-        insert_single(&mut headers, verdict);
+        render_ietf(&mut headers, std::iter::once(verdict));
+        render_github(&mut headers, verdict);
     }
     if let Some(secs) = rejection.retry_after_secs() {
         headers.insert(RETRY_AFTER, HeaderValue::from(secs));
@@ -119,46 +119,41 @@ pub fn key_error_status(err: &KeyError) -> tonic::Status {
     tonic::Status::internal(err.to_string())
 }
 
-/// Adds the rate-limit fields of every enforced verdict to `headers` (response metadata).
+/// Sets the rate-limit fields of every enforced verdict in `headers` (response metadata), replacing earlier values.
 ///
 /// - `ratelimit-policy: "<name>";q=<limit>;w=<window seconds>` and `ratelimit: "<name>";r=<remaining>;t=<seconds
-///   to reset>`, one list item per limiter (IETF httpapi ratelimit-headers, draft-10 syntax);
+///   to reset>`, one list item per limiter, outermost first (IETF httpapi ratelimit-headers, draft-10 syntax);
 /// - `x-ratelimit-limit`, `x-ratelimit-remaining`, `x-ratelimit-reset` (epoch seconds of the stored reset
 ///   instant), `x-ratelimit-used`, `x-ratelimit-resource` for the binding verdict (the one closest to its limit).
 ///
-/// Shadow-mode verdicts are not shown; with no enforced verdict nothing is added.
+/// The same names and values as the HTTP adapter's headers. Shadow-mode verdicts are not shown; with no enforced
+/// verdict nothing is written.
 pub fn insert_verdicts(headers: &mut HeaderMap, verdicts: &Verdicts) {
-    for verdict in verdicts.enforced() {
-        insert_verdict(headers, verdict);
-    }
-    if let Some(binding) = verdicts.binding() {
-        insert_single(headers, binding);
-    }
+    let Some(binding) = verdicts.binding() else {
+        return;
+    };
+    let enforced: Vec<&Verdict> = verdicts.enforced().collect();
+    render_ietf(headers, enforced.into_iter().rev());
+    render_github(headers, binding);
 }
 
-/// Appends one verdict's `ratelimit-policy` and `ratelimit` list items.
-fn insert_verdict(headers: &mut HeaderMap, verdict: &Verdict) {
-    let name = quoted_name(&verdict.limiter);
-    let mut item = String::with_capacity(name.len() + 24);
-    let _ = write!(
-        item,
-        "{name};q={};w={}",
-        verdict.decision.limit,
-        verdict.window_secs()
-    );
-    append_item(headers, RATELIMIT_POLICY, &item);
-    item.clear();
-    let _ = write!(
-        item,
-        "{name};r={};t={}",
-        verdict.decision.remaining,
-        verdict.reset_secs()
-    );
-    append_item(headers, RATELIMIT, &item);
+fn render_ietf<'a>(headers: &mut HeaderMap, verdicts: impl Iterator<Item = &'a Verdict>) {
+    let mut policy = String::with_capacity(48);
+    let mut state = String::with_capacity(48);
+    for (i, v) in verdicts.enumerate() {
+        let sep = if i == 0 { "" } else { ", " };
+        policy.push_str(sep);
+        push_sf_string(&mut policy, &v.limiter);
+        let _ = write!(policy, ";q={};w={}", v.decision.limit, v.window_secs());
+        state.push_str(sep);
+        push_sf_string(&mut state, &v.limiter);
+        let _ = write!(state, ";r={};t={}", v.decision.remaining, v.reset_secs());
+    }
+    insert_string(headers, RATELIMIT_POLICY, policy);
+    insert_string(headers, RATELIMIT, state);
 }
 
-/// Sets the single-policy (GitHub-style) fields from one verdict.
-fn insert_single(headers: &mut HeaderMap, verdict: &Verdict) {
+fn render_github(headers: &mut HeaderMap, verdict: &Verdict) {
     let decision = &verdict.decision;
     headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
     headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
@@ -167,9 +162,11 @@ fn insert_single(headers: &mut HeaderMap, verdict: &Verdict) {
         HeaderValue::from(decision.reset.as_secs_ceil()),
     );
     headers.insert(X_RATELIMIT_USED, HeaderValue::from(verdict.used()));
-    if let Ok(value) = HeaderValue::from_str(&sanitized(&verdict.limiter)) {
-        headers.insert(X_RATELIMIT_RESOURCE, value);
-    }
+    insert_string(
+        headers,
+        X_RATELIMIT_RESOURCE,
+        verdict.limiter.chars().map(visible).collect(),
+    );
 }
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -181,24 +178,31 @@ const X_RATELIMIT_USED: HeaderName = HeaderName::from_static("x-ratelimit-used")
 const X_RATELIMIT_RESOURCE: HeaderName = HeaderName::from_static("x-ratelimit-resource");
 const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
 
-/// Printable ASCII without `"` and `\`: a limiter name that can be sent as metadata and quoted as an sf-string.
-fn sanitized(name: &str) -> String {
-    name.chars()
-        .filter(|c| (c.is_ascii_graphic() || *c == ' ') && *c != '"' && *c != '\\')
-        .collect()
-}
-
-fn quoted_name(name: &str) -> String {
-    format!("\"{}\"", sanitized(name))
-}
-
-fn append_item(headers: &mut HeaderMap, name: HeaderName, item: &str) {
-    let joined = match headers.get(&name).and_then(|v| v.to_str().ok()) {
-        Some(existing) if !existing.is_empty() => format!("{existing}, {item}"),
-        _ => item.to_owned(),
-    };
-    if let Ok(value) = HeaderValue::from_str(&joined) {
+fn insert_string(headers: &mut HeaderMap, name: HeaderName, value: String) {
+    // Every character is visible ASCII by construction; skipping a field still beats panicking on a request.
+    if let Ok(value) = HeaderValue::try_from(value) {
         headers.insert(name, value);
+    }
+}
+
+/// Appends `s` as a structured-field string (RFC 8941): quoted, `"` and `\` escaped, characters outside printable
+/// ASCII replaced by `?`.
+fn push_sf_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars().map(visible) {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+}
+
+fn visible(c: char) -> char {
+    if c == ' ' || c.is_ascii_graphic() {
+        c
+    } else {
+        '?'
     }
 }
 
@@ -271,13 +275,12 @@ mod tests {
 
         let mut headers = HeaderMap::new();
         insert_verdicts(&mut headers, &verdicts);
-        assert_eq!(
-            headers["ratelimit-policy"],
-            r#""per-method";q=10;w=1, "per client";q=10;w=60"#
-        );
+        // Outermost (last pushed) first, names escaped as sf-strings, the shadow verdict left out.
+        let policy = r#""per \"client\"";q=10;w=60, "per-method";q=10;w=1"#;
+        assert_eq!(headers["ratelimit-policy"], policy);
         assert_eq!(
             headers["ratelimit"],
-            r#""per-method";r=3;t=2, "per client";r=7;t=2"#
+            r#""per \"client\"";r=7;t=2, "per-method";r=3;t=2"#
         );
         assert_eq!(headers["x-ratelimit-remaining"], "3");
         assert_eq!(headers["x-ratelimit-used"], "7");

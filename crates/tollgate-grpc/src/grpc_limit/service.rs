@@ -59,10 +59,10 @@ where
     type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        if self.not_ready.is_none() {
-            if let Err(err) = std::task::ready!(self.inner.poll_ready(cx)) {
-                self.not_ready = Some(err.into());
-            }
+        if self.not_ready.is_none()
+            && let Err(err) = std::task::ready!(self.inner.poll_ready(cx))
+        {
+            self.not_ready = Some(err.into());
         }
         Poll::Ready(Ok(()))
     }
