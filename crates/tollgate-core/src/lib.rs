@@ -28,6 +28,7 @@ pub mod algorithm;
 mod clock;
 mod decision;
 mod failure;
+pub mod lease;
 mod policy;
 pub mod store;
 mod time;
