@@ -1,0 +1,414 @@
+//! The axum adapter over real TCP, on the in-process store and on Redis: status codes, every header and its
+//! exact value, stacked layers, forwarded-header spoofing, shadow mode and the kill switch.
+
+mod support;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use tollgate_core::{FailurePolicy, Policy, Quota, Store};
+use tollgate_http::HttpLimitLayer;
+use tollgate_http::key::{ClientIp, HeaderKey, PeerIp, RouteKey};
+use tollgate_tower::{Mode, RateLimitLayer};
+
+use support::{Reply, get as http_get, limited_app as app, serve, serve_with};
+
+fn per_hour(n: u64) -> Policy {
+    Policy::token_bucket(Quota::per_hour(n).unwrap())
+}
+
+fn assert_allowed(reply: &Reply, name: &str, limit: u64, window: u64, remaining: u64, t: u64) {
+    assert_eq!(reply.status, 200, "{reply:#?}");
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        format!("\"{name}\";q={limit};w={window}")
+    );
+    assert_eq!(
+        reply.header("ratelimit"),
+        format!("\"{name}\";r={remaining};t={t}")
+    );
+    assert_eq!(reply.num("x-ratelimit-limit"), limit);
+    assert_eq!(reply.num("x-ratelimit-remaining"), remaining);
+    assert_eq!(reply.num("x-ratelimit-used"), limit - remaining);
+    assert_eq!(reply.header("x-ratelimit-resource"), name);
+    assert!(!reply.has("retry-after"));
+}
+
+fn epoch_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
+    let addr = serve(app(RateLimitLayer::new(
+        "per-client",
+        per_hour(3),
+        store,
+        PeerIp,
+    )))
+    .await;
+    // 3 per hour: each request takes one token, which refills in 1200 s; the bucket is full again at `reset`.
+    let mut resets = Vec::new();
+    for (i, remaining) in [2, 1, 0].into_iter().enumerate() {
+        let reply = http_get(addr, "/", &[]).await;
+        let t = 1200 * (i as u64 + 1);
+        assert_allowed(&reply, "per-client", 3, 3600, remaining, t);
+        assert_eq!(reply.body, "hello");
+        resets.push(reply.num("x-ratelimit-reset"));
+    }
+    // The stored reset moves by exactly one token per request: consecutive responses agree to the second.
+    assert_eq!(resets[1] - resets[0], 1200);
+    assert_eq!(resets[2] - resets[1], 1200);
+    let now = epoch_secs();
+    assert!(
+        (now + 3598..=now + 3602).contains(&resets[2]),
+        "reset {} vs now {now}",
+        resets[2]
+    );
+
+    let denied = http_get(addr, "/", &[]).await;
+    assert_eq!(denied.status, 429, "{denied:#?}");
+    assert_eq!(denied.header("content-type"), "application/problem+json");
+    assert_eq!(
+        denied.header("ratelimit-policy"),
+        "\"per-client\";q=3;w=3600"
+    );
+    assert_eq!(denied.header("ratelimit"), "\"per-client\";r=0;t=3600");
+    assert_eq!(denied.num("x-ratelimit-remaining"), 0);
+    assert_eq!(denied.num("x-ratelimit-used"), 3);
+    assert_eq!(denied.num("x-ratelimit-reset"), resets[2]);
+    assert_eq!(denied.header("x-ratelimit-resource"), "per-client");
+    // Never earlier than the reset the RateLimit field announces.
+    assert_eq!(denied.num("retry-after"), 3600);
+    assert!(
+        denied.body.contains(r#""status":429"#)
+            && denied.body.contains(r#""limiter":"per-client""#)
+    );
+    assert!(
+        denied.body.contains("retry after 3600 s"),
+        "{}",
+        denied.body
+    );
+
+    let health = http_get(addr, "/health", &[]).await;
+    assert_eq!(health.status, 200);
+    assert!(
+        !health.has("ratelimit") && !health.has("x-ratelimit-limit"),
+        "{health:#?}"
+    );
+}
+both_stores!(limit_then_429, limit_then_429_with_every_header);
+
+async fn sliding_window_reset_is_stable<St: Store>(store: Arc<St>) {
+    let policy = Policy::sliding_window(Quota::per_hour(3).unwrap()).unwrap();
+    let addr = serve(app(RateLimitLayer::new("window", policy, store, PeerIp))).await;
+    let mut seen = Vec::new();
+    for remaining in [2, 1, 0] {
+        let reply = http_get(addr, "/", &[]).await;
+        assert_eq!(reply.num("x-ratelimit-remaining"), remaining, "{reply:#?}");
+        assert_eq!(reply.header("ratelimit-policy"), "\"window\";q=3;w=3600");
+        seen.push(reply.num("x-ratelimit-reset"));
+    }
+    let denied = http_get(addr, "/", &[]).await;
+    assert_eq!(denied.status, 429);
+    seen.push(denied.num("x-ratelimit-reset"));
+    // The window's reset is stored with its state: every response names the same instant.
+    assert!(
+        seen.windows(2).all(|w| w[0] == w[1]),
+        "resets wobble: {seen:?}"
+    );
+    let t: u64 = denied
+        .header("ratelimit")
+        .rsplit("t=")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        denied.num("retry-after") >= t,
+        "Retry-After earlier than t: {denied:#?}"
+    );
+}
+both_stores!(sliding_window, sliding_window_reset_is_stable);
+
+async fn route_layer_stacks_with_router_layer<St: Store>(store: Arc<St>) {
+    let per_client = RateLimitLayer::new("per-client", per_hour(5), store.clone(), PeerIp);
+    let report = RateLimitLayer::new("report", per_hour(2), store, (PeerIp, RouteKey));
+    let router = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .route(
+            "/report",
+            get(|| async { "report" }).layer(HttpLimitLayer::new(report)),
+        )
+        .layer(HttpLimitLayer::new(per_client));
+    let addr = serve(router).await;
+
+    let first = http_get(addr, "/report", &[]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        "\"per-client\";q=5;w=3600, \"report\";q=2;w=3600"
+    );
+    assert_eq!(
+        first.header("ratelimit"),
+        "\"per-client\";r=4;t=720, \"report\";r=1;t=1800"
+    );
+    // The binding limit (fewest remaining) is the one the single-policy headers describe.
+    assert_eq!(first.header("x-ratelimit-resource"), "report");
+    assert_eq!(first.num("x-ratelimit-remaining"), 1);
+
+    assert_eq!(http_get(addr, "/report", &[]).await.status, 200);
+    let denied = http_get(addr, "/report", &[]).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(
+        denied.header("ratelimit"),
+        "\"per-client\";r=2;t=2160, \"report\";r=0;t=3600"
+    );
+    assert_eq!(denied.header("x-ratelimit-resource"), "report");
+    assert_eq!(denied.num("x-ratelimit-limit"), 2);
+    assert_eq!(denied.num("retry-after"), 3600);
+
+    // Other routes only see the router-level limit, which counted all three requests.
+    let home = http_get(addr, "/", &[]).await;
+    assert_allowed(&home, "per-client", 5, 3600, 1, 2880);
+}
+both_stores!(stacked_layers, route_layer_stacks_with_router_layer);
+
+async fn spoofed_forwarding_headers_are_ignored<St: Store>(store: Arc<St>) {
+    // No trusted proxy: the peer is the client, whatever the headers say.
+    let addr = serve(app(RateLimitLayer::new(
+        "per-client",
+        per_hour(2),
+        store,
+        ClientIp::new(),
+    )))
+    .await;
+    let spoofs: [&[(&str, &str)]; 6] = [
+        &[],
+        &[("x-forwarded-for", "1.2.3.4")],
+        &[("x-forwarded-for", "5.6.7.8, 9.9.9.9")],
+        &[("forwarded", "for=10.0.0.1")],
+        &[
+            ("forwarded", "for=\"[2001:db8::1]:80\""),
+            ("x-real-ip", "8.8.8.8"),
+        ],
+        &[("x-forwarded-for", "garbage")],
+    ];
+    let statuses: Vec<u16> = {
+        let mut v = Vec::new();
+        for extra in spoofs {
+            v.push(http_get(addr, "/", extra).await.status);
+        }
+        v
+    };
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429]);
+}
+both_stores!(
+    spoofing_without_proxy,
+    spoofed_forwarding_headers_are_ignored
+);
+
+async fn trusted_proxy_yields_the_real_client<St: Store>(store: Arc<St>) {
+    // The test client connects from 127.0.0.1, playing the trusted proxy.
+    let key = ClientIp::trusting(["127.0.0.0/8".parse().unwrap()]);
+    let addr = serve(app(RateLimitLayer::new(
+        "per-client",
+        per_hour(1),
+        store,
+        key,
+    )))
+    .await;
+    let xff = |v: &'static str| [("x-forwarded-for", v)];
+    assert_eq!(http_get(addr, "/", &xff("203.0.113.1")).await.status, 200);
+    assert_eq!(
+        http_get(addr, "/", &xff("203.0.113.2")).await.status,
+        200,
+        "another client, another bucket"
+    );
+    // A client prepending its own hops still lands in its own bucket: only the proxy's entry is read.
+    assert_eq!(
+        http_get(addr, "/", &xff("198.51.100.7, 203.0.113.1"))
+            .await
+            .status,
+        429
+    );
+    assert_eq!(
+        http_get(
+            addr,
+            "/",
+            &[
+                ("x-forwarded-for", "1.1.1.1"),
+                ("x-forwarded-for", "203.0.113.2")
+            ]
+        )
+        .await
+        .status,
+        429
+    );
+    // The proxy writes X-Forwarded-For; a client-written Forwarded is not read (the key is the proxy itself).
+    assert_eq!(
+        http_get(addr, "/", &[("forwarded", "for=192.0.2.99")])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        http_get(addr, "/", &[("forwarded", "for=192.0.2.100")])
+            .await
+            .status,
+        429
+    );
+}
+both_stores!(trusted_proxy, trusted_proxy_yields_the_real_client);
+
+async fn shadow_mode_admits_but_counts<St: Store>(store: Arc<St>) {
+    let layer = RateLimitLayer::new("dark", per_hour(2), store, PeerIp).shadow();
+    let switch = layer.enforcement();
+    let addr = serve(app(layer)).await;
+    for _ in 0..4 {
+        let reply = http_get(addr, "/", &[]).await;
+        assert_eq!(reply.status, 200);
+        assert!(
+            !reply.has("ratelimit") && !reply.has("x-ratelimit-remaining"),
+            "shadow limits are not shown"
+        );
+    }
+    // The shadow requests were counted: enforcing now rejects at once.
+    switch.set(Mode::Enforce);
+    let denied = http_get(addr, "/", &[]).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.header("ratelimit"), "\"dark\";r=0;t=3600");
+}
+both_stores!(shadow_mode, shadow_mode_admits_but_counts);
+
+async fn kill_switch_turns_enforcement_off_and_on<St: Store>(store: Arc<St>) {
+    let layer = RateLimitLayer::new("api", per_hour(1), store, PeerIp);
+    let switch = layer.enforcement();
+    let addr = serve(app(layer)).await;
+    assert_eq!(http_get(addr, "/", &[]).await.status, 200);
+    assert_eq!(http_get(addr, "/", &[]).await.status, 429);
+    switch.set(Mode::Off);
+    for _ in 0..3 {
+        let reply = http_get(addr, "/", &[]).await;
+        assert_eq!(reply.status, 200);
+        assert!(!reply.has("ratelimit"));
+    }
+    switch.set(Mode::Enforce);
+    assert_eq!(http_get(addr, "/", &[]).await.status, 429);
+}
+both_stores!(kill_switch, kill_switch_turns_enforcement_off_and_on);
+
+async fn api_keys_are_separate_buckets_and_required<St: Store>(store: Arc<St>) {
+    let key = HeaderKey::new(http::HeaderName::from_static("x-api-key"));
+    let addr = serve_with(
+        app(RateLimitLayer::new("per-key", per_hour(1), store, key)),
+        false,
+    )
+    .await;
+    assert_eq!(
+        http_get(addr, "/", &[("x-api-key", "alpha")]).await.status,
+        200
+    );
+    assert_eq!(
+        http_get(addr, "/", &[("x-api-key", "alpha")]).await.status,
+        429
+    );
+    assert_eq!(
+        http_get(addr, "/", &[("x-api-key", "beta")]).await.status,
+        200
+    );
+    let missing = http_get(addr, "/", &[]).await;
+    assert_eq!(missing.status, 500);
+    assert!(
+        missing.body.contains("the x-api-key header is missing"),
+        "{}",
+        missing.body
+    );
+}
+both_stores!(api_keys, api_keys_are_separate_buckets_and_required);
+
+async fn missing_peer_address_is_a_configuration_error<St: Store>(store: Arc<St>) {
+    let addr = serve_with(
+        app(RateLimitLayer::new(
+            "per-client",
+            per_hour(5),
+            store,
+            PeerIp,
+        )),
+        false,
+    )
+    .await;
+    for _ in 0..2 {
+        let reply = http_get(addr, "/", &[]).await;
+        assert_eq!(reply.status, 500);
+        assert_eq!(reply.header("content-type"), "application/problem+json");
+        assert!(
+            reply.body.contains("into_make_service_with_connect_info"),
+            "{}",
+            reply.body
+        );
+    }
+}
+both_stores!(missing_peer, missing_peer_address_is_a_configuration_error);
+
+/// A Redis nobody listens on: every check fails (connection refused), as in an outage.
+async fn unreachable_redis() -> Arc<support::Strict> {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let store = tollgate_redis::RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .build()
+        .await
+        .unwrap();
+    Arc::new(support::Strict(store))
+}
+
+#[tokio::test]
+async fn redis_outage_follows_the_failure_policy() {
+    let closed = serve(app(RateLimitLayer::new(
+        "api",
+        per_hour(1),
+        unreachable_redis().await,
+        PeerIp,
+    )))
+    .await;
+    let reply = http_get(closed, "/", &[]).await;
+    assert_eq!(reply.status, 503, "{reply:#?}");
+    assert_eq!(reply.num("retry-after"), 60);
+    assert!(reply.body.contains("store_unavailable"), "{}", reply.body);
+    assert!(!reply.has("ratelimit"), "no invented numbers");
+
+    let open = serve(app(RateLimitLayer::new(
+        "api",
+        per_hour(1),
+        unreachable_redis().await,
+        PeerIp,
+    )
+    .on_store_error(FailurePolicy::Open)))
+    .await;
+    for _ in 0..2 {
+        let reply = http_get(open, "/", &[]).await;
+        assert_eq!(reply.status, 200);
+        assert!(!reply.has("ratelimit"));
+    }
+
+    let local = serve(app(RateLimitLayer::new(
+        "api",
+        per_hour(1),
+        unreachable_redis().await,
+        PeerIp,
+    )
+    .on_store_error(FailurePolicy::Local)))
+    .await;
+    let reply = http_get(local, "/", &[]).await;
+    assert_allowed(&reply, "api", 1, 3600, 0, 3600);
+    assert_eq!(
+        http_get(local, "/", &[]).await.status,
+        429,
+        "the local fallback enforces the policy"
+    );
+}
