@@ -24,6 +24,15 @@ pub(crate) fn redis_key(namespace: &str, key: &str, algorithm: Algorithm) -> Str
         Algorithm::TokenBucket => "tb",
         Algorithm::SlidingWindowCounter => "sw",
     };
+    tagged(namespace, key, suffix)
+}
+
+/// `<namespace>:{<client key>}:inflight`: the sorted set of a key's concurrency leases.
+pub(crate) fn lease_key(namespace: &str, key: &str) -> String {
+    tagged(namespace, key, "inflight")
+}
+
+fn tagged(namespace: &str, key: &str, suffix: &str) -> String {
     let bytes = key.as_bytes();
     if !bytes.is_empty() && bytes.len() <= MAX_RAW_KEY && bytes.iter().all(|&b| is_safe(b)) {
         format!("{namespace}:{{{key}}}:{suffix}")

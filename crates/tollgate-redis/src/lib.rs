@@ -12,6 +12,10 @@
 //! - **Keys**: `<namespace>:{<client key>}:tb` (token bucket) or `:sw` (sliding window); the braces are a hash
 //!   tag, so Redis Cluster works. Client keys over 64 bytes or with bytes outside printable ASCII (or with `{`,
 //!   `}`, `#`, `"`, `\`) are stored as `#` + their SHA-1, never raw.
+//! - **Concurrency leases**: [`RedisStore`] is also a [`LeaseStore`](tollgate_core::lease::LeaseStore): each key's
+//!   in-flight requests are a sorted set `<namespace>:{<key>}:inflight` of lease ids scored by expiry (server
+//!   time); `lua/concurrency_acquire.lua` removes expired leases, counts, admits and sets the key's TTL to its
+//!   longest lease in one script, so a crashed instance's leases expire and idle keys vanish.
 //! - **Primaries only**: pointed at a replica, Redis answers `READONLY`, reported as
 //!   [`BackendError::ReadOnly`] and handled by the failure policy.
 //! - **Start-up check**: `maxmemory-policy` other than `noeviction` (or unreadable) is logged loudly, and the result
@@ -54,6 +58,7 @@ mod degraded;
 mod error;
 mod eviction;
 mod keys;
+mod lease;
 mod script;
 mod store;
 
@@ -65,5 +70,6 @@ pub use circuit::CircuitState;
 pub use degraded::{CIRCUIT_OPEN, DEGRADED_TOTAL, LATENCY_SECONDS};
 pub use error::{BackendError, BuildError};
 pub use eviction::EvictionCheck;
+pub use lease::{CONCURRENCY_ACQUIRE_LUA, CONCURRENCY_RELEASE_LUA, CONCURRENCY_RENEW_LUA};
 pub use script::{SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA};
 pub use store::RedisStore;

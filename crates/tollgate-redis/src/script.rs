@@ -19,7 +19,7 @@ pub(crate) struct Script {
 }
 
 impl Script {
-    fn new(source: &'static str) -> Self {
+    pub(crate) fn new(source: &'static str) -> Self {
         Self { source, sha: redis::Script::new(source).get_hash().to_owned() }
     }
 }

@@ -168,21 +168,34 @@ impl RedisStore {
         cost: u64,
         now: Option<Timestamp>,
     ) -> Result<Decision, StoreError> {
+        let script = self.inner.scripts.for_algorithm(policy.algorithm());
+        let redis_key = keys::redis_key(&self.inner.namespace, key, policy.algorithm());
+        let args = script::args(policy, cost, now);
+        self.run_script(script, &redis_key, &args, |reply| script::parse_reply(policy, reply)).await
+    }
+
+    /// Runs one script on `redis_key` and parses its reply: skipped while the circuit is open, bounded by the
+    /// timeout, its latency recorded and its outcome reported to the circuit. Shared by every script the store
+    /// runs (the rate-limit algorithms and the concurrency leases).
+    pub(crate) async fn run_script<T>(
+        &self,
+        script: &script::Script,
+        redis_key: &str,
+        args: &[String],
+        parse: impl FnOnce(&redis::Value) -> Result<T, crate::BackendError>,
+    ) -> Result<T, StoreError> {
         let inner = &*self.inner;
         let admission = inner.circuit.admit();
         if admission == Admission::Skip {
             return Err(StoreError::CircuitOpen);
         }
         let probe = ProbeGuard { circuit: &inner.circuit, armed: admission == Admission::Probe };
-        let script = inner.scripts.for_algorithm(policy.algorithm());
-        let redis_key = keys::redis_key(&inner.namespace, key, policy.algorithm());
-        let args = script::args(policy, cost, now);
         let started = Instant::now();
-        let result = tokio::time::timeout(inner.timeout, inner.backend.run(script, &redis_key, &args)).await;
+        let result = tokio::time::timeout(inner.timeout, inner.backend.run(script, redis_key, args)).await;
         let elapsed = started.elapsed().as_secs_f64();
         probe.disarm();
         let result = match result {
-            Ok(Ok(reply)) => script::parse_reply(policy, &reply).map_err(StoreError::backend),
+            Ok(Ok(reply)) => parse(&reply).map_err(StoreError::backend),
             Ok(Err(e)) if e.is_timeout() => Err(StoreError::Timeout(inner.timeout)),
             Ok(Err(e)) => Err(StoreError::backend(e)),
             Err(_) => Err(StoreError::Timeout(inner.timeout)),
@@ -204,6 +217,11 @@ impl RedisStore {
             }
         }
         result
+    }
+
+    /// The key namespace.
+    pub(crate) fn namespace(&self) -> &str {
+        &self.inner.namespace
     }
 
     /// Applies the failure policy to a failed decision.

@@ -1,0 +1,163 @@
+//! Concurrency leases in Redis: [`LeaseStore`] for [`RedisStore`], so in-flight limits hold for a whole fleet.
+//!
+//! Each key's leases are a sorted set `<namespace>:{<key>}:inflight` (member: the lease id, score: its expiry in
+//! server milliseconds). One script (`lua/concurrency_acquire.lua`) removes expired leases, counts, admits and
+//! sets the key's TTL to its longest lease; `concurrency_renew.lua` extends a lease; `concurrency_release.lua`
+//! removes it. The scripts run through the store's own machinery: `EVALSHA` with reload on `NOSCRIPT`, the
+//! timeout, the circuit breaker and the latency histogram. Unlike [`Store::check`](tollgate_core::Store::check),
+//! lease calls return Redis's failures as errors: the limiter holding the lease applies its own failure policy.
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use tollgate_core::StoreError;
+use tollgate_core::lease::{Admission, LeaseId, LeaseStore};
+
+use crate::script::Script;
+use crate::{BackendError, RedisStore, keys};
+
+/// `lua/concurrency_acquire.lua`, embedded at compile time.
+pub const CONCURRENCY_ACQUIRE_LUA: &str = include_str!("../lua/concurrency_acquire.lua");
+/// `lua/concurrency_renew.lua`, embedded at compile time.
+pub const CONCURRENCY_RENEW_LUA: &str = include_str!("../lua/concurrency_renew.lua");
+/// `lua/concurrency_release.lua`, embedded at compile time.
+pub const CONCURRENCY_RELEASE_LUA: &str = include_str!("../lua/concurrency_release.lua");
+
+struct LeaseScripts {
+    acquire: Script,
+    renew: Script,
+    release: Script,
+}
+
+fn scripts() -> &'static LeaseScripts {
+    static SCRIPTS: OnceLock<LeaseScripts> = OnceLock::new();
+    SCRIPTS.get_or_init(|| LeaseScripts {
+        acquire: Script::new(CONCURRENCY_ACQUIRE_LUA),
+        renew: Script::new(CONCURRENCY_RENEW_LUA),
+        release: Script::new(CONCURRENCY_RELEASE_LUA),
+    })
+}
+
+/// Lease lifetimes are whole milliseconds, at least one.
+fn ttl_ms(ttl: Duration) -> String {
+    u64::try_from(ttl.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+        .to_string()
+}
+
+fn ints(reply: &redis::Value) -> Result<Vec<i64>, BackendError> {
+    let bad = |why: &str| BackendError::BadReply(format!("{why} in lease script reply {reply:?}"));
+    match reply {
+        redis::Value::Int(n) => Ok(vec![*n]),
+        redis::Value::Array(items) => items
+            .iter()
+            .map(|item| match item {
+                redis::Value::Int(n) => Ok(*n),
+                _ => Err(bad("expected integers")),
+            })
+            .collect(),
+        _ => Err(bad("expected integers")),
+    }
+}
+
+impl RedisStore {
+    /// The Redis key holding `key`'s concurrency leases (for inspection).
+    #[must_use]
+    pub fn lease_key(&self, key: &str) -> String {
+        keys::lease_key(self.namespace(), key)
+    }
+}
+
+impl LeaseStore for RedisStore {
+    fn leases_expire(&self) -> bool {
+        true
+    }
+
+    fn acquire(
+        &self,
+        key: &str,
+        lease: LeaseId,
+        limit: u64,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
+        let redis_key = self.lease_key(key);
+        let args = [lease.to_string(), limit.to_string(), ttl_ms(ttl)];
+        async move {
+            self.run_script(&scripts().acquire, &redis_key, &args, |reply| {
+                match ints(reply)?.as_slice() {
+                    [granted @ (0 | 1), in_flight] => Ok(Admission {
+                        granted: *granted == 1,
+                        in_flight: u64::try_from(*in_flight).unwrap_or(0),
+                        limit,
+                    }),
+                    _ => Err(BackendError::BadReply(format!(
+                        "expected {{granted, in_flight}}, got {reply:?}"
+                    ))),
+                }
+            })
+            .await
+        }
+    }
+
+    fn renew(
+        &self,
+        key: &str,
+        lease: LeaseId,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let redis_key = self.lease_key(key);
+        let args = [lease.to_string(), ttl_ms(ttl)];
+        async move {
+            self.run_script(&scripts().renew, &redis_key, &args, |reply| {
+                match ints(reply)?.as_slice() {
+                    [renewed] => Ok(*renewed == 1),
+                    _ => Err(BackendError::BadReply(format!(
+                        "expected 0 or 1, got {reply:?}"
+                    ))),
+                }
+            })
+            .await
+        }
+    }
+
+    fn release(
+        &self,
+        key: &str,
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let redis_key = self.lease_key(key);
+        let args = [lease.to_string()];
+        async move {
+            self.run_script(&scripts().release, &redis_key, &args, |reply| {
+                ints(reply).map(drop)
+            })
+            .await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_scripts_are_embedded_and_distinct() {
+        let s = scripts();
+        assert!(s.acquire.source.contains("ZREMRANGEBYSCORE"));
+        assert!(s.acquire.source.contains("PEXPIREAT"));
+        assert_ne!(s.acquire.sha, s.renew.sha);
+        assert_ne!(s.renew.sha, s.release.sha);
+        assert_eq!(ttl_ms(Duration::from_micros(10)), "1");
+        assert_eq!(ttl_ms(Duration::from_secs(3)), "3000");
+    }
+
+    #[test]
+    fn lease_keys_are_tagged() {
+        assert_eq!(
+            keys::lease_key("tollgate", "fleet"),
+            "tollgate:{fleet}:inflight"
+        );
+    }
+}

@@ -1,0 +1,117 @@
+//! Concurrency leases on the shared Redis: the limit holds across stores (instances), leases expire when their
+//! holder stops renewing them, renewal keeps them alive, and every lease key carries a TTL.
+
+mod common;
+
+use std::time::Duration;
+
+use tollgate_core::lease::{LeaseId, LeaseStore};
+use tollgate_testkit::redis::{cli_url, redis_url};
+
+const LONG: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn two_stores_share_one_limit_and_release_frees_a_slot() {
+    let url = redis_url();
+    let a = common::store(&url, "lease-share").await;
+    // A second instance: its own pool, same namespace.
+    let b = tollgate_redis::RedisStore::builder(&url)
+        .namespace(a.lease_key("x").split(':').next().unwrap().to_owned())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let leases: Vec<LeaseId> = (0..4).map(|_| LeaseId::new()).collect();
+    assert!(a.acquire("k", leases[0], 3, LONG).await.unwrap().granted);
+    assert!(b.acquire("k", leases[1], 3, LONG).await.unwrap().granted);
+    let third = a.acquire("k", leases[2], 3, LONG).await.unwrap();
+    assert!(third.granted);
+    assert_eq!(third.in_flight, 3);
+    let denied = b.acquire("k", leases[3], 3, LONG).await.unwrap();
+    assert!(!denied.granted);
+    assert_eq!(denied.in_flight, 3);
+
+    b.release("k", leases[0]).await.unwrap(); // any instance may release
+    assert!(b.acquire("k", leases[3], 3, LONG).await.unwrap().granted);
+
+    let ttl: i64 = cli_url(&url, &["PTTL", &a.lease_key("k")]).parse().unwrap();
+    assert!(
+        ttl > 20_000 && ttl <= 30_000,
+        "the key lives as long as its longest lease: {ttl} ms"
+    );
+    for lease in &leases[1..] {
+        a.release("k", *lease).await.unwrap();
+    }
+    assert_eq!(
+        cli_url(&url, &["EXISTS", &a.lease_key("k")]),
+        "0",
+        "the last release deletes the key"
+    );
+}
+
+#[tokio::test]
+async fn leases_of_a_dead_holder_expire_and_renewed_ones_do_not() {
+    let url = redis_url();
+    let store = common::store(&url, "lease-expiry").await;
+    let short = Duration::from_millis(300);
+    let (dead, alive, waiting) = (LeaseId::new(), LeaseId::new(), LeaseId::new());
+    assert!(store.acquire("k", dead, 2, short).await.unwrap().granted);
+    assert!(store.acquire("k", alive, 2, short).await.unwrap().granted);
+    assert!(!store.acquire("k", waiting, 2, short).await.unwrap().granted);
+
+    // `alive` renews; `dead` does not (its instance crashed). Renew well within the lease time.
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            store.renew("k", alive, short).await.unwrap(),
+            "a live lease renews"
+        );
+    }
+    // 400 ms have passed: `dead` expired, `alive` did not, so exactly one slot is free.
+    assert!(
+        !store.renew("k", dead, short).await.unwrap(),
+        "an expired lease cannot be renewed"
+    );
+    let admitted = store.acquire("k", waiting, 2, LONG).await.unwrap();
+    assert!(admitted.granted);
+    assert_eq!(admitted.in_flight, 2, "the renewed lease still counts");
+    assert!(
+        !store
+            .acquire("k", LeaseId::new(), 2, LONG)
+            .await
+            .unwrap()
+            .granted
+    );
+
+    let ttl: i64 = cli_url(&url, &["PTTL", &store.lease_key("k")])
+        .parse()
+        .unwrap();
+    assert!(ttl > 20_000, "the TTL follows the longest lease: {ttl} ms");
+}
+
+#[tokio::test]
+async fn a_lower_ceiling_applies_to_the_same_leases() {
+    let store = common::store(&redis_url(), "lease-ceiling").await;
+    for _ in 0..3 {
+        assert!(
+            store
+                .acquire("fleet", LeaseId::new(), 5, LONG)
+                .await
+                .unwrap()
+                .granted
+        );
+    }
+    let low = store
+        .acquire("fleet", LeaseId::new(), 3, LONG)
+        .await
+        .unwrap();
+    assert!(!low.granted, "non-critical ceiling reached");
+    assert!(
+        store
+            .acquire("fleet", LeaseId::new(), 5, LONG)
+            .await
+            .unwrap()
+            .granted,
+        "critical still fits"
+    );
+}

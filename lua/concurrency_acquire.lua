@@ -1,0 +1,35 @@
+-- Concurrency lease: admit one more in-flight request on a key if fewer than `limit` leases are live.
+-- Cleanup, count, admission and TTL happen here, atomically (Stripe's published limiter cleaned up outside
+-- its script and set no TTL, so a dead instance's leases and idle keys lived forever).
+--
+-- KEYS[1]  the key's lease set: a sorted set, member = lease id, score = lease expiry (ms, server time)
+-- ARGV[1]  lease id (unique per request)
+-- ARGV[2]  limit    the ceiling this request is checked against (the fleet shedder's depends on priority)
+-- ARGV[3]  ttl_ms   how long the lease lives unless renewed: the backstop when an instance dies holding it
+--
+-- Returns {granted (1/0), in_flight}: in_flight counts the new lease when granted, the blocking leases when not.
+-- Integers only: Redis truncates Lua numbers.
+
+-- Redis formats a Lua number argument in the shortest float notation ("1.7e+12"): write integers digit by digit.
+local function int(x)
+  return string.format('%d', x)
+end
+
+local key = KEYS[1]
+local lease = ARGV[1]
+local limit = tonumber(ARGV[2])
+local ttl_ms = tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Leases whose expiry has passed belong to requests whose instance stopped renewing them (a crash).
+redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_ms))
+local in_flight = redis.call('ZCARD', key)
+if in_flight >= limit then
+  return {0, in_flight}
+end
+redis.call('ZADD', key, int(now_ms + ttl_ms), lease)
+-- The key lives exactly as long as its longest lease: an idle key disappears by itself.
+local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', key, int(tonumber(last[2])))
+return {1, in_flight + 1}

@@ -1,0 +1,31 @@
+-- Concurrency lease renewal: a long request pushes its lease's expiry forward while it runs.
+--
+-- KEYS[1]  the key's lease set (see concurrency_acquire.lua)
+-- ARGV[1]  lease id
+-- ARGV[2]  ttl_ms   the new expiry is now + ttl_ms (server time)
+--
+-- Returns 1 when renewed, 0 when the lease is gone (it expired, or was released): the holder then runs without
+-- a lease, and says so in its logs.
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+local key = KEYS[1]
+local lease = ARGV[1]
+local ttl_ms = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local expiry = redis.call('ZSCORE', key, lease)
+if not expiry then
+  return 0
+end
+if tonumber(expiry) <= now_ms then
+  redis.call('ZREM', key, lease)
+  return 0
+end
+redis.call('ZADD', key, 'XX', int(now_ms + ttl_ms), lease)
+local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', key, int(tonumber(last[2])))
+return 1
