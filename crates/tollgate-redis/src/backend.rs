@@ -4,6 +4,7 @@
 //! checkout, which would double the round trips per decision. Ours recycles a connection unless a call on it
 //! failed at the transport level, so a decision is exactly one command: `EVALSHA`.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use crate::script::Script;
 /// A pooled connection and whether a transport error made it unusable.
 pub(crate) struct Conn {
     conn: MultiplexedConnection,
-    broken: AtomicBool,
+    broken: Arc<AtomicBool>,
 }
 
 /// Creates connections to one server; recycling is free.
@@ -33,7 +34,7 @@ impl managed::Manager for Manager {
 
     async fn create(&self) -> Result<Conn, redis::RedisError> {
         let conn = self.client.get_multiplexed_async_connection_with_config(&self.config).await?;
-        Ok(Conn { conn, broken: AtomicBool::new(false) })
+        Ok(Conn { conn, broken: Arc::new(AtomicBool::new(false)) })
     }
 
     async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<redis::RedisError> {
@@ -119,14 +120,18 @@ impl Backend {
     pub(crate) async fn run(&self, script: &Script, key: &str, args: &[String]) -> Result<Value, BackendError> {
         match self {
             Self::Standalone(pool) => {
-                let conn = pool.get().await.map_err(|e| match e {
-                    managed::PoolError::Backend(e) => classify(e),
-                    other => BackendError::Pool(other.to_string()),
-                })?;
-                // Cancellation (the store's timeout) leaves the guard armed: a connection whose reply is
-                // still owed is dropped rather than handed to the next caller.
-                let guard = BreakOnDrop(&conn.broken);
-                let mut multiplexed = conn.conn.clone();
+                // The pooled connection is multiplexed: take a handle and return it to the pool at once, so
+                // concurrent decisions share sockets and their commands are pipelined by redis-rs.
+                let (mut multiplexed, broken) = {
+                    let conn = pool.get().await.map_err(|e| match e {
+                        managed::PoolError::Backend(e) => classify(e),
+                        other => BackendError::Pool(other.to_string()),
+                    })?;
+                    (conn.conn.clone(), Arc::clone(&conn.broken))
+                };
+                // Cancellation (the store's timeout) leaves the guard armed: a connection that stopped answering
+                // is replaced rather than handed to the next caller.
+                let guard = BreakOnDrop(&broken);
                 let result = eval(&mut multiplexed, script, key, args).await;
                 let transport = matches!(&result, Err(e) if e.is_io_error()
                     || e.is_connection_dropped()
@@ -161,7 +166,9 @@ struct BreakOnDrop<'a>(&'a AtomicBool);
 
 impl BreakOnDrop<'_> {
     fn disarm(self, broken: bool) {
-        self.0.store(broken, Ordering::Relaxed);
+        if broken {
+            self.0.store(true, Ordering::Relaxed);
+        }
         std::mem::forget(self);
     }
 }

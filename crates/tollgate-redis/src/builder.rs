@@ -16,7 +16,7 @@ pub const DEFAULT_COOL_DOWN: Duration = Duration::from_secs(1);
 /// Default key namespace.
 pub const DEFAULT_NAMESPACE: &str = "tollgate";
 /// Default maximum number of pooled connections (standalone).
-pub const DEFAULT_POOL_SIZE: usize = 32;
+pub const DEFAULT_POOL_SIZE: usize = 8;
 
 /// The start-up check gets longer than a decision: it runs once and may have to connect first.
 const MIN_STARTUP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -73,8 +73,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Maximum pooled connections to a standalone server (default 32); ignored for a Cluster, whose client
-    /// multiplexes one connection per node.
+    /// Maximum pooled connections to a standalone server (default 8). Each is multiplexed: a decision borrows
+    /// one only to send its command, so concurrent decisions share connections and are pipelined. Ignored for a
+    /// Cluster, whose client multiplexes one connection per node.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
         self

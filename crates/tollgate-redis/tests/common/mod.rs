@@ -20,7 +20,11 @@ pub async fn store(url: &str, test: &str) -> RedisStore {
 
 /// A multi-threaded runtime for tests that want real parallelism.
 pub fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 /// `limit` per hour: nothing refills during a test.
@@ -39,7 +43,11 @@ pub fn command_calls(info: &str, skip: &[&str]) -> Vec<(String, u64)> {
         .filter_map(|l| l.strip_prefix("cmdstat_"))
         .filter_map(|l| {
             let (name, rest) = l.split_once(':')?;
-            let calls = rest.split(',').find_map(|f| f.strip_prefix("calls="))?.parse().ok()?;
+            let calls = rest
+                .split(',')
+                .find_map(|f| f.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
             (!skip.contains(&name)).then(|| (name.to_owned(), calls))
         })
         .collect()
