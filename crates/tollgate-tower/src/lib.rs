@@ -9,6 +9,7 @@
 //! | the rate limiter (layer, service, future) | [`rate_limit`] |
 //! | which bucket a request belongs to | [`key`] ([`KeyExtractor`]), [`digest`] for secret keys |
 //! | how many tokens it takes | [`cost`] ([`Cost`]) |
+//! | request classes for load shedding | [`priority`] ([`Priority`], [`Classify`]) |
 //! | shadow mode and the kill switch | [`mode`] ([`Mode`], [`EnforcementSwitch`]) |
 //! | what a rejection says | [`rejection`] ([`Rejection`], [`RejectionKind`]) |
 //! | what an admitted response carries | [`verdict`] ([`Verdict`], [`Verdicts`], [`VerdictSink`]) |
@@ -20,6 +21,7 @@ pub mod cost;
 pub mod digest;
 pub mod key;
 pub mod mode;
+pub mod priority;
 pub mod rate_limit;
 pub mod rejection;
 pub mod verdict;
@@ -27,6 +29,7 @@ pub mod verdict;
 pub use cost::{Cost, CostFn, UnitCost};
 pub use key::{ConstKey, KeyError, KeyExtractor, KeyFn};
 pub use mode::{EnforcementSwitch, Mode};
+pub use priority::{Classify, ClassifyFn, ConstPriority, Priority};
 pub use rate_limit::{RateLimit, RateLimitLayer};
 pub use rejection::{Rejection, RejectionKind};
 pub use verdict::{Verdict, VerdictSink, Verdicts};
