@@ -1,0 +1,278 @@
+//! "Your rate limiter says 100 req/s. Your users get 400." — and how shared state fixes it.
+//!
+//! `cargo run --release --example fleet` starts N real axum instances on loopback ports behind a round-robin
+//! load balancer, each wrapped in tollgate with the same "L per second" policy, offers the fleet more load than
+//! that, and prints one row per design: token bucket and sliding window, on in-process state and on Redis. The
+//! in-process rows admit about N × L (every instance enforces its own limit); the Redis rows admit about L for the
+//! whole fleet. `--autoscale` grows the fleet during the run to show the in-process limit growing with it.
+
+mod args;
+mod fleet;
+mod load;
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tollgate_core::{Algorithm, MemoryStore, Policy, Quota};
+use tollgate_redis::RedisStore;
+
+use args::Args;
+use fleet::{Balancer, start_instance};
+use load::{Outcome, Progress};
+
+/// Redis round trips on a busy 2-core laptop can exceed the production default of 50 ms; the demo measures
+/// limits, not timeouts.
+const REDIS_TIMEOUT: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    None,
+    InProcess,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Design {
+    algorithm: Algorithm,
+    state: State,
+}
+
+impl Design {
+    fn label(&self) -> (&'static str, &'static str) {
+        let algorithm = match (self.state, self.algorithm) {
+            (State::None, _) => "no limiter (baseline)",
+            (_, Algorithm::TokenBucket) => "token bucket",
+            (_, Algorithm::SlidingWindowCounter) => "sliding window",
+        };
+        let state = match self.state {
+            State::None => "-",
+            State::InProcess => "in-process",
+            State::Redis => "Redis",
+        };
+        (algorithm, state)
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(if message == args::USAGE { 0 } else { 2 });
+        }
+    };
+    let redis = redis_reachable(&args.redis_url).await;
+    if args.autoscale {
+        autoscale(&args, redis.is_ok()).await;
+        return;
+    }
+    println!(
+        "tollgate fleet simulation: {} instances, each limited to {} req/s; {} req/s offered for {:?} (after a {:?} warm-up)\n",
+        args.instances, args.limit, args.offered, args.duration, args.warmup
+    );
+    let mut designs = vec![Design { algorithm: Algorithm::TokenBucket, state: State::None }];
+    for state in [State::InProcess, State::Redis] {
+        if state == State::Redis && redis.is_err() {
+            continue;
+        }
+        for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindowCounter] {
+            designs.push(Design { algorithm, state });
+        }
+    }
+    let mut rows = Vec::new();
+    for (i, design) in designs.iter().enumerate() {
+        let outcome = run(&args, *design, args.instances, i, designs.len()).await;
+        rows.push((*design, outcome));
+    }
+    eprint!("\r{:100}\r", "");
+    print_table(&args, &rows);
+    match redis {
+        Ok(()) => println!(
+            "\nIn-process state: every instance enforces its own {} req/s, so the fleet admits about {} × {}.\n\
+             Redis state: one bucket (or window) for the fleet, so it admits about {} req/s whatever the instance count.",
+            args.limit, args.instances, args.limit, args.limit
+        ),
+        Err(e) => println!(
+            "\nRedis rows skipped: no Redis at {} ({e}).\n\
+             Start one (`redis-server`, or `apt-get install redis-server`) or pass --redis-url redis://HOST:PORT to add them.",
+            args.redis_url
+        ),
+    }
+}
+
+async fn redis_reachable(url: &str) -> Result<(), String> {
+    let build = RedisStore::builder(url).timeout(REDIS_TIMEOUT).build();
+    match tokio::time::timeout(Duration::from_secs(3), build).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 3 s".into()),
+    }
+}
+
+/// Builds a fleet of `instances` for `design`, offers the load, and tears it down.
+async fn run(args: &Args, design: Design, instances: usize, index: usize, total: usize) -> Outcome {
+    let lb = Balancer::new();
+    let mut tasks = Vec::new();
+    let namespace = format!("tollgate-fleet:{}:{index}:{}", std::process::id(), now_nanos());
+    let add = |lb: Balancer, namespace: String| {
+        let (args, design) = (args.clone(), design);
+        async move {
+            let (addr, task) = instance(&args, design, &namespace).await;
+            lb.add(addr);
+            task
+        }
+    };
+    for _ in 0..instances {
+        tasks.push(add(lb.clone(), namespace.clone()).await);
+    }
+    let (lb_addr, lb_task) = lb.start().await;
+    tasks.push(lb_task);
+
+    let progress = Arc::new(Progress::default());
+    let (name, state) = design.label();
+    let ticker = {
+        let progress = progress.clone();
+        let total_time = args.warmup + args.duration;
+        tokio::spawn(async move {
+            let start = Instant::now();
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                eprint!(
+                    "\r[{}/{}] {name}, {state}: {:.1}s of {:.1}s, {} sent, {} admitted   ",
+                    index + 1,
+                    total,
+                    start.elapsed().as_secs_f64().min(total_time.as_secs_f64()),
+                    total_time.as_secs_f64(),
+                    progress.sent.load(Ordering::Relaxed),
+                    progress.admitted.load(Ordering::Relaxed)
+                );
+                let _ = std::io::stderr().flush();
+            }
+        })
+    };
+    let outcome = if args.autoscale {
+        // Grow from one instance to `args.instances`, evenly over the measured window.
+        let grow = {
+            let (lb, namespace) = (lb.clone(), namespace.clone());
+            let step = args.duration / args.instances as u32;
+            let first = args.warmup;
+            let (args, design) = (args.clone(), design);
+            tokio::spawn(async move {
+                tokio::time::sleep(first).await;
+                let mut grown = Vec::new();
+                for _ in 1..args.instances {
+                    tokio::time::sleep(step).await;
+                    let (addr, task) = instance(&args, design, &namespace).await;
+                    lb.add(addr);
+                    grown.push(task);
+                }
+                grown
+            })
+        };
+        let outcome = load::offer(lb_addr, args.offered, args.warmup, args.duration, progress).await;
+        tasks.extend(grow.await.expect("grow task"));
+        outcome
+    } else {
+        load::offer(lb_addr, args.offered, args.warmup, args.duration, progress).await
+    };
+    ticker.abort();
+    for task in tasks {
+        task.abort();
+    }
+    outcome
+}
+
+async fn instance(args: &Args, design: Design, namespace: &str) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let quota = Quota::per_second(args.limit).expect("--limit is validated");
+    let policy = Policy::new(design.algorithm, quota).expect("a per-second quota suits both algorithms");
+    match design.state {
+        State::None => start_instance(Arc::new(MemoryStore::new()), None).await,
+        State::InProcess => start_instance(Arc::new(MemoryStore::new()), Some(policy)).await,
+        State::Redis => {
+            // Each instance has its own connection pool, as separate processes would.
+            let store = RedisStore::builder(&args.redis_url)
+                .namespace(namespace)
+                .timeout(REDIS_TIMEOUT)
+                .build()
+                .await
+                .expect("Redis answered a moment ago");
+            start_instance(Arc::new(store), Some(policy)).await
+        }
+    }
+}
+
+fn now_nanos() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
+    let secs = args.duration.as_secs_f64();
+    let baseline = rows.iter().find(|(d, _)| d.state == State::None).map(|(_, o)| (o.percentile(50.0), o.percentile(99.0)));
+    println!(
+        "{:<22} {:<11} {:>6} {:>11} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9}",
+        "design", "state", "limit", "admitted/s", "× limit", "rejected/s", "p50", "p99", "added p50", "added p99"
+    );
+    for (design, o) in rows {
+        let (name, state) = design.label();
+        let admitted = o.admitted as f64 / secs;
+        let (p50, p99) = (o.percentile(50.0), o.percentile(99.0));
+        let limited = design.state != State::None;
+        let added = |p: Duration, base: Duration| {
+            if limited { format!("{:+.2}ms", (p.as_secs_f64() - base.as_secs_f64()) * 1e3) } else { "-".into() }
+        };
+        let (b50, b99) = baseline.unwrap_or_default();
+        println!(
+            "{:<22} {:<11} {:>6} {:>11.1} {:>8} {:>11.1} {:>7.2}ms {:>7.2}ms {:>9} {:>9}",
+            name,
+            state,
+            if limited { args.limit.to_string() } else { "-".into() },
+            admitted,
+            if limited { format!("{:.2}", admitted / args.limit as f64) } else { "-".into() },
+            o.rejected as f64 / secs,
+            p50.as_secs_f64() * 1e3,
+            p99.as_secs_f64() * 1e3,
+            added(p50, b50),
+            added(p99, b99),
+        );
+        if o.failed + o.not_sent > 0 {
+            println!("{:<22} ({} failed, {} not sent: the load generator hit its in-flight cap)", "", o.failed, o.not_sent);
+        }
+    }
+}
+
+async fn autoscale(args: &Args, with_redis: bool) {
+    println!(
+        "tollgate fleet simulation, autoscaling from 1 to {} instances, each limited to {} req/s; {} req/s offered\n",
+        args.instances, args.limit, args.offered
+    );
+    let mut columns = Vec::new();
+    let states: &[State] = if with_redis { &[State::InProcess, State::Redis] } else { &[State::InProcess] };
+    for (i, &state) in states.iter().enumerate() {
+        let design = Design { algorithm: Algorithm::TokenBucket, state };
+        columns.push((design, run(args, design, 1, i, states.len()).await));
+    }
+    eprint!("\r{:100}\r", "");
+    print!("{:>6} {:>10}", "second", "instances");
+    for (design, _) in &columns {
+        let (name, state) = design.label();
+        print!(" {:>26}", format!("{name}, {state}"));
+    }
+    println!();
+    let step = args.duration.as_secs_f64() / args.instances as f64;
+    for second in 0..args.duration.as_secs() as usize {
+        let instances = ((second as f64 + 0.5) / step).floor() as usize + 1;
+        print!("{:>6} {:>10}", second + 1, instances.min(args.instances));
+        for (_, outcome) in &columns {
+            print!(" {:>21} req/s", outcome.admitted_per_second.get(second).copied().unwrap_or(0));
+        }
+        println!();
+    }
+    if with_redis {
+        println!("\nThe in-process limit grows with every instance added; the Redis limit holds at {} req/s.", args.limit);
+    } else {
+        println!("\nRedis column skipped: no Redis at {}; pass --redis-url to add it.", args.redis_url);
+    }
+}
