@@ -61,7 +61,7 @@ fn estimates_json(e: &Estimates) -> String {
 fn tally_json(t: &Tally, clients: usize) -> String {
     format!(
         "{{\"clients\":{clients},\"requests\":{},\"log_allowed\":{},\"counter_allowed\":{},\"bucket_allowed\":{},\
-         \"cloudflare_method\":{},\"sources_over\":{},\"sources_missed\":{},\"sources_wrongly_flagged\":{},\
+         \"cloudflare_method\":{},\"sources_over\":{},\"sources_missed\":{},\"missed_peak\":{},\"sources_wrongly_flagged\":{},\
          \"enforcing_shadow\":{},\"counter_peak\":{},\"independent_counter_only\":{},\"independent_log_only\":{},\
          \"bucket_only\":{},\"log_only_vs_bucket\":{},\"bucket_over_window\":{},\"bucket_under_window\":{},\
          \"bucket_peak\":{}}}",
@@ -72,6 +72,7 @@ fn tally_json(t: &Tally, clients: usize) -> String {
         estimates_json(&t.offered),
         t.sources_over,
         t.sources_missed,
+        t.missed_peak,
         t.sources_wrongly_flagged,
         estimates_json(&t.enforced),
         t.counter_peak,

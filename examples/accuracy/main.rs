@@ -71,7 +71,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, St
         };
         match flag.as_str() {
             "-h" | "--help" => return Ok(None),
-            "--json" => parsed.json = true,
+            "--json" if inline.is_none() => parsed.json = true,
             "--seed" | "--requests" | "--clients" | "--limit" | "--period" | "--windows" => {
                 let value = inline
                     .or_else(|| args.next())
@@ -109,6 +109,14 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, St
     }
     if t.windows < 2 {
         return Err("--windows must be at least 2: the counter needs a previous window".into());
+    }
+    // At least one edge-burst and one near-limit client always exist and send about 2.3 × limit per window.
+    if t.limit.saturating_mul(t.windows).saturating_mul(3) > t.requests {
+        return Err(
+            "--limit × --windows × 3 must not exceed --requests: the edge-burst and near-limit \
+                    clients alone send about 2.3 × limit per window"
+                .into(),
+        );
     }
     if t.period_us
         .checked_mul(t.windows)

@@ -53,7 +53,8 @@ struct Client {
     /// Counts every request (Cloudflare's method) and its exact log of every request.
     offered: Option<SlidingWindowState>,
     offered_log: VecDeque<u64>,
-    over: bool,
+    /// Most requests in one rolling period, this one included.
+    offered_peak: u64,
     flagged: bool,
     /// The enforcing counter and the exact log of what it admitted.
     window: Option<SlidingWindowState>,
@@ -113,7 +114,7 @@ pub(crate) fn replay(trace: &Trace, limiters: &Limiters, origin_us: u64) -> Vec<
         let guess = estimate(c.offered, counting, now);
         let exact = exact_count(&mut c.offered_log, period, now);
         t.offered.record(guess, exact, limit, now % period);
-        c.over |= exact >= limit;
+        c.offered_peak = c.offered_peak.max(exact + 1);
         c.flagged |= !guess.admits_one(limit);
         c.offered = sliding_window::decide(c.offered, counting, 1, at)
             .state
@@ -158,9 +159,13 @@ pub(crate) fn replay(trace: &Trace, limiters: &Limiters, origin_us: u64) -> Vec<
     }
     for (client, class) in clients.iter().zip(&trace.classes) {
         let t = &mut tallies[slot(*class)].1;
-        t.sources_over += u64::from(client.over);
-        t.sources_missed += u64::from(client.over && !client.flagged);
-        t.sources_wrongly_flagged += u64::from(client.flagged && !client.over);
+        let over = client.offered_peak > limit;
+        t.sources_over += u64::from(over);
+        if over && !client.flagged {
+            t.sources_missed += 1;
+            t.missed_peak = t.missed_peak.max(client.offered_peak);
+        }
+        t.sources_wrongly_flagged += u64::from(client.flagged && !over);
     }
     tallies
 }
@@ -229,6 +234,10 @@ mod tests {
         assert_eq!(
             (t.sources_over, t.sources_missed, t.sources_wrongly_flagged),
             (1, 1, 0)
+        );
+        assert_eq!(
+            t.missed_peak, 3,
+            "three requests within 10 s against a limit of 2"
         );
         // The bucket (2 tokens, one per 5 s) has 1.4 tokens at 16 s: it admits all three, one beyond the window.
         assert_eq!(

@@ -141,6 +141,13 @@ fn cloudflare_method(
     limit: u64,
 ) {
     let (n, e) = (total.requests, &total.offered);
+    let missed = match total.sources_missed {
+        0 => "0".to_owned(),
+        m => format!(
+            "{m}, at most {:.2} x limit",
+            total.missed_peak as f64 / limit as f64
+        ),
+    };
     out.push_str(
         "1. Cloudflare's method: the counter counts every request; a request is over when the count with it\n   \
          exceeds the limit. Compared with the exact count of every request in the rolling period.\n",
@@ -201,7 +208,7 @@ fn cloudflare_method(
             ),
             (
                 "  ... never flagged (false negatives)",
-                thousands(total.sources_missed),
+                missed,
                 "3, all < 15 % over",
             ),
             (
@@ -304,11 +311,11 @@ fn by_class(out: &mut String, classes: &[(Class, Tally)], total: &Tally, trace: 
     );
     let _ = writeln!(
         out,
-        "  {:<13}{:>8}{:>11}{:>10}{:>11}{:>11}{:>9}{:>11}{:>10}{:>9}{:>7}{:>7}",
+        "  {:<13}{:>8}{:>11}{:>11}{:>11}{:>11}{:>9}{:>11}{:>10}{:>9}{:>7}{:>7}",
         "class",
         "clients",
         "requests",
-        "over lim",
+        "log-denied",
         "CF differ",
         "CF err",
         "differ",
@@ -325,7 +332,7 @@ fn by_class(out: &mut String, classes: &[(Class, Tally)], total: &Tally, trace: 
         let pct = |part| percent(part, n).trim_end_matches(" %").to_owned();
         let _ = writeln!(
             out,
-            "  {:<13}{:>8}{:>11}{:>10}{:>11}{:>11}{:>9}{:>11}{:>10}{:>9}{:>7.1}{:>7}",
+            "  {:<13}{:>8}{:>11}{:>11}{:>11}{:>11}{:>9}{:>11}{:>10}{:>9}{:>7.1}{:>7}",
             class.map_or("all", Class::name),
             thousands(clients),
             thousands(n),
@@ -393,30 +400,8 @@ fn bucket(out: &mut String, total: &Tally, limit: u64, period_us: u64) {
     );
 }
 
-const DEFINITIONS: &str = "\
-Definitions
-  estimate: current + previous x (1 - elapsed / period) just before a request, as sliding_window computes it.
-  exact: the requests in the rolling period (now - period, now] just before it: every request in section 1, the
-    requests the counter admitted in section 2. Either way estimate and exact describe the same history.
-  decided differently: the estimate and the exact count disagree on 'one more request fits the limit'.
-    wrongly allowed: the estimate says yes, the exact count no; wrongly denied (false positive): the reverse.
-  mean relative error: mean of |estimate - exact| / exact over requests with exact > 0; signed: without | |;
-    weighted: the sum of |estimate - exact| over the sum of exact, which small counts cannot inflate.
-  limit - 1: under steady overload the counter admits at most limit - 1 per window after a non-empty one (the
-    previous window's weight reaches 0 only at the window's end), so the exact count sits at limit - 1 and
-    every further request of that client is 'wrongly denied' by one slot.
-  undercount: exact - estimate. peak: most admitted requests found in one rolling period (the limit is a bound
-    on it for an exact rolling window).
-  shadow vs independent replay: once two limiters decide one request differently their states differ, and later
-    decisions may differ for that reason alone. The shadow replay avoids this by feeding the exact log the
-    counter's own admissions; the independent replay runs the exact log (SlidingLog) on its own admissions, as
-    it would run in production, and shows the combined effect.
-  sources over / flagged: a source is over if the exact count of its requests ever exceeded the limit with one
-    of its requests, flagged if the estimate ever did.
-  Cloudflare's trace is real traffic with mostly quiet sources; this one is synthetic and adversarial (edge bursts,
-    many sources near or far above the limit), so its shares are upper-end figures. A source far above the limit
-    is at the limit all the time, and in section 2 each of its requests is a close call.
-";
+/// What the figures mean; printed under the tables.
+const DEFINITIONS: &str = include_str!("definitions.txt");
 
 #[cfg(test)]
 mod tests {

@@ -141,6 +141,8 @@ pub(crate) struct Tally {
     /// Sources that went over the limit at some request, and those of them the counter never flagged.
     pub(crate) sources_over: u64,
     pub(crate) sources_missed: u64,
+    /// The most requests a missed source had in one rolling period (with the one that went over).
+    pub(crate) missed_peak: u64,
     /// Sources the counter flagged although they never went over the limit.
     pub(crate) sources_wrongly_flagged: u64,
     /// Enforcing (shadow): the counter counts what it admits; the exact count is of what it admitted.
@@ -170,6 +172,7 @@ impl Tally {
         self.offered.absorb(&o.offered);
         self.sources_over += o.sources_over;
         self.sources_missed += o.sources_missed;
+        self.missed_peak = self.missed_peak.max(o.missed_peak);
         self.sources_wrongly_flagged += o.sources_wrongly_flagged;
         self.enforced.absorb(&o.enforced);
         self.counter_peak = self.counter_peak.max(o.counter_peak);
