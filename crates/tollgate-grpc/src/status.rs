@@ -105,10 +105,34 @@ pub fn rejection_status(rejection: &Rejection) -> tonic::Status {
     }
     tonic::Status::with_error_details_and_metadata(
         code_for(kind),
-        rejection.to_string(),
+        message_for(rejection),
         details,
         MetadataMap::from_headers(headers),
     )
+}
+
+/// The `grpc-message`: which limiter said no and why, and the retry delay when there is one.
+fn message_for(rejection: &Rejection) -> String {
+    let name = rejection.limiter();
+    let cost_too_high = rejection
+        .decision()
+        .is_some_and(|d| d.outcome == tollgate_core::Outcome::CostExceedsCapacity);
+    let mut message = match rejection.kind() {
+        RejectionKind::RateLimited if cost_too_high => {
+            format!("the call costs more than rate limit {name:?} ever admits at once")
+        }
+        RejectionKind::RateLimited => format!("rate limit {name:?} exceeded"),
+        RejectionKind::ConcurrencyLimited => format!("too many calls in flight for limit {name:?}"),
+        RejectionKind::Shed => format!("call shed by {name:?} to protect the service"),
+        RejectionKind::StoreUnavailable => {
+            format!("limit {name:?} could not be checked: its store is unavailable")
+        }
+        _ => format!("rejected by {name:?}"),
+    };
+    if let Some(retry) = rejection.retry_after() {
+        let _ = write!(message, "; retry after {retry:?}");
+    }
+    message
 }
 
 /// The status for a call whose rate-limit key could not be found: `INTERNAL`, since the server's limiter is
@@ -250,6 +274,10 @@ mod tests {
         assert_eq!(status.code(), Code::ResourceExhausted);
         assert!(status.get_details_retry_info().is_none());
         assert!(status.metadata().get("retry-after").is_none());
+        assert_eq!(
+            status.message(),
+            "the call costs more than rate limit \"big\" ever admits at once"
+        );
     }
 
     #[test]
