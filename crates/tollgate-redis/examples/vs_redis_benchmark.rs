@@ -23,7 +23,9 @@ const PIPELINE: usize = 16;
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
 }
 
 fn evalsha_calls(url: &str) -> u64 {
@@ -37,13 +39,26 @@ fn evalsha_calls(url: &str) -> u64 {
 
 /// Client commands other than the script's own and this program's bookkeeping.
 fn client_calls(url: &str) -> u64 {
-    let internal = ["time", "hmget", "hset", "pexpire", "info", "config|resetstat", "script|load"];
+    let internal = [
+        "time",
+        "hmget",
+        "hset",
+        "pexpire",
+        "info",
+        "config|resetstat",
+        "script|load",
+    ];
     cli_url(url, &["INFO", "commandstats"])
         .lines()
         .filter_map(|l| l.strip_prefix("cmdstat_"))
         .filter_map(|l| l.split_once(':'))
         .filter(|(name, _)| !internal.contains(name))
-        .filter_map(|(_, rest)| rest.split(',').find_map(|f| f.strip_prefix("calls="))?.parse::<u64>().ok())
+        .filter_map(|(_, rest)| {
+            rest.split(',')
+                .find_map(|f| f.strip_prefix("calls="))?
+                .parse::<u64>()
+                .ok()
+        })
         .sum()
 }
 
@@ -61,7 +76,12 @@ async fn store_rate(url: &str, policy: Policy, concurrency: usize, requests: u64
     let mut warm = Vec::new();
     for i in 0..concurrency {
         let store = store.clone();
-        warm.push(tokio::spawn(async move { store.try_check(&format!("warm{i}"), &policy, 1).await.map(|_| ()) }));
+        warm.push(tokio::spawn(async move {
+            store
+                .try_check(&format!("warm{i}"), &policy, 1)
+                .await
+                .map(|_| ())
+        }));
     }
     for w in warm {
         w.await.unwrap().expect("warm-up decision");
@@ -109,10 +129,33 @@ fn redis_benchmark_rate(
 ) -> f64 {
     let quota = policy.quota();
     let out = Command::new(binary("redis-benchmark"))
-        .args(["-h", host, "-p", port, "-c", &concurrency.to_string(), "-n", &requests.to_string()])
-        .args(["-r", &KEYSPACE.to_string(), "-P", &pipeline.to_string(), "--csv"])
+        .args([
+            "-h",
+            host,
+            "-p",
+            port,
+            "-c",
+            &concurrency.to_string(),
+            "-n",
+            &requests.to_string(),
+        ])
+        .args([
+            "-r",
+            &KEYSPACE.to_string(),
+            "-P",
+            &pipeline.to_string(),
+            "--csv",
+        ])
         .args(["EVALSHA", sha, "1", "bench:{__rand_int__}:tb"])
-        .args([quota.token_bucket_token(), quota.token_bucket_rate(), quota.burst(), 1].map(|n| n.to_string()))
+        .args(
+            [
+                quota.token_bucket_token(),
+                quota.token_bucket_rate(),
+                quota.burst(),
+                1,
+            ]
+            .map(|n| n.to_string()),
+        )
         .arg("")
         .output()
         .expect("redis-benchmark runs");
@@ -121,7 +164,12 @@ fn redis_benchmark_rate(
     text.lines()
         .filter_map(|l| l.split(',').nth(1))
         .find_map(|f| f.trim_matches('"').parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("cannot parse redis-benchmark output: {text}{}", String::from_utf8_lossy(&out.stderr)))
+        .unwrap_or_else(|| {
+            panic!(
+                "cannot parse redis-benchmark output: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -130,17 +178,29 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let requests: u64 = arg("--requests").and_then(|n| n.parse().ok()).unwrap_or(60_000);
+    let requests: u64 = arg("--requests")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(60_000);
     let rounds: usize = arg("--rounds").and_then(|n| n.parse().ok()).unwrap_or(3);
-    let private = if arg("--url").is_none() { Some(RedisServer::start()) } else { None };
+    let private = if arg("--url").is_none() {
+        Some(RedisServer::start())
+    } else {
+        None
+    };
     let url = arg("--url").unwrap_or_else(|| private.as_ref().map(RedisServer::url).unwrap());
-    let hostport = url.trim_start_matches("redis://").trim_end_matches('/').to_owned();
+    let hostport = url
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
     let (host, port) = hostport.rsplit_once(':').unwrap_or((&hostport, "6379"));
     let sha = cli_url(&url, &["SCRIPT", "LOAD", TOKEN_BUCKET_LUA]);
     assert_eq!(sha.len(), 40, "SCRIPT LOAD answered {sha}");
     // Effectively unlimited: every request is admitted and writes its state.
     let policy = Policy::token_bucket(Quota::per_second(1_000_000_000).unwrap());
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
 
     println!(
         "RedisStore vs redis-benchmark (EVALSHA lua/token_bucket.lua), {requests} requests per run (a quarter at \
@@ -148,19 +208,46 @@ fn main() {
     );
     println!(
         "{:>11} | {:>16} | {:>12} | {:>16} | {:>9} | {:>17} | {:>15}",
-        "concurrency", "RedisStore dec/s", "cmds/decision", "redis-bench rps", "ratio", "redis-bench -P16", "ratio vs -P16"
+        "concurrency",
+        "RedisStore dec/s",
+        "cmds/decision",
+        "redis-bench rps",
+        "ratio",
+        "redis-bench -P16",
+        "ratio vs -P16"
     );
     for concurrency in [1_usize, 16, 64] {
-        let n = if concurrency == 1 { requests / 4 } else { requests };
+        let n = if concurrency == 1 {
+            requests / 4
+        } else {
+            requests
+        };
         // Alternate the contenders and keep each one's median, so a burst of other load on the machine hits
         // both rather than one.
-        let (mut rb, mut ours, mut rb_pipelined, mut commands) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut rb, mut ours, mut rb_pipelined, mut commands) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
-            rb.push(redis_benchmark_rate(host, port, &sha, &policy, concurrency, n, 1));
+            rb.push(redis_benchmark_rate(
+                host,
+                port,
+                &sha,
+                &policy,
+                concurrency,
+                n,
+                1,
+            ));
             let (rate, per_decision) = rt.block_on(store_rate(&url, policy, concurrency, n));
             ours.push(rate);
             commands.push(per_decision);
-            rb_pipelined.push(redis_benchmark_rate(host, port, &sha, &policy, concurrency, n, PIPELINE));
+            rb_pipelined.push(redis_benchmark_rate(
+                host,
+                port,
+                &sha,
+                &policy,
+                concurrency,
+                n,
+                PIPELINE,
+            ));
         }
         let (rb, ours, rb_pipelined) = (median(rb), median(ours), median(rb_pipelined));
         let millicommands = commands.into_iter().max().unwrap_or(0);
@@ -171,5 +258,8 @@ fn main() {
             ours / rb_pipelined
         );
     }
-    println!("evalsha calls on the server in total: {}", evalsha_calls(&url));
+    println!(
+        "evalsha calls on the server in total: {}",
+        evalsha_calls(&url)
+    );
 }

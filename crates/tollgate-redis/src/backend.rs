@@ -33,8 +33,14 @@ impl managed::Manager for Manager {
     type Error = redis::RedisError;
 
     async fn create(&self) -> Result<Conn, redis::RedisError> {
-        let conn = self.client.get_multiplexed_async_connection_with_config(&self.config).await?;
-        Ok(Conn { conn, broken: Arc::new(AtomicBool::new(false)) })
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        Ok(Conn {
+            conn,
+            broken: Arc::new(AtomicBool::new(false)),
+        })
     }
 
     async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<redis::RedisError> {
@@ -74,13 +80,19 @@ pub(crate) fn pool(url: &str, size: usize, timeout: Duration) -> Result<Pool, Ba
         .map_err(|e| BackendError::Pool(e.to_string()))
 }
 
-pub(crate) async fn cluster(nodes: &[String], timeout: Duration) -> Result<ClusterConnection, BackendError> {
+pub(crate) async fn cluster(
+    nodes: &[String],
+    timeout: Duration,
+) -> Result<ClusterConnection, BackendError> {
     let client = redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
         .connection_timeout(timeout)
         .response_timeout(timeout)
         .build()
         .map_err(BackendError::Redis)?;
-    client.get_async_connection().await.map_err(BackendError::Redis)
+    client
+        .get_async_connection()
+        .await
+        .map_err(BackendError::Redis)
 }
 
 /// Runs `EVALSHA`; on `NOSCRIPT` (after `SCRIPT FLUSH`, a restart or a failover) runs `EVAL` once, which also
@@ -117,7 +129,12 @@ fn classify(e: redis::RedisError) -> BackendError {
 
 impl Backend {
     /// Runs one script on `key`. The caller bounds it with the store's timeout.
-    pub(crate) async fn run(&self, script: &Script, key: &str, args: &[String]) -> Result<Value, BackendError> {
+    pub(crate) async fn run(
+        &self,
+        script: &Script,
+        key: &str,
+        args: &[String],
+    ) -> Result<Value, BackendError> {
         match self {
             Self::Standalone(pool) => {
                 // The pooled connection is multiplexed: take a handle and return it to the pool at once, so
@@ -140,7 +157,9 @@ impl Backend {
                 guard.disarm(transport);
                 result.map_err(classify)
             }
-            Self::Cluster(conn) => eval(&mut conn.clone(), script, key, args).await.map_err(classify),
+            Self::Cluster(conn) => eval(&mut conn.clone(), script, key, args)
+                .await
+                .map_err(classify),
         }
     }
 
@@ -154,7 +173,9 @@ impl Backend {
                     managed::PoolError::Backend(e) => classify(e),
                     other => BackendError::Pool(other.to_string()),
                 })?;
-                cmd.query_async(&mut conn.conn.clone()).await.map_err(classify)
+                cmd.query_async(&mut conn.conn.clone())
+                    .await
+                    .map_err(classify)
             }
             Self::Cluster(conn) => cmd.query_async(&mut conn.clone()).await.map_err(classify),
         }

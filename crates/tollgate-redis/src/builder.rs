@@ -105,18 +105,24 @@ impl RedisStoreBuilder {
             return Err(BuildError::InvalidNamespace(self.namespace));
         }
         if self.timeout.is_zero() {
-            return Err(BuildError::InvalidSetting("the timeout must be longer than zero"));
+            return Err(BuildError::InvalidSetting(
+                "the timeout must be longer than zero",
+            ));
         }
         if self.pool_size == 0 {
-            return Err(BuildError::InvalidSetting("the pool size must be at least 1"));
+            return Err(BuildError::InvalidSetting(
+                "the pool size must be at least 1",
+            ));
         }
         if self.failure_threshold == 0 {
-            return Err(BuildError::InvalidSetting("the circuit breaker's failure threshold must be at least 1"));
+            return Err(BuildError::InvalidSetting(
+                "the circuit breaker's failure threshold must be at least 1",
+            ));
         }
         let backend = match &self.target {
-            Target::Standalone(url) => {
-                Backend::Standalone(backend::pool(url, self.pool_size, self.timeout).map_err(BuildError::Connect)?)
-            }
+            Target::Standalone(url) => Backend::Standalone(
+                backend::pool(url, self.pool_size, self.timeout).map_err(BuildError::Connect)?,
+            ),
             Target::Cluster(nodes) => {
                 let startup = self.timeout.max(MIN_STARTUP_TIMEOUT);
                 let conn = tokio::time::timeout(startup, backend::cluster(nodes, self.timeout))

@@ -48,12 +48,18 @@ impl Circuit {
         Self {
             threshold: threshold.max(1),
             cool_down,
-            inner: Mutex::new(Inner { consecutive_failures: 0, opened_at: None, probing: false }),
+            inner: Mutex::new(Inner {
+                consecutive_failures: 0,
+                opened_at: None,
+                probing: false,
+            }),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(crate) fn admit(&self) -> Admission {

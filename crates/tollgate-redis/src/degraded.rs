@@ -28,14 +28,23 @@ struct State {
 
 impl DegradedLog {
     pub(crate) fn new() -> Self {
-        Self { inner: Mutex::new(State { last: None, suppressed: 0 }) }
+        Self {
+            inner: Mutex::new(State {
+                last: None,
+                suppressed: 0,
+            }),
+        }
     }
 
     /// Counts one degraded decision and logs it unless a line went out less than [`LOG_INTERVAL`] ago.
     pub(crate) fn record(&self, error: &StoreError, policy: FailurePolicy) {
-        metrics::counter!(DEGRADED_TOTAL, "reason" => error.kind(), "policy" => policy.as_str()).increment(1);
+        metrics::counter!(DEGRADED_TOTAL, "reason" => error.kind(), "policy" => policy.as_str())
+            .increment(1);
         let suppressed = {
-            let mut state = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut state = self
+                .inner
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             match state.last {
                 Some(at) if at.elapsed() < LOG_INTERVAL => {
                     state.suppressed += 1;

@@ -48,7 +48,10 @@ mod tests {
 
     #[test]
     fn plain_keys_are_kept_and_tagged() {
-        assert_eq!(redis_key("tollgate", "user:42", Algorithm::TokenBucket), "tollgate:{user:42}:tb");
+        assert_eq!(
+            redis_key("tollgate", "user:42", Algorithm::TokenBucket),
+            "tollgate:{user:42}:tb"
+        );
         assert_eq!(
             redis_key("app", "10.0.0.1", Algorithm::SlidingWindowCounter),
             "app:{10.0.0.1}:sw"
@@ -58,14 +61,26 @@ mod tests {
     #[test]
     fn long_binary_or_tag_breaking_keys_are_hashed() {
         let long = "x".repeat(MAX_RAW_KEY + 1);
-        for key in [long.as_str(), "a b", "caf\u{e9}", "{evil}", "a}b", "#abc", "", "line\nbreak"] {
+        for key in [
+            long.as_str(),
+            "a b",
+            "caf\u{e9}",
+            "{evil}",
+            "a}b",
+            "#abc",
+            "",
+            "line\nbreak",
+        ] {
             let k = redis_key("tollgate", key, Algorithm::TokenBucket);
             assert!(k.starts_with("tollgate:{#"), "{key:?} -> {k}");
             assert_eq!(k.len(), "tollgate:{#}:tb".len() + 40, "{key:?} -> {k}");
             assert_eq!(k.matches('{').count(), 1);
         }
         let exact = "y".repeat(MAX_RAW_KEY);
-        assert_eq!(redis_key("t", &exact, Algorithm::TokenBucket), format!("t:{{{exact}}}:tb"));
+        assert_eq!(
+            redis_key("t", &exact, Algorithm::TokenBucket),
+            format!("t:{{{exact}}}:tb")
+        );
     }
 
     #[test]

@@ -20,7 +20,10 @@ pub(crate) struct Script {
 
 impl Script {
     pub(crate) fn new(source: &'static str) -> Self {
-        Self { source, sha: redis::Script::new(source).get_hash().to_owned() }
+        Self {
+            source,
+            sha: redis::Script::new(source).get_hash().to_owned(),
+        }
     }
 }
 
@@ -33,7 +36,10 @@ pub(crate) struct Scripts {
 
 impl Scripts {
     pub(crate) fn new() -> Self {
-        Self { token_bucket: Script::new(TOKEN_BUCKET_LUA), sliding_window: Script::new(SLIDING_WINDOW_LUA) }
+        Self {
+            token_bucket: Script::new(TOKEN_BUCKET_LUA),
+            sliding_window: Script::new(SLIDING_WINDOW_LUA),
+        }
     }
 
     pub(crate) fn for_algorithm(&self, algorithm: Algorithm) -> &Script {
@@ -70,13 +76,17 @@ pub(crate) fn args(policy: &Policy, cost: u64, now: Option<Timestamp>) -> [Strin
 /// Turns `{outcome, remaining, reset_us, retry_after_us, now_us}` into a [`Decision`].
 pub(crate) fn parse_reply(policy: &Policy, reply: &redis::Value) -> Result<Decision, BackendError> {
     let bad = |why: &str| BackendError::BadReply(format!("{why} in script reply {reply:?}"));
-    let redis::Value::Array(items) = reply else { return Err(bad("expected an array")) };
+    let redis::Value::Array(items) = reply else {
+        return Err(bad("expected an array"));
+    };
     let mut ints = [0_i64; 5];
     if items.len() != ints.len() {
         return Err(bad("expected 5 integers"));
     }
     for (slot, item) in ints.iter_mut().zip(items) {
-        let redis::Value::Int(n) = item else { return Err(bad("expected integers")) };
+        let redis::Value::Int(n) = item else {
+            return Err(bad("expected integers"));
+        };
         *slot = *n;
     }
     let [outcome, remaining, reset, retry_after, now] = ints;
@@ -92,7 +102,11 @@ pub(crate) fn parse_reply(policy: &Policy, reply: &redis::Value) -> Result<Decis
         limit: policy.quota().limit(),
         remaining: unsigned(remaining)?,
         reset: Timestamp::from_micros(unsigned(reset)?),
-        retry_after: if retry_after < 0 { None } else { Some(Duration::from_micros(unsigned(retry_after)?)) },
+        retry_after: if retry_after < 0 {
+            None
+        } else {
+            Some(Duration::from_micros(unsigned(retry_after)?))
+        },
         now: Timestamp::from_micros(unsigned(now)?),
     })
 }
@@ -108,7 +122,10 @@ mod tests {
         let tb = scripts.for_algorithm(Algorithm::TokenBucket);
         assert!(tb.source.contains("token_bucket.rs"));
         assert_eq!(tb.sha.len(), 40);
-        assert_ne!(tb.sha, scripts.for_algorithm(Algorithm::SlidingWindowCounter).sha);
+        assert_ne!(
+            tb.sha,
+            scripts.for_algorithm(Algorithm::SlidingWindowCounter).sha
+        );
     }
 
     #[test]

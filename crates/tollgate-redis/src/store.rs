@@ -1,11 +1,12 @@
 //! [`RedisStore`]: one `EVALSHA` per decision, bounded by a timeout, guarded by a circuit breaker, and a failure
 //! policy for when Redis cannot answer.
 
-use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use tollgate_core::{Algorithm, Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
+use tollgate_core::{
+    Algorithm, Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp,
+};
 
 use crate::backend::Backend;
 use crate::circuit::{Admission, Circuit, CircuitState};
@@ -99,7 +100,12 @@ impl RedisStore {
     /// Decides on Redis's clock and returns Redis's failure as an error instead of applying the failure policy
     /// (still bounded by the timeout and skipped while the circuit is open). A `READONLY` reply (a replica) is a
     /// [`StoreError::Backend`] whose source downcasts to [`BackendError::ReadOnly`](crate::BackendError::ReadOnly).
-    pub async fn try_check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+    pub async fn try_check(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
         self.decide(key, policy, cost, None).await
     }
 
@@ -123,19 +129,23 @@ impl RedisStore {
     /// What the start-up check of `maxmemory-policy` found (also logged then, loudly unless `noeviction`).
     #[must_use]
     pub fn eviction_check(&self) -> &EvictionCheck {
-        self.inner.eviction.get_or_init(|| EvictionCheck::Unknown("not checked yet".to_owned()))
+        self.inner
+            .eviction
+            .get_or_init(|| EvictionCheck::Unknown("not checked yet".to_owned()))
     }
 
     /// Checks `maxmemory-policy` again now, logging the result like the start-up check.
     pub async fn check_eviction_policy(&self) -> EvictionCheck {
-        self.check_eviction_policy_within(self.inner.timeout.max(Duration::from_secs(2))).await
+        self.check_eviction_policy_within(self.inner.timeout.max(Duration::from_secs(2)))
+            .await
     }
 
     pub(crate) async fn check_eviction_policy_within(&self, limit: Duration) -> EvictionCheck {
         match tokio::time::timeout(limit, eviction::check(&self.inner.backend)).await {
             Ok(check) => check,
             Err(_) => {
-                let check = EvictionCheck::Unknown(format!("CONFIG GET did not answer within {limit:?}"));
+                let check =
+                    EvictionCheck::Unknown(format!("CONFIG GET did not answer within {limit:?}"));
                 tracing::warn!("could not check Redis maxmemory-policy: {check}");
                 check
             }
@@ -171,7 +181,10 @@ impl RedisStore {
         let script = self.inner.scripts.for_algorithm(policy.algorithm());
         let redis_key = keys::redis_key(&self.inner.namespace, key, policy.algorithm());
         let args = script::args(policy, cost, now);
-        self.run_script(script, &redis_key, &args, |reply| script::parse_reply(policy, reply)).await
+        self.run_script(script, &redis_key, &args, |reply| {
+            script::parse_reply(policy, reply)
+        })
+        .await
     }
 
     /// Runs one script on `redis_key` and parses its reply: skipped while the circuit is open, bounded by the
@@ -189,9 +202,13 @@ impl RedisStore {
         if admission == Admission::Skip {
             return Err(StoreError::CircuitOpen);
         }
-        let probe = ProbeGuard { circuit: &inner.circuit, armed: admission == Admission::Probe };
+        let probe = ProbeGuard {
+            circuit: &inner.circuit,
+            armed: admission == Admission::Probe,
+        };
         let started = Instant::now();
-        let result = tokio::time::timeout(inner.timeout, inner.backend.run(script, redis_key, args)).await;
+        let result =
+            tokio::time::timeout(inner.timeout, inner.backend.run(script, redis_key, args)).await;
         let elapsed = started.elapsed().as_secs_f64();
         probe.disarm();
         let result = match result {
@@ -245,7 +262,9 @@ impl RedisStore {
         }
         // A full local table cannot track this key: protect rather than admit blindly.
         inner.local.check_at(key, policy, cost, now).or_else(|_| {
-            FailurePolicy::Closed.synthesize(policy, now).ok_or(StoreError::CircuitOpen)
+            FailurePolicy::Closed
+                .synthesize(policy, now)
+                .ok_or(StoreError::CircuitOpen)
         })
     }
 }
@@ -253,16 +272,9 @@ impl RedisStore {
 impl Store for RedisStore {
     /// Decides on Redis's clock; if Redis fails, times out or the circuit is open, answers with the failure
     /// policy (counted and logged), so the result is an error only if the local fallback store itself fails.
-    fn check(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        async move {
-            let result = self.decide(key, policy, cost, None).await;
-            self.or_degrade(result, key, policy, cost, None)
-        }
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        let result = self.decide(key, policy, cost, None).await;
+        self.or_degrade(result, key, policy, cost, None)
     }
 }
 

@@ -14,7 +14,10 @@ const KEYS: usize = 60;
 async fn round(store: &RedisStore, policy: &Policy, expected: Outcome, what: &str) {
     for i in 0..KEYS {
         let key = format!("client-{i}");
-        let d = store.try_check(&key, policy, 1).await.unwrap_or_else(|e| panic!("{what}: {key}: {e}"));
+        let d = store
+            .try_check(&key, policy, 1)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {key}: {e}"));
         assert_eq!(d.outcome, expected, "{what}: {key}: {d:?}");
     }
 }
@@ -45,9 +48,18 @@ fn cluster_decides_on_many_keys_and_survives_moved_and_a_primary_restart() {
         let dbsize = |i: usize| cluster.node(i).cli(&["DBSIZE"]).parse::<u64>().unwrap();
         let before = dbsize(1);
         cluster.reshard(0, 1, 2_000);
-        assert!(dbsize(1) > before, "no key moved: the test would not see a MOVED");
+        assert!(
+            dbsize(1) > before,
+            "no key moved: the test would not see a MOVED"
+        );
         for policy in [&bucket, &window] {
-            round(&store, policy, Outcome::Allowed, "second request, after the reshard").await;
+            round(
+                &store,
+                policy,
+                Outcome::Allowed,
+                "second request, after the reshard",
+            )
+            .await;
         }
 
         // Restart a primary (no persistence: its keys are gone) and let the cluster see it again.
@@ -57,13 +69,23 @@ fn cluster_decides_on_many_keys_and_survives_moved_and_a_primary_restart() {
         for policy in [&bucket, &window] {
             for i in 0..KEYS {
                 let key = format!("client-{i}");
-                let third = store.try_check(&key, policy, 1).await.unwrap_or_else(|e| panic!("restart: {key}: {e}"));
+                let third = store
+                    .try_check(&key, policy, 1)
+                    .await
+                    .unwrap_or_else(|e| panic!("restart: {key}: {e}"));
                 assert!(third.is_allowed(), "{key}: {third:?}");
-                let fourth = store.try_check(&key, policy, 1).await.unwrap_or_else(|e| panic!("restart: {key}: {e}"));
+                let fourth = store
+                    .try_check(&key, policy, 1)
+                    .await
+                    .unwrap_or_else(|e| panic!("restart: {key}: {e}"));
                 if third.remaining == 2 {
                     // The key lived on the restarted node and starts over.
                     fresh += 1;
-                    assert_eq!((fourth.outcome, fourth.remaining), (Outcome::Allowed, 1), "{key}");
+                    assert_eq!(
+                        (fourth.outcome, fourth.remaining),
+                        (Outcome::Allowed, 1),
+                        "{key}"
+                    );
                 } else {
                     // The key kept its state: this was its third request, the fourth is over the limit.
                     assert_eq!(third.remaining, 0, "{key}: {third:?}");

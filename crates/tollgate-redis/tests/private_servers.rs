@@ -26,7 +26,11 @@ async fn fault_store(server: &RedisServer, failure_policy: FailurePolicy) -> Red
 }
 
 /// Polls until Redis decides again (the circuit's cool-down, a reconnect), for at most 10 s.
-async fn until_redis_decides(store: &RedisStore, key: &str, policy: &Policy) -> tollgate_core::Decision {
+async fn until_redis_decides(
+    store: &RedisStore,
+    key: &str,
+    policy: &Policy,
+) -> tollgate_core::Decision {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match store.try_check(key, policy, 1).await {
@@ -40,7 +44,11 @@ async fn until_redis_decides(store: &RedisStore, key: &str, policy: &Policy) -> 
 /// The call came back although the server could not answer: bounded by the timeout, not by the server. (The bound
 /// is loose on purpose: it separates "returned after the timeout" from "waited for the server", not fast from slow.)
 fn assert_bounded(started: Instant) {
-    assert!(started.elapsed() < TIMEOUT * 20, "a call waited {:?} for a dead server", started.elapsed());
+    assert!(
+        started.elapsed() < TIMEOUT * 20,
+        "a call waited {:?} for a dead server",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -58,13 +66,27 @@ async fn sigstop_hang_times_out_opens_the_circuit_and_recovers() {
         assert_bounded(started);
         kinds.push(err.kind());
     }
-    assert_eq!(kinds, ["timeout", "timeout", "timeout", "circuit_open", "circuit_open", "circuit_open"]);
+    assert_eq!(
+        kinds,
+        [
+            "timeout",
+            "timeout",
+            "timeout",
+            "circuit_open",
+            "circuit_open",
+            "circuit_open"
+        ]
+    );
     assert_eq!(store.circuit_state(), CircuitState::Open);
     // Through the Store trait the failure policy answers: fail open.
     let started = Instant::now();
     let d = store.check("k", &policy, 1).await.unwrap();
     assert_bounded(started);
-    assert_eq!((d.outcome, d.remaining, d.reset), (Outcome::Allowed, 2, d.now), "a synthesized open decision");
+    assert_eq!(
+        (d.outcome, d.remaining, d.reset),
+        (Outcome::Allowed, 2, d.now),
+        "a synthesized open decision"
+    );
 
     server.resume();
     let d = until_redis_decides(&store, "fresh", &policy).await;
@@ -92,7 +114,10 @@ async fn sigkill_fails_closed_and_a_restarted_empty_server_starts_fresh() {
         assert_eq!(d.outcome, Outcome::Limited);
         assert!(d.retry_after.unwrap() >= Duration::from_secs(1), "{d:?}");
     }
-    assert!(matches!(store.try_check("k", &policy, 1).await, Err(StoreError::CircuitOpen | StoreError::Backend(_) | StoreError::Timeout(_))));
+    assert!(matches!(
+        store.try_check("k", &policy, 1).await,
+        Err(StoreError::CircuitOpen | StoreError::Backend(_) | StoreError::Timeout(_))
+    ));
 
     server.restart();
     // The restarted server is empty (and has no scripts): a fresh window, loaded by EVAL after NOSCRIPT.
@@ -102,6 +127,7 @@ async fn sigkill_fails_closed_and_a_restarted_empty_server_starts_fresh() {
 
 #[tokio::test]
 async fn local_fallback_keeps_a_per_instance_limit_while_redis_is_down() {
+    let metrics = common::CountingRecorder::global();
     let mut server = RedisServer::start();
     let store = fault_store(&server, FailurePolicy::Local).await;
     let policy = common::hourly_bucket(3);
@@ -114,9 +140,26 @@ async fn local_fallback_keeps_a_per_instance_limit_while_redis_is_down() {
         v
     };
     assert_eq!(outcomes, [true, true, true, false, false]);
+    // Every degraded decision is counted (only this test uses the local policy), by reason.
+    assert_eq!(
+        metrics.sum(&[tollgate_redis::DEGRADED_TOTAL, "policy=local"]),
+        5
+    );
+    assert_eq!(
+        metrics.sum(&[
+            tollgate_redis::DEGRADED_TOTAL,
+            "policy=local",
+            "reason=circuit_open"
+        ]),
+        2
+    );
+    assert!(metrics.sum(&[tollgate_redis::LATENCY_SECONDS, "outcome=error"]) >= 3);
     server.restart();
     let d = until_redis_decides(&store, "k", &policy).await;
-    assert_eq!(d.remaining, 2, "Redis's own state, not the local one, decides again");
+    assert_eq!(
+        d.remaining, 2,
+        "Redis's own state, not the local one, decides again"
+    );
 }
 
 #[tokio::test]
@@ -138,7 +181,10 @@ async fn script_flush_is_survived_transparently_and_state_is_kept() {
     // then one EVAL that runs and reloads the script. Every other call: one EVALSHA.
     assert_eq!(get("eval"), 4, "{calls:?}");
     assert_eq!(get("evalsha"), 6, "{calls:?}");
-    let evalsha = info.lines().find(|l| l.starts_with("cmdstat_evalsha:")).unwrap_or_default();
+    let evalsha = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .unwrap_or_default();
     assert!(evalsha.contains("failed_calls=4"), "{info}");
 }
 
@@ -159,7 +205,17 @@ async fn exactly_one_command_per_decision() {
     }
     let info = server.cli(&["INFO", "commandstats"]);
     // Commands the script runs inside Redis are counted too; what the client sent is everything else.
-    let calls = common::command_calls(&info, &["info", "config|resetstat", "time", "hmget", "hset", "pexpire"]);
+    let calls = common::command_calls(
+        &info,
+        &[
+            "info",
+            "config|resetstat",
+            "time",
+            "hmget",
+            "hset",
+            "pexpire",
+        ],
+    );
     assert_eq!(calls, [("evalsha".to_owned(), decisions)], "{info}");
 }
 
@@ -176,7 +232,10 @@ async fn a_replica_answers_readonly_which_is_reported_and_handled_by_the_failure
         .unwrap();
     let policy = common::hourly_bucket(3);
     let err = store.try_check("k", &policy, 1).await.unwrap_err();
-    let backend = err.source().and_then(|s| s.downcast_ref::<BackendError>()).expect("a backend error");
+    let backend = err
+        .source()
+        .and_then(|s| s.downcast_ref::<BackendError>())
+        .expect("a backend error");
     assert!(matches!(backend, BackendError::ReadOnly(_)), "{backend:?}");
     assert!(err.to_string().contains("replica"), "{err}");
     let d = store.check("k", &policy, 1).await.unwrap();
@@ -193,13 +252,29 @@ async fn the_eviction_policy_is_checked_at_start_up() {
 
     let lru = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
     let store = fault_store(&lru, FailurePolicy::Closed).await;
-    assert_eq!(store.eviction_check(), &EvictionCheck::Evicting("allkeys-lru".into()));
-    assert_eq!(store.check_eviction_policy().await, EvictionCheck::Evicting("allkeys-lru".into()));
+    assert_eq!(
+        store.eviction_check(),
+        &EvictionCheck::Evicting("allkeys-lru".into())
+    );
+    assert_eq!(
+        store.check_eviction_policy().await,
+        EvictionCheck::Evicting("allkeys-lru".into())
+    );
 
     // Managed services often forbid CONFIG: the check says it could not tell.
     let locked = RedisServer::start_with(&["--rename-command", "CONFIG", ""]);
     let store = fault_store(&locked, FailurePolicy::Closed).await;
-    assert!(matches!(store.eviction_check(), EvictionCheck::Unknown(why) if why.contains("CONFIG") || why.contains("unknown command")), "{:?}", store.eviction_check());
+    assert!(
+        matches!(store.eviction_check(), EvictionCheck::Unknown(why) if why.contains("CONFIG") || why.contains("unknown command")),
+        "{:?}",
+        store.eviction_check()
+    );
     // Deciding does not need CONFIG.
-    assert!(store.try_check("k", &common::hourly_bucket(1), 1).await.unwrap().is_allowed());
+    assert!(
+        store
+            .try_check("k", &common::hourly_bucket(1), 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
 }

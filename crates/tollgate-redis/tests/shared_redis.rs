@@ -17,7 +17,10 @@ use tollgate_testkit::vectors::Vectors;
 #[tokio::test]
 async fn shared_vectors_are_bit_identical_to_memory_store_and_expected() {
     let vectors = Vectors::load();
-    assert!(vectors.cases.len() >= 10, "the vector file holds too few cases");
+    assert!(
+        vectors.cases.len() >= 10,
+        "the vector file holds too few cases"
+    );
     let redis = common::store(&redis_url(), "vectors").await;
     let mut steps = 0;
     for (i, case) in vectors.cases.iter().enumerate() {
@@ -26,11 +29,24 @@ async fn shared_vectors_are_bit_identical_to_memory_store_and_expected() {
         for (j, step) in case.steps.iter().enumerate() {
             // A key per case: cases must not see each other's state.
             let key = format!("case{i}:{}", step.key);
-            let from_redis = redis.try_check_at(&key, &policy, step.cost, step.at()).await.expect("redis decides");
-            let from_memory = memory.check_at(&key, &policy, step.cost, step.at()).expect("memory decides");
+            let from_redis = redis
+                .try_check_at(&key, &policy, step.cost, step.at())
+                .await
+                .expect("redis decides");
+            let from_memory = memory
+                .check_at(&key, &policy, step.cost, step.at())
+                .expect("memory decides");
             let expected = step.expected(&policy);
-            assert_eq!(from_redis, expected, "case {:?}, step {j}: redis vs expected", case.name);
-            assert_eq!(from_memory, expected, "case {:?}, step {j}: memory vs expected", case.name);
+            assert_eq!(
+                from_redis, expected,
+                "case {:?}, step {j}: redis vs expected",
+                case.name
+            );
+            assert_eq!(
+                from_memory, expected,
+                "case {:?}, step {j}: memory vs expected",
+                case.name
+            );
             steps += 1;
         }
     }
@@ -106,8 +122,13 @@ async fn lua_agrees_with_rust_on_random_policies_and_traffic() {
             };
             let key = format!("p{i}");
             let at = Timestamp::from_micros(now);
-            let r = redis.try_check_at(&key, policy, cost, at).await.expect("redis decides");
-            let m = memory.check_at(&key, policy, cost, at).expect("memory decides");
+            let r = redis
+                .try_check_at(&key, policy, cost, at)
+                .await
+                .expect("redis decides");
+            let m = memory
+                .check_at(&key, policy, cost, at)
+                .expect("memory decides");
             assert_eq!(r, m, "policy {policy:?}, cost {cost}, at {now}");
             compared += 1;
         }
@@ -117,13 +138,33 @@ async fn lua_agrees_with_rust_on_random_policies_and_traffic() {
 
 /// The textbook race: read state, decide in the client, write state back. Two round trips let concurrent
 /// callers read the same state.
-async fn naive_check(conn: &mut redis::aio::MultiplexedConnection, key: &str, policy: &Policy) -> bool {
-    let (full_at, remainder): (Option<u64>, Option<u64>) =
-        redis::cmd("HMGET").arg(key).arg("full_at").arg("remainder").query_async(conn).await.unwrap();
-    let state = full_at.map(|full_at| TokenBucketState { full_at, remainder: remainder.unwrap_or(0) });
-    let step = token_bucket::decide(state, &policy.quota(), 1, Timestamp::from(std::time::SystemTime::now()));
+async fn naive_check(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    policy: &Policy,
+) -> bool {
+    let (full_at, remainder): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+        .arg(key)
+        .arg("full_at")
+        .arg("remainder")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let state = full_at.map(|full_at| TokenBucketState {
+        full_at,
+        remainder: remainder.unwrap_or(0),
+    });
+    let step = token_bucket::decide(
+        state,
+        &policy.quota(),
+        1,
+        Timestamp::from(std::time::SystemTime::now()),
+    );
     if let Some(s) = step.state {
-        let _: () = conn.hset_multiple(key, &[("full_at", s.full_at), ("remainder", s.remainder)]).await.unwrap();
+        let _: () = conn
+            .hset_multiple(key, &[("full_at", s.full_at), ("remainder", s.remainder)])
+            .await
+            .unwrap();
         let _: () = conn.expire(key, 3_600).await.unwrap();
     }
     step.decision.is_allowed()
@@ -144,7 +185,12 @@ fn sixty_four_concurrent_tasks_admit_exactly_the_limit_and_a_naive_client_does_n
                 let (store, admitted) = (store.clone(), admitted.clone());
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..PER_TASK {
-                        if store.try_check("hot", &policy, 1).await.expect("redis decides").is_allowed() {
+                        if store
+                            .try_check("hot", &policy, 1)
+                            .await
+                            .expect("redis decides")
+                            .is_allowed()
+                        {
                             admitted.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -153,7 +199,12 @@ fn sixty_four_concurrent_tasks_admit_exactly_the_limit_and_a_naive_client_does_n
             for t in tasks {
                 t.await.unwrap();
             }
-            assert_eq!(admitted.load(Ordering::Relaxed), limit, "{:?}", policy.algorithm());
+            assert_eq!(
+                admitted.load(Ordering::Relaxed),
+                limit,
+                "{:?}",
+                policy.algorithm()
+            );
         }
 
         // The same load through the naive client over-admits: the race is real.
@@ -177,7 +228,10 @@ fn sixty_four_concurrent_tasks_admit_exactly_the_limit_and_a_naive_client_does_n
             t.await.unwrap();
         }
         let naive = admitted.load(Ordering::Relaxed);
-        assert!(naive > limit, "the naive GET-then-SET client admitted {naive}, expected more than {limit}");
+        assert!(
+            naive > limit,
+            "the naive GET-then-SET client admitted {naive}, expected more than {limit}"
+        );
     });
 }
 
@@ -206,7 +260,12 @@ fn four_instances_with_their_own_pools_share_one_global_limit() {
                     tasks.push(tokio::spawn(async move {
                         for _ in 0..5 {
                             // Through the Store trait, as a tower layer would call it.
-                            if store.check("tenant", &policy, 1).await.unwrap().is_allowed() {
+                            if store
+                                .check("tenant", &policy, 1)
+                                .await
+                                .unwrap()
+                                .is_allowed()
+                            {
                                 admitted.fetch_add(1, Ordering::Relaxed);
                             }
                         }
@@ -217,7 +276,12 @@ fn four_instances_with_their_own_pools_share_one_global_limit() {
                 t.await.unwrap();
             }
             // 160 attempts; an in-process limit per instance would admit 4 × 40.
-            assert_eq!(admitted.load(Ordering::Relaxed), 40, "{:?}", policy.algorithm());
+            assert_eq!(
+                admitted.load(Ordering::Relaxed),
+                40,
+                "{:?}",
+                policy.algorithm()
+            );
         }
     });
 }
@@ -243,7 +307,11 @@ async fn every_key_has_the_policy_derived_ttl() {
         let derived = i64::try_from(decision.reset_after().as_micros().div_ceil(1_000)).unwrap();
         assert!(derived > 0);
         // The TTL was set to `derived` when the script ran; the PTTL read afterwards can only be lower.
-        assert!(pttl <= derived && pttl > derived - 5_000, "{:?}: PTTL {pttl} ms, derived {derived} ms", policy.algorithm());
+        assert!(
+            pttl <= derived && pttl > derived - 5_000,
+            "{:?}: PTTL {pttl} ms, derived {derived} ms",
+            policy.algorithm()
+        );
         if policy.algorithm() == Algorithm::TokenBucket {
             // Two tokens of 720 s owed, minus the moment between the two requests.
             assert!(derived <= 1_440_000 && derived > 1_435_000, "{derived}");
@@ -252,12 +320,21 @@ async fn every_key_has_the_policy_derived_ttl() {
 
     // A denied request writes nothing: the TTL is not extended.
     let tiny = Policy::token_bucket(Quota::per_hour(1).unwrap());
-    assert_eq!(store.try_check("once", &tiny, 1).await.unwrap().outcome, Outcome::Allowed);
+    assert_eq!(
+        store.try_check("once", &tiny, 1).await.unwrap().outcome,
+        Outcome::Allowed
+    );
     let once = store.redis_key("once", Algorithm::TokenBucket);
     let before: i64 = conn.pttl(&once).await.unwrap();
-    assert_eq!(store.try_check("once", &tiny, 1).await.unwrap().outcome, Outcome::Limited);
+    assert_eq!(
+        store.try_check("once", &tiny, 1).await.unwrap().outcome,
+        Outcome::Limited
+    );
     let after: i64 = conn.pttl(&once).await.unwrap();
-    assert!(after <= before, "a denied request extended the TTL from {before} to {after}");
+    assert!(
+        after <= before,
+        "a denied request extended the TTL from {before} to {after}"
+    );
 
     // No tollgate limiter key in the shared Redis lacks a TTL (whoever wrote it).
     let mut iter: redis::AsyncIter<String> = conn.scan_match("*:{*}:[ts][bw]").await.unwrap();
@@ -276,10 +353,18 @@ async fn every_key_has_the_policy_derived_ttl() {
 #[tokio::test]
 async fn bad_builder_settings_are_errors() {
     for ns in ["", "has space", "{tag}", &"n".repeat(65)] {
-        let err = RedisStore::builder(redis_url()).namespace(ns).build().await.unwrap_err();
+        let err = RedisStore::builder(redis_url())
+            .namespace(ns)
+            .build()
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("namespace"), "{err}");
     }
-    let err = RedisStore::builder(redis_url()).timeout(Duration::ZERO).build().await.unwrap_err();
+    let err = RedisStore::builder(redis_url())
+        .timeout(Duration::ZERO)
+        .build()
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("timeout"), "{err}");
     let err = RedisStore::builder("not a url").build().await.unwrap_err();
     assert!(err.to_string().contains("Redis"), "{err}");
@@ -292,7 +377,10 @@ async fn hostile_keys_are_hashed_and_still_limited() {
     let long = "k".repeat(10_000);
     for key in [long.as_str(), "{slot}", "caf\u{e9} \u{0}\n"] {
         let redis_key = store.redis_key(key, Algorithm::TokenBucket);
-        assert!(redis_key.len() < 120 && !redis_key.contains(key), "{redis_key}");
+        assert!(
+            redis_key.len() < 120 && !redis_key.contains(key),
+            "{redis_key}"
+        );
         assert!(store.try_check(key, &policy, 1).await.unwrap().is_allowed());
         assert!(store.try_check(key, &policy, 1).await.unwrap().is_allowed());
         assert!(!store.try_check(key, &policy, 1).await.unwrap().is_allowed());

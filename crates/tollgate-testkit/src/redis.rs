@@ -31,15 +31,24 @@ const STARTUP: Duration = Duration::from_secs(20);
 /// The shared test server: `REDIS_URL`, or `redis://127.0.0.1:6379`.
 #[must_use]
 pub fn redis_url() -> String {
-    std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| "redis://127.0.0.1:6379".into())
+    std::env::var("REDIS_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".into())
 }
 
 /// A key prefix no other test (or test run) uses: `<name>-<pid>-<counter>-<time>`.
 #[must_use]
 pub fn unique_prefix(name: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-    format!("{name}-{}-{}-{nanos}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{name}-{}-{}-{nanos}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Path of a Redis binary (`redis-server`, `redis-cli`, `redis-benchmark`).
@@ -48,8 +57,14 @@ pub fn unique_prefix(name: &str) -> String {
 /// When the binary cannot be run, with the command that installs it.
 #[must_use]
 pub fn binary(name: &str) -> PathBuf {
-    let path = std::env::var_os("TOLLGATE_REDIS_BIN_DIR").map_or_else(|| PathBuf::from(name), |d| Path::new(&d).join(name));
-    match Command::new(&path).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status() {
+    let path = std::env::var_os("TOLLGATE_REDIS_BIN_DIR")
+        .map_or_else(|| PathBuf::from(name), |d| Path::new(&d).join(name));
+    match Command::new(&path)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+    {
         Ok(_) => path,
         Err(e) => panic!("cannot run `{}` ({e}): {INSTALL_HINT}", path.display()),
     }
@@ -79,7 +94,10 @@ pub fn cli_url(url: &str, args: &[&str]) -> String {
 fn free_port() -> u16 {
     loop {
         let listener = TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port");
-        let port = listener.local_addr().expect("bound socket has an address").port();
+        let port = listener
+            .local_addr()
+            .expect("bound socket has an address")
+            .port();
         if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
             return port;
         }
@@ -121,8 +139,12 @@ impl RedisServer {
                 COUNTER.fetch_add(1, Ordering::Relaxed)
             ));
             std::fs::create_dir_all(&dir).expect("cannot create a directory for a private Redis");
-            let mut server =
-                Self { port, dir, extra: extra.iter().map(|s| (*s).to_owned()).collect(), child: None };
+            let mut server = Self {
+                port,
+                dir,
+                extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+                child: None,
+            };
             match server.spawn() {
                 Ok(()) => return server,
                 Err(log) => last_log = log, // most likely the port was taken meanwhile: try another
@@ -140,7 +162,9 @@ impl RedisServer {
         let port = primary.port.to_string();
         let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
         replica.wait_until("replication link up", || {
-            replica.cli(&["INFO", "replication"]).contains("master_link_status:up")
+            replica
+                .cli(&["INFO", "replication"])
+                .contains("master_link_status:up")
         });
         replica
     }
@@ -148,7 +172,16 @@ impl RedisServer {
     fn spawn(&mut self) -> Result<(), String> {
         let log = self.dir.join("redis.log");
         let child = Command::new(binary("redis-server"))
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -165,13 +198,17 @@ impl RedisServer {
                 self.child = None;
                 return Err(std::fs::read_to_string(&log).unwrap_or_default());
             }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() && self.cli(&["PING"]) == "PONG" {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() && self.cli(&["PING"]) == "PONG"
+            {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         self.kill();
-        Err(format!("not answering PING after {STARTUP:?}: {}", std::fs::read_to_string(&log).unwrap_or_default()))
+        Err(format!(
+            "not answering PING after {STARTUP:?}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        ))
     }
 
     /// The server's port.
@@ -200,8 +237,13 @@ impl RedisServer {
 
     fn signal(&self, signal: &str) {
         if let Some(pid) = self.pid() {
-            let status = Command::new("kill").args([signal, &pid.to_string()]).status();
-            assert!(matches!(status, Ok(s) if s.success()), "kill {signal} {pid} failed: {status:?}");
+            let status = Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status();
+            assert!(
+                matches!(status, Ok(s) if s.success()),
+                "kill {signal} {pid} failed: {status:?}"
+            );
         }
     }
 
@@ -242,7 +284,11 @@ impl RedisServer {
     pub fn wait_until(&self, what: &str, mut ready: impl FnMut() -> bool) {
         let deadline = Instant::now() + STARTUP;
         while !ready() {
-            assert!(Instant::now() < deadline, "redis on port {}: no {what} after {STARTUP:?}", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis on port {}: no {what} after {STARTUP:?}",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -269,7 +315,10 @@ impl RedisCluster {
     /// When the servers do not start or the cluster does not form within 20 s.
     #[must_use]
     pub fn start(masters: usize) -> Self {
-        assert!(masters >= 3, "redis-cli --cluster create needs at least 3 primaries");
+        assert!(
+            masters >= 3,
+            "redis-cli --cluster create needs at least 3 primaries"
+        );
         let nodes: Vec<RedisServer> = (0..masters)
             .map(|_| {
                 RedisServer::start_with(&[
@@ -282,14 +331,21 @@ impl RedisCluster {
                 ])
             })
             .collect();
-        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
         let out = Command::new(binary("redis-cli"))
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .output()
             .unwrap_or_else(|e| panic!("redis-cli --cluster create failed to run: {e}"));
-        assert!(out.status.success(), "redis-cli --cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
         let cluster = Self { nodes };
         cluster.wait_settled();
         cluster
@@ -312,14 +368,20 @@ impl RedisCluster {
                 .lines()
                 .map(|l| {
                     let f: Vec<&str> = l.split_whitespace().collect();
-                    format!("{} {}", f.first().unwrap_or(&""), f.get(8..).map(|s| s.join(" ")).unwrap_or_default())
+                    format!(
+                        "{} {}",
+                        f.first().unwrap_or(&""),
+                        f.get(8..).map(|s| s.join(" ")).unwrap_or_default()
+                    )
                 })
                 .collect();
             lines.sort();
             lines
         };
         let first = &self.nodes[0];
-        first.wait_until("agreement on the slot map", || self.nodes.iter().all(|n| sign(n) == sign(first)));
+        first.wait_until("agreement on the slot map", || {
+            self.nodes.iter().all(|n| sign(n) == sign(first))
+        });
     }
 
     /// Seed URLs of every node.
@@ -377,7 +439,11 @@ impl RedisCluster {
         let from_id = self.nodes[from].cli(&["CLUSTER", "MYID"]);
         let to_id = self.nodes[to].cli(&["CLUSTER", "MYID"]);
         let out = Command::new(binary("redis-cli"))
-            .args(["--cluster", "reshard", &format!("127.0.0.1:{}", self.nodes[0].port())])
+            .args([
+                "--cluster",
+                "reshard",
+                &format!("127.0.0.1:{}", self.nodes[0].port()),
+            ])
             .args(["--cluster-from", &from_id, "--cluster-to", &to_id])
             .args(["--cluster-slots", &count.to_string(), "--cluster-yes"])
             .output()

@@ -52,3 +52,101 @@ pub fn command_calls(info: &str, skip: &[&str]) -> Vec<(String, u64)> {
         })
         .collect()
 }
+
+/// A `metrics` recorder that counts: counter increments, and the number of values each histogram recorded,
+/// by name and labels (`name{k=v,…}`).
+#[derive(Debug, Default)]
+pub struct CountingRecorder {
+    counts: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<Tally>>>,
+}
+
+/// One metric's running count.
+#[derive(Debug, Default)]
+pub struct Tally(std::sync::atomic::AtomicU64);
+
+impl metrics::CounterFn for Tally {
+    fn increment(&self, value: u64) {
+        self.0
+            .fetch_add(value, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.store(value, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl metrics::HistogramFn for Tally {
+    fn record(&self, _value: f64) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl CountingRecorder {
+    /// Installs a global counting recorder once per test binary and returns it.
+    pub fn global() -> &'static Self {
+        static RECORDER: std::sync::OnceLock<&'static CountingRecorder> =
+            std::sync::OnceLock::new();
+        RECORDER.get_or_init(|| {
+            let recorder: &'static Self = Box::leak(Box::default());
+            metrics::set_global_recorder(recorder).expect("no other recorder in this test binary");
+            recorder
+        })
+    }
+
+    fn tally(&self, key: &metrics::Key) -> std::sync::Arc<Tally> {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        self.counts.lock().unwrap().entry(name).or_default().clone()
+    }
+
+    /// The sum of every metric whose `name{labels}` contains all of `parts`.
+    pub fn sum(&self, parts: &[&str]) -> u64 {
+        self.counts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(name, _)| parts.iter().all(|p| name.contains(p)))
+            .map(|(_, t)| t.0.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
+}
+
+impl metrics::Recorder for CountingRecorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::from_arc(self.tally(key))
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::from_arc(self.tally(key))
+    }
+}
