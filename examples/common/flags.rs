@@ -1,0 +1,103 @@
+//! Hand-rolled command-line parsing shared by the example servers and clients (no argument-parsing crate): flags
+//! as `--name value` or `--name=value`, durations as `500ms`, `1s`, `10s`, `5m`, `1h`.
+//!
+//! Included with `#[path = "common/flags.rs"] mod flags;`; an example uses the parts it needs.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use tollgate_core::Algorithm;
+
+/// Walks the arguments: yields each flag, and hands out its value on request.
+pub(crate) struct Flags<I> {
+    args: I,
+    inline: Option<String>,
+    flag: String,
+}
+
+impl<I: Iterator<Item = String>> Flags<I> {
+    /// Flags from `args` (without the program name).
+    pub(crate) fn new(args: I) -> Self {
+        Self {
+            args,
+            inline: None,
+            flag: String::new(),
+        }
+    }
+
+    /// The next flag (`--name`, `-h`), with any `=value` split off for [`Flags::value`].
+    pub(crate) fn next_flag(&mut self) -> Option<String> {
+        let arg = self.args.next()?;
+        (self.flag, self.inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
+            _ => (arg, None),
+        };
+        Some(self.flag.clone())
+    }
+
+    /// The current flag's value: after `=`, or the next argument.
+    pub(crate) fn value(&mut self) -> Result<String, String> {
+        self.inline
+            .take()
+            .or_else(|| self.args.next())
+            .ok_or_else(|| format!("{} needs a value", self.flag))
+    }
+
+    /// The current flag's value parsed with `parse`, errors prefixed by the flag.
+    pub(crate) fn parsed<T>(
+        &mut self,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let v = self.value()?;
+        parse(&v).map_err(|e| format!("{}: {e}", self.flag))
+    }
+}
+
+/// A whole number above 0.
+pub(crate) fn positive(v: &str) -> Result<u64, String> {
+    match v.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{v:?}: expected a whole number above 0")),
+    }
+}
+
+/// `token-bucket` or `sliding-window`.
+pub(crate) fn algorithm(v: &str) -> Result<Algorithm, String> {
+    match v {
+        "token-bucket" => Ok(Algorithm::TokenBucket),
+        "sliding-window" => Ok(Algorithm::SlidingWindowCounter),
+        other => Err(format!(
+            "{other:?}: expected token-bucket or sliding-window"
+        )),
+    }
+}
+
+/// `500ms`, `1s`, `10s`, `5m`, `1h` (also `us`; a number needs its unit; zero is refused).
+pub(crate) fn duration(s: &str) -> Result<Duration, String> {
+    let d = duration_or_zero(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be longer than zero"));
+    }
+    Ok(d)
+}
+
+/// Like [`duration`], but `0s` (or `0`) is allowed: e.g. "no pause".
+pub(crate) fn duration_or_zero(s: &str) -> Result<Duration, String> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number and a unit, e.g. 500ms, 1s, 1h"))?;
+    match unit {
+        "us" => Ok(Duration::from_micros(n)),
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
+        "h" => Ok(Duration::from_secs(n.saturating_mul(3600))),
+        "" if n == 0 => Ok(Duration::ZERO),
+        "" => Err(format!("{s:?}: add a unit (us, ms, s, m or h)")),
+        other => Err(format!(
+            "{s:?}: unknown unit {other:?} (use us, ms, s, m or h)"
+        )),
+    }
+}

@@ -1,0 +1,160 @@
+//! Calls `helloworld.Greeter/SayHello` in a loop and shows what a rate-limited gRPC client sees: the status code,
+//! the message, the `google.rpc.RetryInfo` delay (and `ErrorInfo`) from `grpc-status-details-bin`, and the
+//! rate-limit metadata.
+//!
+//! ```text
+//! cargo run --example grpc_server -- --limit 3 --period 10s &
+//! cargo run --example grpc_client -- --count 5
+//! ```
+
+#[path = "common/flags.rs"]
+mod flags;
+
+use std::time::Duration;
+
+use tonic::metadata::MetadataMap;
+use tonic_types::StatusExt;
+
+/// The code generated from `crates/tollgate-grpc/proto/helloworld.proto` (see `proto/check.sh` there).
+#[allow(unreachable_pub)]
+mod helloworld {
+    include!("../crates/tollgate-grpc/proto/helloworld.rs");
+}
+
+use helloworld::HelloRequest;
+use helloworld::greeter_client::GreeterClient;
+
+const USAGE: &str = "\
+usage: grpc_client [options]
+
+  --addr URL                    the server (default http://127.0.0.1:50051)
+  --count N                     calls to make (default 10)
+  --interval DUR                pause between calls: 0s, 100ms, 1s (default 0s)
+  --name NAME                   the name to greet (default tollgate)
+  --api-key KEY                 send KEY as x-api-key metadata (see the server's --api-key-header)
+  --wait                        after a rejection, wait the RetryInfo delay before the next call
+  -h, --help                    this text";
+
+const FIELDS: [&str; 8] = [
+    "ratelimit-policy",
+    "ratelimit",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+    "x-ratelimit-used",
+    "x-ratelimit-resource",
+    "retry-after",
+];
+
+struct Config {
+    addr: String,
+    count: u64,
+    interval: Duration,
+    name: String,
+    api_key: Option<String>,
+    wait: bool,
+}
+
+impl Config {
+    fn parse(args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
+        let mut config = Self {
+            addr: "http://127.0.0.1:50051".to_owned(),
+            count: 10,
+            interval: Duration::ZERO,
+            name: "tollgate".to_owned(),
+            api_key: None,
+            wait: false,
+        };
+        let mut flags = flags::Flags::new(args);
+        while let Some(flag) = flags.next_flag() {
+            match flag.as_str() {
+                "-h" | "--help" => return Ok(None),
+                "--addr" => config.addr = flags.value()?,
+                "--count" => config.count = flags.parsed(flags::positive)?,
+                "--interval" => config.interval = flags.parsed(flags::duration_or_zero)?,
+                "--name" => config.name = flags.value()?,
+                "--api-key" => config.api_key = Some(flags.value()?),
+                "--wait" => config.wait = true,
+                other => return Err(format!("unknown argument {other:?} (try --help)")),
+            }
+        }
+        Ok(Some(config))
+    }
+}
+
+fn fields(md: &MetadataMap) -> String {
+    FIELDS
+        .iter()
+        .filter_map(|name| Some(format!("{name}: {}", md.get(*name)?.to_str().ok()?)))
+        .collect::<Vec<_>>()
+        .join("\n    ")
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(err) = run().await {
+        eprintln!("grpc_client: {err}");
+        std::process::exit(2);
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let Some(config) = Config::parse(std::env::args().skip(1))? else {
+        println!("{USAGE}");
+        return Ok(());
+    };
+    let mut client = GreeterClient::connect(config.addr.clone())
+        .await
+        .map_err(|e| format!("--addr {}: {e}", config.addr))?;
+    for i in 1..=config.count {
+        let mut request = tonic::Request::new(HelloRequest {
+            name: config.name.clone(),
+        });
+        if let Some(key) = &config.api_key {
+            let value = key
+                .parse()
+                .map_err(|_| format!("--api-key {key:?}: not valid ASCII metadata"))?;
+            request.metadata_mut().insert("x-api-key", value);
+        }
+        let mut pause = config.interval;
+        match client.say_hello(request).await {
+            Ok(reply) => {
+                println!(
+                    "#{i} OK {:?}\n    {}",
+                    reply.get_ref().message,
+                    fields(reply.metadata())
+                );
+            }
+            Err(status) => {
+                println!("#{i} {:?}: {}", status.code(), status.message());
+                let retry = status.get_details_retry_info().and_then(|r| r.retry_delay);
+                match retry {
+                    Some(delay) => println!("    RetryInfo.retry_delay: {delay:?}"),
+                    None => println!("    no RetryInfo: do not retry"),
+                }
+                if let Some(info) = status.get_details_error_info() {
+                    let mut meta: Vec<_> = info
+                        .metadata
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    meta.sort();
+                    println!(
+                        "    ErrorInfo: reason {} domain {} {}",
+                        info.reason,
+                        info.domain,
+                        meta.join(" ")
+                    );
+                }
+                println!("    {}", fields(status.metadata()));
+                if config.wait {
+                    pause = pause.max(retry.unwrap_or_default());
+                }
+            }
+        }
+        if i < config.count && !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+    }
+    Ok(())
+}
