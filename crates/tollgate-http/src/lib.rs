@@ -45,6 +45,7 @@ mod future;
 pub mod headers;
 pub mod key;
 mod layer;
+pub mod priority;
 pub mod problem;
 mod service;
 
