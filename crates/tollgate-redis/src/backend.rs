@@ -11,6 +11,7 @@ use std::time::Duration;
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{AsyncConnectionConfig, ErrorKind, ServerErrorKind, Value};
 
 use crate::BackendError;
@@ -163,8 +164,8 @@ impl Backend {
         }
     }
 
-    /// Runs `CONFIG GET maxmemory-policy` (on some node, for a Cluster).
-    pub(crate) async fn config_get(&self, name: &str) -> Result<Value, BackendError> {
+    /// Runs `CONFIG GET <name>`: one reply, or one per primary of a Cluster.
+    pub(crate) async fn config_get(&self, name: &str) -> Result<Vec<Value>, BackendError> {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg(name);
         match self {
@@ -173,11 +174,27 @@ impl Backend {
                     managed::PoolError::Backend(e) => classify(e),
                     other => BackendError::Pool(other.to_string()),
                 })?;
-                cmd.query_async(&mut conn.conn.clone())
+                let reply = cmd
+                    .query_async(&mut conn.conn.clone())
                     .await
-                    .map_err(classify)
+                    .map_err(classify)?;
+                Ok(vec![reply])
             }
-            Self::Cluster(conn) => cmd.query_async(&mut conn.clone()).await.map_err(classify),
+            Self::Cluster(conn) => {
+                // Every primary holds limiter keys: each one's policy matters.
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                match conn
+                    .clone()
+                    .route_command(cmd, routing)
+                    .await
+                    .map_err(classify)?
+                {
+                    Value::Map(per_node) => {
+                        Ok(per_node.into_iter().map(|(_, reply)| reply).collect())
+                    }
+                    other => Ok(vec![other]),
+                }
+            }
         }
     }
 }

@@ -33,11 +33,27 @@ impl fmt::Display for EvictionCheck {
 pub(crate) async fn check(backend: &Backend) -> EvictionCheck {
     let result = match backend.config_get("maxmemory-policy").await {
         Err(e) => EvictionCheck::Unknown(e.to_string()),
-        Ok(reply) => match policy_name(&reply) {
-            Some(p) if p == "noeviction" => EvictionCheck::NoEviction,
-            Some(p) => EvictionCheck::Evicting(p),
-            None => EvictionCheck::Unknown(format!("unexpected CONFIG GET reply {reply:?}")),
-        },
+        Ok(replies) => {
+            // The worst answer wins: one evicting node (of a Cluster) is enough to lose limits.
+            let mut result = EvictionCheck::NoEviction;
+            for reply in &replies {
+                match policy_name(reply) {
+                    Some(p) if p == "noeviction" => {}
+                    Some(p) => {
+                        result = EvictionCheck::Evicting(p);
+                        break;
+                    }
+                    None => {
+                        result =
+                            EvictionCheck::Unknown(format!("unexpected CONFIG GET reply {reply:?}"))
+                    }
+                }
+            }
+            if replies.is_empty() {
+                result = EvictionCheck::Unknown("no node answered CONFIG GET".to_owned());
+            }
+            result
+        }
     };
     match &result {
         EvictionCheck::NoEviction => tracing::debug!("Redis maxmemory-policy is noeviction"),

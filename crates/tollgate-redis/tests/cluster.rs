@@ -32,6 +32,21 @@ fn cluster_decides_on_many_keys_and_survives_moved_and_a_primary_restart() {
             .build()
             .await
             .expect("cluster store builds");
+        assert_eq!(
+            store.eviction_check(),
+            &tollgate_redis::EvictionCheck::NoEviction
+        );
+        // One primary that may evict is enough to lose limits: the check asks every primary.
+        assert_eq!(
+            cluster
+                .node(2)
+                .cli(&["CONFIG", "SET", "maxmemory-policy", "volatile-ttl"]),
+            "OK"
+        );
+        assert_eq!(
+            store.check_eviction_policy().await,
+            tollgate_redis::EvictionCheck::Evicting("volatile-ttl".into())
+        );
         let bucket = common::hourly_bucket(3);
         let window = common::hourly_window(3);
         for policy in [&bucket, &window] {

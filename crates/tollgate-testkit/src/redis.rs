@@ -18,6 +18,7 @@
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -57,6 +58,13 @@ pub fn unique_prefix(name: &str) -> String {
 /// When the binary cannot be run, with the command that installs it.
 #[must_use]
 pub fn binary(name: &str) -> PathBuf {
+    static FOUND: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let mut found = FOUND
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, path)) = found.iter().find(|(n, _)| n == name) {
+        return path.clone();
+    }
     let path = std::env::var_os("TOLLGATE_REDIS_BIN_DIR")
         .map_or_else(|| PathBuf::from(name), |d| Path::new(&d).join(name));
     match Command::new(&path)
@@ -65,7 +73,10 @@ pub fn binary(name: &str) -> PathBuf {
         .stderr(Stdio::null())
         .status()
     {
-        Ok(_) => path,
+        Ok(_) => {
+            found.push((name.to_owned(), path.clone()));
+            path
+        }
         Err(e) => panic!("cannot run `{}` ({e}): {INSTALL_HINT}", path.display()),
     }
 }
