@@ -28,24 +28,45 @@
 //!   rest). [`RedisStore::try_check`] returns the error instead. Round trips are recorded in the histogram
 //!   `tollgate_store_latency_seconds{outcome}`.
 //!
-//! ```no_run
+//! ```
 //! use std::time::Duration;
-//! use tollgate_core::{FailurePolicy, Policy, Quota, Store};
+//! use tollgate_core::{FailurePolicy, Outcome, Policy, Quota, Store};
 //! use tollgate_redis::RedisStore;
 //!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+//! # let namespace = format!("doctest-{}-{}", std::process::id(), std::time::SystemTime::now()
+//! #     .duration_since(std::time::UNIX_EPOCH)?.as_nanos());
+//! tokio::runtime::Runtime::new()?.block_on(async {
+//!     let store = RedisStore::builder(url) // e.g. "redis://127.0.0.1:6379"
+//!         .namespace(namespace) // e.g. "myapp"
+//!         .timeout(Duration::from_millis(50))
+//!         .failure_policy(FailurePolicy::Local)
+//!         .build()
+//!         .await?;
+//!     let policy = Policy::token_bucket(Quota::per_minute(100)?.with_burst(2)?);
+//!     assert!(store.check("client-42", &policy, 1).await?.is_allowed());
+//!     assert!(store.check("client-42", &policy, 1).await?.is_allowed());
+//!     let denied = store.check("client-42", &policy, 1).await?;
+//!     assert_eq!(denied.outcome, Outcome::Limited);
+//!     // One token comes back every 600 ms (a little less is left by the time the third request arrives).
+//!     assert!(denied.retry_after.unwrap() <= Duration::from_millis(600));
+//!     Ok::<(), Box<dyn std::error::Error>>(())
+//! })
+//! # }
+//! ```
+//!
+//! A Redis Cluster is given by some of its nodes:
+//!
+//! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = RedisStore::builder("redis://127.0.0.1:6379")
-//!     .namespace("myapp")
-//!     .timeout(Duration::from_millis(50))
-//!     .failure_policy(FailurePolicy::Local)
+//! use tollgate_core::{Policy, Quota, Store};
+//! use tollgate_redis::RedisStore;
+//!
+//! let cluster = RedisStore::cluster_builder(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
 //!     .build()
 //!     .await?;
-//! let policy = Policy::token_bucket(Quota::per_second(100)?.with_burst(20)?);
-//! let decision = store.check("client-42", &policy, 1).await?;
-//! println!("allowed: {}, remaining: {}", decision.is_allowed(), decision.remaining);
-//!
-//! // The same against a Redis Cluster:
-//! let cluster = RedisStore::cluster_builder(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]).build().await?;
+//! let policy = Policy::sliding_window(Quota::per_second(100)?)?;
 //! cluster.check("client-42", &policy, 1).await?;
 //! # Ok(()) }
 //! ```

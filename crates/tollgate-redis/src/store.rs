@@ -271,7 +271,8 @@ impl RedisStore {
 
 impl Store for RedisStore {
     /// Decides on Redis's clock; if Redis fails, times out or the circuit is open, answers with the failure
-    /// policy (counted and logged), so the result is an error only if the local fallback store itself fails.
+    /// policy (counted and logged), so the result is always `Ok` (a local fallback that cannot track one more key
+    /// answers as if failing closed).
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         let result = self.decide(key, policy, cost, None).await;
         self.or_degrade(result, key, policy, cost, None)
