@@ -82,12 +82,12 @@ impl Config {
     }
 }
 
-fn fields(md: &MetadataMap) -> String {
-    FIELDS
-        .iter()
-        .filter_map(|name| Some(format!("{name}: {}", md.get(*name)?.to_str().ok()?)))
-        .collect::<Vec<_>>()
-        .join("\n    ")
+fn print_fields(md: &MetadataMap) {
+    for name in FIELDS {
+        if let Some(value) = md.get(name).and_then(|v| v.to_str().ok()) {
+            println!("    {name}: {value}");
+        }
+    }
 }
 
 #[tokio::main]
@@ -119,11 +119,8 @@ async fn run() -> Result<(), String> {
         let mut pause = config.interval;
         match client.say_hello(request).await {
             Ok(reply) => {
-                println!(
-                    "#{i} OK {:?}\n    {}",
-                    reply.get_ref().message,
-                    fields(reply.metadata())
-                );
+                println!("#{i} OK {:?}", reply.get_ref().message);
+                print_fields(reply.metadata());
             }
             Err(status) => {
                 println!("#{i} {:?}: {}", status.code(), status.message());
@@ -146,7 +143,7 @@ async fn run() -> Result<(), String> {
                         meta.join(" ")
                     );
                 }
-                println!("    {}", fields(status.metadata()));
+                print_fields(status.metadata());
                 if config.wait {
                     pause = pause.max(retry.unwrap_or_default());
                 }
