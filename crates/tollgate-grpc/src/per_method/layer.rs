@@ -163,3 +163,45 @@ impl fmt::Display for InvalidMethod {
 }
 
 impl std::error::Error for InvalidMethod {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_paths_and_service_names_are_validated() {
+        let layer = || MethodLimitLayer::<()>::new();
+        assert!(layer().method("/helloworld.Greeter/SayHello", ()).is_ok());
+        for bad in [
+            "helloworld.Greeter/SayHello",
+            "/helloworld.Greeter",
+            "/helloworld.Greeter/",
+            "//SayHello",
+            "/a/b/c",
+        ] {
+            let err = layer().method(bad, ()).expect_err(bad);
+            assert!(err.to_string().contains(bad), "{err}");
+        }
+        assert!(layer().service("helloworld.Greeter", ()).is_ok());
+        for bad in [
+            "",
+            "/helloworld.Greeter",
+            "helloworld.Greeter/SayHello",
+            "hello world",
+        ] {
+            assert!(layer().service(bad, ()).is_err(), "{bad:?}");
+        }
+        let twice = layer().method("/a.B/C", ()).unwrap().method("/a.B/C", ());
+        assert_eq!(
+            twice.unwrap_err().to_string(),
+            "invalid per-method rule \"/a.B/C\": the method already has a policy"
+        );
+        assert!(
+            layer()
+                .service("a.B", ())
+                .unwrap()
+                .service("a.B", ())
+                .is_err()
+        );
+    }
+}

@@ -98,3 +98,26 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_method_rule_beats_its_service_rule_which_beats_the_default() {
+        let routes = Routes {
+            methods: HashMap::from([("/a.B/C".into(), 0)]),
+            services: HashMap::from([("a.B".into(), 1)]),
+            default: Some(2),
+        };
+        assert_eq!(routes.select("/a.B/C"), Some(0));
+        assert_eq!(routes.select("/a.B/D"), Some(1));
+        assert_eq!(routes.select("/x.Y/C"), Some(2));
+        assert_eq!(routes.select("not a grpc path"), Some(2));
+        let no_default = Routes {
+            default: None,
+            ..routes
+        };
+        assert_eq!(no_default.select("/x.Y/C"), None);
+    }
+}
