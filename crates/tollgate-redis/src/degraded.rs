@@ -65,3 +65,25 @@ impl DegradedLog {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_per_interval_and_the_rest_are_counted() {
+        let log = DegradedLog::new();
+        for _ in 0..10 {
+            log.record(&StoreError::CircuitOpen, FailurePolicy::Open);
+        }
+        let state = log.inner.lock().unwrap();
+        assert!(
+            state.last.is_some(),
+            "the first degraded decision is logged"
+        );
+        assert_eq!(
+            state.suppressed, 9,
+            "the next nine within the interval are only counted"
+        );
+    }
+}
