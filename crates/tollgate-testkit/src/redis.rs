@@ -170,6 +170,8 @@ impl RedisServer {
     /// When it does not start or does not sync within 20 s.
     #[must_use]
     pub fn replica_of(primary: &Self) -> Self {
+        // Redis waits 5 s by default before a diskless full sync, hoping for more replicas to join.
+        let _ = primary.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
         let port = primary.port.to_string();
         let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
         replica.wait_until("replication link up", || {
