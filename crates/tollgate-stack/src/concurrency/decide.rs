@@ -1,0 +1,174 @@
+//! The decision shared by every clone of a lease-limited service: acquire, failure policy, shadow mode, metrics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::lease::{LeaseId, LeaseStore, MemoryLeaseStore, block_on_ready};
+use tollgate_core::{FailurePolicy, StoreError};
+use tollgate_tower::{EnforcementSwitch, Mode, Rejection, RejectionKind};
+
+use crate::Permit;
+use crate::lease_guard::LeaseGuard;
+use crate::observe::{Counters, LogGate};
+
+/// What the limiter concluded about one request.
+pub(crate) enum Conclusion {
+    /// Pass the request on, holding the permit (if any) until the response is finished.
+    Admit(Option<Permit>),
+    /// Reject it.
+    Reject(Rejection),
+}
+
+/// Settings common to the concurrency limiter and the fleet shedder.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) name: Arc<str>,
+    pub(crate) switch: EnforcementSwitch,
+    pub(crate) lease_ttl: Duration,
+    pub(crate) retry_after: Duration,
+    pub(crate) on_error: FailurePolicy,
+}
+
+pub(crate) struct Shared<R, L> {
+    pub(crate) settings: Settings,
+    pub(crate) rule: R,
+    store: Arc<L>,
+    kind: RejectionKind,
+    fallback: Option<Arc<MemoryLeaseStore>>,
+    counters: Counters,
+    log_gate: LogGate,
+}
+
+impl<R, L: LeaseStore> Shared<R, L> {
+    pub(crate) fn new(
+        settings: Settings,
+        rule: R,
+        store: Arc<L>,
+        kind: RejectionKind,
+        fallback: Option<Arc<MemoryLeaseStore>>,
+    ) -> Self {
+        let outcome = if kind.is_overload() {
+            "shed"
+        } else {
+            "limited"
+        };
+        let counters = Counters::new(&settings.name, outcome);
+        Self {
+            settings,
+            rule,
+            store,
+            kind,
+            fallback,
+            counters,
+            log_gate: LogGate::new(),
+        }
+    }
+
+    /// Decides one request against `limit` leases on `key`, in `mode` (`Enforce` or `Shadow`).
+    pub(crate) async fn decide(self: Arc<Self>, key: String, limit: u64, mode: Mode) -> Conclusion {
+        let lease = LeaseId::new();
+        let ttl = self.settings.lease_ttl;
+        match self.store.acquire(&key, lease, limit, ttl).await {
+            Ok(admission) if admission.granted => {
+                self.counters.allowed.increment(1);
+                let guard = LeaseGuard::new(self.store.clone(), key, lease, ttl);
+                Conclusion::Admit(Some(Permit::new(guard)))
+            }
+            Ok(admission) => self.over_limit(mode, admission.in_flight, limit),
+            Err(err) => self.recover(key, lease, limit, mode, &err),
+        }
+    }
+
+    fn over_limit(&self, mode: Mode, in_flight: u64, limit: u64) -> Conclusion {
+        if mode == Mode::Shadow {
+            self.counters.shadow_rejected.increment(1);
+            if self.log_gate.open() {
+                tracing::info!(
+                    limiter = &*self.settings.name,
+                    in_flight,
+                    limit,
+                    "shadow mode: request over the in-flight limit admitted"
+                );
+            }
+            return Conclusion::Admit(None);
+        }
+        self.counters.rejected.increment(1);
+        tracing::debug!(
+            limiter = &*self.settings.name,
+            in_flight,
+            limit,
+            "request rejected: {}",
+            self.kind
+        );
+        Conclusion::Reject(
+            Rejection::new(self.kind, self.settings.name.clone())
+                .with_retry_after(self.settings.retry_after),
+        )
+    }
+
+    /// Applies the failure policy after a store error.
+    fn recover(
+        &self,
+        key: String,
+        lease: LeaseId,
+        limit: u64,
+        mode: Mode,
+        err: &StoreError,
+    ) -> Conclusion {
+        let policy = self.settings.on_error;
+        metrics::counter!(
+            "tollgate_store_errors_total",
+            "limiter" => self.settings.name.to_string(),
+            "kind" => err.kind(),
+            "failure_policy" => policy.as_str()
+        )
+        .increment(1);
+        if self.log_gate.open() {
+            tracing::warn!(
+                limiter = &*self.settings.name,
+                error = %err,
+                failure_policy = policy.as_str(),
+                "lease store failed; applying the failure policy"
+            );
+        }
+        if matches!(err, StoreError::Timeout(_)) {
+            // The script may have run and only its reply been lost: give the lease back rather than let it
+            // count until it expires.
+            drop(LeaseGuard::unrenewed(
+                self.store.clone(),
+                key.clone(),
+                lease,
+            ));
+        }
+        match (policy, &self.fallback) {
+            (FailurePolicy::Open, _) => {
+                self.counters.failed_open.increment(1);
+                Conclusion::Admit(None)
+            }
+            (FailurePolicy::Local, Some(local)) => {
+                match block_on_ready(local.acquire(&key, lease, limit, self.settings.lease_ttl)) {
+                    Ok(admission) if admission.granted => {
+                        self.counters.failed_local.increment(1);
+                        let guard =
+                            LeaseGuard::new(local.clone(), key, lease, self.settings.lease_ttl);
+                        Conclusion::Admit(Some(Permit::new(guard)))
+                    }
+                    Ok(admission) => self.over_limit(mode, admission.in_flight, limit),
+                    Err(_) => self.fail_closed(mode),
+                }
+            }
+            _ => self.fail_closed(mode),
+        }
+    }
+
+    fn fail_closed(&self, mode: Mode) -> Conclusion {
+        self.counters.failed_closed.increment(1);
+        if mode == Mode::Shadow {
+            return Conclusion::Admit(None);
+        }
+        Conclusion::Reject(
+            Rejection::new(RejectionKind::StoreUnavailable, self.settings.name.clone())
+                .with_retry_after(self.settings.retry_after),
+        )
+    }
+}

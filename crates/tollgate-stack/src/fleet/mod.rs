@@ -1,0 +1,61 @@
+//! The fleet-usage load shedder: keeps a share of the whole fleet's capacity for critical traffic.
+//!
+//! Every instance counts its in-flight requests in one fleet-wide lease set in Redis (the same leases as the
+//! concurrency limiter: a key `<namespace>:{fleet}:inflight`, leases that expire if their instance dies). A
+//! request's ceiling depends on its [`Priority`]: `Critical` requests may use the whole fleet capacity; every
+//! other class only `capacity − reserve`, where the reserve is a share of the capacity
+//! ([`DEFAULT_RESERVE_PERCENT`], 20 %, by default). Once non-critical requests fill their share, further ones are
+//! shed with a [`Rejection`](tollgate_tower::Rejection) of kind [`Shed`](tollgate_tower::RejectionKind::Shed)
+//! (HTTP 503, gRPC `UNAVAILABLE`, with a retry delay), while critical requests still pass.
+//!
+//! The ceilings are checked by the acquire script itself (it gets the request's ceiling as its limit), so the
+//! count and the admission are one atomic step across the fleet.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tollgate_core::lease::MemoryLeaseStore;
+//! use tollgate_stack::FleetShedLayer;
+//! use tollgate_tower::{ConstPriority, Priority};
+//!
+//! // In production the store is a RedisStore shared by every instance.
+//! let layer = FleetShedLayer::new(100, Arc::new(MemoryLeaseStore::new()), ConstPriority(Priority::Normal))?
+//!     .reserve_percent(25)?;
+//! assert_eq!(layer.ceiling(Priority::Critical), 100);
+//! assert_eq!(layer.ceiling(Priority::High), 75);
+//! # Ok::<(), tollgate_stack::ConfigError>(())
+//! ```
+
+mod layer;
+
+pub use layer::{DEFAULT_FLEET_KEY, DEFAULT_RESERVE_PERCENT, FleetShedLayer};
+
+use tollgate_tower::{Classify, KeyError, Priority};
+
+use crate::concurrency::LeaseRule;
+
+/// The fleet shedder's rule: one key, a ceiling per priority.
+#[derive(Debug, Clone)]
+pub struct FleetRule<P> {
+    classifier: P,
+    capacity: u64,
+    reserve_percent: u8,
+}
+
+impl<P> FleetRule<P> {
+    /// Requests of `priority` are admitted while fewer than this many are in flight fleet-wide.
+    #[must_use]
+    pub fn ceiling(&self, priority: Priority) -> u64 {
+        if priority == Priority::Critical {
+            return self.capacity;
+        }
+        // Reserve rounded up: the critical share is never smaller than asked.
+        let reserved = (self.capacity * u64::from(self.reserve_percent)).div_ceil(100);
+        self.capacity - reserved
+    }
+}
+
+impl<Req, P: Classify<Req>> LeaseRule<Req> for FleetRule<P> {
+    fn rule(&self, req: &Req, _key: &mut String) -> Result<u64, KeyError> {
+        Ok(self.ceiling(self.classifier.classify(req)))
+    }
+}

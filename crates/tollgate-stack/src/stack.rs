@@ -1,0 +1,97 @@
+//! [`StackLayer`]: the four limiters in one layer, in a fixed, documented order.
+//!
+//! A request meets, from the outside in:
+//!
+//! 1. the **worker-utilization shedder** — in-process, no I/O, and the only limiter that protects this instance
+//!    from itself: it goes first so that a request it drops costs nothing else (no rate token spent, no lease
+//!    taken, no Redis round trip while the instance is already overloaded);
+//! 2. the **request-rate limiter** — one store call, no state to give back: a client over its rate is turned away
+//!    before it can take a concurrency lease it would have to release again;
+//! 3. the **concurrent-requests limiter** — per client key; its lease is held until the response is finished;
+//! 4. the **fleet-usage shedder** — the one fleet-wide key every instance writes (the hottest key in Redis), so
+//!    it is asked last, only for requests every per-client limit has admitted; shedding there costs those
+//!    requests' leases a release, which is cheap and rare next to keeping the hot key free of doomed requests.
+//!
+//! Each slot is optional (an unset slot is [`Identity`]), and each limiter keeps its own name, shadow mode, kill
+//! switch, metrics and failure policy. Wrap the stack in `tollgate_http::HttpLimitLayer` for axum (a router, a
+//! route, a method router) or in `tollgate_grpc::GrpcLimitLayer` for tonic: they turn rejections into 429/503 or
+//! `RESOURCE_EXHAUSTED`/`UNAVAILABLE`. See the [crate docs](crate) for a complete example.
+
+use tower_layer::{Identity, Layer};
+
+/// The four limiters of Stripe's stack as one layer: see the [module docs](self) for the order.
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct StackLayer<W = Identity, R = Identity, C = Identity, F = Identity> {
+    worker: W,
+    rate: R,
+    concurrency: C,
+    fleet: F,
+}
+
+impl StackLayer {
+    /// An empty stack: every slot passes requests through until set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl<W, R, C, F> StackLayer<W, R, C, F> {
+    /// Sets the worker-utilization shedder (outermost), e.g. a [`WorkerShedLayer`](crate::WorkerShedLayer).
+    pub fn worker_shedder<W2>(self, worker: W2) -> StackLayer<W2, R, C, F> {
+        StackLayer {
+            worker,
+            rate: self.rate,
+            concurrency: self.concurrency,
+            fleet: self.fleet,
+        }
+    }
+
+    /// Sets the request-rate limiter(s), e.g. a `RateLimitLayer` on a `MemoryStore` or a `RedisStore` (several
+    /// stacked with `tower::ServiceBuilder` count as one slot).
+    pub fn rate_limit<R2>(self, rate: R2) -> StackLayer<W, R2, C, F> {
+        StackLayer {
+            worker: self.worker,
+            rate,
+            concurrency: self.concurrency,
+            fleet: self.fleet,
+        }
+    }
+
+    /// Sets the concurrent-requests limiter, e.g. a [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer).
+    pub fn concurrency_limit<C2>(self, concurrency: C2) -> StackLayer<W, R, C2, F> {
+        StackLayer {
+            worker: self.worker,
+            rate: self.rate,
+            concurrency,
+            fleet: self.fleet,
+        }
+    }
+
+    /// Sets the fleet-usage shedder (innermost), e.g. a [`FleetShedLayer`](crate::FleetShedLayer).
+    pub fn fleet_shedder<F2>(self, fleet: F2) -> StackLayer<W, R, C, F2> {
+        StackLayer {
+            worker: self.worker,
+            rate: self.rate,
+            concurrency: self.concurrency,
+            fleet,
+        }
+    }
+}
+
+impl<S, W, R, C, F> Layer<S> for StackLayer<W, R, C, F>
+where
+    F: Layer<S>,
+    C: Layer<F::Service>,
+    R: Layer<C::Service>,
+    W: Layer<R::Service>,
+{
+    type Service = W::Service;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        self.worker.layer(
+            self.rate
+                .layer(self.concurrency.layer(self.fleet.layer(inner))),
+        )
+    }
+}

@@ -1,0 +1,227 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_tower::{EnforcementSwitch, Mode, Priority};
+use tower_layer::Layer;
+
+use super::WorkerShed;
+use super::controller::{
+    Controller, DEFAULT_HYSTERESIS_PERCENT, DEFAULT_INTERVAL, DEFAULT_STEP_PERCENT,
+    DEFAULT_THRESHOLDS, Tuning,
+};
+use crate::ConfigError;
+use crate::concurrency::DEFAULT_RETRY_AFTER;
+use crate::observe::{Counters, LogGate};
+
+/// The worker shedder's default name (in metrics, logs and rejections).
+pub const DEFAULT_WORKER_NAME: &str = "worker";
+
+/// State shared by every service the layer builds: one instance, one in-flight count.
+pub(crate) struct WorkerState {
+    pub(crate) name: Arc<str>,
+    pub(crate) switch: EnforcementSwitch,
+    pub(crate) retry_after: Duration,
+    pub(crate) controller: Controller,
+    pub(crate) counters: Counters,
+    pub(crate) log_gate: LogGate,
+}
+
+/// Sheds the lowest priorities first when this instance is busy: see the [module docs](super).
+///
+/// Every service the layer builds (e.g. axum's copy per route) shares one in-flight count and one controller:
+/// configure the layer before applying it.
+#[must_use]
+pub struct WorkerShedLayer<P> {
+    name: Arc<str>,
+    switch: EnforcementSwitch,
+    retry_after: Duration,
+    tuning: Tuning,
+    classifier: Arc<P>,
+    state: Arc<WorkerState>,
+}
+
+impl<P> WorkerShedLayer<P> {
+    /// Sheds when this instance has close to `capacity` requests in flight, classifying requests with
+    /// `classifier`. Defaults: thresholds `Low` 60 %, `Normal` 75 %, `High` 90 %, `Critical` 100 % of capacity;
+    /// shed levels move 25 points per evaluation, at most every 100 ms, and recede only 10 points below the
+    /// threshold; shed requests are told to retry after 1 s.
+    ///
+    /// # Errors
+    /// If `capacity` is 0.
+    pub fn new(capacity: u64, classifier: P) -> Result<Self, ConfigError> {
+        if capacity == 0 {
+            return Err(ConfigError::new(
+                "worker shedder: the capacity must be at least 1 request in flight",
+            ));
+        }
+        let tuning = Tuning {
+            capacity,
+            thresholds: DEFAULT_THRESHOLDS,
+            step: DEFAULT_STEP_PERCENT,
+            hysteresis: DEFAULT_HYSTERESIS_PERCENT,
+            interval: DEFAULT_INTERVAL,
+        };
+        let name: Arc<str> = DEFAULT_WORKER_NAME.into();
+        let switch = EnforcementSwitch::default();
+        let state = Self::state(&name, &switch, DEFAULT_RETRY_AFTER, tuning);
+        Ok(Self {
+            name,
+            switch,
+            retry_after: DEFAULT_RETRY_AFTER,
+            tuning,
+            classifier: Arc::new(classifier),
+            state,
+        })
+    }
+
+    fn state(
+        name: &Arc<str>,
+        switch: &EnforcementSwitch,
+        retry_after: Duration,
+        tuning: Tuning,
+    ) -> Arc<WorkerState> {
+        Arc::new(WorkerState {
+            name: name.clone(),
+            switch: switch.clone(),
+            retry_after,
+            controller: Controller::new(tuning),
+            counters: Counters::new(name, "shed"),
+            log_gate: LogGate::new(),
+        })
+    }
+
+    fn rebuilt(mut self) -> Self {
+        self.state = Self::state(&self.name, &self.switch, self.retry_after, self.tuning);
+        self
+    }
+
+    /// The utilization (percent of capacity) at which each class starts being shed.
+    ///
+    /// # Errors
+    /// Unless `low ≤ normal ≤ high ≤ critical` (a class is never shed before a lower one), from 1 up to
+    /// 255.
+    pub fn thresholds(
+        mut self,
+        low: u16,
+        normal: u16,
+        high: u16,
+        critical: u16,
+    ) -> Result<Self, ConfigError> {
+        let ordered = low <= normal && normal <= high && high <= critical;
+        if !ordered || low == 0 || critical > 255 {
+            return Err(ConfigError::new(format!(
+                "worker shedder: thresholds low {low} %, normal {normal} %, high {high} %, critical {critical} % \
+                 must satisfy 1 ≤ low ≤ normal ≤ high ≤ critical ≤ 255"
+            )));
+        }
+        let pct = |v: u16| u8::try_from(v).unwrap_or(u8::MAX);
+        self.tuning.thresholds = [pct(critical), pct(high), pct(normal), pct(low)];
+        Ok(self.rebuilt())
+    }
+
+    /// How many percentage points a class's shed level moves per evaluation (1 to 100; 100 switches at once).
+    ///
+    /// # Errors
+    /// If `step` is 0 or over 100.
+    pub fn step_percent(mut self, step: u8) -> Result<Self, ConfigError> {
+        if step == 0 || step > 100 {
+            return Err(ConfigError::new(format!(
+                "worker shedder: a step of {step} points is impossible (1 to 100)"
+            )));
+        }
+        self.tuning.step = step;
+        Ok(self.rebuilt())
+    }
+
+    /// How far (percentage points) below its threshold utilization must fall before a class's shedding recedes.
+    pub fn hysteresis_percent(mut self, points: u8) -> Self {
+        self.tuning.hysteresis = points;
+        self.rebuilt()
+    }
+
+    /// The minimum time between two evaluations of the shed levels.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.tuning.interval = interval;
+        self.rebuilt()
+    }
+
+    /// The retry delay a shed request announces.
+    pub fn retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = retry_after;
+        self.rebuilt()
+    }
+
+    /// Renames the shedder (metrics, logs, rejections).
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.name = name.into();
+        self.rebuilt()
+    }
+
+    /// Sets the mode the layer starts in (on its current switch, which every clone shares).
+    pub fn mode(self, mode: Mode) -> Self {
+        self.switch.set(mode);
+        self
+    }
+
+    /// Starts in shadow mode: count and log what would be shed, shed nothing.
+    pub fn shadow(self) -> Self {
+        self.mode(Mode::Shadow)
+    }
+
+    /// Uses `switch` (e.g. one shared by several layers) for the enforcement mode.
+    pub fn switch(mut self, switch: EnforcementSwitch) -> Self {
+        self.switch = switch;
+        self.rebuilt()
+    }
+
+    /// A handle on the enforcement mode, to flip it at run time (the kill switch).
+    #[must_use]
+    pub fn enforcement(&self) -> EnforcementSwitch {
+        self.switch.clone()
+    }
+
+    /// Requests in flight through this layer now.
+    #[must_use]
+    pub fn in_flight(&self) -> u64 {
+        self.state.controller.in_flight()
+    }
+
+    /// The share of `priority` requests currently shed, in percent.
+    #[must_use]
+    pub fn shed_percent(&self, priority: Priority) -> u8 {
+        self.state.controller.level(priority)
+    }
+}
+
+impl<P> Clone for WorkerShedLayer<P> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            switch: self.switch.clone(),
+            retry_after: self.retry_after,
+            tuning: self.tuning,
+            classifier: self.classifier.clone(),
+            state: self.state.clone(),
+        }
+    }
+}
+
+impl<P> fmt::Debug for WorkerShedLayer<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerShedLayer")
+            .field("name", &self.name)
+            .field("tuning", &self.tuning)
+            .field("mode", &self.switch.mode())
+            .field("in_flight", &self.in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, P> Layer<S> for WorkerShedLayer<P> {
+    type Service = WorkerShed<S, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        WorkerShed::new(inner, self.state.clone(), self.classifier.clone())
+    }
+}

@@ -1,0 +1,292 @@
+//! The concurrent-requests limiter over real TCP (axum, hyper client), in process and on the shared Redis:
+//! exactly N in flight and the rest rejected at once; permits back after completion, client disconnect, handler
+//! panic, body drop and cancellation; two instances holding one limit; a crashed instance's leases expiring;
+//! long requests renewing theirs.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use http::HeaderName;
+use http_body_util::BodyExt;
+use tollgate_core::lease::{LeaseId, LeaseStore, MemoryLeaseStore};
+use tollgate_http::HttpLimitLayer;
+use tollgate_http::key::HeaderKey;
+use tollgate_stack::ConcurrencyLimitLayer;
+use tollgate_testkit::redis::{cli_url, redis_url, unique_prefix};
+use tollgate_tower::{BoxError, KeyExtractor};
+use tower::{Service, ServiceExt};
+
+use support::{Gate, app, eventually, get, open, redis_instance, serve, try_open};
+
+const ANN: &[(&str, &str)] = &[("x-client", "ann")];
+const BOB: &[(&str, &str)] = &[("x-client", "bob")];
+
+fn client_key() -> HeaderKey {
+    HeaderKey::new(HeaderName::from_static("x-client"))
+}
+
+/// The store key the layer named `name` uses for client `ann`.
+fn ann_key(name: &str) -> String {
+    let req = http::Request::builder()
+        .header("x-client", "ann")
+        .body(())
+        .unwrap();
+    let mut key = format!("{name}:");
+    client_key().extract(&req, &mut key).unwrap();
+    key
+}
+
+fn layer<L: LeaseStore>(limit: u64, store: Arc<L>) -> ConcurrencyLimitLayer<HeaderKey, L> {
+    ConcurrencyLimitLayer::new("in-flight", limit, store, client_key()).unwrap()
+}
+
+/// Holds `n` requests of ann on `/hold` and returns their tasks once all are inside the handler.
+async fn hold(
+    addr: std::net::SocketAddr,
+    gate: &Gate,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<support::Reply>> {
+    let before = gate.entered.load(std::sync::atomic::Ordering::SeqCst);
+    let held: Vec<_> = (0..n)
+        .map(|_| tokio::spawn(async move { get(addr, "/hold", ANN).await }))
+        .collect();
+    gate.wait_entered(before + n).await;
+    held
+}
+
+async fn exactly_n_in_flight<L: LeaseStore>(store: Arc<L>, in_flight: impl Fn() -> u64) {
+    let gate = Gate::new();
+    let addr = serve(app(&gate, |r| {
+        r.layer(HttpLimitLayer::new(layer(3, store)))
+    }))
+    .await;
+
+    let held = hold(addr, &gate, 3).await;
+    assert_eq!(in_flight(), 3);
+    // Four more while three are held: each is answered at once (were they queued, they would wait on the gate
+    // forever and the timeout would fail the test).
+    let extra: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(async move { get(addr, "/hold", ANN).await }))
+        .collect();
+    for reply in extra {
+        let reply = tokio::time::timeout(Duration::from_secs(10), reply)
+            .await
+            .expect("a rejection is immediate, never queued")
+            .unwrap();
+        assert_eq!(reply.status, 429, "{reply:#?}");
+        assert_eq!(reply.header("retry-after"), "1");
+        assert!(reply.body.contains("concurrency_limited"), "{}", reply.body);
+    }
+    assert_eq!(in_flight(), 3, "rejected requests took no lease");
+    assert_eq!(
+        get(addr, "/fast", BOB).await.status,
+        200,
+        "other keys are not affected"
+    );
+
+    gate.release(3);
+    for reply in held {
+        assert_eq!(reply.await.unwrap().status, 200);
+    }
+    // Completed responses gave their permits back: three can be in flight again.
+    eventually(addr, "/fast", ANN, 200).await;
+    let again = hold(addr, &gate, 3).await;
+    assert_eq!(get(addr, "/fast", ANN).await.status, 429);
+    gate.release(3);
+    for reply in again {
+        assert_eq!(reply.await.unwrap().status, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_exactly_n_in_flight_and_the_rest_rejected_at_once() {
+    let store = Arc::new(MemoryLeaseStore::new());
+    let key = ann_key("in-flight");
+    let probe = store.clone();
+    exactly_n_in_flight(store, move || probe.in_flight(&key)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_exactly_n_in_flight_and_the_rest_rejected_at_once() {
+    let store = redis_instance(&unique_prefix("cc-exact")).await;
+    let redis_key = store.lease_key(&ann_key("in-flight"));
+    exactly_n_in_flight(store, move || {
+        cli_url(&redis_url(), &["ZCARD", &redis_key])
+            .parse()
+            .unwrap()
+    })
+    .await;
+}
+
+async fn permits_return_after_disconnect_and_panic<L: LeaseStore>(store: Arc<L>) {
+    let gate = Gate::new();
+    let addr = serve(app(&gate, |r| {
+        r.layer(HttpLimitLayer::new(layer(1, store)))
+    }))
+    .await;
+
+    // A streaming response holds its permit while the body is being sent …
+    let mut streaming = open(addr, "GET", "/stream", ANN).await;
+    assert_eq!(streaming.status(), 200);
+    let first = streaming.body_mut().frame().await.unwrap().unwrap();
+    assert!(first.data_ref().is_some());
+    assert_eq!(get(addr, "/fast", ANN).await.status, 429);
+    // … and the client going away gives it back (the server's next write fails and drops the body).
+    drop(streaming);
+    eventually(addr, "/fast", ANN, 200).await;
+
+    // A panicking handler: the connection dies, and unwinding drops the permit.
+    assert!(try_open(addr, "GET", "/panic", ANN).await.is_err());
+    eventually(addr, "/fast", ANN, 200).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_permits_return_after_disconnect_and_panic() {
+    permits_return_after_disconnect_and_panic(Arc::new(MemoryLeaseStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_permits_return_after_disconnect_and_panic() {
+    permits_return_after_disconnect_and_panic(redis_instance(&unique_prefix("cc-disc")).await)
+        .await;
+}
+
+#[tokio::test]
+async fn permits_return_when_the_body_is_dropped_or_the_call_cancelled() -> Result<(), BoxError> {
+    let store = Arc::new(MemoryLeaseStore::new());
+    let never = Arc::new(tokio::sync::Notify::new());
+    let mut svc = tower::ServiceBuilder::new()
+        .layer(HttpLimitLayer::new(layer(1, store.clone())))
+        .service_fn(move |req: http::Request<axum::body::Body>| {
+            let never = never.clone();
+            async move {
+                if req.uri().path() == "/never" {
+                    never.notified().await; // nobody notifies: only cancellation ends it
+                }
+                Ok::<_, BoxError>(http::Response::new(axum::body::Body::from("unread body")))
+            }
+        });
+    let req = |path: &str| {
+        http::Request::builder()
+            .uri(path)
+            .header("x-client", "ann")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let key = ann_key("in-flight");
+
+    let response = svc.ready().await?.call(req("/")).await?;
+    assert_eq!(response.status(), 200);
+    assert_eq!(store.in_flight(&key), 1, "the unread body holds the permit");
+    assert_eq!(svc.ready().await?.call(req("/")).await?.status(), 429);
+    drop(response);
+    assert_eq!(store.in_flight(&key), 0, "dropping the body released it");
+
+    let pending = svc.ready().await?.call(req("/never"));
+    assert!(
+        pending.now_or_never().is_none(),
+        "the handler never finishes"
+    );
+    assert_eq!(store.in_flight(&key), 0, "the cancelled call released it");
+    assert_eq!(svc.ready().await?.call(req("/")).await?.status(), 200);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sharing_redis_hold_the_limit_together() {
+    let namespace = unique_prefix("cc-two");
+    let gate_a = Gate::new();
+    let gate_b = Gate::new();
+    // Two instances: separate servers, separate Redis pools, one namespace.
+    let a = redis_instance(&namespace).await;
+    let b = redis_instance(&namespace).await;
+    let addr_a = serve(app(&gate_a, |r| r.layer(HttpLimitLayer::new(layer(2, a))))).await;
+    let addr_b = serve(app(&gate_b, |r| r.layer(HttpLimitLayer::new(layer(2, b))))).await;
+
+    let held_a = hold(addr_a, &gate_a, 1).await;
+    let held_b = hold(addr_b, &gate_b, 1).await;
+    assert_eq!(get(addr_a, "/fast", ANN).await.status, 429);
+    assert_eq!(get(addr_b, "/fast", ANN).await.status, 429);
+    assert_eq!(get(addr_b, "/fast", BOB).await.status, 200);
+
+    gate_a.release(1);
+    assert_eq!(
+        held_a.into_iter().next().unwrap().await.unwrap().status,
+        200
+    );
+    // A's slot is free for either instance; B's request still counts.
+    eventually(addr_b, "/fast", ANN, 200).await;
+    let again = hold(addr_b, &gate_b, 1).await;
+    assert_eq!(get(addr_a, "/fast", ANN).await.status, 429);
+    gate_b.release(2);
+    for reply in held_b.into_iter().chain(again) {
+        assert_eq!(reply.await.unwrap().status, 200);
+    }
+}
+
+/// Leases on `redis_key` whose expiry (server time) has not passed; expired ones linger until the next acquire.
+fn live_leases(redis_key: &str) -> u64 {
+    let time = cli_url(&redis_url(), &["TIME"]);
+    let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap());
+    let (secs, micros) = (parts.next().unwrap(), parts.next().unwrap());
+    let now_ms = secs * 1000 + micros / 1000;
+    cli_url(
+        &redis_url(),
+        &["ZCOUNT", redis_key, &format!("({now_ms}"), "+inf"],
+    )
+    .parse()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_a_crashed_instance_expire_and_long_requests_renew() {
+    let namespace = unique_prefix("cc-crash");
+    let live = redis_instance(&namespace).await;
+    let key = ann_key("in-flight");
+    let redis_key = live.lease_key(&key);
+    let gate = Gate::new();
+    let short = Duration::from_millis(300);
+    let live_layer = layer(2, live).lease_ttl(short).unwrap();
+    let addr = serve(app(&gate, |r| r.layer(HttpLimitLayer::new(live_layer)))).await;
+
+    // Another instance took both of ann's slots and crashed: its leases were never released nor renewed.
+    let crashed = redis_instance(&namespace).await;
+    for _ in 0..2 {
+        let admission = crashed
+            .acquire(&key, LeaseId::new(), 2, short)
+            .await
+            .unwrap();
+        assert!(admission.granted);
+    }
+    drop(crashed);
+    assert_eq!(get(addr, "/fast", ANN).await.status, 429);
+    // Without renewals they expire after the lease time, and the slots are usable again.
+    eventually(addr, "/fast", ANN, 200).await;
+
+    // A request outliving its lease time several times over keeps its lease by renewing it.
+    let held = hold(addr, &gate, 1).await;
+    tokio::time::sleep(short * 4).await;
+    assert_eq!(
+        live_leases(&redis_key),
+        1,
+        "the long request's lease was renewed, not expired"
+    );
+    let ttl: i64 = cli_url(&redis_url(), &["PTTL", &redis_key])
+        .parse()
+        .unwrap();
+    assert!(ttl > 0, "the lease key has a TTL: {ttl}");
+    let second = hold(addr, &gate, 1).await;
+    assert_eq!(
+        get(addr, "/fast", ANN).await.status,
+        429,
+        "limit 2: both held"
+    );
+    gate.release(2);
+    for reply in held.into_iter().chain(second) {
+        assert_eq!(reply.await.unwrap().status, 200);
+    }
+    eventually(addr, "/fast", ANN, 200).await;
+}
