@@ -10,12 +10,11 @@
 //!   reason too.
 
 use std::collections::VecDeque;
-
 use std::time::Duration;
+
 use tollgate_core::algorithm::sliding_log::SlidingLog;
 use tollgate_core::algorithm::sliding_window::{self, SlidingWindowState};
 use tollgate_core::algorithm::token_bucket::{self, TokenBucketState};
-
 use tollgate_core::{Policy, PolicyError, Quota, Timestamp};
 
 use crate::tally::{Estimate, Tally};
@@ -116,9 +115,12 @@ pub(crate) fn replay(trace: &Trace, limiters: &Limiters, origin_us: u64) -> Vec<
         t.offered.record(guess, exact, limit, now % period);
         c.offered_peak = c.offered_peak.max(exact + 1);
         c.flagged |= !guess.admits_one(limit);
-        c.offered = sliding_window::decide(c.offered, counting, 1, at)
-            .state
-            .or(c.offered);
+        let step = sliding_window::decide(c.offered, counting, 1, at);
+        debug_assert!(
+            step.decision.is_allowed(),
+            "the counting limit is out of reach"
+        );
+        c.offered = step.state;
         c.offered_log.push_back(now);
 
         let guess = estimate(c.window, window, now);
