@@ -1,0 +1,115 @@
+//! The worker-utilization shedder over real TCP: under rising load `Low` is shed first, then `Normal`, then
+//! `High`, while `Critical` passes; once load drops, shedding recedes step by step.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tollgate_http::HttpLimitLayer;
+use tollgate_http::priority::HeaderPriority;
+use tollgate_stack::WorkerShedLayer;
+use tollgate_tower::Priority;
+
+use support::{Gate, app, get, serve};
+
+/// Longer than the controller's interval, so every probe lets it evaluate once (the count of evaluations, not
+/// their timing, drives the levels).
+const PAUSE: Duration = Duration::from_millis(3);
+
+async fn probe(addr: SocketAddr, priority: Priority) -> u16 {
+    tokio::time::sleep(PAUSE).await;
+    let reply = get(addr, "/fast", &[("x-priority", priority.as_str())]).await;
+    if reply.status == 503 {
+        assert!(reply.body.contains("problems/shed"), "{}", reply.body);
+        assert_eq!(reply.header("retry-after"), "1");
+    }
+    reply.status.as_u16()
+}
+
+/// Probes `priority` until two in a row are shed (its level reached 100 %); fails after 20 probes.
+async fn until_fully_shed(addr: SocketAddr, priority: Priority) {
+    let mut in_a_row = 0;
+    for _ in 0..20 {
+        if probe(addr, priority).await == 503 {
+            in_a_row += 1;
+            if in_a_row == 2 {
+                return;
+            }
+        } else {
+            in_a_row = 0;
+        }
+    }
+    panic!("{priority} requests were never fully shed");
+}
+
+async fn all_pass(addr: SocketAddr, priority: Priority, n: usize) {
+    for _ in 0..n {
+        assert_eq!(probe(addr, priority).await, 200, "{priority} must pass");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lowest_class_shed_first_critical_passes_and_shedding_recedes() {
+    // Capacity 10 and the default thresholds (Low 60 %, Normal 75 %, High 90 %, Critical 100 %); levels move 50
+    // points per evaluation. A probe in flight adds one to the held requests.
+    let shedder = WorkerShedLayer::new(10, HeaderPriority::new())
+        .unwrap()
+        .interval(Duration::from_millis(1))
+        .step_percent(50)
+        .unwrap();
+    let levels = shedder.clone();
+    let gate = Gate::new();
+    let addr = serve(app(&gate, |r| r.layer(HttpLimitLayer::new(shedder)))).await;
+    let mut held = Vec::new();
+    let mut hold = async |n: usize| {
+        for _ in 0..n {
+            held.push(tokio::spawn(async move {
+                get(addr, "/hold", &[("x-priority", "critical")]).await
+            }));
+        }
+        gate.wait_entered(held.len()).await;
+    };
+
+    // 6 held + a probe = 70 %: only Low is shed.
+    hold(6).await;
+    until_fully_shed(addr, Priority::Low).await;
+    all_pass(addr, Priority::Normal, 5).await;
+    all_pass(addr, Priority::High, 5).await;
+    all_pass(addr, Priority::Critical, 5).await;
+    assert_eq!(levels.shed_percent(Priority::Low), 100);
+    assert_eq!(levels.shed_percent(Priority::Normal), 0);
+
+    // 80 %: Normal joins; High and Critical pass; Low stays shed.
+    hold(1).await;
+    until_fully_shed(addr, Priority::Normal).await;
+    all_pass(addr, Priority::High, 5).await;
+    all_pass(addr, Priority::Critical, 5).await;
+    assert_eq!(probe(addr, Priority::Low).await, 503);
+
+    // 90 %: High joins; Critical still passes.
+    hold(1).await;
+    until_fully_shed(addr, Priority::High).await;
+    all_pass(addr, Priority::Critical, 5).await;
+    assert_eq!(levels.shed_percent(Priority::Critical), 0);
+    assert_eq!(levels.in_flight(), 8);
+
+    // Load drops: every held request finishes.
+    gate.release(held.len());
+    for task in held {
+        assert_eq!(task.await.unwrap().status, 200);
+    }
+    // Shedding recedes one step per evaluation: Low goes 100 → 50 → 0, not at once.
+    let mut seen = vec![levels.shed_percent(Priority::Low)];
+    for _ in 0..10 {
+        probe(addr, Priority::Critical).await;
+        seen.push(levels.shed_percent(Priority::Low));
+    }
+    seen.dedup();
+    assert_eq!(seen, [100, 50, 0], "Low's shed level after the load dropped");
+    for p in Priority::ALL {
+        assert_eq!(levels.shed_percent(p), 0);
+    }
+    all_pass(addr, Priority::Low, 3).await;
+    assert_eq!(levels.in_flight(), 0, "every request was counted out");
+}
