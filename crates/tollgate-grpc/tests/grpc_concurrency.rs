@@ -7,11 +7,13 @@ use std::sync::Arc;
 
 use support::countdown::CountRequest;
 use support::{countdown, meta, serve};
-use tollgate_core::lease::MemoryLeaseStore;
+use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
 use tollgate_core::{MemoryStore, Policy, Quota};
 use tollgate_grpc::GrpcLimitLayer;
 use tollgate_grpc::key::PeerIp;
+use tollgate_redis::RedisStore;
 use tollgate_stack::{ConcurrencyLimitLayer, StackLayer};
+use tollgate_testkit::redis::{redis_url, unique_prefix};
 use tollgate_tower::RateLimitLayer;
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -19,15 +21,29 @@ use tonic_types::StatusExt;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 #[tokio::test]
-async fn a_server_stream_holds_its_concurrency_permit_until_it_ends_or_is_dropped() -> TestResult {
+async fn a_server_stream_holds_its_in_process_permit_until_it_ends_or_is_dropped() -> TestResult {
+    stream_holds_its_permit(Arc::new(MemoryLeaseStore::new())).await
+}
+
+#[tokio::test]
+async fn a_server_stream_holds_its_redis_lease_until_it_ends_or_is_dropped() -> TestResult {
+    let url = redis_url();
+    let redis = RedisStore::builder(url.as_str())
+        .namespace(unique_prefix("grpc-leases"))
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("the Redis at {url} (REDIS_URL) is needed by this test: {e}"));
+    stream_holds_its_permit(Arc::new(redis)).await
+}
+
+async fn stream_holds_its_permit<L: LeaseStore>(leases: Arc<L>) -> TestResult {
     let rate = RateLimitLayer::new(
         "per-peer",
         Policy::token_bucket(Quota::per_minute(100)?),
         Arc::new(MemoryStore::new()),
         PeerIp,
     );
-    let in_flight =
-        ConcurrencyLimitLayer::new("in-flight", 1, Arc::new(MemoryLeaseStore::new()), PeerIp)?;
+    let in_flight = ConcurrencyLimitLayer::new("in-flight", 1, leases, PeerIp)?;
     let stack = StackLayer::new()
         .rate_limit(rate)
         .concurrency_limit(in_flight);
