@@ -71,6 +71,10 @@ impl<B> KeyExtractor<http::Request<B>> for MetadataKey {
 /// The peer's IP address, from the [`TcpConnectInfo`] that tonic's `transport::Server` records on each request.
 ///
 /// The port is left out: a client opening several connections is still one client.
+///
+/// Behind TLS, tonic records `TlsConnectInfo<TcpConnectInfo>` instead (with its TLS features); read it with a
+/// [`KeyFn`](tollgate_tower::KeyFn). Behind a proxy the peer is the proxy: key by a metadata entry the proxy sets and
+/// clients cannot (e.g. with [`MetadataKey`]), never by one clients can spoof.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerIp;
 
