@@ -31,15 +31,21 @@ fn live_leases(redis_key: &str) -> u64 {
     let time = cli_url(&redis_url(), &["TIME"]);
     let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap());
     let now_ms = parts.next().unwrap() * 1000 + parts.next().unwrap() / 1000;
-    cli_url(&redis_url(), &["ZCOUNT", redis_key, &format!("({now_ms}"), "+inf"])
-        .parse()
-        .unwrap()
+    cli_url(
+        &redis_url(),
+        &["ZCOUNT", redis_key, &format!("({now_ms}"), "+inf"],
+    )
+    .parse()
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_keep_non_critical_within_the_unreserved_share() {
     let namespace = unique_prefix("fleet");
-    let (store_a, store_b) = (redis_instance(&namespace).await, redis_instance(&namespace).await);
+    let (store_a, store_b) = (
+        redis_instance(&namespace).await,
+        redis_instance(&namespace).await,
+    );
     let fleet_key = store_a.lease_key("fleet");
     assert_eq!(
         shedder(store_a.clone()).ceiling(Priority::Normal),
@@ -47,8 +53,14 @@ async fn two_instances_keep_non_critical_within_the_unreserved_share() {
         "5 × (100 − 40) %"
     );
     let (gate_a, gate_b) = (Gate::new(), Gate::new());
-    let a = serve(app(&gate_a, |r| r.layer(HttpLimitLayer::new(shedder(store_a))))).await;
-    let b = serve(app(&gate_b, |r| r.layer(HttpLimitLayer::new(shedder(store_b))))).await;
+    let a = serve(app(&gate_a, |r| {
+        r.layer(HttpLimitLayer::new(shedder(store_a)))
+    }))
+    .await;
+    let b = serve(app(&gate_b, |r| {
+        r.layer(HttpLimitLayer::new(shedder(store_b)))
+    }))
+    .await;
 
     // Ten non-critical requests at once, five per instance, each held in the handler if admitted.
     let tasks: Vec<_> = (0..10)
@@ -105,6 +117,11 @@ async fn two_instances_keep_non_critical_within_the_unreserved_share() {
     // Finished requests gave their leases back.
     eventually(a, "/fast", NORMAL, 200).await;
     eventually(b, "/fast", NORMAL, 200).await;
-    let ttl: i64 = cli_url(&redis_url(), &["PTTL", &fleet_key]).parse().unwrap();
-    assert!(ttl == -2 || ttl > 0, "the fleet key is gone or has a TTL: {ttl}");
+    let ttl: i64 = cli_url(&redis_url(), &["PTTL", &fleet_key])
+        .parse()
+        .unwrap();
+    assert!(
+        ttl == -2 || ttl > 0,
+        "the fleet key is gone or has a TTL: {ttl}"
+    );
 }

@@ -106,7 +106,11 @@ async fn lowest_class_shed_first_critical_passes_and_shedding_recedes() {
         seen.push(levels.shed_percent(Priority::Low));
     }
     seen.dedup();
-    assert_eq!(seen, [100, 50, 0], "Low's shed level after the load dropped");
+    assert_eq!(
+        seen,
+        [100, 50, 0],
+        "Low's shed level after the load dropped"
+    );
     for p in Priority::ALL {
         assert_eq!(levels.shed_percent(p), 0);
     }

@@ -52,7 +52,7 @@ impl Gate {
     }
 }
 
-async fn hold(State(gate): State<Gate>) -> &'static str {
+pub async fn hold(State(gate): State<Gate>) -> &'static str {
     gate.entered.fetch_add(1, Ordering::SeqCst);
     gate.go.acquire().await.expect("gate open").forget();
     "released"
