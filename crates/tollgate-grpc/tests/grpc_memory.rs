@@ -170,7 +170,7 @@ async fn the_default_policy_limits_the_other_methods() -> TestResult {
     let layer = GrpcLimitLayer::new(
         MethodLimitLayer::new()
             .method("/helloworld.Greeter/SayHello", limit("say-hello", 1))?
-            .default(limit("rest", 2)),
+            .default_limit(limit("rest", 2)),
     );
     let (addr, _) = serve(layer).await;
     let mut countdown = countdown(addr).await;

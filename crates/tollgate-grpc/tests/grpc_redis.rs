@@ -166,7 +166,7 @@ async fn per_method_policies_and_hashed_api_keys_in_redis() -> TestResult {
     let layer = GrpcLimitLayer::new(
         MethodLimitLayer::new()
             .method("/helloworld.Greeter/SayHello", limit("say-hello", 1))?
-            .default(limit("rest", 2)),
+            .default_limit(limit("rest", 2)),
     );
     let (addr, _) = serve(layer).await;
     let secret = "secret-api-key-0123456789";

@@ -68,7 +68,7 @@ impl<L> MethodLimitLayer<L> {
     }
 
     /// Limits every call that no method or service rule matches with `limit` (replacing an earlier default).
-    pub fn default(mut self, limit: L) -> Self {
+    pub fn default_limit(mut self, limit: L) -> Self {
         self.default = Some(self.limits.len());
         self.limits.push(limit);
         self

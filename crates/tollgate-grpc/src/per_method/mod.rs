@@ -19,7 +19,7 @@
 //!     MethodLimitLayer::new()
 //!         .method("/helloworld.Greeter/SayHello", limit("say-hello", 5)?)?
 //!         .service("countdown.Countdown", limit("countdown", 50)?)?
-//!         .default(limit("default", 100)?),
+//!         .default_limit(limit("default", 100)?),
 //! );
 //! // tonic::transport::Server::builder().layer(layer).add_service(...)
 //! # let _ = layer;
