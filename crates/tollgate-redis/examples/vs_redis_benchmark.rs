@@ -2,7 +2,7 @@
 //! the same concurrency, against the same server, in one run.
 //!
 //! ```text
-//! cargo run --release -p tollgate-redis --example vs_redis_benchmark [-- --requests 60000 --rounds 3 --url redis://…]
+//! cargo run --release -p tollgate-redis --example vs_redis_benchmark [-- --requests 60000 --rounds 3 --url redis://… --current-thread]
 //! ```
 //!
 //! Without `--url` it starts a private `redis-server` (so `INFO commandstats` counts only this run and other
@@ -197,14 +197,28 @@ fn main() {
     assert_eq!(sha.len(), 40, "SCRIPT LOAD answered {sha}");
     // Effectively unlimited: every request is admitted and writes its state.
     let policy = Policy::token_bucket(Quota::per_second(1_000_000_000).unwrap());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    // `--current-thread`: the client on tokio's single-threaded runtime (no cross-thread wake-ups per reply).
+    let current_thread = std::env::args().any(|a| a == "--current-thread");
+    let rt = if current_thread {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
 
     println!(
         "RedisStore vs redis-benchmark (EVALSHA lua/token_bucket.lua), {requests} requests per run (a quarter at \
-         concurrency 1), median of {rounds} alternating runs, {url}"
+         concurrency 1), median of {rounds} alternating runs, {url}, tokio {} runtime",
+        if current_thread {
+            "current-thread"
+        } else {
+            "multi-thread"
+        }
     );
     println!(
         "{:>11} | {:>16} | {:>12} | {:>16} | {:>9} | {:>17} | {:>15}",
