@@ -175,9 +175,7 @@ impl fmt::Display for Rejection {
                 )?;
             }
         }
-        if let Some(retry) = self.retry_after {
-            write!(f, "; retry after {retry:?}")?;
-        }
+        // The retry delay is left to the adapters, which round it for their protocol.
         Ok(())
     }
 }

@@ -91,12 +91,12 @@ impl Verdicts {
     }
 
     /// All verdicts, innermost limiter first.
-    pub fn iter(&self) -> impl Iterator<Item = &Verdict> {
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Verdict> {
         self.0.iter()
     }
 
     /// Enforced verdicts only: the ones clients may see.
-    pub fn enforced(&self) -> impl Iterator<Item = &Verdict> {
+    pub fn enforced(&self) -> impl DoubleEndedIterator<Item = &Verdict> {
         self.0.iter().filter(|v| v.enforced)
     }
 

@@ -34,7 +34,7 @@ impl PeerIp {
 
 impl<B> KeyExtractor<Request<B>> for PeerIp {
     fn extract(&self, req: &Request<B>, key: &mut String) -> Result<(), KeyError> {
-        let _ = write!(key, "{}", Self::peer_ip(req)?);
+        push_ip(key, Self::peer_ip(req)?);
         Ok(())
     }
 }
@@ -144,8 +144,31 @@ impl ClientIp {
 
 impl<B> KeyExtractor<Request<B>> for ClientIp {
     fn extract(&self, req: &Request<B>, key: &mut String) -> Result<(), KeyError> {
-        let _ = write!(key, "{}", self.client_ip(req)?);
+        push_ip(key, self.client_ip(req)?);
         Ok(())
+    }
+}
+
+/// Appends `ip` in its usual text form; IPv4 (the common case) without the formatting machinery.
+fn push_ip(key: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    key.push('.');
+                }
+                if octet >= 100 {
+                    key.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    key.push(char::from(b'0' + octet / 10 % 10));
+                }
+                key.push(char::from(b'0' + octet % 10));
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(key, "{v6}");
+        }
     }
 }
 
@@ -256,6 +279,22 @@ mod tests {
         assert_eq!(fwd.client_ip(&r).unwrap(), ip("10.0.0.4"));
         // The X-Forwarded-For extractor never reads Forwarded, and vice versa.
         assert_eq!(proxies().client_ip(&r).unwrap(), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn keys_are_the_usual_text_form() {
+        for text in [
+            "0.0.0.0",
+            "9.10.99.100",
+            "255.255.255.255",
+            "10.0.0.1",
+            "2001:db8::1",
+            "::1",
+        ] {
+            let mut key = String::new();
+            push_ip(&mut key, ip(text));
+            assert_eq!(key, text);
+        }
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! The decision shared by every clone of a limiter: store call, failure policy, shadow mode, metrics, logs.
 
+use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use metrics::Counter;
-use tollgate_core::{FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
+use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
 
 use crate::{Mode, Rejection, RejectionKind, Verdict};
 
@@ -20,7 +21,7 @@ pub(crate) enum Conclusion {
 /// The failure policy's answer to a store error.
 enum Recovery {
     /// Decided by the local fallback store.
-    Decided(tollgate_core::Decision),
+    Decided(Decision),
     /// Admit without a decision.
     Open,
     /// Reject (or, in shadow mode, admit) as unavailable.
@@ -118,9 +119,29 @@ impl<K, St: Store, C> Shared<K, St, C> {
 
     /// Decides one request in `mode` (`Enforce` or `Shadow`; `Off` never gets here).
     pub(crate) async fn decide(&self, key: String, cost: u64, mode: Mode) -> Conclusion {
-        let decision = match self.store.check(&key, &self.policy, cost).await {
+        let result = self.store.check(&key, &self.policy, cost).await;
+        self.conclude(result, &key, cost, mode)
+    }
+
+    /// Decides at once when the store is the in-process [`MemoryStore`] (whose answer is always immediate), so
+    /// the request needs no boxed future; `None` for any other store.
+    pub(crate) fn decide_now(&self, key: &str, cost: u64, mode: Mode) -> Option<Conclusion> {
+        // The type test is resolved at compile time for each store type.
+        let memory = (&*self.store as &dyn Any).downcast_ref::<MemoryStore>()?;
+        Some(self.conclude(memory.check_now(key, &self.policy, cost), key, cost, mode))
+    }
+
+    /// Turns the store's answer into a conclusion: failure policy, shadow mode, metrics.
+    fn conclude(
+        &self,
+        result: Result<Decision, StoreError>,
+        key: &str,
+        cost: u64,
+        mode: Mode,
+    ) -> Conclusion {
+        let decision = match result {
             Ok(decision) => decision,
-            Err(err) => match self.recover(&key, cost, &err) {
+            Err(err) => match self.recover(key, cost, &err) {
                 Recovery::Decided(decision) => decision,
                 Recovery::Open => return Conclusion::Admit(None),
                 Recovery::Closed => return self.fail_closed(mode),

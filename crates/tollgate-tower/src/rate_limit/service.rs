@@ -97,24 +97,32 @@ where
             return ResponseFuture::failed(err.into());
         }
         let cost = shared.cost.cost(&req);
-        let shared = shared.clone();
-        let mut decide: Pin<Box<dyn Future<Output = Conclusion> + Send>> =
-            Box::pin(async move { shared.decide(key, cost, mode).await });
-        // An in-process store decides at once: finishing here lets an admitted request call the ready inner
-        // service directly, without cloning it. A store that has to wait is polled again, with the real waker, by
-        // the response future (every future re-registers its waker on each poll).
-        match decide
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-        {
-            Poll::Ready(Conclusion::Admit(verdict)) => {
-                ResponseFuture::calling(self.inner.call(req), verdict)
+        let conclusion = match shared.decide_now(&key, cost, mode) {
+            Some(conclusion) => conclusion,
+            None => {
+                let shared = shared.clone();
+                let mut decide: Pin<Box<dyn Future<Output = Conclusion> + Send>> =
+                    Box::pin(async move { shared.decide(key, cost, mode).await });
+                // A store may still answer at once (a local fallback, a cache): then an admitted request calls
+                // the ready inner service directly, without cloning it. Otherwise the response future polls it
+                // again with the real waker (every future re-registers its waker on each poll).
+                match decide
+                    .as_mut()
+                    .poll(&mut Context::from_waker(Waker::noop()))
+                {
+                    Poll::Ready(conclusion) => conclusion,
+                    Poll::Pending => {
+                        return ResponseFuture::deciding(decide, self.take_ready(), req);
+                    }
+                }
             }
-            Poll::Ready(Conclusion::Reject(rejection)) => {
+        };
+        match conclusion {
+            Conclusion::Admit(verdict) => ResponseFuture::calling(self.inner.call(req), verdict),
+            Conclusion::Reject(rejection) => {
                 drop(self.take_ready());
                 ResponseFuture::failed(rejection.into())
             }
-            Poll::Pending => ResponseFuture::deciding(decide, self.take_ready(), req),
         }
     }
 }
