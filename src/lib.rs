@@ -27,3 +27,8 @@ pub use tollgate_tower as tower;
 
 #[cfg(feature = "tonic")]
 pub use tollgate_grpc as grpc;
+
+/// Stripe's production stack: the concurrent-requests limiter, the fleet-usage and worker-utilization load
+/// shedders, and the layer that stacks them with the rate limiter.
+#[cfg(any(feature = "axum", feature = "tonic"))]
+pub use tollgate_stack as stack;

@@ -1,0 +1,149 @@
+//! The Stripe-stack part of the example servers: the flags `--concurrency`, `--worker-capacity`,
+//! `--fleet-capacity`, `--fleet-reserve`, the `GET /slow?ms=N` handler, and the [`StackLayer`] they configure.
+//!
+//! Included with `#[path = "common/stack.rs"] mod stack;`. A limiter whose flag is absent is built switched off
+//! (`Mode::Off`: no store call, no rejection), so the stack has one type whatever the flags.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::lease::LeaseStore;
+use tollgate_http::priority::HeaderPriority;
+use tollgate_stack::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
+use tollgate_tower::Mode;
+
+/// The usage lines of the stack's flags.
+pub(crate) const USAGE: &str = "\
+  --concurrency N               at most N requests in flight per client on limited routes (429 beyond)
+  --worker-capacity N           this instance's capacity in requests in flight: sheds Low first, then Normal,
+                                then High, Critical last (503)
+  --fleet-capacity N            requests in flight across every instance sharing --redis-url (503 beyond the
+                                non-reserved share for non-critical requests)
+  --fleet-reserve PERCENT       share of --fleet-capacity reserved for critical requests (default 20)
+
+priorities: the x-priority header (critical, high, normal, low), else by method (writes High, reads Normal)";
+
+/// The longest `/slow` sleep, so a typo cannot hold a connection for hours.
+pub(crate) const MAX_SLOW_MS: u64 = 60_000;
+
+/// The stack's flags.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StackFlags {
+    pub(crate) concurrency: Option<u64>,
+    pub(crate) worker_capacity: Option<u64>,
+    pub(crate) fleet_capacity: Option<u64>,
+    pub(crate) fleet_reserve: Option<u8>,
+}
+
+impl StackFlags {
+    /// Whether `flag` is one of the stack's.
+    pub(crate) fn is_flag(flag: &str) -> bool {
+        matches!(
+            flag,
+            "--concurrency" | "--worker-capacity" | "--fleet-capacity" | "--fleet-reserve"
+        )
+    }
+
+    /// Sets `flag` (one of [`is_flag`](Self::is_flag)) to `value`.
+    pub(crate) fn set(&mut self, flag: &str, value: &str) -> Result<(), String> {
+        let positive = || match value.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{flag} {value:?}: expected a whole number above 0")),
+        };
+        match flag {
+            "--concurrency" => self.concurrency = Some(positive()?),
+            "--worker-capacity" => self.worker_capacity = Some(positive()?),
+            "--fleet-capacity" => self.fleet_capacity = Some(positive()?),
+            "--fleet-reserve" => {
+                let percent = value
+                    .trim_end_matches('%')
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|p| *p <= 100)
+                    .ok_or_else(|| format!("{flag} {value:?}: expected a percentage from 0 to 100"))?;
+                self.fleet_reserve = Some(percent);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+        Ok(())
+    }
+
+    /// Checks the combination: the fleet shedder counts across instances, so it needs Redis.
+    pub(crate) fn validate(&self, has_redis: bool) -> Result<(), String> {
+        if self.fleet_reserve.is_some() && self.fleet_capacity.is_none() {
+            return Err("--fleet-reserve needs --fleet-capacity".to_owned());
+        }
+        if self.fleet_capacity.is_some() && !has_redis {
+            return Err(
+                "--fleet-capacity and --fleet-reserve need --redis-url: the fleet's in-flight requests are counted \
+                 in Redis"
+                    .to_owned(),
+            );
+        }
+        Ok(())
+    }
+
+    /// A one-line summary for the start-up message.
+    pub(crate) fn describe(&self) -> String {
+        let show = |v: Option<u64>| v.map_or_else(|| "off".to_owned(), |n| n.to_string());
+        format!(
+            "concurrency {}, worker capacity {}, fleet capacity {} (reserve {} %)",
+            show(self.concurrency),
+            show(self.worker_capacity),
+            show(self.fleet_capacity),
+            self.fleet_reserve.unwrap_or(20)
+        )
+    }
+}
+
+/// The stack of the limited routes: worker shedder → `rate` → concurrency limiter (per client `key`) → fleet
+/// shedder, the leases counted in `leases` (Redis with `--redis-url`, else in process).
+pub(crate) fn layer<R, K: Clone, L: LeaseStore>(
+    flags: &StackFlags,
+    rate: R,
+    leases: Arc<L>,
+    key: K,
+) -> Result<
+    StackLayer<
+        WorkerShedLayer<HeaderPriority>,
+        R,
+        ConcurrencyLimitLayer<K, L>,
+        FleetShedLayer<HeaderPriority, L>,
+    >,
+    String,
+> {
+    let on = |flag: Option<u64>| if flag.is_some() { Mode::Enforce } else { Mode::Off };
+    let worker = WorkerShedLayer::new(flags.worker_capacity.unwrap_or(1), HeaderPriority::new())
+        .map_err(|e| e.to_string())?
+        .mode(on(flags.worker_capacity));
+    let concurrency =
+        ConcurrencyLimitLayer::new("concurrency", flags.concurrency.unwrap_or(1), leases.clone(), key)
+            .map_err(|e| e.to_string())?
+            .mode(on(flags.concurrency));
+    let fleet = FleetShedLayer::new(flags.fleet_capacity.unwrap_or(1), leases, HeaderPriority::new())
+        .and_then(|f| f.reserve_percent(flags.fleet_reserve.unwrap_or(20)))
+        .map_err(|e| e.to_string())?
+        .mode(on(flags.fleet_capacity));
+    Ok(StackLayer::new()
+        .worker_shedder(worker)
+        .rate_limit(rate)
+        .concurrency_limit(concurrency)
+        .fleet_shedder(fleet))
+}
+
+/// `GET /slow?ms=N`: sleeps N milliseconds (at most a minute), then answers; a bad `ms` is a 400.
+pub(crate) async fn slow(uri: axum::http::Uri) -> Result<String, (axum::http::StatusCode, String)> {
+    let ms = match uri.query().unwrap_or("").split('&').find_map(|p| p.strip_prefix("ms=")) {
+        None => 0,
+        Some(v) => v.parse::<u64>().map_err(|_| {
+            (
+                axum::http::StatusCode::BAD_REQUEST,
+                format!("ms={v:?}: expected a whole number of milliseconds\n"),
+            )
+        })?,
+    }
+    .min(MAX_SLOW_MS);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    Ok(format!("slept {ms} ms\n"))
+}
