@@ -61,7 +61,9 @@ impl StackFlags {
                     .parse::<u8>()
                     .ok()
                     .filter(|p| *p <= 100)
-                    .ok_or_else(|| format!("{flag} {value:?}: expected a percentage from 0 to 100"))?;
+                    .ok_or_else(|| {
+                        format!("{flag} {value:?}: expected a percentage from 0 to 100")
+                    })?;
                 self.fleet_reserve = Some(percent);
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -113,18 +115,32 @@ pub(crate) fn layer<R, K: Clone, L: LeaseStore>(
     >,
     String,
 > {
-    let on = |flag: Option<u64>| if flag.is_some() { Mode::Enforce } else { Mode::Off };
+    let on = |flag: Option<u64>| {
+        if flag.is_some() {
+            Mode::Enforce
+        } else {
+            Mode::Off
+        }
+    };
     let worker = WorkerShedLayer::new(flags.worker_capacity.unwrap_or(1), HeaderPriority::new())
         .map_err(|e| e.to_string())?
         .mode(on(flags.worker_capacity));
-    let concurrency =
-        ConcurrencyLimitLayer::new("concurrency", flags.concurrency.unwrap_or(1), leases.clone(), key)
-            .map_err(|e| e.to_string())?
-            .mode(on(flags.concurrency));
-    let fleet = FleetShedLayer::new(flags.fleet_capacity.unwrap_or(1), leases, HeaderPriority::new())
-        .and_then(|f| f.reserve_percent(flags.fleet_reserve.unwrap_or(20)))
-        .map_err(|e| e.to_string())?
-        .mode(on(flags.fleet_capacity));
+    let concurrency = ConcurrencyLimitLayer::new(
+        "concurrency",
+        flags.concurrency.unwrap_or(1),
+        leases.clone(),
+        key,
+    )
+    .map_err(|e| e.to_string())?
+    .mode(on(flags.concurrency));
+    let fleet = FleetShedLayer::new(
+        flags.fleet_capacity.unwrap_or(1),
+        leases,
+        HeaderPriority::new(),
+    )
+    .and_then(|f| f.reserve_percent(flags.fleet_reserve.unwrap_or(20)))
+    .map_err(|e| e.to_string())?
+    .mode(on(flags.fleet_capacity));
     Ok(StackLayer::new()
         .worker_shedder(worker)
         .rate_limit(rate)
@@ -134,7 +150,12 @@ pub(crate) fn layer<R, K: Clone, L: LeaseStore>(
 
 /// `GET /slow?ms=N`: sleeps N milliseconds (at most a minute), then answers; a bad `ms` is a 400.
 pub(crate) async fn slow(uri: axum::http::Uri) -> Result<String, (axum::http::StatusCode, String)> {
-    let ms = match uri.query().unwrap_or("").split('&').find_map(|p| p.strip_prefix("ms=")) {
+    let ms = match uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|p| p.strip_prefix("ms="))
+    {
         None => 0,
         Some(v) => v.parse::<u64>().map_err(|_| {
             (
