@@ -35,7 +35,7 @@ pub struct RedisStoreBuilder {
     namespace: String,
     timeout: Duration,
     pool_size: usize,
-    failure_policy: FailurePolicy,
+    failure_policy: Option<FailurePolicy>,
     failure_threshold: u32,
     cool_down: Duration,
 }
@@ -55,7 +55,7 @@ impl RedisStoreBuilder {
             namespace: DEFAULT_NAMESPACE.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             pool_size: DEFAULT_POOL_SIZE,
-            failure_policy: FailurePolicy::default(),
+            failure_policy: None,
             failure_threshold: DEFAULT_FAILURE_THRESHOLD,
             cool_down: DEFAULT_COOL_DOWN,
         }
@@ -81,10 +81,14 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// What [`Store::check`](tollgate_core::Store::check) answers when Redis cannot (default
-    /// [`FailurePolicy::Closed`]). [`RedisStore::try_check`] returns the error instead.
+    /// Makes the store itself answer with `policy` when Redis cannot (counted and logged), so
+    /// [`Store::check`](tollgate_core::Store::check) never fails.
+    ///
+    /// Unset by default: the error is returned, and the limiter that asked (e.g. a tollgate tower layer, with its
+    /// own `on_store_error` policy, metrics and rejection types) decides. Set it when the store is used on its own.
+    /// [`RedisStore::try_check`] always returns the error.
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.failure_policy = policy;
+        self.failure_policy = Some(policy);
         self
     }
 

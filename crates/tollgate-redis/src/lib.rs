@@ -21,12 +21,13 @@
 //! - **Start-up check**: `maxmemory-policy` other than `noeviction` (or unreadable) is logged loudly, and the result
 //!   is kept in [`RedisStore::eviction_check`].
 //! - **Failure policy**: every call is bounded by a timeout (default 50 ms); 5 consecutive failures open a circuit
-//!   that skips Redis for 1 s, then one probe may close it. Meanwhile [`Store::check`](tollgate_core::Store::check)
-//!   answers with the configured [`FailurePolicy`](tollgate_core::FailurePolicy): open, closed, or a local
-//!   in-process limit with the same policy. Each such decision increments the counter
-//!   `tollgate_store_degraded_total{reason, policy}` and is logged (one line per 5 s at most, with a count of the
-//!   rest). [`RedisStore::try_check`] returns the error instead. Round trips are recorded in the histogram
-//!   `tollgate_store_latency_seconds{outcome}`.
+//!   that skips Redis for 1 s, then one probe may close it. By default the error goes back to the limiter that
+//!   asked (a tollgate layer applies its own `on_store_error` policy and answers 503 / `UNAVAILABLE` when it fails
+//!   closed). A store used on its own can be given a [`FailurePolicy`](tollgate_core::FailurePolicy) instead:
+//!   [`Store::check`](tollgate_core::Store::check) then answers open, closed, or from a local in-process limit
+//!   with the same policy; each such decision increments the counter `tollgate_store_degraded_total{reason,
+//!   policy}` and is logged (one line per 5 s at most, with a count of the rest). [`RedisStore::try_check`]
+//!   always returns the error. Round trips are recorded in the histogram `tollgate_store_latency_seconds{outcome}`.
 //!
 //! ```
 //! use std::time::Duration;

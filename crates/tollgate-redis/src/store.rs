@@ -29,7 +29,7 @@ struct Inner {
     scripts: Scripts,
     namespace: String,
     timeout: Duration,
-    failure_policy: FailurePolicy,
+    failure_policy: Option<FailurePolicy>,
     circuit: Circuit,
     local: MemoryStore,
     log: DegradedLog,
@@ -51,7 +51,8 @@ impl RedisStore {
         RedisStoreBuilder::cluster(nodes.into_iter().map(Into::into).collect())
     }
 
-    /// A store on one server with every default (namespace `tollgate`, 50 ms timeout, fail closed).
+    /// A store on one server with every default (namespace `tollgate`, 50 ms timeout, errors returned to the
+    /// limiter).
     pub async fn connect(url: impl Into<String>) -> Result<Self, crate::BuildError> {
         Self::builder(url).build().await
     }
@@ -60,7 +61,7 @@ impl RedisStore {
         backend: Backend,
         namespace: String,
         timeout: Duration,
-        failure_policy: FailurePolicy,
+        failure_policy: Option<FailurePolicy>,
         failure_threshold: u32,
         cool_down: Duration,
     ) -> Self {
@@ -84,8 +85,8 @@ impl RedisStore {
         self
     }
 
-    /// Decides at `now` instead of the server's time (the shared vectors and tests), applying the failure policy
-    /// like [`Store::check`].
+    /// Decides at `now` instead of the server's time (the shared vectors and tests), applying the store's failure
+    /// policy, if it has one, like [`Store::check`].
     pub async fn check_at(
         &self,
         key: &str,
@@ -158,9 +159,9 @@ impl RedisStore {
         self.inner.circuit.state()
     }
 
-    /// The configured failure policy.
+    /// The store's own failure policy (`None`: errors go to the caller).
     #[must_use]
-    pub fn failure_policy(&self) -> FailurePolicy {
+    pub fn failure_policy(&self) -> Option<FailurePolicy> {
         self.inner.failure_policy
     }
 
@@ -255,9 +256,12 @@ impl RedisStore {
             Err(e) => e,
         };
         let inner = &*self.inner;
-        inner.log.record(&error, inner.failure_policy);
+        let Some(failure_policy) = inner.failure_policy else {
+            return Err(error);
+        };
+        inner.log.record(&error, failure_policy);
         let now = now.unwrap_or_else(|| Timestamp::from(SystemTime::now()));
-        if let Some(decision) = inner.failure_policy.synthesize(policy, now) {
+        if let Some(decision) = failure_policy.synthesize(policy, now) {
             return Ok(decision);
         }
         // A full local table cannot track this key: protect rather than admit blindly.
@@ -270,9 +274,9 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    /// Decides on Redis's clock; if Redis fails, times out or the circuit is open, answers with the failure
-    /// policy (counted and logged), so the result is always `Ok` (a local fallback that cannot track one more key
-    /// answers as if failing closed).
+    /// Decides on Redis's clock. If Redis fails, times out or the circuit is open: with a store failure policy,
+    /// answers with it (counted and logged; a local fallback that cannot track one more key answers as if failing
+    /// closed); without one, returns the error for the limiter's own policy.
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         let result = self.decide(key, policy, cost, None).await;
         self.or_degrade(result, key, policy, cost, None)

@@ -278,3 +278,30 @@ async fn the_eviction_policy_is_checked_at_start_up() {
             .is_allowed()
     );
 }
+
+#[tokio::test]
+async fn without_a_store_policy_the_error_goes_to_the_limiter() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .namespace("no-policy")
+        .timeout(TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(store.failure_policy(), None);
+    let policy = common::hourly_bucket(3);
+    assert!(
+        Store::check(&store, "k", &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    server.kill();
+    let started = Instant::now();
+    let err = Store::check(&store, "k", &policy, 1).await.unwrap_err();
+    assert_bounded(started);
+    assert!(
+        matches!(err, StoreError::Timeout(_) | StoreError::Backend(_)),
+        "{err:?}"
+    );
+}
