@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::flags::{Flags, duration, positive};
+
 pub(crate) const USAGE: &str = "\
 fleet: N instances of one service, each \"limited to L per second\", behind a round-robin load balancer.
 
@@ -29,7 +31,7 @@ pub(crate) struct Args {
 }
 
 impl Args {
-    pub(crate) fn parse(mut argv: impl Iterator<Item = String>) -> Result<Self, String> {
+    pub(crate) fn parse(argv: impl Iterator<Item = String>) -> Result<Self, String> {
         let mut args = Self {
             instances: 4,
             limit: 100,
@@ -39,15 +41,15 @@ impl Args {
             redis_url: std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
             autoscale: false,
         };
-        while let Some(flag) = argv.next() {
-            let mut value = || argv.next().ok_or_else(|| format!("{flag} needs a value"));
+        let mut flags = Flags::new(argv);
+        while let Some(flag) = flags.next_flag() {
             match flag.as_str() {
-                "--instances" => args.instances = number(&flag, &value()?, 1, 64)? as usize,
-                "--limit" => args.limit = number(&flag, &value()?, 1, 100_000)?,
-                "--offered" => args.offered = number(&flag, &value()?, 1, 200_000)?,
-                "--duration" => args.duration = duration(&flag, &value()?)?,
-                "--warmup" => args.warmup = duration(&flag, &value()?)?,
-                "--redis-url" => args.redis_url = value()?,
+                "--instances" => args.instances = flags.parsed(|v| at_most(v, 64))? as usize,
+                "--limit" => args.limit = flags.parsed(|v| at_most(v, 100_000))?,
+                "--offered" => args.offered = flags.parsed(|v| at_most(v, 200_000))?,
+                "--duration" => args.duration = flags.parsed(duration)?,
+                "--warmup" => args.warmup = flags.parsed(duration)?,
+                "--redis-url" => args.redis_url = flags.value()?,
                 "--autoscale" => args.autoscale = true,
                 "--help" | "-h" => return Err(USAGE.to_owned()),
                 other => return Err(format!("unknown flag {other}\n\n{USAGE}")),
@@ -74,22 +76,9 @@ impl Args {
     }
 }
 
-fn number(flag: &str, value: &str, min: u64, max: u64) -> Result<u64, String> {
-    match value.parse::<u64>() {
-        Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(format!("{flag} takes a whole number from {min} to {max}, not {value:?}")),
-    }
-}
-
-/// `1500ms`, `5s`, `2m`.
-pub(crate) fn duration(flag: &str, value: &str) -> Result<Duration, String> {
-    let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
-    let (digits, unit) = value.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| format!("{flag} takes a duration like 500ms, 5s or 1m, not {value:?}"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("{flag} takes a duration like 500ms, 5s or 1m, not {value:?}")),
+fn at_most(v: &str, max: u64) -> Result<u64, String> {
+    match positive(v)? {
+        n if n <= max => Ok(n),
+        _ => Err(format!("{v:?}: at most {max}")),
     }
 }

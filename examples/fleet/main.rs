@@ -8,6 +8,8 @@
 
 mod args;
 mod fleet;
+#[path = "../common/flags.rs"]
+mod flags;
 mod load;
 
 use std::io::Write;
@@ -117,16 +119,10 @@ async fn run(args: &Args, design: Design, instances: usize, index: usize, total:
     let lb = Balancer::new();
     let mut tasks = Vec::new();
     let namespace = format!("tollgate-fleet:{}:{index}:{}", std::process::id(), now_nanos());
-    let add = |lb: Balancer, namespace: String| {
-        let (args, design) = (args.clone(), design);
-        async move {
-            let (addr, task) = instance(&args, design, &namespace).await;
-            lb.add(addr);
-            task
-        }
-    };
     for _ in 0..instances {
-        tasks.push(add(lb.clone(), namespace.clone()).await);
+        let (addr, task) = instance(args, design, &namespace).await;
+        lb.add(addr);
+        tasks.push(task);
     }
     let (lb_addr, lb_task) = lb.start().await;
     tasks.push(lb_task);
