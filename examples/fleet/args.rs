@@ -38,7 +38,8 @@ impl Args {
             offered: 0,
             duration: Duration::from_secs(5),
             warmup: Duration::ZERO,
-            redis_url: std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+            redis_url: std::env::var("REDIS_URL")
+                .unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
             autoscale: false,
         };
         let mut flags = Flags::new(argv);

@@ -21,18 +21,28 @@ use tollgate_http::HttpLimitLayer;
 use tollgate_tower::{ConstKey, RateLimitLayer};
 
 /// One instance: `GET /` answers "ok" behind the instance's own limiter, like every instance of a real service.
-pub(crate) async fn start_instance<St: Store>(store: Arc<St>, policy: Option<Policy>) -> (SocketAddr, JoinHandle<()>) {
+pub(crate) async fn start_instance<St: Store>(
+    store: Arc<St>,
+    policy: Option<Policy>,
+) -> (SocketAddr, JoinHandle<()>) {
     let app = Router::new().route("/", get(|| async { "ok" }));
     let app = match policy {
         // Every instance limits the same service-wide key: "this service takes L per second".
-        Some(policy) => app.layer(HttpLimitLayer::new(RateLimitLayer::new("fleet", policy, store, ConstKey::new("api")))),
+        Some(policy) => app.layer(HttpLimitLayer::new(RateLimitLayer::new(
+            "fleet",
+            policy,
+            store,
+            ConstKey::new("api"),
+        ))),
         None => app,
     };
     serve(app).await
 }
 
 async fn serve(app: Router) -> (SocketAddr, JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port");
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
     let addr = listener.local_addr().expect("local address");
     let task = tokio::spawn(async move {
         axum::serve(listener, app).await.expect("serve");
@@ -53,7 +63,9 @@ impl Balancer {
         Self {
             backends: Arc::default(),
             next: Arc::default(),
-            client: Client::builder(TokioExecutor::new()).pool_max_idle_per_host(256).build_http(),
+            client: Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(256)
+                .build_http(),
         }
     }
 
@@ -73,9 +85,16 @@ async fn forward(State(lb): State<Balancer>, req: Request) -> Result<Response, I
     };
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    parts.uri = format!("http://{backend}{path}").parse().expect("backend URI");
-    Ok(match lb.client.request(Request::from_parts(parts, body)).await {
-        Ok(resp) => resp.map(Body::new),
-        Err(_) => Response::builder().status(StatusCode::BAD_GATEWAY).body(Body::empty()).expect("response"),
-    })
+    parts.uri = format!("http://{backend}{path}")
+        .parse()
+        .expect("backend URI");
+    Ok(
+        match lb.client.request(Request::from_parts(parts, body)).await {
+            Ok(resp) => resp.map(Body::new),
+            Err(_) => Response::builder()
+                .status(StatusCode::BAD_GATEWAY)
+                .body(Body::empty())
+                .expect("response"),
+        },
+    )
 }

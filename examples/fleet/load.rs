@@ -54,7 +54,9 @@ pub(crate) async fn offer(
     duration: Duration,
     progress: Arc<Progress>,
 ) -> Outcome {
-    let client: Client<_, Body> = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(512).build_http();
+    let client: Client<_, Body> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(512)
+        .build_http();
     let uri: http::Uri = format!("http://{target}/").parse().expect("target URI");
     let outcome = Arc::new(Mutex::new(Outcome {
         admitted_per_second: vec![0; duration.as_secs().max(1) as usize],
@@ -80,7 +82,12 @@ pub(crate) async fn offer(
             continue;
         };
         progress.sent.fetch_add(1, Ordering::Relaxed);
-        let (client, uri, outcome, progress) = (client.clone(), uri.clone(), outcome.clone(), progress.clone());
+        let (client, uri, outcome, progress) = (
+            client.clone(),
+            uri.clone(),
+            outcome.clone(),
+            progress.clone(),
+        );
         handles.push(tokio::spawn(async move {
             let sent = Instant::now();
             let status = client.get(uri).await.map(|r| r.status());
@@ -110,5 +117,7 @@ pub(crate) async fn offer(
     for handle in handles {
         handle.await.expect("request task");
     }
-    Arc::try_unwrap(outcome).expect("all tasks done").into_inner()
+    Arc::try_unwrap(outcome)
+        .expect("all tasks done")
+        .into_inner()
 }

@@ -7,9 +7,9 @@
 //! whole fleet. `--autoscale` grows the fleet during the run to show the in-process limit growing with it.
 
 mod args;
-mod fleet;
 #[path = "../common/flags.rs"]
 mod flags;
+mod fleet;
 mod load;
 
 use std::io::Write;
@@ -75,7 +75,10 @@ async fn main() {
         "tollgate fleet simulation: {} instances, each limited to {} req/s; {} req/s offered for {:?} (after a {:?} warm-up)\n",
         args.instances, args.limit, args.offered, args.duration, args.warmup
     );
-    let mut designs = vec![Design { algorithm: Algorithm::TokenBucket, state: State::None }];
+    let mut designs = vec![Design {
+        algorithm: Algorithm::TokenBucket,
+        state: State::None,
+    }];
     for state in [State::InProcess, State::Redis] {
         if state == State::Redis && redis.is_err() {
             continue;
@@ -105,11 +108,24 @@ async fn main() {
     }
 }
 
+/// Whether a Redis at `url` decides: a store builds even while Redis is down (it would apply its failure policy),
+/// so ask it for a real decision, one that consumes nothing.
 async fn redis_reachable(url: &str) -> Result<(), String> {
-    let build = RedisStore::builder(url).timeout(REDIS_TIMEOUT).build();
-    match tokio::time::timeout(Duration::from_secs(3), build).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
+    let probe = async {
+        let store = RedisStore::builder(url)
+            .timeout(REDIS_TIMEOUT)
+            .build()
+            .await
+            .map_err(|e| e.to_string())?;
+        let policy = Policy::token_bucket(Quota::per_second(1).map_err(|e| e.to_string())?);
+        store
+            .try_check("fleet-probe", &policy, 0)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(Duration::from_secs(3), probe).await {
+        Ok(result) => result,
         Err(_) => Err("no answer within 3 s".into()),
     }
 }
@@ -118,7 +134,11 @@ async fn redis_reachable(url: &str) -> Result<(), String> {
 async fn run(args: &Args, design: Design, instances: usize, index: usize, total: usize) -> Outcome {
     let lb = Balancer::new();
     let mut tasks = Vec::new();
-    let namespace = format!("tollgate-fleet:{}:{index}:{}", std::process::id(), now_nanos());
+    let namespace = format!(
+        "tollgate-fleet:{}:{index}:{}",
+        std::process::id(),
+        now_nanos()
+    );
     for _ in 0..instances {
         let (addr, task) = instance(args, design, &namespace).await;
         lb.add(addr);
@@ -168,7 +188,8 @@ async fn run(args: &Args, design: Design, instances: usize, index: usize, total:
                 grown
             })
         };
-        let outcome = load::offer(lb_addr, args.offered, args.warmup, args.duration, progress).await;
+        let outcome =
+            load::offer(lb_addr, args.offered, args.warmup, args.duration, progress).await;
         tasks.extend(grow.await.expect("grow task"));
         outcome
     } else {
@@ -181,9 +202,14 @@ async fn run(args: &Args, design: Design, instances: usize, index: usize, total:
     outcome
 }
 
-async fn instance(args: &Args, design: Design, namespace: &str) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+async fn instance(
+    args: &Args,
+    design: Design,
+    namespace: &str,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     let quota = Quota::per_second(args.limit).expect("--limit is validated");
-    let policy = Policy::new(design.algorithm, quota).expect("a per-second quota suits both algorithms");
+    let policy =
+        Policy::new(design.algorithm, quota).expect("a per-second quota suits both algorithms");
     match design.state {
         State::None => start_instance(Arc::new(MemoryStore::new()), None).await,
         State::InProcess => start_instance(Arc::new(MemoryStore::new()), Some(policy)).await,
@@ -201,15 +227,29 @@ async fn instance(args: &Args, design: Design, namespace: &str) -> (std::net::So
 }
 
 fn now_nanos() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
     let secs = args.duration.as_secs_f64();
-    let baseline = rows.iter().find(|(d, _)| d.state == State::None).map(|(_, o)| (o.percentile(50.0), o.percentile(99.0)));
+    let baseline = rows
+        .iter()
+        .find(|(d, _)| d.state == State::None)
+        .map(|(_, o)| (o.percentile(50.0), o.percentile(99.0)));
     println!(
         "{:<22} {:<11} {:>6} {:>11} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9}",
-        "design", "state", "limit", "admitted/s", "× limit", "rejected/s", "p50", "p99", "added p50", "added p99"
+        "design",
+        "state",
+        "limit",
+        "admitted/s",
+        "× limit",
+        "rejected/s",
+        "p50",
+        "p99",
+        "added p50",
+        "added p99"
     );
     for (design, o) in rows {
         let (name, state) = design.label();
@@ -217,16 +257,28 @@ fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
         let (p50, p99) = (o.percentile(50.0), o.percentile(99.0));
         let limited = design.state != State::None;
         let added = |p: Duration, base: Duration| {
-            if limited { format!("{:+.2}ms", (p.as_secs_f64() - base.as_secs_f64()) * 1e3) } else { "-".into() }
+            if limited {
+                format!("{:+.2}ms", (p.as_secs_f64() - base.as_secs_f64()) * 1e3)
+            } else {
+                "-".into()
+            }
         };
         let (b50, b99) = baseline.unwrap_or_default();
         println!(
             "{:<22} {:<11} {:>6} {:>11.1} {:>8} {:>11.1} {:>7.2}ms {:>7.2}ms {:>9} {:>9}",
             name,
             state,
-            if limited { args.limit.to_string() } else { "-".into() },
+            if limited {
+                args.limit.to_string()
+            } else {
+                "-".into()
+            },
             admitted,
-            if limited { format!("{:.2}", admitted / args.limit as f64) } else { "-".into() },
+            if limited {
+                format!("{:.2}", admitted / args.limit as f64)
+            } else {
+                "-".into()
+            },
             o.rejected as f64 / secs,
             p50.as_secs_f64() * 1e3,
             p99.as_secs_f64() * 1e3,
@@ -234,7 +286,10 @@ fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
             added(p99, b99),
         );
         if o.failed + o.not_sent > 0 {
-            println!("{:<22} ({} failed, {} not sent: the load generator hit its in-flight cap)", "", o.failed, o.not_sent);
+            println!(
+                "{:<22} ({} failed with a 5xx or a connection error, {} not sent because of the generator's in-flight cap)",
+                "", o.failed, o.not_sent
+            );
         }
     }
 }
@@ -245,9 +300,16 @@ async fn autoscale(args: &Args, with_redis: bool) {
         args.instances, args.limit, args.offered
     );
     let mut columns = Vec::new();
-    let states: &[State] = if with_redis { &[State::InProcess, State::Redis] } else { &[State::InProcess] };
+    let states: &[State] = if with_redis {
+        &[State::InProcess, State::Redis]
+    } else {
+        &[State::InProcess]
+    };
     for (i, &state) in states.iter().enumerate() {
-        let design = Design { algorithm: Algorithm::TokenBucket, state };
+        let design = Design {
+            algorithm: Algorithm::TokenBucket,
+            state,
+        };
         columns.push((design, run(args, design, 1, i, states.len()).await));
     }
     eprint!("\r{:100}\r", "");
@@ -262,13 +324,26 @@ async fn autoscale(args: &Args, with_redis: bool) {
         let instances = ((second as f64 + 0.5) / step).floor() as usize + 1;
         print!("{:>6} {:>10}", second + 1, instances.min(args.instances));
         for (_, outcome) in &columns {
-            print!(" {:>21} req/s", outcome.admitted_per_second.get(second).copied().unwrap_or(0));
+            print!(
+                " {:>21} req/s",
+                outcome
+                    .admitted_per_second
+                    .get(second)
+                    .copied()
+                    .unwrap_or(0)
+            );
         }
         println!();
     }
     if with_redis {
-        println!("\nThe in-process limit grows with every instance added; the Redis limit holds at {} req/s.", args.limit);
+        println!(
+            "\nThe in-process limit grows with every instance added; the Redis limit holds at {} req/s.",
+            args.limit
+        );
     } else {
-        println!("\nRedis column skipped: no Redis at {}; pass --redis-url to add it.", args.redis_url);
+        println!(
+            "\nRedis column skipped: no Redis at {}; pass --redis-url to add it.",
+            args.redis_url
+        );
     }
 }
