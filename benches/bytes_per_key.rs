@@ -10,12 +10,24 @@ use governor::{Quota as GQuota, RateLimiter};
 use tollgate_core::{MemoryStore, Policy, Quota};
 
 const KEYS: usize = 1_000_000;
-const CONTENDERS: [&str; 3] = ["tollgate_token_bucket", "tollgate_sliding_window", "governor_gcra"];
+const CONTENDERS: [&str; 3] = [
+    "tollgate_token_bucket",
+    "tollgate_sliding_window",
+    "governor_gcra",
+];
 
 fn rss_bytes() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").expect("reading /proc/self/status (Linux only)");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS in /proc/self/status");
-    let kib: usize = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS value");
+    let status = std::fs::read_to_string("/proc/self/status")
+        .expect("reading /proc/self/status (Linux only)");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS in /proc/self/status");
+    let kib: usize = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS value");
     kib * 1024
 }
 
@@ -64,13 +76,29 @@ fn main() {
     println!("bytes per key at {KEYS} keys (resident memory growth / keys):");
     let mut results = Vec::new();
     for contender in CONTENDERS {
-        let out = Command::new(&exe).args(["--contender", contender]).output().expect("spawn child");
-        assert!(out.status.success(), "{contender}: {}", String::from_utf8_lossy(&out.stderr));
-        let bytes: usize = String::from_utf8_lossy(&out.stdout).trim().parse().expect("child output");
+        let out = Command::new(&exe)
+            .args(["--contender", contender])
+            .output()
+            .expect("spawn child");
+        assert!(
+            out.status.success(),
+            "{contender}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bytes: usize = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("child output");
         let per_key = bytes as f64 / KEYS as f64;
         println!("  {contender:<26} {per_key:>7.1} B/key");
         results.push(per_key);
     }
-    println!("  ratio tollgate_token_bucket / governor_gcra = {:.2}", results[0] / results[2]);
-    println!("  ratio tollgate_sliding_window / governor_gcra = {:.2}", results[1] / results[2]);
+    println!(
+        "  ratio tollgate_token_bucket / governor_gcra = {:.2}",
+        results[0] / results[2]
+    );
+    println!(
+        "  ratio tollgate_sliding_window / governor_gcra = {:.2}",
+        results[1] / results[2]
+    );
 }

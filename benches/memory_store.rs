@@ -23,13 +23,20 @@ const BURST: u32 = 1_000_000_000;
 /// Quotas no benchmark exhausts, so every check takes the admitting path in both libraries, and slow enough
 /// that no key decays back to "fresh" (and is dropped) during a run: both libraries keep every key.
 fn policies() -> [(&'static str, Policy); 2] {
-    let bucket = Quota::per_hour(1_000).unwrap().with_burst(BURST.into()).unwrap();
+    let bucket = Quota::per_hour(1_000)
+        .unwrap()
+        .with_burst(BURST.into())
+        .unwrap();
     let window = Quota::per_hour(BURST.into()).unwrap();
-    [("token_bucket", Policy::token_bucket(bucket)), ("sliding_window", Policy::sliding_window(window).unwrap())]
+    [
+        ("token_bucket", Policy::token_bucket(bucket)),
+        ("sliding_window", Policy::sliding_window(window).unwrap()),
+    ]
 }
 
 fn governor_keyed() -> governor::DefaultKeyedRateLimiter<String> {
-    let quota = GQuota::per_hour(NonZeroU32::new(1_000).unwrap()).allow_burst(NonZeroU32::new(BURST).unwrap());
+    let quota = GQuota::per_hour(NonZeroU32::new(1_000).unwrap())
+        .allow_burst(NonZeroU32::new(BURST).unwrap());
     RateLimiter::keyed(quota)
 }
 
@@ -43,7 +50,9 @@ fn single_key(c: &mut Criterion) {
         });
     }
     let governor = governor_keyed();
-    group.bench_function("governor_gcra", |b| b.iter(|| black_box(governor.check_key(black_box(&key)).is_ok())));
+    group.bench_function("governor_gcra", |b| {
+        b.iter(|| black_box(governor.check_key(black_box(&key)).is_ok()))
+    });
     group.finish();
 }
 
@@ -95,7 +104,11 @@ fn contended(c: &mut Criterion) {
     for (name, policy) in policies() {
         let store = MemoryStore::new();
         group.bench_function(format!("tollgate_{name}"), |b| {
-            b.iter_custom(|iters| run(iters, &|| drop(black_box(store.check_now(&key, &policy, 1)))));
+            b.iter_custom(|iters| {
+                run(iters, &|| {
+                    drop(black_box(store.check_now(&key, &policy, 1)))
+                })
+            });
         });
     }
     let governor = governor_keyed();

@@ -43,7 +43,11 @@ impl SystemClock {
     pub fn new() -> Self {
         let counter = quanta::Clock::new();
         let started = counter.raw();
-        Self { anchor: Timestamp::from(SystemTime::now()), counter, started }
+        Self {
+            anchor: Timestamp::from(SystemTime::now()),
+            counter,
+            started,
+        }
     }
 }
 
@@ -55,7 +59,9 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
-        let nanos = self.counter.delta_as_nanos(self.started, self.counter.raw());
+        let nanos = self
+            .counter
+            .delta_as_nanos(self.started, self.counter.raw());
         Timestamp::from_micros(self.anchor.as_micros() + nanos / 1_000)
     }
 }
