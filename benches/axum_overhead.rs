@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request};
 use axum::routing::get;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -146,6 +148,24 @@ async fn connection(
     Ok(())
 }
 
+/// Nanoseconds per request when the router is called in-process, with no network or HTTP parsing: the cost
+/// of the middleware itself, steady even on a busy machine.
+async fn in_process_ns(mut app: Router, calls: u32) -> f64 {
+    use tower::{Service, ServiceExt};
+    let peer = ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 40_000)));
+    let start = Instant::now();
+    for _ in 0..calls {
+        let mut req = Request::new(Body::empty());
+        req.extensions_mut().insert(peer);
+        let ready = ServiceExt::<Request>::ready(&mut app)
+            .await
+            .expect("the router is always ready");
+        let response = ready.call(req).await.expect("axum routers are infallible");
+        assert!(response.status().is_success(), "every request is admitted");
+    }
+    start.elapsed().as_nanos() as f64 / f64::from(calls)
+}
+
 /// Like [`measure`], with `wrk` (one thread) as the load generator instead of the built-in one.
 fn measure_wrk(addr: SocketAddr, connections: usize, seconds: f64) -> Result<(f64, f64), String> {
     let start_cpu = thread_cpu_ns(SERVER_THREAD);
@@ -262,6 +282,44 @@ fn main() {
         .enable_all()
         .build()
         .expect("a server runtime");
+    let client = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a client runtime");
+    let routers: Vec<(&str, Router)> = vec![
+        ("bare axum", hello()),
+        ("tollgate (all headers)", tollgate(HeaderSet::ALL)),
+        ("tollgate (no headers)", tollgate(HeaderSet::NONE)),
+        ("tower-governor 0.8", governor()),
+    ];
+    println!(
+        "in-process router calls (no network), {} rounds x 200000 calls per variant",
+        o.rounds
+    );
+    let mut ns = vec![Vec::new(); routers.len()];
+    for round in 0..o.rounds {
+        for i in 0..routers.len() {
+            let v = (i + round) % routers.len();
+            // `with_state` turns handlers into routes once, as `axum::serve` does for each connection.
+            let router = routers[v].1.clone().with_state(());
+            ns[v].push(client.block_on(in_process_ns(router, 200_000)));
+        }
+    }
+    let (bare_ns, gov_ns) = (median(&ns[0]), median(&ns[routers.len() - 1]));
+    println!(
+        "{:<24} {:>10} {:>14} {:>14}",
+        "variant", "ns/request", "added vs bare", "vs governor"
+    );
+    for (i, (name, _)) in routers.iter().enumerate() {
+        let m = median(&ns[i]);
+        println!(
+            "{name:<24} {m:>10.0} {:>13.0}ns {:>13.0}ns",
+            m - bare_ns,
+            m - gov_ns
+        );
+    }
+    println!();
+
     let variants: Vec<(&str, SocketAddr)> = servers.block_on(async {
         vec![
             ("bare axum", serve(hello()).await),
@@ -276,10 +334,6 @@ fn main() {
             ("tower-governor 0.8", serve(governor()).await),
         ]
     });
-    let client = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a client runtime");
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     println!(
         "axum hello world, {} rounds x {} s per variant, {} keep-alive connections ({}), {} server thread(s), {} cores",

@@ -32,8 +32,6 @@
 //! assert_eq!(headers["x-ratelimit-used"], "2");
 //! ```
 
-use std::fmt::Write as _;
-
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate_tower::{Verdict, Verdicts};
 
@@ -87,31 +85,67 @@ impl HeaderSet {
         let Some(binding) = verdicts.binding() else {
             return;
         };
+        // Seven fields at most: grow the map once, and format every value in one scratch buffer.
+        headers.reserve(7);
+        let mut buf = String::with_capacity(64);
         if self.ietf {
-            let mut policy = String::with_capacity(48);
-            let mut state = String::with_capacity(48);
-            for (i, v) in verdicts
-                .enforced()
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .enumerate()
-            {
-                let sep = if i == 0 { "" } else { ", " };
-                policy.push_str(sep);
-                push_sf_string(&mut policy, &v.limiter);
-                let _ = write!(policy, ";q={};w={}", v.decision.limit, v.window_secs());
-                state.push_str(sep);
-                push_sf_string(&mut state, &v.limiter);
-                let _ = write!(state, ";r={};t={}", v.decision.remaining, v.reset_secs());
+            for (i, v) in verdicts.enforced().rev().enumerate() {
+                push_member(
+                    &mut buf,
+                    i,
+                    &v.limiter,
+                    ";q=",
+                    v.decision.limit,
+                    ";w=",
+                    v.window_secs(),
+                );
             }
-            insert_string(headers, RATELIMIT_POLICY, &policy);
-            insert_string(headers, RATELIMIT, &state);
+            insert_str(headers, RATELIMIT_POLICY, &buf);
+            buf.clear();
+            for (i, v) in verdicts.enforced().rev().enumerate() {
+                push_member(
+                    &mut buf,
+                    i,
+                    &v.limiter,
+                    ";r=",
+                    v.decision.remaining,
+                    ";t=",
+                    v.reset_secs(),
+                );
+            }
+            insert_str(headers, RATELIMIT, &buf);
+            buf.clear();
         }
         if self.github {
-            render_github(binding, headers);
+            render_github(binding, headers, &mut buf);
         }
     }
+}
+
+/// Appends one list member: `"name";a=x;b=y`, preceded by `, ` unless it is the first.
+fn push_member(buf: &mut String, index: usize, name: &str, a: &str, x: u64, b: &str, y: u64) {
+    if index > 0 {
+        buf.push_str(", ");
+    }
+    push_sf_string(buf, name);
+    buf.push_str(a);
+    push_u64(buf, x);
+    buf.push_str(b);
+    push_u64(buf, y);
+}
+
+fn push_u64(buf: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    digits[i..].iter().for_each(|&d| buf.push(char::from(d)));
 }
 
 impl Default for HeaderSet {
@@ -120,7 +154,7 @@ impl Default for HeaderSet {
     }
 }
 
-fn render_github(v: &Verdict, headers: &mut HeaderMap) {
+fn render_github(v: &Verdict, headers: &mut HeaderMap, buf: &mut String) {
     headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(v.decision.limit));
     headers.insert(
         X_RATELIMIT_REMAINING,
@@ -131,12 +165,11 @@ fn render_github(v: &Verdict, headers: &mut HeaderMap) {
         HeaderValue::from(v.decision.reset.as_secs_ceil()),
     );
     headers.insert(X_RATELIMIT_USED, HeaderValue::from(v.used()));
-    let mut resource = String::with_capacity(v.limiter.len());
-    resource.extend(v.limiter.chars().map(visible));
-    insert_string(headers, X_RATELIMIT_RESOURCE, &resource);
+    buf.extend(v.limiter.chars().map(visible));
+    insert_str(headers, X_RATELIMIT_RESOURCE, buf);
 }
 
-fn insert_string(headers: &mut HeaderMap, name: HeaderName, value: &str) {
+fn insert_str(headers: &mut HeaderMap, name: HeaderName, value: &str) {
     // Every character was made visible ASCII above, so this cannot fail; skipping beats panicking regardless.
     // `from_str` copies into an exact-size buffer, cheaper to encode and free than a converted `String`.
     if let Ok(value) = HeaderValue::from_str(value) {

@@ -82,34 +82,42 @@ pub fn ceil_secs(d: Duration) -> u64 {
 
 /// The verdicts of every limiter a request went through, innermost first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Verdicts(Vec<Verdict>);
+pub struct Verdicts {
+    // Most requests pass one limiter: keep the first verdict inline, without a heap allocation.
+    first: Option<Verdict>,
+    rest: Vec<Verdict>,
+}
 
 impl Verdicts {
     /// Adds a verdict.
     pub fn push(&mut self, verdict: Verdict) {
-        self.0.push(verdict);
+        if self.first.is_none() {
+            self.first = Some(verdict);
+        } else {
+            self.rest.push(verdict);
+        }
     }
 
     /// All verdicts, innermost limiter first.
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Verdict> {
-        self.0.iter()
+        self.first.iter().chain(self.rest.iter())
     }
 
     /// Enforced verdicts only: the ones clients may see.
     pub fn enforced(&self) -> impl DoubleEndedIterator<Item = &Verdict> {
-        self.0.iter().filter(|v| v.enforced)
+        self.iter().filter(|v| v.enforced)
     }
 
     /// Number of verdicts.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.0.len()
+        usize::from(self.first.is_some()) + self.rest.len()
     }
 
     /// Whether there are none.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.first.is_none()
     }
 
     /// The enforced verdict that binds the client most: a denial first, then the fewest remaining, then the

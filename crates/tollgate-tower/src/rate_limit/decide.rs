@@ -123,12 +123,21 @@ impl<K, St: Store, C> Shared<K, St, C> {
         self.conclude(result, &key, cost, mode)
     }
 
-    /// Decides at once when the store is the in-process [`MemoryStore`] (whose answer is always immediate), so
-    /// the request needs no boxed future; `None` for any other store.
-    pub(crate) fn decide_now(&self, key: &str, cost: u64, mode: Mode) -> Option<Conclusion> {
-        // The type test is resolved at compile time for each store type.
-        let memory = (&*self.store as &dyn Any).downcast_ref::<MemoryStore>()?;
-        Some(self.conclude(memory.check_now(key, &self.policy, cost), key, cost, mode))
+    /// Decides at once on the in-process [`MemoryStore`] (see [`Self::memory_store`]), whose answer is always
+    /// immediate, so the request needs no boxed future.
+    pub(crate) fn decide_now(
+        &self,
+        memory: &MemoryStore,
+        key: &str,
+        cost: u64,
+        mode: Mode,
+    ) -> Conclusion {
+        self.conclude(memory.check_now(key, &self.policy, cost), key, cost, mode)
+    }
+
+    /// The store, if it is the in-process [`MemoryStore`]; the type test is resolved at compile time.
+    pub(crate) fn memory_store(&self) -> Option<&MemoryStore> {
+        (&*self.store as &dyn Any).downcast_ref::<MemoryStore>()
     }
 
     /// Turns the store's answer into a conclusion: failure policy, shadow mode, metrics.

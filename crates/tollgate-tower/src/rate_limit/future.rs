@@ -24,8 +24,9 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<F, S, Req> {
-        // The store is still deciding; the ready inner service and the request wait for it.
-        Deciding { decide: Deciding, inner: Option<S>, req: Option<Req> },
+        // The store is still deciding; the ready inner service and the request wait for it (boxed: this state is
+        // rare, and keeping it small keeps the whole future small to move).
+        Deciding { decide: Deciding, waiting: Option<Box<(S, Req)>> },
         // Admitted: the inner service is running; its response will carry the verdict.
         Calling { #[pin] fut: F, verdict: Option<Verdict> },
         // Rejected, or the key could not be found.
@@ -50,8 +51,7 @@ impl<F, S, Req> ResponseFuture<F, S, Req> {
         Self {
             state: State::Deciding {
                 decide,
-                inner: Some(inner),
-                req: Some(req),
+                waiting: Some(Box::new((inner, req))),
             },
         }
     }
@@ -83,11 +83,12 @@ where
         loop {
             let mut this = self.as_mut().project();
             match this.state.as_mut().project() {
-                StateProj::Deciding { decide, inner, req } => {
+                StateProj::Deciding { decide, waiting } => {
                     let conclusion = ready!(decide.as_mut().poll(cx));
-                    let (Some(mut inner), Some(req)) = (inner.take(), req.take()) else {
+                    let Some(waiting) = waiting.take() else {
                         return Poll::Ready(Err(POLLED_AFTER_COMPLETION.into()));
                     };
+                    let (mut inner, req) = *waiting;
                     match conclusion {
                         Conclusion::Admit(verdict) => {
                             let fut = inner.call(req);

@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tollgate_core::{FailurePolicy, MemoryStore, Policy, Store};
 use tower_layer::Layer;
@@ -21,6 +21,10 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     switch: EnforcementSwitch,
     on_error: FailurePolicy,
     fallback: Option<Arc<MemoryStore>>,
+    /// Built on the first `layer` call and shared by every service from then on: axum calls `layer` for every
+    /// route (and again per connection for routers with handlers), which must not re-register metrics each time.
+    /// Every builder method starts a fresh one.
+    built: Arc<OnceLock<Arc<Shared<K, St, C>>>>,
 }
 
 impl<K, St: Store> RateLimitLayer<K, St> {
@@ -38,6 +42,7 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             switch: EnforcementSwitch::default(),
             on_error: FailurePolicy::default(),
             fallback: None,
+            built: Arc::default(),
         }
     }
 }
@@ -54,6 +59,7 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             switch: self.switch,
             on_error: self.on_error,
             fallback: self.fallback,
+            built: Arc::default(),
         }
     }
 
@@ -71,6 +77,7 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
     /// Uses `switch` (e.g. one shared by several layers) for the enforcement mode.
     pub fn switch(mut self, switch: EnforcementSwitch) -> Self {
         self.switch = switch;
+        self.built = Arc::default();
         self
     }
 
@@ -82,6 +89,7 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             FailurePolicy::Local => Some(self.fallback.unwrap_or_default()),
             _ => None,
         };
+        self.built = Arc::default();
         self
     }
 
@@ -115,6 +123,7 @@ impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
             switch: self.switch.clone(),
             on_error: self.on_error,
             fallback: self.fallback.clone(),
+            built: self.built.clone(),
         }
     }
 }
@@ -134,16 +143,18 @@ impl<S, K: Clone, St: Store, C: Clone> Layer<S> for RateLimitLayer<K, St, C> {
     type Service = RateLimit<S, K, St, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let shared = Shared::new(
-            self.name.clone(),
-            self.policy,
-            self.store.clone(),
-            self.key.clone(),
-            self.cost.clone(),
-            self.switch.clone(),
-            self.on_error,
-            self.fallback.clone(),
-        );
-        RateLimit::from_shared(inner, Arc::new(shared))
+        let shared = self.built.get_or_init(|| {
+            Arc::new(Shared::new(
+                self.name.clone(),
+                self.policy,
+                self.store.clone(),
+                self.key.clone(),
+                self.cost.clone(),
+                self.switch.clone(),
+                self.on_error,
+                self.fallback.clone(),
+            ))
+        });
+        RateLimit::from_shared(inner, shared.clone())
     }
 }

@@ -1,3 +1,4 @@
+use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -9,7 +10,7 @@ use tower_service::Service;
 
 use super::decide::{Conclusion, Shared};
 use super::future::ResponseFuture;
-use crate::{BoxError, Cost, KeyExtractor, Mode, VerdictSink};
+use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode, VerdictSink};
 
 /// A service limited by a [`RateLimitLayer`](super::RateLimitLayer).
 ///
@@ -89,6 +90,24 @@ where
         if mode == Mode::Off {
             return ResponseFuture::calling(self.inner.call(req), None);
         }
+        if let Some(memory) = shared.memory_store() {
+            // In-process: the store answers at once and only borrows the key, so no future is boxed and the key
+            // is built in a reused buffer.
+            let decided = with_key_buffer(|key| {
+                key.push_str(&shared.name);
+                key.push(':');
+                shared.key.extract(&req, key)?;
+                let cost = shared.cost.cost(&req);
+                Ok::<_, KeyError>(shared.decide_now(memory, key, cost, mode))
+            });
+            return match decided {
+                Ok(conclusion) => self.conclude(conclusion, req),
+                Err(err) => {
+                    drop(self.take_ready());
+                    ResponseFuture::failed(err.into())
+                }
+            };
+        }
         let mut key = String::with_capacity(shared.name.len() + 48);
         key.push_str(&shared.name);
         key.push(':');
@@ -97,26 +116,49 @@ where
             return ResponseFuture::failed(err.into());
         }
         let cost = shared.cost.cost(&req);
-        let conclusion = match shared.decide_now(&key, cost, mode) {
-            Some(conclusion) => conclusion,
-            None => {
-                let shared = shared.clone();
-                let mut decide: Pin<Box<dyn Future<Output = Conclusion> + Send>> =
-                    Box::pin(async move { shared.decide(key, cost, mode).await });
-                // A store may still answer at once (a local fallback, a cache): then an admitted request calls
-                // the ready inner service directly, without cloning it. Otherwise the response future polls it
-                // again with the real waker (every future re-registers its waker on each poll).
-                match decide
-                    .as_mut()
-                    .poll(&mut Context::from_waker(Waker::noop()))
-                {
-                    Poll::Ready(conclusion) => conclusion,
-                    Poll::Pending => {
-                        return ResponseFuture::deciding(decide, self.take_ready(), req);
-                    }
-                }
-            }
-        };
+        let shared = shared.clone();
+        let mut decide: Pin<Box<dyn Future<Output = Conclusion> + Send>> =
+            Box::pin(async move { shared.decide(key, cost, mode).await });
+        // A store may still answer at once (a cache, an open circuit): then an admitted request calls the ready
+        // inner service directly, without cloning it. Otherwise the response future polls it again with the real
+        // waker (every future re-registers its waker on each poll).
+        match decide
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(conclusion) => self.conclude(conclusion, req),
+            Poll::Pending => ResponseFuture::deciding(decide, self.take_ready(), req),
+        }
+    }
+}
+
+thread_local! {
+    static KEY_BUFFER: RefCell<String> = RefCell::new(String::with_capacity(128));
+}
+
+/// Runs `f` with an empty string buffer: this thread's reused one, or a fresh one if it is in use (an extractor
+/// that itself calls a limited service) or gone (thread teardown).
+fn with_key_buffer<R>(mut f: impl FnMut(&mut String) -> R) -> R {
+    let reused = KEY_BUFFER.try_with(|cell| {
+        let mut key = cell.try_borrow_mut().ok()?;
+        key.clear();
+        Some(f(&mut key))
+    });
+    match reused {
+        Ok(Some(result)) => result,
+        _ => f(&mut String::new()),
+    }
+}
+
+impl<S, K, St, C> RateLimit<S, K, St, C> {
+    fn conclude<Req>(
+        &mut self,
+        conclusion: Conclusion,
+        req: Req,
+    ) -> ResponseFuture<S::Future, S, Req>
+    where
+        S: Service<Req> + Clone,
+    {
         match conclusion {
             Conclusion::Admit(verdict) => ResponseFuture::calling(self.inner.call(req), verdict),
             Conclusion::Reject(rejection) => {
