@@ -2,6 +2,7 @@ use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use http::Response;
@@ -9,6 +10,7 @@ use pin_project_lite::pin_project;
 use tollgate_tower::{BoxError, Rejection, VerdictSink, Verdicts};
 
 use crate::HeaderSet;
+use crate::headers::Constant;
 use crate::problem::error_response;
 
 pin_project! {
@@ -17,6 +19,7 @@ pin_project! {
         #[pin]
         state: State<F>,
         headers: HeaderSet,
+        cache: Arc<OnceLock<Constant>>,
     }
 }
 
@@ -30,17 +33,23 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(fut: F, headers: HeaderSet) -> Self {
+    pub(crate) fn new(fut: F, headers: HeaderSet, cache: Arc<OnceLock<Constant>>) -> Self {
         Self {
             state: State::Running { fut },
             headers,
+            cache,
         }
     }
 
-    pub(crate) fn failed(error: BoxError, headers: HeaderSet) -> Self {
+    pub(crate) fn failed(
+        error: BoxError,
+        headers: HeaderSet,
+        cache: Arc<OnceLock<Constant>>,
+    ) -> Self {
         Self {
             state: State::Failed { error: Some(error) },
             headers,
+            cache,
         }
     }
 }
@@ -82,7 +91,8 @@ where
         };
         let (mut parts, body) = response.into_parts();
         if let Some(verdicts) = parts.extensions.get::<Verdicts>() {
-            this.headers.render(verdicts, &mut parts.headers);
+            this.headers
+                .render_with(verdicts, &mut parts.headers, Some(this.cache));
         }
         Poll::Ready(Ok(Response::from_parts(parts, body)))
     }

@@ -32,6 +32,8 @@
 //! assert_eq!(headers["x-ratelimit-used"], "2");
 //! ```
 
+use std::sync::{Arc, OnceLock};
+
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate_tower::{Verdict, Verdicts};
 
@@ -82,9 +84,29 @@ impl HeaderSet {
     /// Writes the chosen fields for `verdicts` into `headers`, replacing earlier values (an outer layer re-renders
     /// with the inner layers' verdicts included). Nothing is written when no verdict is enforced.
     pub fn render(self, verdicts: &Verdicts, headers: &mut HeaderMap) {
+        self.render_with(verdicts, headers, None);
+    }
+
+    /// [`render`](Self::render), taking a single limiter's constant fields from `cache`.
+    pub(crate) fn render_with(
+        self,
+        verdicts: &Verdicts,
+        headers: &mut HeaderMap,
+        cache: Option<&OnceLock<Constant>>,
+    ) {
         let Some(binding) = verdicts.binding() else {
             return;
         };
+        let single = verdicts.enforced().nth(1).is_none();
+        if let Some(constant) = cache
+            .filter(|_| single)
+            .map(|c| c.get_or_init(|| Constant::of(binding)))
+            && Arc::ptr_eq(&constant.limiter, &binding.limiter)
+            && constant.limit == binding.decision.limit
+        {
+            self.render_single(binding, constant, headers);
+            return;
+        }
         // Seven fields at most: grow the map once, and format every value in one scratch buffer.
         headers.reserve(7);
         let mut buf = String::with_capacity(64);
@@ -118,6 +140,78 @@ impl HeaderSet {
         }
         if self.github {
             render_github(binding, headers, &mut buf);
+        }
+    }
+}
+
+/// The fields of one limiter that never change: computed once per layer, cloned (a reference count) after.
+#[derive(Debug)]
+pub(crate) struct Constant {
+    limiter: Arc<str>,
+    limit: u64,
+    policy: Option<HeaderValue>,
+    limit_value: HeaderValue,
+    resource: Option<HeaderValue>,
+}
+
+impl Constant {
+    fn of(v: &Verdict) -> Self {
+        let mut buf = String::with_capacity(64);
+        push_member(
+            &mut buf,
+            0,
+            &v.limiter,
+            ";q=",
+            v.decision.limit,
+            ";w=",
+            v.window_secs(),
+        );
+        let policy = HeaderValue::from_str(&buf).ok();
+        buf.clear();
+        buf.extend(v.limiter.chars().map(visible));
+        Self {
+            limiter: v.limiter.clone(),
+            limit: v.decision.limit,
+            policy,
+            limit_value: HeaderValue::from(v.decision.limit),
+            resource: HeaderValue::from_str(&buf).ok(),
+        }
+    }
+}
+
+impl HeaderSet {
+    fn render_single(self, v: &Verdict, constant: &Constant, headers: &mut HeaderMap) {
+        headers.reserve(7);
+        if self.ietf {
+            let mut buf = String::with_capacity(48);
+            push_member(
+                &mut buf,
+                0,
+                &v.limiter,
+                ";r=",
+                v.decision.remaining,
+                ";t=",
+                v.reset_secs(),
+            );
+            if let Some(policy) = &constant.policy {
+                headers.insert(RATELIMIT_POLICY, policy.clone());
+            }
+            insert_str(headers, RATELIMIT, &buf);
+        }
+        if self.github {
+            headers.insert(X_RATELIMIT_LIMIT, constant.limit_value.clone());
+            headers.insert(
+                X_RATELIMIT_REMAINING,
+                HeaderValue::from(v.decision.remaining),
+            );
+            headers.insert(
+                X_RATELIMIT_RESET,
+                HeaderValue::from(v.decision.reset.as_secs_ceil()),
+            );
+            headers.insert(X_RATELIMIT_USED, HeaderValue::from(v.used()));
+            if let Some(resource) = &constant.resource {
+                headers.insert(X_RATELIMIT_RESOURCE, resource.clone());
+            }
         }
     }
 }

@@ -1,5 +1,8 @@
+use std::sync::{Arc, OnceLock};
+
 use tower_layer::Layer;
 
+use crate::headers::Constant;
 use crate::{HeaderSet, HttpLimit};
 
 /// Wraps a tollgate layer (e.g. a [`RateLimitLayer`](tollgate_tower::RateLimitLayer)) so that the service stays
@@ -11,6 +14,8 @@ use crate::{HeaderSet, HttpLimit};
 pub struct HttpLimitLayer<L> {
     inner: L,
     headers: HeaderSet,
+    /// The constant header values of the wrapped limiter, shared by every service the layer builds.
+    cache: Arc<OnceLock<Constant>>,
 }
 
 impl<L> HttpLimitLayer<L> {
@@ -19,6 +24,7 @@ impl<L> HttpLimitLayer<L> {
         Self {
             inner,
             headers: HeaderSet::ALL,
+            cache: Arc::default(),
         }
     }
 
@@ -38,6 +44,6 @@ impl<S, L: Layer<S>> Layer<S> for HttpLimitLayer<L> {
     type Service = HttpLimit<L::Service>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        HttpLimit::new(self.inner.layer(inner), self.headers)
+        HttpLimit::new(self.inner.layer(inner), self.headers, self.cache.clone())
     }
 }

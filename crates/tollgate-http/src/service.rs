@@ -1,10 +1,12 @@
 use std::convert::Infallible;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tollgate_tower::BoxError;
 use tower_service::Service;
 
+use crate::headers::Constant;
 use crate::{HeaderSet, ResponseFuture};
 
 /// The service built by [`HttpLimitLayer`](crate::HttpLimitLayer): never fails, answers rejections itself.
@@ -12,15 +14,17 @@ use crate::{HeaderSet, ResponseFuture};
 pub struct HttpLimit<S> {
     inner: S,
     headers: HeaderSet,
+    cache: Arc<OnceLock<Constant>>,
     /// An error from the inner `poll_ready`, answered (500) by the next call: `poll_ready` cannot respond.
     not_ready: Option<String>,
 }
 
 impl<S> HttpLimit<S> {
-    pub(crate) fn new(inner: S, headers: HeaderSet) -> Self {
+    pub(crate) fn new(inner: S, headers: HeaderSet, cache: Arc<OnceLock<Constant>>) -> Self {
         Self {
             inner,
             headers,
+            cache,
             not_ready: None,
         }
     }
@@ -57,8 +61,8 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         match self.not_ready.take() {
-            Some(err) => ResponseFuture::failed(err.into(), self.headers),
-            None => ResponseFuture::new(self.inner.call(req), self.headers),
+            Some(err) => ResponseFuture::failed(err.into(), self.headers, self.cache.clone()),
+            None => ResponseFuture::new(self.inner.call(req), self.headers, self.cache.clone()),
         }
     }
 }
