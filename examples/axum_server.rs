@@ -4,6 +4,12 @@
 //! cargo run --example axum_server -- --limit 5 --period 10s
 //! curl -i http://127.0.0.1:3000/          # 200 with RateLimit-Policy, RateLimit, X-RateLimit-* headers
 //! curl -i http://127.0.0.1:3000/health    # never limited
+//!
+//! # Stripe's stack: 2 in flight per client, this instance sheds by priority near 64 in flight, the fleet sheds
+//! # non-critical requests beyond 80 of 100 in flight (20 % reserved for `x-priority: critical`).
+//! cargo run --example axum_server -- --concurrency 2 --worker-capacity 64 \
+//!     --fleet-capacity 100 --fleet-reserve 20 --redis-url redis://127.0.0.1:6379
+//! curl -i 'http://127.0.0.1:3000/slow?ms=2000' -H 'x-priority: low'
 //! ```
 //!
 //! `GET /` is limited per client IP (the peer address, or the client behind `--trusted-proxy` networks);
@@ -17,6 +23,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
+use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
 use tollgate_core::{
     Algorithm, Decision, FailurePolicy, MemoryStore, Policy, Quota, Store, StoreError,
 };
@@ -24,6 +31,9 @@ use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::{Cidr, ClientIp};
 use tollgate_redis::RedisStore;
 use tollgate_tower::RateLimitLayer;
+
+#[path = "common/stack.rs"]
+mod stack;
 
 const USAGE: &str = "\
 usage: axum_server [options]
@@ -38,7 +48,7 @@ usage: axum_server [options]
   --trusted-proxy CIDR          a reverse proxy network whose X-Forwarded-For is trusted (repeatable)
   -h, --help                    this text
 
-routes: GET / (limited per client IP), GET /health (never limited)";
+routes: GET / and GET /slow?ms=N (limited per client IP), GET /health (never limited)";
 
 /// The command line. Later flags (concurrency, load shedding) add a field here and an arm in `Config::parse`.
 #[derive(Debug)]
@@ -51,6 +61,7 @@ struct Config {
     redis_url: Option<String>,
     on_store_error: FailurePolicy,
     trusted_proxies: Vec<Cidr>,
+    stack: stack::StackFlags,
 }
 
 impl Config {
@@ -64,6 +75,7 @@ impl Config {
             redis_url: None,
             on_store_error: FailurePolicy::Closed,
             trusted_proxies: Vec::new(),
+            stack: stack::StackFlags::default(),
         };
         while let Some(flag) = args.next() {
             let (flag, inline) = match flag.split_once('=') {
@@ -116,9 +128,11 @@ impl Config {
                             .map_err(|e| format!("--trusted-proxy: {e}"))?,
                     );
                 }
+                other if stack::StackFlags::is_flag(other) => config.stack.set(other, &value()?)?,
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
+        config.stack.validate(config.redis_url.is_some())?;
         Ok(Some(config))
     }
 
@@ -188,15 +202,29 @@ impl Store for FallibleRedis {
     }
 }
 
-/// `GET /` behind `layer`; `GET /health` added after it, so never limited.
-fn app<St: Store>(config: &Config, policy: Policy, store: Arc<St>) -> Router {
+/// `GET /` and `GET /slow` behind the per-client rate limit and the rest of the Stripe stack (`stack::layer`, whose
+/// leases live in `leases`); `GET /health` added after them, so never limited.
+fn app<St: Store, L: LeaseStore>(
+    config: &Config,
+    policy: Policy,
+    store: Arc<St>,
+    leases: Arc<L>,
+) -> Result<Router, String> {
     let key = ClientIp::trusting(config.trusted_proxies.iter().copied());
-    let per_client =
-        RateLimitLayer::new("per-client", policy, store, key).on_store_error(config.on_store_error);
-    Router::new()
+    let per_client = RateLimitLayer::new("per-client", policy, store, key.clone())
+        .on_store_error(config.on_store_error);
+    let limits = stack::layer(
+        &config.stack,
+        per_client,
+        leases,
+        key,
+        config.on_store_error,
+    )?;
+    Ok(Router::new()
         .route("/", get(|| async { "hello from tollgate\n" }))
-        .layer(HttpLimitLayer::new(per_client))
-        .route("/health", get(|| async { "ok\n" }))
+        .route("/slow", get(stack::slow))
+        .layer(HttpLimitLayer::new(limits))
+        .route("/health", get(|| async { "ok\n" })))
 }
 
 #[tokio::main]
@@ -210,12 +238,21 @@ async fn main() {
 async fn run() -> Result<(), String> {
     let Some(config) = Config::parse(std::env::args().skip(1))? else {
         // Ignore a closed pipe (`--help | head`).
-        let _ = writeln!(std::io::stdout(), "{USAGE}");
+        let _ = writeln!(
+            std::io::stdout(),
+            "{USAGE}\n\nthe Stripe stack:\n{}",
+            stack::USAGE
+        );
         return Ok(());
     };
     let policy = config.policy()?;
     let app = match &config.redis_url {
-        None => app(&config, policy, Arc::new(MemoryStore::new())),
+        None => app(
+            &config,
+            policy,
+            Arc::new(MemoryStore::new()),
+            Arc::new(MemoryLeaseStore::new()),
+        )?,
         Some(url) => {
             let store = RedisStore::builder(url.clone())
                 .namespace("tollgate-axum-server")
@@ -228,7 +265,12 @@ async fn run() -> Result<(), String> {
                     config.on_store_error
                 );
             }
-            app(&config, policy, Arc::new(FallibleRedis(store)))
+            app(
+                &config,
+                policy,
+                Arc::new(FallibleRedis(store.clone())),
+                Arc::new(store),
+            )?
         }
     };
     let listener = tokio::net::TcpListener::bind(config.addr)
@@ -245,6 +287,7 @@ async fn run() -> Result<(), String> {
         config.on_store_error,
         config.trusted_proxies.len()
     );
+    println!("stack: {}", config.stack.describe());
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

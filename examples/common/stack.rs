@@ -8,14 +8,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tollgate_core::FailurePolicy;
 use tollgate_core::lease::LeaseStore;
 use tollgate_http::priority::HeaderPriority;
 use tollgate_stack::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
 use tollgate_tower::Mode;
 
 /// The usage lines of the stack's flags.
-pub(crate) const USAGE: &str = "\
-  --concurrency N               at most N requests in flight per client on limited routes (429 beyond)
+pub(crate) const USAGE: &str = "  --concurrency N               at most N requests in flight per client on limited routes (429 beyond)
   --worker-capacity N           this instance's capacity in requests in flight: sheds Low first, then Normal,
                                 then High, Critical last (503)
   --fleet-capacity N            requests in flight across every instance sharing --redis-url (503 beyond the
@@ -99,22 +99,25 @@ impl StackFlags {
     }
 }
 
+/// The layer [`layer`] builds: worker shedder, rate limiter `R`, concurrency limiter, fleet shedder.
+pub(crate) type Stack<R, K, L> = StackLayer<
+    WorkerShedLayer<HeaderPriority>,
+    R,
+    ConcurrencyLimitLayer<K, L>,
+    FleetShedLayer<HeaderPriority, L>,
+>;
+
 /// The stack of the limited routes: worker shedder → `rate` → concurrency limiter (per client `key`) → fleet
-/// shedder, the leases counted in `leases` (Redis with `--redis-url`, else in process).
+/// shedder, the leases counted in `leases` (Redis with `--redis-url`, else in process). The concurrency limiter
+/// answers a failing store with `on_store_error`; the fleet shedder fails open (shedding protects the service:
+/// rejecting everything while Redis is down would cause the outage it is there to prevent).
 pub(crate) fn layer<R, K: Clone, L: LeaseStore>(
     flags: &StackFlags,
     rate: R,
     leases: Arc<L>,
     key: K,
-) -> Result<
-    StackLayer<
-        WorkerShedLayer<HeaderPriority>,
-        R,
-        ConcurrencyLimitLayer<K, L>,
-        FleetShedLayer<HeaderPriority, L>,
-    >,
-    String,
-> {
+    on_store_error: FailurePolicy,
+) -> Result<Stack<R, K, L>, String> {
     let on = |flag: Option<u64>| {
         if flag.is_some() {
             Mode::Enforce
@@ -132,6 +135,7 @@ pub(crate) fn layer<R, K: Clone, L: LeaseStore>(
         key,
     )
     .map_err(|e| e.to_string())?
+    .on_store_error(on_store_error)
     .mode(on(flags.concurrency));
     let fleet = FleetShedLayer::new(
         flags.fleet_capacity.unwrap_or(1),
