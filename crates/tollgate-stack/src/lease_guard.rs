@@ -15,6 +15,7 @@ pub(crate) struct LeaseGuard<L: LeaseStore> {
     key: String,
     lease: LeaseId,
     renewal: Option<JoinHandle<()>>,
+    armed: bool,
 }
 
 impl<L: LeaseStore> LeaseGuard<L> {
@@ -40,19 +41,27 @@ impl<L: LeaseStore> LeaseGuard<L> {
             key,
             lease,
             renewal,
+            armed: true,
         }
     }
 }
 
 impl<L: LeaseStore> LeaseGuard<L> {
-    /// A guard that never renews: for a lease whose grant is unknown (its reply was lost), released on drop.
+    /// A guard that never renews: for a lease whose grant is not known yet (the acquire is in flight and may be
+    /// cancelled) or never will be (its reply was lost). Released on drop unless [`disarm`](Self::disarm)ed.
     pub(crate) fn unrenewed(store: Arc<L>, key: String, lease: LeaseId) -> Self {
         Self {
             store,
             key,
             lease,
             renewal: None,
+            armed: true,
         }
+    }
+
+    /// The lease is known not to be held (or another guard holds it): nothing to release on drop.
+    pub(crate) fn disarm(mut self) {
+        self.armed = false;
     }
 }
 
@@ -80,6 +89,9 @@ impl<L: LeaseStore> Drop for LeaseGuard<L> {
     fn drop(&mut self) {
         if let Some(renewal) = self.renewal.take() {
             renewal.abort();
+        }
+        if !self.armed {
+            return;
         }
         let shared = self.store.leases_expire();
         // A store doing I/O needs the runtime (its timeout and connections live there); without one the lease

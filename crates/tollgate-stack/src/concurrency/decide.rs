@@ -68,7 +68,20 @@ impl<R, L: LeaseStore> Shared<R, L> {
     pub(crate) async fn decide(self: Arc<Self>, key: String, limit: u64, mode: Mode) -> Conclusion {
         let lease = LeaseId::new();
         let ttl = self.settings.lease_ttl;
-        match self.store.acquire(&key, lease, limit, ttl).await {
+        // A shared store's acquire may land even if this future is dropped while waiting for the reply (the
+        // client went away): this guard then gives the lease back instead of letting it count until it expires.
+        let in_doubt = self
+            .store
+            .leases_expire()
+            .then(|| LeaseGuard::unrenewed(self.store.clone(), key.clone(), lease));
+        let result = self.store.acquire(&key, lease, limit, ttl).await;
+        match (&result, in_doubt) {
+            // The reply was lost, not the request: the lease may be held, so release it.
+            (Err(StoreError::Timeout(_)), Some(guard)) => drop(guard),
+            (_, Some(guard)) => guard.disarm(),
+            (_, None) => {}
+        }
+        match result {
             Ok(admission) if admission.granted => {
                 self.counters.allowed.increment(1);
                 let guard = LeaseGuard::new(self.store.clone(), key, lease, ttl);
