@@ -1,0 +1,131 @@
+//! Decisions are counted through the `metrics` facade, in every mode: a recorder installed before the layers are
+//! built sees `tollgate_decisions_total` by limiter and outcome.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use tollgate_core::{FailurePolicy, MemoryStore, Policy, Quota};
+use tollgate_tower::{BoxError, KeyError, KeyFn, Mode, RateLimitLayer, VerdictSink, Verdicts};
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+/// Counters by `name{label=value,...}`, labels sorted.
+#[derive(Default, Clone)]
+struct Counts(Arc<Mutex<HashMap<String, Arc<AtomicU64>>>>);
+
+impl Counts {
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        let mut labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        labels.sort();
+        let key = format!("{name}{{{}}}", labels.join(","));
+        let map = self.0.lock().unwrap();
+        map.get(&key).map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+}
+
+impl Recorder for Counts {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        let counter = self.0.lock().unwrap().entry(name).or_default().clone();
+        Counter::from_arc(counter)
+    }
+
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Reply(Verdicts);
+
+impl VerdictSink for Reply {
+    fn verdicts_mut(&mut self) -> &mut Verdicts {
+        &mut self.0
+    }
+}
+
+#[tokio::test]
+async fn decisions_are_counted_by_limiter_and_outcome() {
+    let counts = Counts::default();
+    metrics::set_global_recorder(counts.clone()).expect("the only recorder in this test binary");
+
+    let by_user = KeyFn::new(|user: &&'static str, key: &mut String| {
+        key.push_str(user);
+        Ok::<_, KeyError>(())
+    });
+    let policy = Policy::token_bucket(Quota::per_minute(2).unwrap());
+    let layer = RateLimitLayer::new("dark", policy, Arc::new(MemoryStore::new()), by_user).shadow();
+    let switch = layer.enforcement();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|_: &'static str| async { Ok::<_, BoxError>(Reply::default()) });
+
+    for _ in 0..5 {
+        svc.ready()
+            .await
+            .unwrap()
+            .call("ann")
+            .await
+            .expect("shadow mode admits");
+    }
+    let dark = |outcome| {
+        counts.get(
+            "tollgate_decisions_total",
+            &[("limiter", "dark"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        (dark("allowed"), dark("shadow_limited"), dark("limited")),
+        (2, 3, 0)
+    );
+
+    switch.set(Mode::Enforce);
+    assert!(svc.ready().await.unwrap().call("ann").await.is_err());
+    assert_eq!(dark("limited"), 1);
+    switch.set(Mode::Off);
+    svc.ready().await.unwrap().call("ann").await.unwrap();
+    assert_eq!(
+        dark("allowed") + dark("shadow_limited") + dark("limited"),
+        6,
+        "the kill switch decides nothing"
+    );
+
+    // Store failures: a real MemoryStore refusing a new key at its bound, failing open.
+    let full = Arc::new(MemoryStore::builder().max_keys(1).shards(1).build());
+    full.check_now("full:other", &policy, 1).unwrap();
+    let key = KeyFn::new(|user: &&'static str, key: &mut String| {
+        key.push_str(user);
+        Ok::<_, KeyError>(())
+    });
+    let mut open = ServiceBuilder::new()
+        .layer(RateLimitLayer::new("full", policy, full, key).on_store_error(FailurePolicy::Open))
+        .service_fn(|_: &'static str| async { Ok::<_, BoxError>(Reply::default()) });
+    open.ready().await.unwrap().call("ann").await.unwrap();
+    assert_eq!(
+        counts.get(
+            "tollgate_decisions_total",
+            &[("limiter", "full"), ("outcome", "store_error_open")]
+        ),
+        1
+    );
+    let errors = [
+        ("limiter", "full"),
+        ("kind", "key_capacity"),
+        ("failure_policy", "open"),
+    ];
+    assert_eq!(counts.get("tollgate_store_errors_total", &errors), 1);
+}
