@@ -32,8 +32,10 @@
 //! assert_eq!(headers["x-ratelimit-used"], "2");
 //! ```
 
+use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate_tower::{Verdict, Verdicts};
 
@@ -182,33 +184,56 @@ impl Constant {
 impl HeaderSet {
     fn render_single(self, v: &Verdict, constant: &Constant, headers: &mut HeaderMap) {
         headers.reserve(7);
-        if self.ietf {
-            let mut buf = String::with_capacity(48);
-            push_member(
-                &mut buf,
-                0,
-                &v.limiter,
-                ";r=",
+        // Every per-request value is written into one buffer and handed out as slices of it: one allocation
+        // instead of one per field.
+        let mut buf = String::with_capacity(96);
+        let span = |buf: &mut String, write: &dyn Fn(&mut String)| {
+            let start = buf.len();
+            write(buf);
+            start..buf.len()
+        };
+        let state = self.ietf.then(|| {
+            span(&mut buf, &|b| {
+                push_member(
+                    b,
+                    0,
+                    &v.limiter,
+                    ";r=",
+                    v.decision.remaining,
+                    ";t=",
+                    v.reset_secs(),
+                );
+            })
+        });
+        let numbers = self.github.then(|| {
+            [
                 v.decision.remaining,
-                ";t=",
-                v.reset_secs(),
-            );
+                v.decision.reset.as_secs_ceil(),
+                v.used(),
+            ]
+            .map(|n| span(&mut buf, &|b| push_u64(b, n)))
+        });
+        let bytes = Bytes::from(buf);
+        let value = |range: Range<usize>| HeaderValue::from_maybe_shared(bytes.slice(range)).ok();
+        if let Some(state) = state {
             if let Some(policy) = &constant.policy {
                 headers.insert(RATELIMIT_POLICY, policy.clone());
             }
-            insert_str(headers, RATELIMIT, &buf);
+            if let Some(state) = value(state) {
+                headers.insert(RATELIMIT, state);
+            }
         }
-        if self.github {
+        if let Some([remaining, reset, used]) = numbers {
             headers.insert(X_RATELIMIT_LIMIT, constant.limit_value.clone());
-            headers.insert(
-                X_RATELIMIT_REMAINING,
-                HeaderValue::from(v.decision.remaining),
-            );
-            headers.insert(
-                X_RATELIMIT_RESET,
-                HeaderValue::from(v.decision.reset.as_secs_ceil()),
-            );
-            headers.insert(X_RATELIMIT_USED, HeaderValue::from(v.used()));
+            for (name, range) in [
+                (X_RATELIMIT_REMAINING, remaining),
+                (X_RATELIMIT_RESET, reset),
+                (X_RATELIMIT_USED, used),
+            ] {
+                if let Some(value) = value(range) {
+                    headers.insert(name, value);
+                }
+            }
             if let Some(resource) = &constant.resource {
                 headers.insert(X_RATELIMIT_RESOURCE, resource.clone());
             }
