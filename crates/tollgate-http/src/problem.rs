@@ -1,6 +1,9 @@
 //! Error responses: `application/problem+json` (RFC 9457) bodies with the right status and `Retry-After`.
 
 use std::fmt::Write as _;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
@@ -26,7 +29,9 @@ pub fn error_response<B: From<String>>(err: &BoxError) -> Response<B> {
         return rejection_response(rejection);
     }
     if let Some(key_err) = err.downcast_ref::<KeyError>() {
-        tracing::error!(error = %key_err, "rate limiter misconfigured");
+        if log_gate_open() {
+            tracing::error!(error = %key_err, "rate limiter misconfigured (logged once per second at most)");
+        }
         return problem(
             StatusCode::INTERNAL_SERVER_ERROR,
             "rate-limit-configuration",
@@ -34,7 +39,9 @@ pub fn error_response<B: From<String>>(err: &BoxError) -> Response<B> {
             None,
         );
     }
-    tracing::error!(error = %err, "rate-limited service failed");
+    if log_gate_open() {
+        tracing::error!(error = %err, "rate-limited service failed (logged once per second at most)");
+    }
     problem(
         StatusCode::INTERNAL_SERVER_ERROR,
         "internal-error",
@@ -64,6 +71,19 @@ pub fn rejection_response<B: From<String>>(rejection: &Rejection) -> Response<B>
             .insert(RETRY_AFTER, HeaderValue::from(secs));
     }
     response
+}
+
+/// One error line per second at most: a misconfiguration fails every request, which must not flood the logs.
+fn log_gate_open() -> bool {
+    static START: OnceLock<Instant> = OnceLock::new();
+    static NEXT_MS: AtomicU64 = AtomicU64::new(0);
+    let now =
+        u64::try_from(START.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX);
+    let next = NEXT_MS.load(Ordering::Relaxed);
+    now >= next
+        && NEXT_MS
+            .compare_exchange(next, now + 1_000, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }
 
 fn problem<B: From<String>>(
