@@ -2,7 +2,7 @@
 //!
 //! A concurrency lease or a worker's in-flight slot is a guard whose `Drop` gives it back. The layers put it in a
 //! [`Permit`] and hand it to the response through [`HoldPermit`]: for `http::Response`, the permit moves into the
-//! body ([`PermitBody`](crate::PermitBody)), so it lives until the body is done or dropped (client disconnect,
+//! body ([`PermitBody`]), so it lives until the body is done or dropped (client disconnect,
 //! cancellation, a panicking handler: every path drops it). A failed call drops its permit at once.
 //!
 //! ```
