@@ -49,13 +49,51 @@ impl<P> FleetRule<P> {
             return self.capacity;
         }
         // Reserve rounded up: the critical share is never smaller than asked.
-        let reserved = (self.capacity * u64::from(self.reserve_percent)).div_ceil(100);
-        self.capacity - reserved
+        let reserved = (u128::from(self.capacity) * u128::from(self.reserve_percent)).div_ceil(100);
+        self.capacity
+            .saturating_sub(u64::try_from(reserved).unwrap_or(u64::MAX))
     }
 }
 
 impl<Req, P: Classify<Req>> LeaseRule<Req> for FleetRule<P> {
     fn rule(&self, req: &Req, _key: &mut String) -> Result<u64, KeyError> {
         Ok(self.ceiling(self.classifier.classify(req)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_tower::ConstPriority;
+
+    fn rule(capacity: u64, reserve_percent: u8) -> FleetRule<ConstPriority> {
+        FleetRule {
+            classifier: ConstPriority(Priority::Normal),
+            capacity,
+            reserve_percent,
+        }
+    }
+
+    #[test]
+    fn ceilings_reserve_a_rounded_up_share_for_critical() {
+        assert_eq!(rule(100, 20).ceiling(Priority::High), 80);
+        assert_eq!(rule(100, 20).ceiling(Priority::Critical), 100);
+        assert_eq!(rule(5, 40).ceiling(Priority::Low), 3);
+        assert_eq!(
+            rule(3, 20).ceiling(Priority::Normal),
+            2,
+            "0.6 reserved rounds up to 1"
+        );
+        assert_eq!(rule(10, 0).ceiling(Priority::Normal), 10);
+        assert_eq!(
+            rule(10, 100).ceiling(Priority::Normal),
+            0,
+            "everything reserved"
+        );
+        assert_eq!(
+            rule(u64::MAX, 50).ceiling(Priority::Normal),
+            u64::MAX / 2,
+            "no overflow"
+        );
     }
 }
