@@ -96,6 +96,9 @@ impl HeaderSet {
         headers: &mut HeaderMap,
         cache: Option<&OnceLock<Constant>>,
     ) {
+        if self == Self::NONE {
+            return;
+        }
         let Some(binding) = verdicts.binding() else {
             return;
         };
@@ -109,8 +112,8 @@ impl HeaderSet {
             self.render_single(binding, constant, headers);
             return;
         }
-        // Seven fields at most: grow the map once, and format every value in one scratch buffer.
-        headers.reserve(7);
+        // Grow the map once, and format every value in one scratch buffer.
+        headers.reserve(self.fields());
         let mut buf = String::with_capacity(64);
         if self.ietf {
             for (i, v) in verdicts.enforced().rev().enumerate() {
@@ -143,6 +146,13 @@ impl HeaderSet {
         if self.github {
             render_github(binding, headers, &mut buf);
         }
+    }
+}
+
+impl HeaderSet {
+    /// How many fields `render` writes.
+    fn fields(self) -> usize {
+        2 * usize::from(self.ietf) + 5 * usize::from(self.github)
     }
 }
 
@@ -183,7 +193,7 @@ impl Constant {
 
 impl HeaderSet {
     fn render_single(self, v: &Verdict, constant: &Constant, headers: &mut HeaderMap) {
-        headers.reserve(7);
+        headers.reserve(self.fields());
         // Every per-request value is written into one buffer and handed out as slices of it: one allocation
         // instead of one per field.
         let mut buf = String::with_capacity(96);
