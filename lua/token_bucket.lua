@@ -59,13 +59,9 @@ local stored = redis.call('HMGET', key, 'full_at', 'remainder')
 if stored[1] and tonumber(stored[1]) > now then
   full_at, remainder = tonumber(stored[1]), tonumber(stored[2])
 end
--- A clock that stepped back could make the deficit exceed the bucket: an empty bucket is the most owed.
-local deficit
-if full_at - now > idiv(capacity, rate) then
-  deficit = capacity
-else
-  deficit = math.min((full_at - now) * rate - remainder, capacity)
-end
+-- A clock that stepped back could make the deficit exceed the bucket: an empty bucket is the most owed. (Past
+-- 2^53 the product loses precision, but any such product exceeds the capacity, so the minimum is exact.)
+local deficit = math.min((full_at - now) * rate - remainder, capacity)
 
 if cost > burst then
   local remaining = idiv(capacity - deficit, token)

@@ -38,11 +38,11 @@ pub fn decide(
         _ => (now, 0),
     };
     // A clock that stepped back could make the deficit exceed the bucket (and the product overflow): an empty
-    // bucket is the most that can be owed.
-    let deficit = if full_at - now > capacity / rate {
-        capacity
-    } else {
-        ((full_at - now) * rate - remainder).min(capacity)
+    // bucket is the most that can be owed. (Lua's doubles cannot overflow; past 2^53 they only lose precision, and
+    // any such product exceeds the capacity anyway.)
+    let deficit = match (full_at - now).checked_mul(rate) {
+        Some(owed) => (owed - remainder).min(capacity),
+        None => capacity,
     };
     let decision = |outcome, remaining, reset, retry_after| Decision {
         outcome,
