@@ -43,7 +43,15 @@ impl MemoryLeaseStore {
                 limit,
             };
         }
-        keys.entry(key.to_owned()).or_default().insert(lease);
+        // Allocate the key only for a key with no lease yet.
+        match keys.get_mut(key) {
+            Some(set) => {
+                set.insert(lease);
+            }
+            None => {
+                keys.insert(key.to_owned(), HashSet::from([lease]));
+            }
+        }
         Admission {
             granted: true,
             in_flight: held + 1,
