@@ -13,8 +13,15 @@ fn memory_store_matches_every_vector() {
         let store = MemoryStore::new();
         let policy = case.policy();
         for (i, step) in case.steps.iter().enumerate() {
-            let got = store.check_at(&step.key, &policy, step.cost, step.at()).unwrap();
-            assert_eq!(got, step.expected(&policy), "case {:?}, step {i}", case.name);
+            let got = store
+                .check_at(&step.key, &policy, step.cost, step.at())
+                .unwrap();
+            assert_eq!(
+                got,
+                step.expected(&policy),
+                "case {:?}, step {i}",
+                case.name
+            );
             steps += 1;
         }
     }
