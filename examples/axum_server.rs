@@ -24,9 +24,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
-use tollgate_core::{
-    Algorithm, Decision, FailurePolicy, MemoryStore, Policy, Quota, Store, StoreError,
-};
+use tollgate_core::{Algorithm, FailurePolicy, MemoryStore, Policy, Quota, Store};
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::{Cidr, ClientIp};
 use tollgate_redis::RedisStore;
@@ -187,21 +185,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Redis reporting its failures as errors, so the layer's `--on-store-error` policy answers them (503 when
-/// closed) instead of the store's own policy.
-struct FallibleRedis(RedisStore);
-
-impl Store for FallibleRedis {
-    fn check(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.0.try_check(key, policy, cost)
-    }
-}
-
 /// `GET /` and `GET /slow` behind the per-client rate limit and the rest of the Stripe stack (`stack::layer`, whose
 /// leases live in `leases`); `GET /health` added after them, so never limited.
 fn app<St: Store, L: LeaseStore>(
@@ -268,7 +251,8 @@ async fn run() -> Result<(), String> {
             app(
                 &config,
                 policy,
-                Arc::new(FallibleRedis(store.clone())),
+                // No store failure policy: Redis errors reach the layer, whose --on-store-error answers.
+                Arc::new(store.clone()),
                 Arc::new(store),
             )?
         }

@@ -17,9 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{
-    Algorithm, Decision, FailurePolicy, MemoryStore, Policy, Quota, Store, StoreError,
-};
+use tollgate_core::{Algorithm, FailurePolicy, MemoryStore, Policy, Quota, Store};
 use tollgate_grpc::key::{MetadataKey, PeerIp};
 use tollgate_grpc::{GrpcLimitLayer, MethodLimitLayer};
 use tollgate_redis::RedisStore;
@@ -138,21 +136,6 @@ impl<B> KeyExtractor<http::Request<B>> for ClientKey {
     }
 }
 
-/// Redis reporting its failures as errors, so the layer's `--on-store-error` policy answers them (`UNAVAILABLE`
-/// when closed) instead of the store's own policy.
-struct FallibleRedis(RedisStore);
-
-impl Store for FallibleRedis {
-    fn check(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.0.try_check(key, policy, cost)
-    }
-}
-
 struct Hello;
 
 #[tonic::async_trait]
@@ -229,7 +212,8 @@ async fn run() -> Result<(), String> {
                     config.on_store_error
                 );
             }
-            serve(&config, policy, Arc::new(FallibleRedis(store))).await
+            // Without a store failure policy, Redis errors reach the layer: `--on-store-error` answers them.
+            serve(&config, policy, Arc::new(store)).await
         }
     }
 }

@@ -51,21 +51,6 @@ impl Store for AtClock {
     }
 }
 
-/// Redis's own errors, not its failure policy's answer (`RedisStore::try_check`): the layer's failure policy
-/// decides, and a closed one rejects with `UNAVAILABLE`.
-struct Strict(RedisStore);
-
-impl Store for Strict {
-    fn check(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.0.try_check(key, policy, cost)
-    }
-}
-
 #[tokio::test]
 async fn resource_exhausted_with_the_decisions_retry_info_over_redis() -> TestResult {
     let clock = ManualClock::new(Timestamp::from_micros(1_800_000_000_000_000));
@@ -249,7 +234,7 @@ async fn a_failed_redis_with_a_closed_failure_policy_is_unavailable() -> TestRes
     let layer = GrpcLimitLayer::new(RateLimitLayer::new(
         "fleet",
         policy,
-        Arc::new(Strict(redis)),
+        Arc::new(redis), // no store failure policy: the layer's decides
         PeerIp,
     ));
     let (addr, _) = serve(layer).await;
