@@ -350,7 +350,7 @@ async fn missing_peer_address_is_a_configuration_error<St: Store>(store: Arc<St>
 both_stores!(missing_peer, missing_peer_address_is_a_configuration_error);
 
 /// A Redis nobody listens on: every check fails (connection refused), as in an outage.
-async fn unreachable_redis() -> Arc<support::Strict> {
+async fn unreachable_redis() -> Arc<tollgate_redis::RedisStore> {
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
@@ -359,7 +359,8 @@ async fn unreachable_redis() -> Arc<support::Strict> {
         .build()
         .await
         .unwrap();
-    Arc::new(support::Strict(store))
+    // No store failure policy: Redis errors reach the layer, whose `on_store_error` answers.
+    Arc::new(store)
 }
 
 #[tokio::test]

@@ -2,7 +2,6 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +12,7 @@ use axum::response::Response;
 use axum::routing::{self, Route};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tollgate_core::{Decision, MemoryStore, Policy, Store, StoreError};
+use tollgate_core::{MemoryStore, Policy};
 use tollgate_http::HttpLimitLayer;
 use tollgate_redis::RedisStore;
 use tollgate_tower::BoxError;
@@ -135,22 +134,6 @@ pub async fn get(addr: SocketAddr, path: &str, extra: &[(&str, &str)]) -> Reply 
     }
 }
 
-/// A `RedisStore` that reports Redis failures as errors, so the layer's failure policy answers them (the store's
-/// own `check` would answer with its own policy instead).
-#[derive(Debug, Clone)]
-pub struct Strict(pub RedisStore);
-
-impl Store for Strict {
-    fn check(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.0.try_check(key, policy, cost)
-    }
-}
-
 /// `REDIS_URL`, or the local default.
 pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
@@ -167,7 +150,7 @@ fn namespace() -> String {
 }
 
 /// A Redis store on `REDIS_URL`, checked to be reachable (a test fails, never skips, without Redis).
-pub async fn redis_store() -> Arc<Strict> {
+pub async fn redis_store() -> Arc<RedisStore> {
     let url = redis_url();
     let store = RedisStore::builder(url.clone())
         .namespace(namespace())
@@ -178,7 +161,7 @@ pub async fn redis_store() -> Arc<Strict> {
     if let Err(e) = store.try_check("probe", &probe, 0).await {
         panic!("Redis at {url} is not reachable: {e} (start redis-server or set REDIS_URL)");
     }
-    Arc::new(Strict(store))
+    Arc::new(store)
 }
 
 /// A fresh in-process store.
