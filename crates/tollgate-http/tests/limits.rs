@@ -76,16 +76,17 @@ async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
         denied.header("ratelimit-policy"),
         "\"per-client\";q=3;w=3600"
     );
-    assert_eq!(denied.header("ratelimit"), "\"per-client\";r=0;t=3600");
+    // On a denial `t` is when the denied request would be admitted (one token, 1200 s), not the full refill.
+    assert_eq!(denied.header("ratelimit"), "\"per-client\";r=0;t=1200");
     assert_eq!(denied.num("x-ratelimit-remaining"), 0);
     assert_eq!(denied.num("x-ratelimit-used"), 3);
     assert_eq!(denied.num("x-ratelimit-reset"), resets[2]);
     assert_eq!(denied.header("x-ratelimit-resource"), "per-client");
     // Never earlier than the reset the RateLimit field announces.
-    assert_eq!(denied.num("retry-after"), 3600);
+    assert_eq!(denied.num("retry-after"), 1200);
     assert_eq!(
         denied.body,
-        r#"{"type":"https://tollgate.invalid/problems/rate_limited","title":"Too Many Requests","status":429,"detail":"rate limit \"per-client\" exceeded; retry after 3600 s","limiter":"per-client"}"#
+        r#"{"type":"https://tollgate.invalid/problems/rate_limited","title":"Too Many Requests","status":429,"detail":"rate limit \"per-client\" exceeded; retry after 1200 s","limiter":"per-client"}"#
     );
 
     let health = http_get(addr, "/health", &[]).await;
@@ -160,11 +161,11 @@ async fn route_layer_stacks_with_router_layer<St: Store>(store: Arc<St>) {
     assert_eq!(denied.status, 429);
     assert_eq!(
         denied.header("ratelimit"),
-        "\"per-client\";r=2;t=2160, \"report\";r=0;t=3600"
+        "\"per-client\";r=2;t=2160, \"report\";r=0;t=1800"
     );
     assert_eq!(denied.header("x-ratelimit-resource"), "report");
     assert_eq!(denied.num("x-ratelimit-limit"), 2);
-    assert_eq!(denied.num("retry-after"), 3600);
+    assert_eq!(denied.num("retry-after"), 1800);
 
     // Other routes only see the router-level limit, which counted all three requests.
     let home = http_get(addr, "/", &[]).await;
@@ -275,7 +276,7 @@ async fn shadow_mode_admits_but_counts<St: Store>(store: Arc<St>) {
     switch.set(Mode::Enforce);
     let denied = http_get(addr, "/", &[]).await;
     assert_eq!(denied.status, 429);
-    assert_eq!(denied.header("ratelimit"), "\"dark\";r=0;t=3600");
+    assert_eq!(denied.header("ratelimit"), "\"dark\";r=0;t=1800");
 }
 both_stores!(shadow_mode, shadow_mode_admits_but_counts);
 

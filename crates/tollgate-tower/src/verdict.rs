@@ -55,10 +55,17 @@ impl Verdict {
         }
     }
 
-    /// Whole seconds until the decision's reset, rounded up (never announces a reset earlier than it happens).
+    /// Whole seconds until quota is available again, rounded up (never earlier than it happens): on a denial, until
+    /// the denied request would be admitted (`retry_after`); otherwise until the full quota is back (`reset`).
+    ///
+    /// A token bucket's `reset` is when the bucket is full again: announcing that on a denial would make a client
+    /// of "3 per hour" wait an hour for a token that returns in 20 minutes.
     #[must_use]
     pub fn reset_secs(&self) -> u64 {
-        ceil_secs(self.decision.reset_after())
+        match self.decision.retry_after {
+            Some(retry) if !self.decision.is_allowed() => ceil_secs(retry),
+            _ => ceil_secs(self.decision.reset_after()),
+        }
     }
 
     /// The window in whole seconds, rounded up (at least 1).
