@@ -117,9 +117,9 @@ async fn the_stack_on_a_router_over_redis() {
     let limited = get(addr, "/fast", &ann).await;
     assert_eq!(limited.status, 429);
     assert!(limited.body.contains("rate_limited"), "{}", limited.body);
-    // The bucket is empty: it is full again in an hour, and Retry-After is never earlier than that reset.
-    assert_eq!(limited.header("ratelimit"), "\"per-client\";r=0;t=3600");
-    assert_eq!(limited.header("retry-after"), "3600");
+    // The bucket is empty: the next token (4 per hour) is 900 s away, which is what `t` and Retry-After say.
+    assert_eq!(limited.header("ratelimit"), "\"per-client\";r=0;t=900");
+    assert_eq!(limited.header("retry-after"), "900");
     assert_eq!(
         cli_url(&redis_url(), &["EXISTS", &ann_leases]),
         "0",
