@@ -24,12 +24,14 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
-use tollgate_core::{Algorithm, FailurePolicy, MemoryStore, Policy, Quota, Store};
+use tollgate_core::{Algorithm, FailurePolicy, MemoryStore, Policy, Store};
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::{Cidr, ClientIp};
 use tollgate_redis::RedisStore;
 use tollgate_tower::RateLimitLayer;
 
+#[path = "common/flags.rs"]
+mod flags;
 #[path = "common/stack.rs"]
 mod stack;
 
@@ -63,7 +65,7 @@ struct Config {
 }
 
 impl Config {
-    fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
+    fn parse(args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
         let mut config = Self {
             addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
             limit: 10,
@@ -75,59 +77,33 @@ impl Config {
             trusted_proxies: Vec::new(),
             stack: stack::StackFlags::default(),
         };
-        while let Some(flag) = args.next() {
-            let (flag, inline) = match flag.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
-                _ => (flag, None),
-            };
-            if flag == "-h" || flag == "--help" {
-                return Ok(None);
-            }
-            let mut value = || {
-                inline
-                    .clone()
-                    .or_else(|| args.next())
-                    .ok_or_else(|| format!("{flag} needs a value"))
-            };
+        let mut flags = flags::Flags::new(args);
+        while let Some(flag) = flags.next_flag() {
             match flag.as_str() {
+                "-h" | "--help" => return Ok(None),
                 "--addr" => {
-                    let v = value()?;
-                    config.addr = v.parse().map_err(|_| {
-                        format!("--addr {v:?}: expected HOST:PORT, e.g. 127.0.0.1:3000")
+                    config.addr = flags.parsed(|v| {
+                        v.parse()
+                            .map_err(|_| format!("{v:?}: expected HOST:PORT, e.g. 127.0.0.1:3000"))
                     })?;
                 }
-                "--limit" => config.limit = positive(&flag, &value()?)?,
-                "--period" => {
-                    config.period =
-                        parse_duration(&value()?).map_err(|e| format!("--period: {e}"))?
-                }
-                "--burst" => config.burst = Some(positive(&flag, &value()?)?),
-                "--algorithm" => {
-                    config.algorithm = match value()?.as_str() {
-                        "token-bucket" => Algorithm::TokenBucket,
-                        "sliding-window" => Algorithm::SlidingWindowCounter,
-                        other => {
-                            return Err(format!(
-                                "--algorithm {other:?}: expected token-bucket or sliding-window"
-                            ));
-                        }
-                    }
-                }
-                "--redis-url" => config.redis_url = Some(value()?),
+                "--limit" => config.limit = flags.parsed(flags::positive)?,
+                "--period" => config.period = flags.parsed(flags::duration)?,
+                "--burst" => config.burst = Some(flags.parsed(flags::positive)?),
+                "--algorithm" => config.algorithm = flags.parsed(flags::algorithm)?,
+                "--redis-url" => config.redis_url = Some(flags.value()?),
                 "--on-store-error" => {
-                    config.on_store_error = value()?
-                        .parse()
-                        .map_err(|e| format!("--on-store-error: {e}"))?;
+                    config.on_store_error =
+                        flags.parsed(|v| v.parse().map_err(|e| format!("{e}")))?;
                 }
                 "--trusted-proxy" => {
-                    config.trusted_proxies.push(
-                        value()?
-                            .parse()
-                            .map_err(|e| format!("--trusted-proxy: {e}"))?,
-                    );
+                    let cidr = flags.parsed(|v| v.parse().map_err(|e| format!("{e}")))?;
+                    config.trusted_proxies.push(cidr);
                 }
-                other if stack::StackFlags::is_flag(other) => config.stack.set(other, &value()?)?,
-                other => return Err(format!("unknown argument {other:?}")),
+                other if stack::StackFlags::is_flag(other) => {
+                    config.stack.set(other, &flags.value()?)?;
+                }
+                other => return Err(format!("unknown argument {other:?} (try --help)")),
             }
         }
         config.stack.validate(config.redis_url.is_some())?;
@@ -135,54 +111,8 @@ impl Config {
     }
 
     fn policy(&self) -> Result<Policy, String> {
-        let quota =
-            Quota::new(self.limit, self.period).map_err(|e| format!("--limit/--period: {e}"))?;
-        let quota = match self.burst {
-            Some(burst)
-                if self.algorithm == Algorithm::SlidingWindowCounter && burst != self.limit =>
-            {
-                return Err("--burst applies to --algorithm token-bucket only".to_owned());
-            }
-            Some(burst) => quota
-                .with_burst(burst)
-                .map_err(|e| format!("--burst: {e}"))?,
-            None => quota,
-        };
-        Policy::new(self.algorithm, quota).map_err(|e| e.to_string())
+        flags::policy(self.algorithm, self.limit, self.period, self.burst)
     }
-}
-
-fn positive(flag: &str, v: &str) -> Result<u64, String> {
-    match v.parse::<u64>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("{flag} {v:?}: expected a whole number above 0")),
-    }
-}
-
-/// `500ms`, `1s`, `10s`, `5m`, `1h` (also `us`; a number needs its unit).
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a number and a unit, e.g. 500ms, 1s, 1h"))?;
-    let d = match unit {
-        "us" => Duration::from_micros(n),
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        "" => return Err(format!("{s:?}: add a unit (us, ms, s, m or h)")),
-        other => {
-            return Err(format!(
-                "{s:?}: unknown unit {other:?} (use us, ms, s, m or h)"
-            ));
-        }
-    };
-    if d.is_zero() {
-        return Err(format!("{s:?}: must be longer than zero"));
-    }
-    Ok(d)
 }
 
 /// `GET /` and `GET /slow` behind the per-client rate limit and the rest of the Stripe stack (`stack::layer`, whose

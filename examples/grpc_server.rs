@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, FailurePolicy, MemoryStore, Policy, Quota, Store};
+use tollgate_core::{Algorithm, FailurePolicy, MemoryStore, Policy, Store};
 use tollgate_grpc::key::{MetadataKey, PeerIp};
 use tollgate_grpc::{GrpcLimitLayer, MethodLimitLayer};
 use tollgate_redis::RedisStore;
@@ -103,20 +103,7 @@ impl Config {
     }
 
     fn policy(&self) -> Result<Policy, String> {
-        let quota =
-            Quota::new(self.limit, self.period).map_err(|e| format!("--limit/--period: {e}"))?;
-        let quota = match self.burst {
-            Some(burst)
-                if self.algorithm == Algorithm::SlidingWindowCounter && burst != self.limit =>
-            {
-                return Err("--burst applies to --algorithm token-bucket only".to_owned());
-            }
-            Some(burst) => quota
-                .with_burst(burst)
-                .map_err(|e| format!("--burst: {e}"))?,
-            None => quota,
-        };
-        Policy::new(self.algorithm, quota).map_err(|e| e.to_string())
+        flags::policy(self.algorithm, self.limit, self.period, self.burst)
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::Algorithm;
+use tollgate_core::{Algorithm, Policy, Quota};
 
 /// Walks the arguments: yields each flag, and hands out its value on request.
 pub(crate) struct Flags<I> {
@@ -100,4 +100,24 @@ pub(crate) fn duration_or_zero(s: &str) -> Result<Duration, String> {
             "{s:?}: unknown unit {other:?} (use us, ms, s, m or h)"
         )),
     }
+}
+
+/// The policy the example servers' `--algorithm`, `--limit`, `--period` and `--burst` describe.
+pub(crate) fn policy(
+    algorithm: Algorithm,
+    limit: u64,
+    period: Duration,
+    burst: Option<u64>,
+) -> Result<Policy, String> {
+    let quota = Quota::new(limit, period).map_err(|e| format!("--limit/--period: {e}"))?;
+    let quota = match burst {
+        Some(burst) if algorithm == Algorithm::SlidingWindowCounter && burst != limit => {
+            return Err("--burst applies to --algorithm token-bucket only".to_owned());
+        }
+        Some(burst) => quota
+            .with_burst(burst)
+            .map_err(|e| format!("--burst: {e}"))?,
+        None => quota,
+    };
+    Policy::new(algorithm, quota).map_err(|e| e.to_string())
 }
