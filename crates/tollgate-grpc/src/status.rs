@@ -41,6 +41,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
+use tollgate_tower::verdict::{push_sf_string, visible_char};
 use tollgate_tower::{KeyError, Rejection, RejectionKind, Verdict, Verdicts};
 use tonic::Code;
 use tonic::metadata::MetadataMap;
@@ -189,7 +190,7 @@ fn render_github(headers: &mut HeaderMap, verdict: &Verdict) {
     insert_string(
         headers,
         X_RATELIMIT_RESOURCE,
-        verdict.limiter.chars().map(visible).collect(),
+        verdict.limiter.chars().map(visible_char).collect(),
     );
 }
 
@@ -206,27 +207,6 @@ fn insert_string(headers: &mut HeaderMap, name: HeaderName, value: String) {
     // Every character is visible ASCII by construction; skipping a field still beats panicking on a request.
     if let Ok(value) = HeaderValue::try_from(value) {
         headers.insert(name, value);
-    }
-}
-
-/// Appends `s` as a structured-field string (RFC 8941): quoted, `"` and `\` escaped, characters outside printable
-/// ASCII replaced by `?`.
-fn push_sf_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars().map(visible) {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-}
-
-fn visible(c: char) -> char {
-    if c == ' ' || c.is_ascii_graphic() {
-        c
-    } else {
-        '?'
     }
 }
 

@@ -37,6 +37,7 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use tollgate_tower::verdict::{push_sf_string, visible_char};
 use tollgate_tower::{Verdict, Verdicts};
 
 /// `RateLimit-Policy` (IETF draft 10).
@@ -180,7 +181,7 @@ impl Constant {
         );
         let policy = HeaderValue::from_str(&buf).ok();
         buf.clear();
-        buf.extend(v.limiter.chars().map(visible));
+        buf.extend(v.limiter.chars().map(visible_char));
         Self {
             limiter: v.limiter.clone(),
             limit: v.decision.limit,
@@ -294,7 +295,7 @@ fn render_github(v: &Verdict, headers: &mut HeaderMap, buf: &mut String) {
         HeaderValue::from(v.decision.reset.as_secs_ceil()),
     );
     headers.insert(X_RATELIMIT_USED, HeaderValue::from(v.used()));
-    buf.extend(v.limiter.chars().map(visible));
+    buf.extend(v.limiter.chars().map(visible_char));
     insert_str(headers, X_RATELIMIT_RESOURCE, buf);
 }
 
@@ -303,26 +304,5 @@ fn insert_str(headers: &mut HeaderMap, name: HeaderName, value: &str) {
     // `from_str` copies into an exact-size buffer, cheaper to encode and free than a converted `String`.
     if let Ok(value) = HeaderValue::from_str(value) {
         headers.insert(name, value);
-    }
-}
-
-/// Appends `s` as a structured-field string (RFC 8941): quoted, `"` and `\` escaped, other characters outside
-/// printable ASCII replaced by `?`.
-fn push_sf_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars().map(visible) {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-}
-
-fn visible(c: char) -> char {
-    if c == ' ' || c.is_ascii_graphic() {
-        c
-    } else {
-        '?'
     }
 }

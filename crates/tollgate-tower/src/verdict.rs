@@ -163,3 +163,32 @@ impl<B> VerdictSink for http::Request<B> {
         self.extensions_mut().get_or_insert_default::<Verdicts>()
     }
 }
+
+/// Appends `s` as a structured-field string (RFC 8941): quoted, `"` and `\` escaped, characters outside printable
+/// ASCII replaced by `?`. Limiter names are rendered this way in the HTTP headers and the gRPC metadata alike.
+///
+/// ```
+/// let mut out = String::new();
+/// tollgate_tower::verdict::push_sf_string(&mut out, "per \"client\" é");
+/// assert_eq!(out, r#""per \"client\" ?""#);
+/// ```
+pub fn push_sf_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars().map(visible_char) {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+}
+
+/// `c` if a header or metadata value may carry it as is (space and visible ASCII), `?` otherwise.
+#[must_use]
+pub const fn visible_char(c: char) -> char {
+    if c == ' ' || c.is_ascii_graphic() {
+        c
+    } else {
+        '?'
+    }
+}
