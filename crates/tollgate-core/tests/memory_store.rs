@@ -194,4 +194,13 @@ fn the_store_trait_answers_like_the_sync_api() {
         other => panic!("{other:?}"),
     }
     assert!(!store.check_now("k", &bucket(1), 1).unwrap().is_allowed());
+    // It also answers without a future, through an `Arc` too; the decision takes effect like any other.
+    let immediate = Store::check_immediate(&store, "other", &policy, 1);
+    assert!(immediate.unwrap().unwrap().is_allowed());
+    assert!(
+        !store
+            .check_now("other", &bucket(1), 1)
+            .unwrap()
+            .is_allowed()
+    );
 }

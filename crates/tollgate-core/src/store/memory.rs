@@ -210,6 +210,15 @@ impl<C: Clock> Store for MemoryStore<C> {
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         ready(self.check_now(key, policy, cost))
     }
+
+    fn check_immediate(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        Some(self.check_now(key, policy, cost))
+    }
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {

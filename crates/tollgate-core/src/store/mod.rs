@@ -27,6 +27,19 @@ pub trait Store: Send + Sync + 'static {
         policy: &Policy,
         cost: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Decides at once when this store can do so without waiting (an in-process store), with the same effect as
+    /// [`check`](Self::check); `None` when the answer needs I/O and `check` must be awaited. Lets a limiter skip
+    /// allocating a future on its hot path.
+    fn check_immediate(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        let _ = (key, policy, cost);
+        None
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -37,5 +50,14 @@ impl<S: Store> Store for Arc<S> {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         (**self).check(key, policy, cost)
+    }
+
+    fn check_immediate(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        (**self).check_immediate(key, policy, cost)
     }
 }

@@ -1,6 +1,5 @@
 //! The decision shared by every clone of a limiter: store call, failure policy, shadow mode, metrics, logs.
 
-use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -123,21 +122,10 @@ impl<K, St: Store, C> Shared<K, St, C> {
         self.conclude(result, &key, cost, mode)
     }
 
-    /// Decides at once on the in-process [`MemoryStore`] (see [`Self::memory_store`]), whose answer is always
-    /// immediate, so the request needs no boxed future.
-    pub(crate) fn decide_now(
-        &self,
-        memory: &MemoryStore,
-        key: &str,
-        cost: u64,
-        mode: Mode,
-    ) -> Conclusion {
-        self.conclude(memory.check_now(key, &self.policy, cost), key, cost, mode)
-    }
-
-    /// The store, if it is the in-process [`MemoryStore`]; the type test is resolved at compile time.
-    pub(crate) fn memory_store(&self) -> Option<&MemoryStore> {
-        (&*self.store as &dyn Any).downcast_ref::<MemoryStore>()
+    /// Decides at once if the store can without waiting (see [`Store::check_immediate`]).
+    pub(crate) fn decide_now(&self, key: &str, cost: u64, mode: Mode) -> Option<Conclusion> {
+        let result = self.store.check_immediate(key, &self.policy, cost)?;
+        Some(self.conclude(result, key, cost, mode))
     }
 
     /// Turns the store's answer into a conclusion: failure policy, shadow mode, metrics.

@@ -90,32 +90,26 @@ where
         if mode == Mode::Off {
             return ResponseFuture::calling(self.inner.call(req), None);
         }
-        if let Some(memory) = shared.memory_store() {
-            // In-process: the store answers at once and only borrows the key, so no future is boxed and the key
-            // is built in a reused buffer.
-            let decided = with_key_buffer(|key| {
-                key.push_str(&shared.name);
-                key.push(':');
-                shared.key.extract(&req, key)?;
-                let cost = shared.cost.cost(&req);
-                Ok::<_, KeyError>(shared.decide_now(memory, key, cost, mode))
-            });
-            return match decided {
-                Ok(conclusion) => self.conclude(conclusion, req),
-                Err(err) => {
-                    drop(self.take_ready());
-                    ResponseFuture::failed(err.into())
-                }
-            };
-        }
-        let mut key = String::with_capacity(shared.name.len() + 48);
-        key.push_str(&shared.name);
-        key.push(':');
-        if let Err(err) = shared.key.extract(&req, &mut key) {
-            drop(self.take_ready());
-            return ResponseFuture::failed(err.into());
-        }
-        let cost = shared.cost.cost(&req);
+        // A store that answers at once (the in-process one) only borrows the key: it is built in a reused buffer
+        // and no future is boxed. Any other store gets an owned key and a boxed decision.
+        let decided = with_key_buffer(|key| {
+            key.push_str(&shared.name);
+            key.push(':');
+            shared.key.extract(&req, key)?;
+            let cost = shared.cost.cost(&req);
+            Ok::<_, KeyError>(match shared.decide_now(key, cost, mode) {
+                Some(conclusion) => Ok(conclusion),
+                None => Err((key.clone(), cost)),
+            })
+        });
+        let (key, cost) = match decided {
+            Ok(Ok(conclusion)) => return self.conclude(conclusion, req),
+            Ok(Err(deferred)) => deferred,
+            Err(err) => {
+                drop(self.take_ready());
+                return ResponseFuture::failed(err.into());
+            }
+        };
         let shared = shared.clone();
         let mut decide: Pin<Box<dyn Future<Output = Conclusion> + Send>> =
             Box::pin(async move { shared.decide(key, cost, mode).await });
