@@ -11,11 +11,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::{Future, ready};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
-use std::sync::{Mutex, MutexGuard};
 
 use crate::algorithm::Step;
 use crate::algorithm::sliding_window::{self, SlidingWindowState};
@@ -225,11 +225,11 @@ impl<C: Clock> Store for MemoryStore<C> {
     }
 }
 
+/// parking_lot's mutex rather than std's: under two threads on one hot key it spins adaptively before parking,
+/// which measured level with governor's compare-and-swap where std's convoyed (docs/BENCHMARKS.md); and a shard
+/// cannot be poisoned.
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // A panic cannot happen while a shard is held, but a poisoned lock must not take the limiter down with it.
-    shard
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    shard.lock()
 }
 
 /// Keys are already SipHash digests: hashing them again would only cost time.
