@@ -61,7 +61,9 @@ pub mod stack;
 pub mod worker;
 
 pub use body::PermitBody;
-pub use concurrency::{ConcurrencyLimit, ConcurrencyLimitLayer, LeaseRule, PerKey};
+pub use concurrency::{
+    ConcurrencyLimit, ConcurrencyLimitLayer, LeaseLimitLayer, LeaseRule, PerKey,
+};
 pub use error::ConfigError;
 pub use fleet::{FleetRule, FleetShedLayer};
 pub use permit::{HoldPermit, Permit};

@@ -16,16 +16,22 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 /// The retry delay a rejection announces (default): in-flight capacity frees up as requests finish.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Limits how many requests per key are in flight: see the [module docs](super).
+/// A limit on requests in flight, counted as leases: what a [`LeaseRule`](super::LeaseRule) says is the key and
+/// its ceiling. The concurrent-requests limiter ([`ConcurrencyLimitLayer`]) and the fleet-usage shedder
+/// ([`FleetShedLayer`](crate::FleetShedLayer)) are this layer with two rules, so they share one builder.
 ///
 /// Cheap to clone; every service it builds shares the store, the enforcement switch and the local fallback.
 #[must_use]
-pub struct ConcurrencyLimitLayer<K, L> {
+pub struct LeaseLimitLayer<R, L> {
     pub(crate) settings: Settings,
-    rule: PerKey<K>,
+    pub(crate) rule: R,
     store: Arc<L>,
     fallback: Option<Arc<MemoryLeaseStore>>,
+    kind: RejectionKind,
 }
+
+/// Limits how many requests per key are in flight: see the [module docs](super).
+pub type ConcurrencyLimitLayer<K, L> = LeaseLimitLayer<PerKey<K>, L>;
 
 impl<K, L: LeaseStore> ConcurrencyLimitLayer<K, L> {
     /// At most `limit` requests in flight per key from `key`, counted in `store`, under the name `name` (which
@@ -46,29 +52,61 @@ impl<K, L: LeaseStore> ConcurrencyLimitLayer<K, L> {
                 "concurrency limit {name:?}: the limit must be at least 1 request in flight"
             )));
         }
-        Ok(Self {
-            settings: Settings {
-                name,
-                switch: EnforcementSwitch::default(),
-                lease_ttl: DEFAULT_LEASE_TTL,
-                retry_after: DEFAULT_RETRY_AFTER,
-                on_error: FailurePolicy::Closed,
-            },
-            rule: PerKey { key, limit },
+        let settings = Settings {
+            name,
+            switch: EnforcementSwitch::default(),
+            lease_ttl: DEFAULT_LEASE_TTL,
+            retry_after: DEFAULT_RETRY_AFTER,
+            on_error: FailurePolicy::Closed,
+        };
+        let rule = PerKey { key, limit };
+        Ok(Self::with_rule(
+            settings,
+            rule,
             store,
-            fallback: None,
-        })
+            RejectionKind::ConcurrencyLimited,
+        ))
     }
 }
 
 impl<K, L> ConcurrencyLimitLayer<K, L> {
+    /// The limiter's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.settings.name
+    }
+
+    /// The number of requests each key may have in flight.
+    #[must_use]
+    pub fn limit(&self) -> u64 {
+        self.rule.limit
+    }
+}
+
+impl<R, L> LeaseLimitLayer<R, L> {
+    /// A layer with `settings` over `rule`, rejecting with `kind`.
+    pub(crate) fn with_rule(
+        settings: Settings,
+        rule: R,
+        store: Arc<L>,
+        kind: RejectionKind,
+    ) -> Self {
+        Self {
+            settings,
+            rule,
+            store,
+            fallback: None,
+            kind,
+        }
+    }
+
     /// Sets the mode the layer starts in (on its current switch, which every clone shares).
     pub fn mode(self, mode: Mode) -> Self {
         self.settings.switch.set(mode);
         self
     }
 
-    /// Starts in shadow mode: count and log requests over the limit, never reject.
+    /// Starts in shadow mode: count and log requests over the limit (or that would be shed), never reject.
     pub fn shadow(self) -> Self {
         self.mode(Mode::Shadow)
     }
@@ -92,7 +130,7 @@ impl<K, L> ConcurrencyLimitLayer<K, L> {
     pub fn lease_ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
         if ttl < Duration::from_millis(3) {
             return Err(ConfigError::new(format!(
-                "limiter {:?}: a lease time of {ttl:?} is too short (at least 3 ms)",
+                "{:?}: a lease time of {ttl:?} is too short (at least 3 ms)",
                 self.settings.name
             )));
         }
@@ -100,14 +138,15 @@ impl<K, L> ConcurrencyLimitLayer<K, L> {
         Ok(self)
     }
 
-    /// The retry delay rejections announce (`Retry-After`, gRPC `RetryInfo`).
+    /// The retry delay rejections announce (`Retry-After`, gRPC `RetryInfo`; default [`DEFAULT_RETRY_AFTER`]).
     pub fn retry_after(mut self, retry_after: Duration) -> Self {
         self.settings.retry_after = retry_after;
         self
     }
 
-    /// What to do when the store fails: admit (`Open`), reject with 503 (`Closed`, the default), or count in
-    /// process with the same limit (`Local`: a per-instance limit while the shared one is down).
+    /// What to do when the store fails: admit (`Open`, the fleet shedder's default), reject with 503 (`Closed`, the
+    /// concurrency limiter's default), or count in process with the same ceilings (`Local`: a per-instance count
+    /// while the shared one is down).
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
         self.settings.on_error = policy;
         self.fallback = match policy {
@@ -116,36 +155,25 @@ impl<K, L> ConcurrencyLimitLayer<K, L> {
         };
         self
     }
-
-    /// The limiter's name.
-    #[must_use]
-    pub fn name(&self) -> &str {
-        &self.settings.name
-    }
-
-    /// The number of requests each key may have in flight.
-    #[must_use]
-    pub fn limit(&self) -> u64 {
-        self.rule.limit
-    }
 }
 
-impl<K: Clone, L> Clone for ConcurrencyLimitLayer<K, L> {
+impl<R: Clone, L> Clone for LeaseLimitLayer<R, L> {
     fn clone(&self) -> Self {
         Self {
             settings: self.settings.clone(),
             rule: self.rule.clone(),
             store: self.store.clone(),
             fallback: self.fallback.clone(),
+            kind: self.kind,
         }
     }
 }
 
-impl<K, L> fmt::Debug for ConcurrencyLimitLayer<K, L> {
+impl<R, L> fmt::Debug for LeaseLimitLayer<R, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConcurrencyLimitLayer")
+        f.debug_struct("LeaseLimitLayer")
             .field("name", &self.settings.name)
-            .field("limit", &self.rule.limit)
+            .field("rejects_as", &self.kind)
             .field("mode", &self.settings.switch.mode())
             .field("lease_ttl", &self.settings.lease_ttl)
             .field("on_store_error", &self.settings.on_error)
@@ -153,15 +181,15 @@ impl<K, L> fmt::Debug for ConcurrencyLimitLayer<K, L> {
     }
 }
 
-impl<S, K: Clone, L: LeaseStore> Layer<S> for ConcurrencyLimitLayer<K, L> {
-    type Service = ConcurrencyLimit<S, PerKey<K>, L>;
+impl<S, R: Clone, L: LeaseStore> Layer<S> for LeaseLimitLayer<R, L> {
+    type Service = ConcurrencyLimit<S, R, L>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let shared = Shared::new(
             self.settings.clone(),
             self.rule.clone(),
             self.store.clone(),
-            RejectionKind::ConcurrencyLimited,
+            self.kind,
             self.fallback.clone(),
         );
         ConcurrencyLimit::from_shared(inner, Arc::new(shared))

@@ -57,10 +57,10 @@ mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub use layer::{ConcurrencyLimitLayer, DEFAULT_LEASE_TTL, DEFAULT_RETRY_AFTER};
+pub use layer::{ConcurrencyLimitLayer, DEFAULT_LEASE_TTL, DEFAULT_RETRY_AFTER, LeaseLimitLayer};
 pub use service::ConcurrencyLimit;
 
-pub(crate) use decide::{Settings, Shared};
+pub(crate) use decide::Settings;
 
 use tollgate_tower::{KeyError, KeyExtractor};
 
