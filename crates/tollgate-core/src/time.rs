@@ -11,6 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub struct Timestamp(u64);
 
 impl Timestamp {
+    /// The latest instant the algorithms compute with: 2^53 µs, in the year 2255. Every sum they form stays exact
+    /// (and below `u64::MAX`) from there, in Rust and in Lua's doubles; a later instant is decided as this one.
+    pub const LATEST: Timestamp = Timestamp(1 << 53);
+
     /// The instant `micros` microseconds after the UNIX epoch.
     #[must_use]
     pub const fn from_micros(micros: u64) -> Self {

@@ -204,3 +204,16 @@ fn the_store_trait_answers_like_the_sync_api() {
             .is_allowed()
     );
 }
+
+#[test]
+fn instants_beyond_the_year_2255_decide_without_overflow() {
+    let clock = ManualClock::new(Timestamp::from_micros(u64::MAX));
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    for policy in [bucket(2), window(2)] {
+        assert!(store.check_now("k", &policy, 1).unwrap().is_allowed());
+        assert!(store.check_now("k", &policy, 1).unwrap().is_allowed());
+        let denied = store.check_now("k", &policy, 1).unwrap();
+        assert_eq!(denied.outcome, Outcome::Limited);
+        assert_eq!(denied.now, Timestamp::LATEST);
+    }
+}

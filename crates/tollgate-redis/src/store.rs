@@ -181,7 +181,9 @@ impl RedisStore {
     ) -> Result<Decision, StoreError> {
         let script = self.inner.scripts.for_algorithm(policy.algorithm());
         let redis_key = keys::redis_key(&self.inner.namespace, key, policy.algorithm());
-        let args = script::args(policy, cost, now);
+        // Like the Rust algorithms, decide no later than `Timestamp::LATEST` (2^53 µs): past it Lua's doubles lose
+        // integers.
+        let args = script::args(policy, cost, now.map(|t| t.min(Timestamp::LATEST)));
         self.run_script(script, &redis_key, &args, |reply| {
             script::parse_reply(policy, reply)
         })

@@ -49,7 +49,7 @@ pub fn decide(
     let period = quota.period_micros();
     let tick = policy.tick_micros();
     let ticks = period / tick;
-    let mut now = now.as_micros();
+    let mut now = now.min(Timestamp::LATEST).as_micros();
     let mut start = now - now % period;
     let (mut previous, mut current) = (0, 0);
     if let Some(s) = state {

@@ -29,7 +29,7 @@ pub fn decide(
     cost: u64,
     now: Timestamp,
 ) -> Step<TokenBucketState> {
-    let now = now.as_micros();
+    let now = now.min(Timestamp::LATEST).as_micros();
     let token = quota.token_bucket_token();
     let rate = quota.token_bucket_rate();
     let capacity = quota.burst() * token;

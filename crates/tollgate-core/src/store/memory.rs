@@ -163,6 +163,8 @@ impl<C: Clock> MemoryStore<C> {
         cost: u64,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
+        // The algorithms decide at no later instant; expiry and sweeping must agree with them.
+        let now = now.min(Timestamp::LATEST);
         // One string, nothing composed after it: the bytes alone identify it, without `str`'s extra terminator
         // write (a third of SipHash's cost on a short key).
         let mut hasher = self.seed.build_hasher();
