@@ -1,15 +1,22 @@
 //! Hello-world axum throughput: bare vs tollgate (in-process store) vs tower-governor, in one run.
 //!
-//! `cargo bench --bench axum_overhead -- [--rounds 5] [--seconds 2] [--connections 32] [--server-threads 1] [--wrk]`
+//! `cargo bench --bench axum_overhead -- [--rounds 5] [--seconds 2] [--connections 32] [--server-threads 1] [--wrk]
+//! [--in-process-only]`
 //!
 //! Every server runs in this process on its own loopback port (on a runtime with `--server-threads` workers);
 //! a small load generator on a separate runtime keeps `--connections` HTTP/1.1 keep-alive connections busy, one
 //! request in flight per connection. The variants take turns, round after round, so background noise hits them
-//! alike; the report gives each variant's median requests per second and its ratio to bare axum. Limits are set
-//! far above the offered load (every request is admitted), so the figures are the cost of deciding, not of
-//! rejecting. All limiters key on the peer address. `--wrk` uses `wrk -t1` (a C load generator, if installed) in
+//! alike; the report gives each variant's median requests per second and the median over rounds of its ratio to
+//! bare axum (and to its peer) within the round. Limits are set far above the offered load (every request is
+//! admitted), so the figures are the cost of deciding, not of rejecting. All limiters key on the peer address. `--wrk` uses `wrk -t1` (a C load generator, if installed) in
 //! place of the built-in one. Besides throughput, the report gives the servers' CPU time per request (Linux
 //! schedstat of the server threads), which is steadier than throughput on a busy machine.
+//!
+//! Each row is also compared with a peer that sends as many rate-limit fields: tollgate without fields against
+//! tower-governor without, tollgate's two IETF fields against tower-governor's two `x-ratelimit-*` fields, and
+//! tollgate's default seven fields against bare axum sending seven constant fields of the same length — sending
+//! the bytes alone costs a hello-world server about a tenth of its throughput, whoever computes them.
+//! `ONLY=<row index>` measures one row (for a profiler); `--in-process-only` skips the network part.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,6 +42,7 @@ struct Options {
     connections: usize,
     server_threads: usize,
     wrk: bool,
+    in_process_only: bool,
 }
 
 fn options() -> Result<Options, String> {
@@ -44,6 +52,7 @@ fn options() -> Result<Options, String> {
         connections: 32,
         server_threads: 1,
         wrk: false,
+        in_process_only: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -51,6 +60,10 @@ fn options() -> Result<Options, String> {
             "--bench" => continue, // passed by `cargo bench`
             "--wrk" => {
                 o.wrk = true;
+                continue;
+            }
+            "--in-process-only" => {
+                o.in_process_only = true;
                 continue;
             }
             _ => {}
@@ -81,10 +94,53 @@ fn tollgate(headers: HeaderSet) -> Router {
     hello().layer(HttpLimitLayer::new(layer).headers(headers))
 }
 
+/// Bare axum plus seven constant fields as long as tollgate's: the floor that sending the header bytes costs.
+fn bare_with_headers() -> Router {
+    use axum::http::{HeaderName, HeaderValue};
+    use axum::response::IntoResponse;
+    // Built at compile time, as tollgate's names are.
+    const fn field(name: &'static str, value: &'static str) -> (HeaderName, HeaderValue) {
+        (
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        )
+    }
+    const FIELDS: [(HeaderName, HeaderValue); 7] = [
+        field("ratelimit-policy", "\"bench\";q=1000000000;w=1"),
+        field("ratelimit", "\"bench\";r=999999999;t=1"),
+        field("x-ratelimit-limit", "1000000000"),
+        field("x-ratelimit-remaining", "999999999"),
+        field("x-ratelimit-reset", "1796000000"),
+        field("x-ratelimit-used", "1"),
+        field("x-ratelimit-resource", "bench"),
+    ];
+    Router::new().route(
+        "/",
+        get(|| async {
+            let mut response = "Hello, World!".into_response();
+            for (name, value) in FIELDS {
+                response.headers_mut().insert(name, value);
+            }
+            response
+        }),
+    )
+}
+
 fn governor() -> Router {
     let config = GovernorConfigBuilder::default()
         .per_nanosecond(1)
         .burst_size(1_000_000_000)
+        .finish()
+        .expect("a valid governor config");
+    hello().layer(GovernorLayer::new(config))
+}
+
+/// tower-governor with its `x-ratelimit-limit` and `x-ratelimit-remaining` headers.
+fn governor_with_headers() -> Router {
+    let config = GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(1_000_000_000)
+        .use_headers()
         .finish()
         .expect("a valid governor config");
     hello().layer(GovernorLayer::new(config))
@@ -258,6 +314,9 @@ async fn measure(addr: SocketAddr, connections: usize, seconds: f64) -> (f64, f6
 }
 
 fn median(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
     let mut values = values.to_vec();
     values.sort_by(f64::total_cmp);
     let mid = values.len() / 2;
@@ -266,6 +325,31 @@ fn median(values: &[f64]) -> f64 {
     } else {
         values[mid]
     }
+}
+
+/// One server under test, and the row it is judged against (besides bare axum).
+struct Variant {
+    name: &'static str,
+    peer: usize,
+    router: Router,
+}
+
+/// The variants; `ONLY=<index>` in the environment measures just that one (for profiling).
+fn variants() -> Vec<Variant> {
+    let v = |name, peer, router| Variant { name, peer, router };
+    vec![
+        v("bare axum", 0, hello()),
+        v("bare + 7 constant fields", 0, bare_with_headers()),
+        v("tower-governor", 2, governor()),
+        v("tower-governor (2 fields)", 3, governor_with_headers()),
+        v("tollgate (no fields)", 2, tollgate(HeaderSet::NONE)),
+        v("tollgate (IETF, 2 fields)", 3, tollgate(HeaderSet::IETF)),
+        v("tollgate (all 7 fields)", 1, tollgate(HeaderSet::ALL)),
+    ]
+}
+
+fn selected(v: usize) -> bool {
+    std::env::var("ONLY").map_or(true, |only| only == v.to_string())
 }
 
 fn main() {
@@ -286,53 +370,51 @@ fn main() {
         .enable_all()
         .build()
         .expect("a client runtime");
-    let routers: Vec<(&str, Router)> = vec![
-        ("bare axum", hello()),
-        ("tollgate (all headers)", tollgate(HeaderSet::ALL)),
-        ("tollgate (no headers)", tollgate(HeaderSet::NONE)),
-        ("tower-governor 0.8", governor()),
-    ];
+    let variants = variants();
+    let n = variants.len();
     println!(
         "in-process router calls (no network), {} rounds x 200000 calls per variant",
         o.rounds
     );
-    let mut ns = vec![Vec::new(); routers.len()];
+    let mut ns = vec![Vec::new(); n];
     for round in 0..o.rounds {
-        for i in 0..routers.len() {
-            let v = (i + round) % routers.len();
+        for i in 0..n {
+            let v = (i + round) % n;
+            if !selected(v) {
+                continue;
+            }
             // `with_state` turns handlers into routes once, as `axum::serve` does for each connection.
-            let router = routers[v].1.clone().with_state(());
+            let router = variants[v].router.clone().with_state(());
             ns[v].push(client.block_on(in_process_ns(router, 200_000)));
         }
     }
-    let (bare_ns, gov_ns) = (median(&ns[0]), median(&ns[routers.len() - 1]));
+    let ns: Vec<f64> = ns.iter().map(|v| median(v)).collect();
     println!(
-        "{:<24} {:>10} {:>14} {:>14}",
-        "variant", "ns/request", "added vs bare", "vs governor"
+        "{:<26} {:>10} {:>14} {:>26}",
+        "variant", "ns/request", "added vs bare", "added vs peer"
     );
-    for (i, (name, _)) in routers.iter().enumerate() {
-        let m = median(&ns[i]);
+    for (i, v) in variants.iter().enumerate() {
+        let peer = &variants[v.peer];
         println!(
-            "{name:<24} {m:>10.0} {:>13.0}ns {:>13.0}ns",
-            m - bare_ns,
-            m - gov_ns
+            "{:<26} {:>10.0} {:>13.0}ns {:>13.0}ns ({})",
+            v.name,
+            ns[i],
+            ns[i] - ns[0],
+            ns[i] - ns[v.peer],
+            peer.name
         );
     }
     println!();
+    if o.in_process_only {
+        return;
+    }
 
-    let variants: Vec<(&str, SocketAddr)> = servers.block_on(async {
-        vec![
-            ("bare axum", serve(hello()).await),
-            (
-                "tollgate (all headers)",
-                serve(tollgate(HeaderSet::ALL)).await,
-            ),
-            (
-                "tollgate (no headers)",
-                serve(tollgate(HeaderSet::NONE)).await,
-            ),
-            ("tower-governor 0.8", serve(governor()).await),
-        ]
+    let addrs: Vec<SocketAddr> = servers.block_on(async {
+        let mut addrs = Vec::new();
+        for v in &variants {
+            addrs.push(serve(v.router.clone()).await);
+        }
+        addrs
     });
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     println!(
@@ -348,40 +430,49 @@ fn main() {
         o.server_threads,
         cores
     );
-    let mut rps = vec![Vec::new(); variants.len()];
-    let mut cpu = vec![Vec::new(); variants.len()];
+    let mut rps = vec![Vec::new(); n];
+    let mut cpu = vec![Vec::new(); n];
     for round in 0..o.rounds {
         // Rotate the order each round so no variant always runs first or last.
-        for i in 0..variants.len() {
-            let v = (i + round) % variants.len();
+        for i in 0..n {
+            let v = (i + round) % n;
+            if !selected(v) {
+                continue;
+            }
             let (r, c) = if o.wrk {
-                measure_wrk(variants[v].1, o.connections, o.seconds).unwrap_or_else(|e| {
+                measure_wrk(addrs[v], o.connections, o.seconds).unwrap_or_else(|e| {
                     eprintln!("axum_overhead: {e}");
                     std::process::exit(1)
                 })
             } else {
-                client.block_on(measure(variants[v].1, o.connections, o.seconds))
+                client.block_on(measure(addrs[v], o.connections, o.seconds))
             };
             rps[v].push(r);
             cpu[v].push(c);
         }
         eprintln!("round {}/{} done", round + 1, o.rounds);
     }
-    let last = variants.len() - 1;
-    let (bare_rps, gov_rps) = (median(&rps[0]), median(&rps[last]));
-    let (bare_cpu, gov_cpu) = (median(&cpu[0]), median(&cpu[last]));
+    // Ratios are taken within each round (the variants ran back to back), then the median over rounds: the
+    // machine's speed drifts between rounds more than the variants differ.
+    let ratio = |m: &[Vec<f64>], i: usize, j: usize| {
+        let per_round: Vec<f64> = m[i].iter().zip(&m[j]).map(|(a, b)| a / b).collect();
+        median(&per_round)
+    };
     println!(
-        "{:<24} {:>12} {:>8} {:>8} {:>14} {:>8} {:>8}",
-        "variant", "median req/s", "vs bare", "vs gov", "server us/req", "vs bare", "vs gov"
+        "{:<26} {:>12} {:>8} {:>8} {:>14} {:>8} {:>8}  peer",
+        "variant", "median req/s", "vs bare", "vs peer", "server us/req", "vs bare", "vs peer"
     );
-    for (i, (name, _)) in variants.iter().enumerate() {
-        let (r, c) = (median(&rps[i]), median(&cpu[i]));
+    for (i, v) in variants.iter().enumerate() {
         println!(
-            "{name:<24} {r:>12.0} {:>7.3}x {:>7.3}x {c:>14.2} {:>7.3}x {:>7.3}x",
-            r / bare_rps,
-            r / gov_rps,
-            c / bare_cpu,
-            c / gov_cpu
+            "{:<26} {:>12.0} {:>7.3}x {:>7.3}x {:>14.2} {:>7.3}x {:>7.3}x  {}",
+            v.name,
+            median(&rps[i]),
+            ratio(&rps, i, 0),
+            ratio(&rps, i, v.peer),
+            median(&cpu[i]),
+            ratio(&cpu, i, 0),
+            ratio(&cpu, i, v.peer),
+            variants[v.peer].name
         );
     }
     let rounded = |v: &Vec<Vec<f64>>, scale: f64| {

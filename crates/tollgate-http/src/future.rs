@@ -19,7 +19,7 @@ pin_project! {
         #[pin]
         state: State<F>,
         headers: HeaderSet,
-        cache: Arc<OnceLock<Constant>>,
+        cache: Arc<OnceLock<Option<Constant>>>,
     }
 }
 
@@ -33,7 +33,7 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(fut: F, headers: HeaderSet, cache: Arc<OnceLock<Constant>>) -> Self {
+    pub(crate) fn new(fut: F, headers: HeaderSet, cache: Arc<OnceLock<Option<Constant>>>) -> Self {
         Self {
             state: State::Running { fut },
             headers,
@@ -44,7 +44,7 @@ impl<F> ResponseFuture<F> {
     pub(crate) fn failed(
         error: BoxError,
         headers: HeaderSet,
-        cache: Arc<OnceLock<Constant>>,
+        cache: Arc<OnceLock<Option<Constant>>>,
     ) -> Self {
         Self {
             state: State::Failed { error: Some(error) },

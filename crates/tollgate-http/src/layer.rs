@@ -15,7 +15,7 @@ pub struct HttpLimitLayer<L> {
     inner: L,
     headers: HeaderSet,
     /// The constant header values of the wrapped limiter, shared by every service the layer builds.
-    cache: Arc<OnceLock<Constant>>,
+    cache: Arc<OnceLock<Option<Constant>>>,
 }
 
 impl<L> HttpLimitLayer<L> {

@@ -14,13 +14,17 @@ use crate::{HeaderSet, ResponseFuture};
 pub struct HttpLimit<S> {
     inner: S,
     headers: HeaderSet,
-    cache: Arc<OnceLock<Constant>>,
+    cache: Arc<OnceLock<Option<Constant>>>,
     /// An error from the inner `poll_ready`, answered (500) by the next call: `poll_ready` cannot respond.
     not_ready: Option<String>,
 }
 
 impl<S> HttpLimit<S> {
-    pub(crate) fn new(inner: S, headers: HeaderSet, cache: Arc<OnceLock<Constant>>) -> Self {
+    pub(crate) fn new(
+        inner: S,
+        headers: HeaderSet,
+        cache: Arc<OnceLock<Option<Constant>>>,
+    ) -> Self {
         Self {
             inner,
             headers,

@@ -24,6 +24,14 @@
 //! let binding = verdicts.binding().unwrap();
 //! assert_eq!(&*binding.limiter, "per-route"); // the closest to its limit
 //! assert_eq!(binding.reset_secs(), 2); // 1.5 s, rounded up
+//! assert!(verdicts.only().is_none()); // two limiters enforced
+//!
+//! let mut single = Verdicts::default();
+//! let mut shadow = Verdict::new("dark-launch", Duration::from_secs(1), decision(0));
+//! shadow.enforced = false;
+//! single.push(shadow);
+//! single.push(Verdict::new("per-client", Duration::from_secs(1), decision(7)));
+//! assert_eq!(&*single.only().unwrap().limiter, "per-client"); // shadow verdicts do not count
 //! ```
 
 use std::sync::Arc;
@@ -125,6 +133,18 @@ impl Verdicts {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.first.is_none()
+    }
+
+    /// The enforced verdict when there is exactly one (the common case of a single limiter), found without
+    /// walking the list.
+    #[must_use]
+    pub fn only(&self) -> Option<&Verdict> {
+        if self.rest.is_empty() {
+            return self.first.as_ref().filter(|v| v.enforced);
+        }
+        let mut enforced = self.enforced();
+        let only = enforced.next();
+        enforced.next().is_none().then_some(only).flatten()
     }
 
     /// The enforced verdict that binds the client most: a denial first, then the fewest remaining, then the

@@ -32,13 +32,15 @@
 //! assert_eq!(headers["x-ratelimit-used"], "2");
 //! ```
 
-use std::ops::Range;
-use std::sync::{Arc, OnceLock};
+mod single;
 
-use bytes::Bytes;
+use std::sync::OnceLock;
+
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate_tower::verdict::{push_sf_string, visible_char};
 use tollgate_tower::{Verdict, Verdicts};
+
+pub(crate) use single::Constant;
 
 /// `RateLimit-Policy` (IETF draft 10).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -95,22 +97,24 @@ impl HeaderSet {
         self,
         verdicts: &Verdicts,
         headers: &mut HeaderMap,
-        cache: Option<&OnceLock<Constant>>,
+        cache: Option<&OnceLock<Option<Constant>>>,
     ) {
         if self == Self::NONE {
             return;
         }
-        let Some(binding) = verdicts.binding() else {
-            return;
+        let (binding, single) = match verdicts.only() {
+            Some(only) => (only, true),
+            None => match verdicts.binding() {
+                Some(binding) => (binding, false),
+                None => return,
+            },
         };
-        let single = verdicts.enforced().nth(1).is_none();
         if let Some(constant) = cache
             .filter(|_| single)
-            .map(|c| c.get_or_init(|| Constant::of(binding)))
-            && Arc::ptr_eq(&constant.limiter, &binding.limiter)
-            && constant.limit == binding.decision.limit
+            .and_then(|c| c.get_or_init(|| Constant::of(binding)).as_ref())
+            .filter(|c| c.describes(binding))
+            && self.render_single(binding, constant, headers).is_some()
         {
-            self.render_single(binding, constant, headers);
             return;
         }
         // Grow the map once, and format every value in one scratch buffer.
@@ -157,101 +161,6 @@ impl HeaderSet {
     }
 }
 
-/// The fields of one limiter that never change: computed once per layer, cloned (a reference count) after.
-#[derive(Debug)]
-pub(crate) struct Constant {
-    limiter: Arc<str>,
-    limit: u64,
-    policy: Option<HeaderValue>,
-    limit_value: HeaderValue,
-    resource: Option<HeaderValue>,
-}
-
-impl Constant {
-    fn of(v: &Verdict) -> Self {
-        let mut buf = String::with_capacity(64);
-        push_member(
-            &mut buf,
-            0,
-            &v.limiter,
-            ";q=",
-            v.decision.limit,
-            ";w=",
-            v.window_secs(),
-        );
-        let policy = HeaderValue::from_str(&buf).ok();
-        buf.clear();
-        buf.extend(v.limiter.chars().map(visible_char));
-        Self {
-            limiter: v.limiter.clone(),
-            limit: v.decision.limit,
-            policy,
-            limit_value: HeaderValue::from(v.decision.limit),
-            resource: HeaderValue::from_str(&buf).ok(),
-        }
-    }
-}
-
-impl HeaderSet {
-    fn render_single(self, v: &Verdict, constant: &Constant, headers: &mut HeaderMap) {
-        headers.reserve(self.fields());
-        // Every per-request value is written into one buffer and handed out as slices of it: one allocation
-        // instead of one per field.
-        let mut buf = String::with_capacity(96);
-        let span = |buf: &mut String, write: &dyn Fn(&mut String)| {
-            let start = buf.len();
-            write(buf);
-            start..buf.len()
-        };
-        let state = self.ietf.then(|| {
-            span(&mut buf, &|b| {
-                push_member(
-                    b,
-                    0,
-                    &v.limiter,
-                    ";r=",
-                    v.decision.remaining,
-                    ";t=",
-                    v.reset_secs(),
-                );
-            })
-        });
-        let numbers = self.github.then(|| {
-            [
-                v.decision.remaining,
-                v.decision.reset.as_secs_ceil(),
-                v.used(),
-            ]
-            .map(|n| span(&mut buf, &|b| push_u64(b, n)))
-        });
-        let bytes = Bytes::from(buf);
-        let value = |range: Range<usize>| HeaderValue::from_maybe_shared(bytes.slice(range)).ok();
-        if let Some(state) = state {
-            if let Some(policy) = &constant.policy {
-                headers.insert(RATELIMIT_POLICY, policy.clone());
-            }
-            if let Some(state) = value(state) {
-                headers.insert(RATELIMIT, state);
-            }
-        }
-        if let Some([remaining, reset, used]) = numbers {
-            headers.insert(X_RATELIMIT_LIMIT, constant.limit_value.clone());
-            for (name, range) in [
-                (X_RATELIMIT_REMAINING, remaining),
-                (X_RATELIMIT_RESET, reset),
-                (X_RATELIMIT_USED, used),
-            ] {
-                if let Some(value) = value(range) {
-                    headers.insert(name, value);
-                }
-            }
-            if let Some(resource) = &constant.resource {
-                headers.insert(X_RATELIMIT_RESOURCE, resource.clone());
-            }
-        }
-    }
-}
-
 /// Appends one list member: `"name";a=x;b=y`, preceded by `, ` unless it is the first.
 fn push_member(buf: &mut String, index: usize, name: &str, a: &str, x: u64, b: &str, y: u64) {
     if index > 0 {
@@ -264,18 +173,11 @@ fn push_member(buf: &mut String, index: usize, name: &str, a: &str, x: u64, b: &
     push_u64(buf, y);
 }
 
-fn push_u64(buf: &mut String, mut n: u64) {
+pub(crate) fn push_u64(buf: &mut String, n: u64) {
     let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    digits[i..].iter().for_each(|&d| buf.push(char::from(d)));
+    let digits = single::format_u64(n, &mut digits);
+    // Digits are ASCII: the conversion cannot fail.
+    buf.push_str(std::str::from_utf8(digits).unwrap_or_default());
 }
 
 impl Default for HeaderSet {
