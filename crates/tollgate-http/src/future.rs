@@ -2,24 +2,21 @@ use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use http::Response;
 use pin_project_lite::pin_project;
-use tollgate_tower::{BoxError, Rejection, VerdictSink, Verdicts};
+use tollgate_tower::BoxError;
 
-use crate::HeaderSet;
-use crate::headers::Constant;
-use crate::problem::error_response;
+use crate::HttpResponder;
 
 pin_project! {
     /// Response future of [`HttpLimit`](crate::HttpLimit).
     pub struct ResponseFuture<F> {
         #[pin]
         state: State<F>,
-        headers: HeaderSet,
-        cache: Arc<OnceLock<Option<Constant>>>,
+        responder: HttpResponder,
+        outer: bool,
     }
 }
 
@@ -33,23 +30,19 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(fut: F, headers: HeaderSet, cache: Arc<OnceLock<Option<Constant>>>) -> Self {
+    pub(crate) fn new(fut: F, responder: HttpResponder, outer: bool) -> Self {
         Self {
             state: State::Running { fut },
-            headers,
-            cache,
+            responder,
+            outer,
         }
     }
 
-    pub(crate) fn failed(
-        error: BoxError,
-        headers: HeaderSet,
-        cache: Arc<OnceLock<Option<Constant>>>,
-    ) -> Self {
+    pub(crate) fn failed(error: BoxError, responder: HttpResponder, outer: bool) -> Self {
         Self {
             state: State::Failed { error: Some(error) },
-            headers,
-            cache,
+            responder,
+            outer,
         }
     }
 }
@@ -57,7 +50,7 @@ impl<F> ResponseFuture<F> {
 impl<F> fmt::Debug for ResponseFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
-            .field("headers", &self.headers)
+            .field("responder", &self.responder)
             .finish_non_exhaustive()
     }
 }
@@ -78,22 +71,6 @@ where
                 .take()
                 .unwrap_or_else(|| "polled after completion".into())),
         };
-        let response = match result {
-            Ok(response) => response,
-            Err(err) => {
-                let mut response = error_response(&err);
-                if let Some(verdict) = err.downcast_ref::<Rejection>().and_then(Rejection::verdict)
-                {
-                    response.verdicts_mut().push(verdict.clone());
-                }
-                response
-            }
-        };
-        let (mut parts, body) = response.into_parts();
-        if let Some(verdicts) = parts.extensions.get::<Verdicts>() {
-            this.headers
-                .render_with(verdicts, &mut parts.headers, Some(this.cache));
-        }
-        Poll::Ready(Ok(Response::from_parts(parts, body)))
+        Poll::Ready(Ok(this.responder.answer(*this.outer, result, None)))
     }
 }

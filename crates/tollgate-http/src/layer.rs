@@ -1,21 +1,20 @@
-use std::sync::{Arc, OnceLock};
+use tollgate_core::Store;
+use tollgate_stack::{LeaseLimitLayer, StackLayer, WorkerShedLayer};
+use tollgate_tower::{RateLimit, RateLimitLayer};
+use tower_layer::{Identity, Layer, Stack};
 
-use tower_layer::Layer;
+use crate::{HeaderSet, HttpLimit, HttpResponder};
 
-use crate::headers::Constant;
-use crate::{HeaderSet, HttpLimit};
-
-/// Wraps a tollgate layer (e.g. a [`RateLimitLayer`](tollgate_tower::RateLimitLayer)) so that the service stays
-/// `Infallible` for axum: rejections become 429/503 responses and every response gets the rate-limit headers.
+/// Wraps a tollgate layer (e.g. a [`RateLimitLayer`]) so that the service stays `Infallible` for axum: rejections
+/// become 429/503 responses and every response gets the rate-limit headers.
 ///
-/// Stack one per limit; each adds its own entry to the `RateLimit` fields.
+/// Stack one per limit; each adds its own entry to the `RateLimit` fields. A [`RateLimitLayer`] answers in place
+/// (one service, see [`HttpAdapt`]); the Stripe-stack layers are wrapped in an [`HttpLimit`].
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct HttpLimitLayer<L> {
     inner: L,
-    headers: HeaderSet,
-    /// The constant header values of the wrapped limiter, shared by every service the layer builds.
-    cache: Arc<OnceLock<Option<Constant>>>,
+    responder: HttpResponder,
 }
 
 impl<L> HttpLimitLayer<L> {
@@ -23,14 +22,13 @@ impl<L> HttpLimitLayer<L> {
     pub fn new(inner: L) -> Self {
         Self {
             inner,
-            headers: HeaderSet::ALL,
-            cache: Arc::default(),
+            responder: HttpResponder::new(HeaderSet::ALL),
         }
     }
 
     /// Chooses the header families to write.
     pub fn headers(mut self, headers: HeaderSet) -> Self {
-        self.headers = headers;
+        self.responder = HttpResponder::new(headers);
         self
     }
 
@@ -40,10 +38,57 @@ impl<L> HttpLimitLayer<L> {
     }
 }
 
-impl<S, L: Layer<S>> Layer<S> for HttpLimitLayer<L> {
-    type Service = HttpLimit<L::Service>;
+impl<S, L: HttpAdapt<S>> Layer<S> for HttpLimitLayer<L> {
+    type Service = L::Service;
 
     fn layer(&self, inner: S) -> Self::Service {
-        HttpLimit::new(self.inner.layer(inner), self.headers, self.cache.clone())
+        self.inner.adapt(inner, self.responder.clone())
     }
 }
+
+/// A tollgate layer that [`HttpLimitLayer`] can adapt to HTTP.
+///
+/// A [`RateLimitLayer`] builds a [`RateLimit`] that answers through the [`HttpResponder`] itself: one service
+/// instead of two, and a single limiter's verdict goes straight from the decision to the headers. Every other
+/// tollgate layer (the Stripe-stack layers, their [`StackLayer`], `tower::ServiceBuilder` stacks of them) is
+/// wrapped in an [`HttpLimit`], which reads the verdicts the wrapped limiters leave on the response. Implement it
+/// for a layer of your own by wrapping it the same way: `HttpLimit::new(self.layer(inner), responder)`.
+pub trait HttpAdapt<S> {
+    /// The adapted service.
+    type Service;
+
+    /// Wraps `inner`, answering through `responder`.
+    fn adapt(&self, inner: S, responder: HttpResponder) -> Self::Service;
+}
+
+impl<S, K: Clone, St: Store, C: Clone> HttpAdapt<S> for RateLimitLayer<K, St, C> {
+    type Service = RateLimit<S, K, St, C, HttpResponder>;
+
+    fn adapt(&self, inner: S, responder: HttpResponder) -> Self::Service {
+        self.layer_with(inner, responder)
+    }
+}
+
+/// Layers whose services leave their verdicts on the response: adapted by an [`HttpLimit`] around them.
+macro_rules! adapt_by_wrapping {
+    ($($layer:ident<$($param:ident),*>),* $(,)?) => {$(
+        impl<S, $($param),*> HttpAdapt<S> for $layer<$($param),*>
+        where
+            $layer<$($param),*>: Layer<S>,
+        {
+            type Service = HttpLimit<<Self as Layer<S>>::Service>;
+
+            fn adapt(&self, inner: S, responder: HttpResponder) -> Self::Service {
+                HttpLimit::new(self.layer(inner), responder)
+            }
+        }
+    )*};
+}
+
+adapt_by_wrapping!(
+    LeaseLimitLayer<R, L>,
+    WorkerShedLayer<P>,
+    StackLayer<W, R, C, F>,
+    Stack<Inner, Outer>,
+    Identity<>,
+);

@@ -47,9 +47,11 @@ pub mod key;
 mod layer;
 pub mod priority;
 pub mod problem;
+mod respond;
 mod service;
 
 pub use future::ResponseFuture;
 pub use headers::HeaderSet;
-pub use layer::HttpLimitLayer;
+pub use layer::{HttpAdapt, HttpLimitLayer};
+pub use respond::HttpResponder;
 pub use service::HttpLimit;

@@ -1,35 +1,31 @@
 use std::convert::Infallible;
-use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tollgate_tower::BoxError;
+use tollgate_tower::respond::DeferredReadiness;
 use tower_service::Service;
 
-use crate::headers::Constant;
-use crate::{HeaderSet, ResponseFuture};
+use crate::{HttpResponder, ResponseFuture};
 
-/// The service built by [`HttpLimitLayer`](crate::HttpLimitLayer): never fails, answers rejections itself.
+/// An `Infallible` HTTP service around tollgate limiters that leave their verdicts on the response (the
+/// Stripe-stack layers): answers their rejections itself and renders the headers. Built by
+/// [`HttpLimitLayer`](crate::HttpLimitLayer) through [`HttpAdapt`](crate::HttpAdapt).
 #[derive(Debug, Clone)]
 pub struct HttpLimit<S> {
     inner: S,
-    headers: HeaderSet,
-    cache: Arc<OnceLock<Option<Constant>>>,
+    responder: HttpResponder,
     /// An error from the inner `poll_ready`, answered (500) by the next call: `poll_ready` cannot respond.
-    not_ready: Option<String>,
+    not_ready: DeferredReadiness,
 }
 
 impl<S> HttpLimit<S> {
-    pub(crate) fn new(
-        inner: S,
-        headers: HeaderSet,
-        cache: Arc<OnceLock<Option<Constant>>>,
-    ) -> Self {
+    /// Wraps `inner`, answering through `responder`.
+    pub fn new(inner: S, responder: HttpResponder) -> Self {
         Self {
             inner,
-            headers,
-            cache,
-            not_ready: None,
+            responder,
+            not_ready: DeferredReadiness::default(),
         }
     }
 
@@ -50,23 +46,15 @@ where
     type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        if self.not_ready.is_some() {
-            return Poll::Ready(Ok(()));
-        }
-        match self.inner.poll_ready(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
-            Poll::Ready(Err(err)) => {
-                self.not_ready = Some(err.into().to_string());
-                Poll::Ready(Ok(()))
-            }
-        }
+        self.not_ready.poll_ready(&mut self.inner, cx).map(Ok)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let outer = HttpResponder::mark(&mut req);
+        let responder = self.responder.clone();
         match self.not_ready.take() {
-            Some(err) => ResponseFuture::failed(err.into(), self.headers, self.cache.clone()),
-            None => ResponseFuture::new(self.inner.call(req), self.headers, self.cache.clone()),
+            Some(err) => ResponseFuture::failed(err, responder, outer),
+            None => ResponseFuture::new(self.inner.call(req), responder, outer),
         }
     }
 }

@@ -13,6 +13,7 @@
 //! | shadow mode and the kill switch | [`mode`] ([`Mode`], [`EnforcementSwitch`]) |
 //! | what a rejection says | [`rejection`] ([`Rejection`], [`RejectionKind`]) |
 //! | what an admitted response carries | [`verdict`] ([`Verdict`], [`Verdicts`], [`VerdictSink`]) |
+//! | how a limiter answers (the adapters' seam) | [`respond`] ([`Respond`](respond::Respond), [`Forward`](respond::Forward)) |
 //!
 //! See [`rate_limit`] for a complete example.
 #![forbid(unsafe_code)]
@@ -24,6 +25,7 @@ pub mod mode;
 pub mod priority;
 pub mod rate_limit;
 pub mod rejection;
+pub mod respond;
 pub mod verdict;
 
 pub use cost::{Cost, CostFn, UnitCost};

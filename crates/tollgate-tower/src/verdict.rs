@@ -1,9 +1,11 @@
 //! What each limiter decided, carried on the response so adapters can render headers.
 //!
 //! Every limiter that admits a request pushes its [`Verdict`] onto the response through [`VerdictSink`]
-//! (for `http::Response`, into its extensions, with the `http` feature). Stacked layers — a per-client limit
-//! around a per-route one — each add their own entry, so the HTTP adapter can list every policy in the
-//! `RateLimit` fields. A rejection carries the rejecting limiter's verdict in the [`Rejection`](crate::Rejection).
+//! (for `http::Response`, into its extensions, with the `http` feature), unless its
+//! [`Respond`](crate::respond::Respond)er consumes the verdict itself (the HTTP adapter renders a lone limiter's
+//! verdict straight into headers). Stacked layers — a per-client limit around a per-route one — each add their own
+//! entry, so the HTTP adapter can list every policy in the `RateLimit` fields. A rejection carries the rejecting
+//! limiter's verdict in the [`Rejection`](crate::Rejection).
 //!
 //! ```
 //! use std::time::Duration;
@@ -158,6 +160,21 @@ impl Verdicts {
                 std::cmp::Reverse(v.decision.reset),
             )
         })
+    }
+}
+
+impl From<Verdict> for Verdicts {
+    fn from(verdict: Verdict) -> Self {
+        Self {
+            first: Some(verdict),
+            rest: Vec::new(),
+        }
+    }
+}
+
+impl Extend<Verdict> for Verdicts {
+    fn extend<I: IntoIterator<Item = Verdict>>(&mut self, verdicts: I) {
+        verdicts.into_iter().for_each(|v| self.push(v));
     }
 }
 

@@ -13,7 +13,7 @@ use tollgate_tower::{
     Verdicts,
 };
 use tower::limit::ConcurrencyLimitLayer;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 #[derive(Debug, Clone)]
 struct Req {
@@ -392,4 +392,41 @@ async fn stacked_layers_each_add_their_verdict() {
     call(&mut svc, req("bob")).await.unwrap();
     let err = call(&mut svc, req("cid")).await.unwrap_err();
     assert_eq!(rejection(&err).limiter(), "global");
+}
+
+/// An inner service whose readiness fails once, then answers.
+#[derive(Clone)]
+struct FailsReadinessOnce(bool);
+
+impl Service<Req> for FailsReadinessOnce {
+    type Response = Reply;
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<Reply, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        if std::mem::replace(&mut self.0, false) {
+            return std::task::Poll::Ready(Err("warming up".into()));
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Req) -> Self::Future {
+        std::future::ready(Ok(Reply::default()))
+    }
+}
+
+#[tokio::test]
+async fn a_readiness_error_is_reported_by_the_next_call_without_spending_quota() {
+    let (_clock, store) = manual_store();
+    let policy = Policy::token_bucket(Quota::per_second(1).unwrap());
+    let mut svc =
+        RateLimitLayer::new("api", policy, store, by_user()).layer(FailsReadinessOnce(true));
+    let err = call(&mut svc, req("ann")).await.unwrap_err();
+    assert_eq!(err.to_string(), "warming up");
+    // The failed call was not decided: the one token per second is still there.
+    let reply = call(&mut svc, req("ann")).await.expect("ready again");
+    assert_eq!(reply.0.iter().next().unwrap().decision.remaining, 0);
 }

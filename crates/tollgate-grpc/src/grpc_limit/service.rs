@@ -4,6 +4,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use tollgate_tower::BoxError;
+use tollgate_tower::respond::DeferredReadiness;
 use tower_service::Service;
 
 use super::ResponseFuture;
@@ -13,14 +14,14 @@ pub struct GrpcLimit<S> {
     inner: S,
     // An error from the inner service's `poll_ready`, answered by the next call as a status: with an infallible
     // error type, readiness errors can only be reported through a response.
-    not_ready: Option<BoxError>,
+    not_ready: DeferredReadiness,
 }
 
 impl<S> GrpcLimit<S> {
     pub(super) const fn new(inner: S) -> Self {
         Self {
             inner,
-            not_ready: None,
+            not_ready: DeferredReadiness::new(),
         }
     }
 
@@ -34,7 +35,7 @@ impl<S: Clone> Clone for GrpcLimit<S> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            not_ready: None,
+            not_ready: self.not_ready.clone(),
         }
     }
 }
@@ -59,12 +60,7 @@ where
     type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        if self.not_ready.is_none()
-            && let Err(err) = std::task::ready!(self.inner.poll_ready(cx))
-        {
-            self.not_ready = Some(err.into());
-        }
-        Poll::Ready(Ok(()))
+        self.not_ready.poll_ready(&mut self.inner, cx).map(Ok)
     }
 
     fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {

@@ -10,18 +10,19 @@ use axum::Router;
 use axum::extract::Request;
 use axum::response::Response;
 use axum::routing::{self, Route};
+use std::convert::Infallible;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tollgate_core::{MemoryStore, Policy};
-use tollgate_http::HttpLimitLayer;
+
+use tollgate_http::{HttpAdapt, HttpLimitLayer};
 use tollgate_redis::RedisStore;
-use tollgate_tower::BoxError;
 
 /// `GET /` limited by `layer` (through the HTTP adapter), `GET /health` never limited.
 pub fn limited_app<L>(layer: L) -> Router
 where
-    L: tower::Layer<Route> + Clone + Send + Sync + 'static,
-    L::Service: tower::Service<Request, Response = Response, Error = BoxError>
+    L: HttpAdapt<Route> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<Request, Response = Response, Error = Infallible>
         + Clone
         + Send
         + Sync

@@ -7,17 +7,21 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::decide::Conclusion;
-use crate::{BoxError, Verdict, VerdictSink};
+use crate::respond::Respond;
+use crate::{BoxError, Verdict};
 
 const POLLED_AFTER_COMPLETION: &str = "rate-limit response future polled after completion";
 
 type Deciding = Pin<Box<dyn Future<Output = Conclusion> + Send>>;
 
 pin_project! {
-    /// Response future of [`RateLimit`](super::RateLimit).
-    pub struct ResponseFuture<F, S, Req> {
+    /// Response future of [`RateLimit`](super::RateLimit): `R` answers with the ticket `Tk` it took from the
+    /// request.
+    pub struct ResponseFuture<F, S, Req, R, Tk> {
         #[pin]
         state: State<F, S, Req>,
+        respond: R,
+        ticket: Tk,
     }
 }
 
@@ -29,35 +33,46 @@ pin_project! {
         Deciding { decide: Deciding, waiting: Option<Box<(S, Req)>> },
         // Admitted: the inner service is running; its response will carry the verdict.
         Calling { #[pin] fut: F, verdict: Option<Verdict> },
-        // Rejected, or the key could not be found.
+        // Rejected, the key could not be found, the inner service failed to become ready, or done.
         Failed { error: Option<BoxError> },
     }
 }
 
-impl<F, S, Req> ResponseFuture<F, S, Req> {
-    pub(super) fn calling(fut: F, verdict: Option<Verdict>) -> Self {
+impl<F, S, Req, R, Tk> ResponseFuture<F, S, Req, R, Tk> {
+    pub(super) fn calling(fut: F, verdict: Option<Verdict>, (respond, ticket): (R, Tk)) -> Self {
         Self {
             state: State::Calling { fut, verdict },
+            respond,
+            ticket,
         }
     }
 
-    pub(super) fn failed(error: BoxError) -> Self {
+    pub(super) fn failed(error: BoxError, (respond, ticket): (R, Tk)) -> Self {
         Self {
             state: State::Failed { error: Some(error) },
+            respond,
+            ticket,
         }
     }
 
-    pub(super) fn deciding(decide: Deciding, inner: S, req: Req) -> Self {
+    pub(super) fn deciding(
+        decide: Deciding,
+        inner: S,
+        req: Req,
+        (respond, ticket): (R, Tk),
+    ) -> Self {
         Self {
             state: State::Deciding {
                 decide,
                 waiting: Some(Box::new((inner, req))),
             },
+            respond,
+            ticket,
         }
     }
 }
 
-impl<F, S, Req> fmt::Debug for ResponseFuture<F, S, Req> {
+impl<F, S, Req, R, Tk> fmt::Debug for ResponseFuture<F, S, Req, R, Tk> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Deciding { .. } => "deciding",
@@ -66,53 +81,51 @@ impl<F, S, Req> fmt::Debug for ResponseFuture<F, S, Req> {
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
-impl<F, S, Req, T, E> Future for ResponseFuture<F, S, Req>
+impl<F, S, Req, R, Tk, T, E> Future for ResponseFuture<F, S, Req, R, Tk>
 where
     S: Service<Req, Future = F, Response = T, Error = E>,
     F: Future<Output = Result<T, E>>,
     E: Into<BoxError>,
-    T: VerdictSink,
+    R: Respond<Req, T, Ticket = Tk>,
+    Tk: Copy,
 {
-    type Output = Result<T, BoxError>;
+    type Output = Result<R::Response, R::Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
             let mut this = self.as_mut().project();
-            match this.state.as_mut().project() {
+            let (result, verdict) = match this.state.as_mut().project() {
                 StateProj::Deciding { decide, waiting } => {
                     let conclusion = ready!(decide.as_mut().poll(cx));
-                    let Some(waiting) = waiting.take() else {
-                        return Poll::Ready(Err(POLLED_AFTER_COMPLETION.into()));
-                    };
-                    let (mut inner, req) = *waiting;
-                    match conclusion {
-                        Conclusion::Admit(verdict) => {
+                    match (waiting.take(), conclusion) {
+                        (Some(waiting), Conclusion::Admit(verdict)) => {
+                            let (mut inner, req) = *waiting;
                             let fut = inner.call(req);
                             this.state.set(State::Calling { fut, verdict });
+                            continue;
                         }
-                        Conclusion::Reject(rejection) => {
-                            this.state.set(State::Failed { error: None });
-                            return Poll::Ready(Err(rejection.into()));
-                        }
+                        (Some(_), Conclusion::Reject(rejection)) => (Err(rejection.into()), None),
+                        (None, _) => (Err(POLLED_AFTER_COMPLETION.into()), None),
                     }
                 }
                 StateProj::Calling { fut, verdict } => {
-                    let mut response = ready!(fut.poll(cx)).map_err(Into::into)?;
-                    if let Some(verdict) = verdict.take() {
-                        response.verdicts_mut().push(verdict);
-                    }
-                    return Poll::Ready(Ok(response));
+                    let result = ready!(fut.poll(cx)).map_err(Into::into);
+                    (result, verdict.take())
                 }
-                StateProj::Failed { error } => {
-                    return Poll::Ready(Err(error
+                StateProj::Failed { error } => (
+                    Err(error
                         .take()
-                        .unwrap_or_else(|| POLLED_AFTER_COMPLETION.into())));
-                }
-            }
+                        .unwrap_or_else(|| POLLED_AFTER_COMPLETION.into())),
+                    None,
+                ),
+            };
+            // Done: polling again answers "polled after completion" instead of polling a finished future.
+            this.state.set(State::Failed { error: None });
+            return Poll::Ready(this.respond.respond(*this.ticket, result, verdict));
         }
     }
 }

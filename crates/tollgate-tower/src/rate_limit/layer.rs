@@ -6,6 +6,7 @@ use tower_layer::Layer;
 
 use super::RateLimit;
 use super::decide::Shared;
+use crate::respond::Forward;
 use crate::{EnforcementSwitch, Mode, UnitCost};
 
 /// Applies a request-rate limit to a service: see the [module docs](crate::rate_limit).
@@ -139,10 +140,10 @@ impl<K, St, C> fmt::Debug for RateLimitLayer<K, St, C> {
     }
 }
 
-impl<S, K: Clone, St: Store, C: Clone> Layer<S> for RateLimitLayer<K, St, C> {
-    type Service = RateLimit<S, K, St, C>;
-
-    fn layer(&self, inner: S) -> Self::Service {
+impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
+    /// Wraps `inner`, answering every request through `respond` instead of [`Forward`]: how protocol adapters
+    /// (`tollgate-http`) answer in place, without a service layer of their own.
+    pub fn layer_with<S, R>(&self, inner: S, respond: R) -> RateLimit<S, K, St, C, R> {
         let shared = self.built.get_or_init(|| {
             Arc::new(Shared::new(
                 self.name.clone(),
@@ -155,6 +156,14 @@ impl<S, K: Clone, St: Store, C: Clone> Layer<S> for RateLimitLayer<K, St, C> {
                 self.fallback.clone(),
             ))
         });
-        RateLimit::from_shared(inner, shared.clone())
+        RateLimit::from_shared(inner, shared.clone(), respond)
+    }
+}
+
+impl<S, K: Clone, St: Store, C: Clone> Layer<S> for RateLimitLayer<K, St, C> {
+    type Service = RateLimit<S, K, St, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        self.layer_with(inner, Forward)
     }
 }

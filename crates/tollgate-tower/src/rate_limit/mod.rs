@@ -10,7 +10,12 @@
 //!   the inner service's readiness is released, not leaked;
 //! - the key's source is missing: the call fails with a [`KeyError`](crate::KeyError);
 //! - the store fails: the layer's [`FailurePolicy`](tollgate_core::FailurePolicy) answers (admit, reject with
-//!   [`RejectionKind::StoreUnavailable`](crate::RejectionKind), or decide on a local in-process store).
+//!   [`RejectionKind::StoreUnavailable`](crate::RejectionKind), or decide on a local in-process store);
+//! - the inner service fails to become ready: `poll_ready` still succeeds and the next call fails with that error,
+//!   without being decided (no quota spent).
+//!
+//! That is the default [`Forward`](crate::respond::Forward) responder; [`RateLimitLayer::layer_with`] takes
+//! another [`Respond`](crate::respond::Respond)er, which is how `tollgate-http` answers in place.
 //!
 //! Shadow mode and the kill switch ([`Mode`](crate::Mode)) can be changed at run time through
 //! [`RateLimitLayer::enforcement`].

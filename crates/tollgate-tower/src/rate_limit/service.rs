@@ -10,20 +10,30 @@ use tower_service::Service;
 
 use super::decide::{Conclusion, Shared};
 use super::future::ResponseFuture;
-use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode, VerdictSink};
+use crate::respond::{DeferredReadiness, Forward, Respond};
+use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode};
 
-/// A service limited by a [`RateLimitLayer`](super::RateLimitLayer).
+/// A service limited by a [`RateLimitLayer`](super::RateLimitLayer), answering through the [`Respond`]er `R`.
 ///
-/// Errors are the inner service's, boxed, plus [`Rejection`](crate::Rejection) (over the limit, or the store
-/// failed closed) and [`KeyError`](crate::KeyError) (the key's source is missing: a configuration error).
-pub struct RateLimit<S, K, St, C> {
+/// With the default [`Forward`], errors are the inner service's, boxed, plus [`Rejection`](crate::Rejection) (over
+/// the limit, or the store failed closed) and [`KeyError`](crate::KeyError) (the key's source is missing: a
+/// configuration error). An inner service that fails to become ready is reported by the next call, not by
+/// `poll_ready`, so that a responder that never fails (an HTTP adapter) can answer it.
+pub struct RateLimit<S, K, St, C, R = Forward> {
     inner: S,
     shared: Arc<Shared<K, St, C>>,
+    respond: R,
+    not_ready: DeferredReadiness,
 }
 
-impl<S, K, St, C> RateLimit<S, K, St, C> {
-    pub(super) fn from_shared(inner: S, shared: Arc<Shared<K, St, C>>) -> Self {
-        Self { inner, shared }
+impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
+    pub(super) fn from_shared(inner: S, shared: Arc<Shared<K, St, C>>, respond: R) -> Self {
+        Self {
+            inner,
+            shared,
+            respond,
+            not_ready: DeferredReadiness::default(),
+        }
     }
 
     /// The inner service.
@@ -38,7 +48,7 @@ impl<S, K, St, C> RateLimit<S, K, St, C> {
     }
 }
 
-impl<S: Clone, K, St, C> RateLimit<S, K, St, C> {
+impl<S: Clone, K, St, C, R> RateLimit<S, K, St, C, R> {
     /// Takes the inner service that `poll_ready` made ready, leaving a clone (not yet ready) in its place: a
     /// rejected or deferred request must not hold on to (or leak) the readiness it was granted.
     fn take_ready(&mut self) -> S {
@@ -47,16 +57,18 @@ impl<S: Clone, K, St, C> RateLimit<S, K, St, C> {
     }
 }
 
-impl<S: Clone, K, St, C> Clone for RateLimit<S, K, St, C> {
+impl<S: Clone, K, St, C, R: Clone> Clone for RateLimit<S, K, St, C, R> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
+            respond: self.respond.clone(),
+            not_ready: self.not_ready.clone(),
         }
     }
 }
 
-impl<S: fmt::Debug, K, St, C> fmt::Debug for RateLimit<S, K, St, C> {
+impl<S: fmt::Debug, K, St, C, R> fmt::Debug for RateLimit<S, K, St, C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -67,28 +79,33 @@ impl<S: fmt::Debug, K, St, C> fmt::Debug for RateLimit<S, K, St, C> {
     }
 }
 
-impl<S, K, St, C, Req> Service<Req> for RateLimit<S, K, St, C>
+impl<S, K, St, C, R, Req> Service<Req> for RateLimit<S, K, St, C, R>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
-    S::Response: VerdictSink,
     K: KeyExtractor<Req>,
     St: Store,
     C: Cost<Req>,
+    R: Respond<Req, S::Response> + Clone,
+    R::Ticket: Copy,
 {
-    type Response = S::Response;
-    type Error = BoxError;
-    type Future = ResponseFuture<S::Future, S, Req>;
+    type Response = R::Response;
+    type Error = R::Error;
+    type Future = ResponseFuture<S::Future, S, Req, R, R::Ticket>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+        self.not_ready.poll_ready(&mut self.inner, cx).map(Ok)
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, mut req: Req) -> Self::Future {
+        let answer = (self.respond.clone(), self.respond.prepare(&mut req));
+        if let Some(err) = self.not_ready.take() {
+            return ResponseFuture::failed(err, answer);
+        }
         let shared = &self.shared;
         let mode = shared.switch.mode();
         if mode == Mode::Off {
-            return ResponseFuture::calling(self.inner.call(req), None);
+            return ResponseFuture::calling(self.inner.call(req), None, answer);
         }
         // A store that answers at once (the in-process one) only borrows the key: it is built in a reused buffer
         // and no future is boxed. Any other store gets an owned key and a boxed decision.
@@ -103,11 +120,11 @@ where
             })
         });
         let (key, cost) = match decided {
-            Ok(Ok(conclusion)) => return self.conclude(conclusion, req),
+            Ok(Ok(conclusion)) => return self.conclude(conclusion, req, answer),
             Ok(Err(deferred)) => deferred,
             Err(err) => {
                 drop(self.take_ready());
-                return ResponseFuture::failed(err.into());
+                return ResponseFuture::failed(err.into(), answer);
             }
         };
         let shared = shared.clone();
@@ -120,8 +137,8 @@ where
             .as_mut()
             .poll(&mut Context::from_waker(Waker::noop()))
         {
-            Poll::Ready(conclusion) => self.conclude(conclusion, req),
-            Poll::Pending => ResponseFuture::deciding(decide, self.take_ready(), req),
+            Poll::Ready(conclusion) => self.conclude(conclusion, req, answer),
+            Poll::Pending => ResponseFuture::deciding(decide, self.take_ready(), req, answer),
         }
     }
 }
@@ -144,20 +161,23 @@ fn with_key_buffer<R>(mut f: impl FnMut(&mut String) -> R) -> R {
     }
 }
 
-impl<S, K, St, C> RateLimit<S, K, St, C> {
-    fn conclude<Req>(
+impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
+    fn conclude<Req, Tk>(
         &mut self,
         conclusion: Conclusion,
         req: Req,
-    ) -> ResponseFuture<S::Future, S, Req>
+        answer: (R, Tk),
+    ) -> ResponseFuture<S::Future, S, Req, R, Tk>
     where
         S: Service<Req> + Clone,
     {
         match conclusion {
-            Conclusion::Admit(verdict) => ResponseFuture::calling(self.inner.call(req), verdict),
+            Conclusion::Admit(verdict) => {
+                ResponseFuture::calling(self.inner.call(req), verdict, answer)
+            }
             Conclusion::Reject(rejection) => {
                 drop(self.take_ready());
-                ResponseFuture::failed(rejection.into())
+                ResponseFuture::failed(rejection.into(), answer)
             }
         }
     }

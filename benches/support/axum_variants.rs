@@ -1,0 +1,111 @@
+//! The axum routers the axum benches compare, shared by `axum_overhead` (time) and `axum_allocs` (allocations).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request};
+use axum::routing::get;
+use tollgate_core::{MemoryStore, Policy, Quota};
+use tollgate_http::key::PeerIp;
+use tollgate_http::{HeaderSet, HttpLimitLayer};
+use tollgate_tower::RateLimitLayer;
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+
+/// One server under test, and the row it is judged against (besides bare axum).
+pub(crate) struct Variant {
+    pub(crate) name: &'static str,
+    pub(crate) peer: usize,
+    pub(crate) router: Router,
+}
+
+/// The variants; `ONLY=<index>` in the environment measures just that one (for profiling).
+pub(crate) fn variants() -> Vec<Variant> {
+    let v = |name, peer, router| Variant { name, peer, router };
+    vec![
+        v("bare axum", 0, hello()),
+        v("bare + 7 constant fields", 0, bare_with_headers()),
+        v("tower-governor", 2, governor()),
+        v("tower-governor (2 fields)", 3, governor_with_headers()),
+        v("tollgate (no fields)", 2, tollgate(HeaderSet::NONE)),
+        v("tollgate (IETF, 2 fields)", 3, tollgate(HeaderSet::IETF)),
+        v("tollgate (all 7 fields)", 1, tollgate(HeaderSet::ALL)),
+    ]
+}
+
+fn hello() -> Router {
+    Router::new().route("/", get(|| async { "Hello, World!" }))
+}
+
+fn tollgate(headers: HeaderSet) -> Router {
+    let policy = Policy::token_bucket(Quota::per_second(1_000_000_000).expect("a valid quota"));
+    let layer = RateLimitLayer::new("bench", policy, Arc::new(MemoryStore::new()), PeerIp);
+    hello().layer(HttpLimitLayer::new(layer).headers(headers))
+}
+
+/// Bare axum plus seven constant fields as long as tollgate's: the floor that sending the header bytes costs.
+fn bare_with_headers() -> Router {
+    use axum::http::{HeaderName, HeaderValue};
+    use axum::response::IntoResponse;
+    // Built at compile time, as tollgate's names are.
+    const fn field(name: &'static str, value: &'static str) -> (HeaderName, HeaderValue) {
+        (
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        )
+    }
+    const FIELDS: [(HeaderName, HeaderValue); 7] = [
+        field("ratelimit-policy", "\"bench\";q=1000000000;w=1"),
+        field("ratelimit", "\"bench\";r=999999999;t=1"),
+        field("x-ratelimit-limit", "1000000000"),
+        field("x-ratelimit-remaining", "999999999"),
+        field("x-ratelimit-reset", "1796000000"),
+        field("x-ratelimit-used", "1"),
+        field("x-ratelimit-resource", "bench"),
+    ];
+    Router::new().route(
+        "/",
+        get(|| async {
+            let mut response = "Hello, World!".into_response();
+            for (name, value) in FIELDS {
+                response.headers_mut().insert(name, value);
+            }
+            response
+        }),
+    )
+}
+
+fn governor() -> Router {
+    let config = GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(1_000_000_000)
+        .finish()
+        .expect("a valid governor config");
+    hello().layer(GovernorLayer::new(config))
+}
+
+/// tower-governor with its `x-ratelimit-limit` and `x-ratelimit-remaining` headers.
+fn governor_with_headers() -> Router {
+    let config = GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(1_000_000_000)
+        .use_headers()
+        .finish()
+        .expect("a valid governor config");
+    hello().layer(GovernorLayer::new(config))
+}
+
+/// One `GET /` from 127.0.0.1:40000 through `app`, in-process; panics unless it is admitted.
+pub(crate) async fn call(app: &mut Router) {
+    use tower::{Service, ServiceExt};
+    let mut req = Request::new(Body::empty());
+    req.extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 40_000))));
+    let ready = ServiceExt::<Request>::ready(app)
+        .await
+        .expect("the router is always ready");
+    let response = ready.call(req).await.expect("axum routers are infallible");
+    assert!(response.status().is_success(), "every request is admitted");
+}

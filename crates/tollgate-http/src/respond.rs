@@ -1,0 +1,105 @@
+//! How every tollgate HTTP layer answers: rate-limit headers on the response, rejections as problem responses.
+
+use std::convert::Infallible;
+use std::sync::{Arc, OnceLock};
+
+use http::{Request, Response};
+use tollgate_tower::respond::Respond;
+use tollgate_tower::{BoxError, Rejection, Verdict, Verdicts};
+
+use crate::HeaderSet;
+use crate::headers::Constant;
+use crate::problem::error_response;
+
+/// The HTTP [`Respond`]er: a [`RateLimit`](tollgate_tower::RateLimit) answering through it stays `Infallible`,
+/// writes the rate-limit headers itself and turns its rejections into 429/503 responses. Built by
+/// [`HttpLimitLayer`](crate::HttpLimitLayer); opaque otherwise.
+#[derive(Debug, Clone)]
+pub struct HttpResponder {
+    headers: HeaderSet,
+    /// The constant header values of the limiter, shared by every service the layer builds.
+    cache: Arc<OnceLock<Option<Constant>>>,
+}
+
+/// Left in the request's extensions by every tollgate HTTP layer: an inner one that finds it knows an outer one
+/// will render the headers again, and leaves its verdict on the response for it.
+#[derive(Debug, Clone, Copy)]
+struct AdapterAbove;
+
+impl HttpResponder {
+    pub(crate) fn new(headers: HeaderSet) -> Self {
+        Self {
+            headers,
+            cache: Arc::default(),
+        }
+    }
+
+    /// Marks `req` for inner layers; whether an outer layer had marked it already.
+    pub(crate) fn mark<B>(req: &mut Request<B>) -> bool {
+        req.extensions_mut().insert(AdapterAbove).is_some()
+    }
+
+    /// The response for `result`, with the headers of every verdict it carries plus `own` (this layer's).
+    ///
+    /// A single limiter's verdict needs no response extension: it is rendered from the stack and stored on the
+    /// response only when an outer layer (`outer`) will render again.
+    pub(crate) fn answer<B: From<String>>(
+        &self,
+        outer: bool,
+        result: Result<Response<B>, BoxError>,
+        own: Option<Verdict>,
+    ) -> Response<B> {
+        let (response, own) = match result {
+            Ok(response) => (response, own),
+            Err(err) => {
+                let rejected = err.downcast_ref::<Rejection>().and_then(Rejection::verdict);
+                let verdict = rejected.cloned().or(own);
+                (error_response(&err), verdict)
+            }
+        };
+        let (mut parts, body) = response.into_parts();
+        let headers = &mut parts.headers;
+        match (parts.extensions.get_mut::<Verdicts>(), own) {
+            // Inner limiters left theirs: add this one (the outermost so far) and render them all.
+            (Some(verdicts), own) => {
+                verdicts.extend(own);
+                self.headers
+                    .render_with(verdicts, headers, Some(&self.cache));
+            }
+            (None, Some(own)) if outer => {
+                let verdicts = parts.extensions.get_or_insert_default::<Verdicts>();
+                verdicts.push(own);
+                self.headers
+                    .render_with(verdicts, headers, Some(&self.cache));
+            }
+            (None, Some(own)) => {
+                let verdicts = Verdicts::from(own);
+                self.headers
+                    .render_with(&verdicts, headers, Some(&self.cache));
+            }
+            (None, None) => {}
+        }
+        Response::from_parts(parts, body)
+    }
+}
+
+impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>>
+    for HttpResponder
+{
+    type Response = Response<ResBody>;
+    type Error = Infallible;
+    type Ticket = bool;
+
+    fn prepare(&self, req: &mut Request<ReqBody>) -> bool {
+        Self::mark(req)
+    }
+
+    fn respond(
+        &self,
+        outer: bool,
+        result: Result<Response<ResBody>, BoxError>,
+        verdict: Option<Verdict>,
+    ) -> Result<Response<ResBody>, Infallible> {
+        Ok(self.answer(outer, result, verdict))
+    }
+}

@@ -1,0 +1,135 @@
+//! What a limiter does with a finished request: the seam where protocol adapters plug into the limiter itself.
+//!
+//! A [`RateLimit`](crate::RateLimit) ends every request by handing the inner service's result (or its own
+//! rejection) and its [`Verdict`] to a [`Respond`]er. The default, [`Forward`], is plain tower: the verdict goes into
+//! the response (through [`VerdictSink`]) and errors stay errors, for any adapter further out to read. A protocol
+//! adapter can instead answer in place — `tollgate-http` renders headers and turns rejections into 429s right there
+//! — which saves the adapter its own service layer and the response a heap-allocated extension per request.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use tollgate_tower::{BoxError, Rejection, Verdict};
+//! use tollgate_tower::respond::Respond;
+//!
+//! /// Answers with text: the limiter's remaining quota, or why the request was turned away.
+//! #[derive(Clone)]
+//! struct Text;
+//!
+//! impl<Req> Respond<Req, String> for Text {
+//!     type Response = String;
+//!     type Error = Infallible;
+//!     type Ticket = ();
+//!
+//!     fn prepare(&self, _: &mut Req) {}
+//!
+//!     fn respond(&self, _: (), result: Result<String, BoxError>, verdict: Option<Verdict>) -> Result<String, Infallible> {
+//!         Ok(match (result, verdict) {
+//!             (Ok(body), Some(v)) => format!("{body} ({} left)", v.decision.remaining),
+//!             (Ok(body), None) => body,
+//!             (Err(err), _) => match err.downcast_ref::<Rejection>() {
+//!                 Some(rejection) => format!("slow down: {rejection}"),
+//!                 None => format!("failed: {err}"),
+//!             },
+//!         })
+//!     }
+//! }
+//! # let _ = Text;
+//! ```
+
+use std::task::{Context, Poll, ready};
+
+use tower_service::Service;
+
+use crate::{BoxError, Verdict, VerdictSink};
+
+/// Turns a limited request's outcome into the service's response (see the [module docs](self)).
+///
+/// `Req` is the request type and `T` the inner service's response type.
+pub trait Respond<Req, T> {
+    /// The limited service's response.
+    type Response;
+    /// The limited service's error.
+    type Error;
+    /// What [`prepare`](Self::prepare) learns from the request, handed back to [`respond`](Self::respond).
+    type Ticket;
+
+    /// Called once per request before it is decided and passed on.
+    fn prepare(&self, req: &mut Req) -> Self::Ticket;
+
+    /// Builds the response from the inner service's result — or the limiter's error: a
+    /// [`Rejection`](crate::Rejection), a [`KeyError`](crate::KeyError), or an inner service that failed to become
+    /// ready — and the limiter's verdict (`None` when nothing was decided: enforcement off, a failed-open store, or
+    /// an error).
+    fn respond(
+        &self,
+        ticket: Self::Ticket,
+        result: Result<T, BoxError>,
+        verdict: Option<Verdict>,
+    ) -> Result<Self::Response, Self::Error>;
+}
+
+/// The default [`Respond`]er: puts the verdict into the response for adapters further out, passes errors on.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Forward;
+
+impl<Req, T: VerdictSink> Respond<Req, T> for Forward {
+    type Response = T;
+    type Error = BoxError;
+    type Ticket = ();
+
+    fn prepare(&self, _: &mut Req) {}
+
+    fn respond(
+        &self,
+        (): (),
+        result: Result<T, BoxError>,
+        verdict: Option<Verdict>,
+    ) -> Result<T, BoxError> {
+        let mut response = result?;
+        if let Some(verdict) = verdict {
+            response.verdicts_mut().push(verdict);
+        }
+        Ok(response)
+    }
+}
+
+/// An inner service's readiness error, kept for the next call.
+///
+/// A service that answers every request — an `Infallible` adapter, or a limiter whose responder is one — cannot
+/// fail `poll_ready`: it reports itself ready and answers the next call with the inner service's error instead.
+/// A clone starts without one (it has not been made ready).
+#[derive(Debug, Default)]
+pub struct DeferredReadiness(Option<BoxError>);
+
+impl Clone for DeferredReadiness {
+    fn clone(&self) -> Self {
+        Self(None)
+    }
+}
+
+impl DeferredReadiness {
+    /// No error kept.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self(None)
+    }
+
+    /// Polls `inner` for readiness, keeping an error for [`take`](Self::take): ready either way once `inner` is.
+    pub fn poll_ready<S, Req>(&mut self, inner: &mut S, cx: &mut Context<'_>) -> Poll<()>
+    where
+        S: Service<Req>,
+        S::Error: Into<BoxError>,
+    {
+        if self.0.is_none()
+            && let Err(err) = ready!(inner.poll_ready(cx))
+        {
+            self.0 = Some(err.into());
+        }
+        Poll::Ready(())
+    }
+
+    /// The kept error, if the last readiness check failed; the call it belongs to must answer it.
+    pub fn take(&mut self) -> Option<BoxError> {
+        self.0.take()
+    }
+}
