@@ -42,7 +42,7 @@ impl<S, L: HttpAdapt<S>> Layer<S> for HttpLimitLayer<L> {
     type Service = L::Service;
 
     fn layer(&self, inner: S) -> Self::Service {
-        self.inner.adapt(inner, self.responder.clone())
+        self.inner.adapt(inner, self.responder)
     }
 }
 

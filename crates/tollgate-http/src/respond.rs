@@ -1,24 +1,20 @@
 //! How every tollgate HTTP layer answers: rate-limit headers on the response, rejections as problem responses.
 
 use std::convert::Infallible;
-use std::sync::{Arc, OnceLock};
 
 use http::{Request, Response};
 use tollgate_tower::respond::Respond;
 use tollgate_tower::{BoxError, Rejection, Verdict, Verdicts};
 
 use crate::HeaderSet;
-use crate::headers::Constant;
 use crate::problem::error_response;
 
 /// The HTTP [`Respond`]er: a [`RateLimit`](tollgate_tower::RateLimit) answering through it stays `Infallible`,
 /// writes the rate-limit headers itself and turns its rejections into 429/503 responses. Built by
 /// [`HttpLimitLayer`](crate::HttpLimitLayer); opaque otherwise.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct HttpResponder {
     headers: HeaderSet,
-    /// The constant header values of the limiter, shared by every service the layer builds.
-    cache: Arc<OnceLock<Option<Constant>>>,
 }
 
 /// Left in the request's extensions by every tollgate HTTP layer: an inner one that finds it knows an outer one
@@ -27,11 +23,8 @@ pub struct HttpResponder {
 struct AdapterAbove;
 
 impl HttpResponder {
-    pub(crate) fn new(headers: HeaderSet) -> Self {
-        Self {
-            headers,
-            cache: Arc::default(),
-        }
+    pub(crate) const fn new(headers: HeaderSet) -> Self {
+        Self { headers }
     }
 
     /// Marks `req` for inner layers; whether an outer layer had marked it already.
@@ -63,19 +56,16 @@ impl HttpResponder {
             // Inner limiters left theirs: add this one (the outermost so far) and render them all.
             (Some(verdicts), own) => {
                 verdicts.extend(own);
-                self.headers
-                    .render_with(verdicts, headers, Some(&self.cache));
+                self.headers.render(verdicts, headers);
             }
             (None, Some(own)) if outer => {
                 let verdicts = parts.extensions.get_or_insert_default::<Verdicts>();
                 verdicts.push(own);
-                self.headers
-                    .render_with(verdicts, headers, Some(&self.cache));
+                self.headers.render(verdicts, headers);
             }
             (None, Some(own)) => {
                 let verdicts = Verdicts::from(own);
-                self.headers
-                    .render_with(&verdicts, headers, Some(&self.cache));
+                self.headers.render(&verdicts, headers);
             }
             (None, None) => {}
         }

@@ -51,7 +51,7 @@ where
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let outer = HttpResponder::mark(&mut req);
-        let responder = self.responder.clone();
+        let responder = self.responder;
         match self.not_ready.take() {
             Some(err) => ResponseFuture::failed(err, responder, outer),
             None => ResponseFuture::new(self.inner.call(req), responder, outer),

@@ -34,13 +34,11 @@
 
 mod single;
 
-use std::sync::OnceLock;
-
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate_tower::verdict::{push_sf_string, visible_char};
 use tollgate_tower::{Verdict, Verdicts};
 
-pub(crate) use single::Constant;
+use single::Constant;
 
 /// `RateLimit-Policy` (IETF draft 10).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -89,34 +87,24 @@ impl HeaderSet {
     /// Writes the chosen fields for `verdicts` into `headers`, replacing earlier values (an outer layer re-renders
     /// with the inner layers' verdicts included). Nothing is written when no verdict is enforced.
     pub fn render(self, verdicts: &Verdicts, headers: &mut HeaderMap) {
-        self.render_with(verdicts, headers, None);
-    }
-
-    /// [`render`](Self::render), taking a single limiter's constant fields from `cache`.
-    pub(crate) fn render_with(
-        self,
-        verdicts: &Verdicts,
-        headers: &mut HeaderMap,
-        cache: Option<&OnceLock<Option<Constant>>>,
-    ) {
         if self == Self::NONE {
             return;
         }
-        let (binding, single) = match verdicts.only() {
-            Some(only) => (only, true),
-            None => match verdicts.binding() {
-                Some(binding) => (binding, false),
-                None => return,
-            },
-        };
-        if let Some(constant) = cache
-            .filter(|_| single)
-            .and_then(|c| c.get_or_init(|| Constant::of(binding)).as_ref())
-            .filter(|c| c.describes(binding))
-            && self.render_single(binding, constant, headers).is_some()
+        if let Some(only) = verdicts.only()
+            && self
+                .render_single(only, Constant::of(only), headers)
+                .is_some()
         {
             return;
         }
+        self.render_general(verdicts, headers);
+    }
+
+    /// [`render`](Self::render) for any number of verdicts, formatting every field.
+    fn render_general(self, verdicts: &Verdicts, headers: &mut HeaderMap) {
+        let Some(binding) = verdicts.binding() else {
+            return;
+        };
         // Grow the map once, and format every value in one scratch buffer.
         headers.reserve(self.fields());
         let mut buf = String::with_capacity(64);

@@ -2,11 +2,15 @@
 //!
 //! Per response only three numbers change (remaining, reset, used): they are formatted side by side into one
 //! inline buffer that becomes one shared [`Bytes`], which every per-response field slices. The fields that never
-//! change are interned `'static` values, so cloning them per response costs nothing.
+//! change are built once per distinct limiter (name, limit, window) and kept for the life of the process as
+//! `'static` values, so a response carries them without a reference count, and no layer needs a shared cache
+//! (which every request on every thread would otherwise count references on). Limiters come from the
+//! configuration, so the kept set is as small as the configuration.
 
-use std::collections::BTreeSet;
+use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
@@ -22,22 +26,84 @@ use super::{
 const INLINE: usize = 192;
 const MAX_DIGITS: usize = 20;
 
-/// The fields of one limiter that never change, computed once per layer.
+/// The fields of one limiter that never change.
 #[derive(Debug)]
-pub(crate) struct Constant {
-    limiter: Arc<str>,
+pub(super) struct Constant {
+    name: Box<str>,
     limit: u64,
     window_secs: u64,
+    /// `None` when the name is too long for the inline buffer: that limiter takes the general path.
+    fields: Option<Fields>,
+}
+
+#[derive(Debug)]
+struct Fields {
     policy: HeaderValue,
-    limit_value: HeaderValue,
+    limit: HeaderValue,
     resource: HeaderValue,
     /// `"<name>";r=`: the start of the `RateLimit` value.
     state_prefix: Box<[u8]>,
 }
 
+thread_local! {
+    /// The constants this thread used last: most responses find theirs here, without the process-wide lock.
+    static RECENT: Cell<[Option<&'static Constant>; 4]> = const { Cell::new([None; 4]) };
+}
+
 impl Constant {
-    /// The constant fields of `v`'s limiter; `None` when its name is too long for the inline buffer.
-    pub(crate) fn of(v: &Verdict) -> Option<Self> {
+    /// The constants of `v`'s limiter, built on first use.
+    pub(super) fn of(v: &Verdict) -> &'static Self {
+        let recent = RECENT.try_with(Cell::get).unwrap_or_default();
+        if let Some(constant) = recent.into_iter().flatten().find(|c| c.describes(v)) {
+            return constant;
+        }
+        let constant = Self::kept(v);
+        let _ = RECENT.try_with(|cell| {
+            let mut recent = cell.get();
+            recent.rotate_right(1);
+            recent[0] = Some(constant);
+            cell.set(recent);
+        });
+        constant
+    }
+
+    /// The process-wide constants of `v`'s limiter.
+    fn kept(v: &Verdict) -> &'static Self {
+        static KEPT: Mutex<BTreeMap<Box<str>, Vec<&'static Constant>>> =
+            Mutex::new(BTreeMap::new());
+        let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(constant) = kept
+            .get(&*v.limiter)
+            .and_then(|same_name| same_name.iter().find(|c| c.describes(v)))
+        {
+            return constant;
+        }
+        let constant: &'static Self = Box::leak(Box::new(Self::build(v)));
+        kept.entry(v.limiter.as_ref().into())
+            .or_default()
+            .push(constant);
+        constant
+    }
+
+    fn build(v: &Verdict) -> Self {
+        Self {
+            name: v.limiter.as_ref().into(),
+            limit: v.decision.limit,
+            window_secs: v.window_secs(),
+            fields: Fields::build(v),
+        }
+    }
+
+    /// Whether these constants describe `v`'s limiter.
+    fn describes(&self, v: &Verdict) -> bool {
+        self.limit == v.decision.limit
+            && self.window_secs == v.window_secs()
+            && *self.name == *v.limiter
+    }
+}
+
+impl Fields {
+    fn build(v: &Verdict) -> Option<Self> {
         let mut policy = String::with_capacity(64);
         push_sf_string(&mut policy, &v.limiter);
         let mut state_prefix = policy.clone().into_bytes();
@@ -49,46 +115,22 @@ impl Constant {
         push_u64(&mut policy, v.decision.limit);
         policy.push_str(";w=");
         push_u64(&mut policy, v.window_secs());
-        let resource: String = v.limiter.chars().map(visible_char).collect();
         let mut limit = String::new();
         push_u64(&mut limit, v.decision.limit);
         Some(Self {
-            limiter: v.limiter.clone(),
-            limit: v.decision.limit,
-            window_secs: v.window_secs(),
-            policy: interned(&policy)?,
-            limit_value: interned(&limit)?,
-            resource: interned(&resource)?,
+            policy: kept_value(policy)?,
+            limit: kept_value(limit)?,
+            resource: kept_value(v.limiter.chars().map(visible_char).collect())?,
             state_prefix: state_prefix.into_boxed_slice(),
         })
     }
-
-    /// Whether these constants describe `v`'s limiter.
-    pub(crate) fn describes(&self, v: &Verdict) -> bool {
-        Arc::ptr_eq(&self.limiter, &v.limiter)
-            && self.limit == v.decision.limit
-            && self.window_secs == v.window_secs()
-    }
 }
 
-/// A header value that lives as long as the process, so a response can carry it without a reference count.
-///
-/// Each distinct value is kept once, however many layers ask for it: the values are limiter names and limits
-/// from the configuration, so the set stays as small as the configuration.
-fn interned(value: &str) -> Option<HeaderValue> {
+/// `value` as a header value that lives as long as the process (it belongs to a kept [`Constant`]).
+fn kept_value(value: String) -> Option<HeaderValue> {
     // Checked first: `from_static` would panic on a byte a header cannot carry.
-    HeaderValue::from_str(value).ok()?;
-    static INTERNED: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
-    let mut set = INTERNED.lock().unwrap_or_else(PoisonError::into_inner);
-    let value = match set.get(value) {
-        Some(kept) => *kept,
-        None => {
-            let kept: &'static str = Box::leak(value.into());
-            set.insert(kept);
-            kept
-        }
-    };
-    Some(HeaderValue::from_static(value))
+    HeaderValue::from_str(&value).ok()?;
+    Some(HeaderValue::from_static(Box::leak(value.into_boxed_str())))
 }
 
 /// The per-response values, side by side: the one allocation every per-response field shares.
@@ -139,6 +181,7 @@ impl HeaderSet {
         constant: &Constant,
         headers: &mut HeaderMap,
     ) -> Option<()> {
+        let constant = constant.fields.as_ref()?;
         let mut s = Scratch {
             len: 0,
             bytes: [0; INLINE],
@@ -175,7 +218,7 @@ impl HeaderSet {
             }
         }
         if let Some([remaining, reset, used]) = numbers {
-            headers.insert(X_RATELIMIT_LIMIT, constant.limit_value.clone());
+            headers.insert(X_RATELIMIT_LIMIT, constant.limit.clone());
             for (name, range) in [
                 (X_RATELIMIT_REMAINING, remaining),
                 (X_RATELIMIT_RESET, reset),
@@ -193,7 +236,6 @@ impl HeaderSet {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::OnceLock;
     use std::time::Duration;
 
     use http::HeaderMap;
@@ -227,8 +269,8 @@ mod tests {
         fields
     }
 
-    /// The cached single-limiter path writes exactly what the general path writes, for every header set, allowed
-    /// or denied, with names that need escaping, extreme numbers, and a name too long for the inline buffer.
+    /// The single-limiter path writes exactly what the general path writes, for every header set, allowed or
+    /// denied, with names that need escaping, extreme numbers, and a name too long for the inline buffer.
     #[test]
     fn single_limiter_path_matches_the_general_path() {
         let long = "n".repeat(300);
@@ -246,30 +288,40 @@ mod tests {
             HeaderSet::NONE,
         ] {
             for v in &cases {
-                let mut verdicts = Verdicts::default();
-                verdicts.push(v.clone());
+                let verdicts = Verdicts::from(v.clone());
                 let mut general = HeaderMap::new();
-                set.render(&verdicts, &mut general);
-                let cache = OnceLock::new();
-                // Twice: the first call fills the cache, the second renders from it.
-                for _ in 0..2 {
-                    let mut cached = HeaderMap::new();
-                    set.render_with(&verdicts, &mut cached, Some(&cache));
-                    assert_eq!(sorted(&cached), sorted(&general), "{set:?} {v:?}");
+                if set != HeaderSet::NONE {
+                    set.render_general(&verdicts, &mut general);
                 }
-                assert_eq!(
-                    cache.get().is_some_and(Option::is_some),
-                    set != HeaderSet::NONE && v.limiter.len() < 100,
-                    "the fast path is taken unless nothing is rendered or the name is too long"
-                );
+                // Twice: the first call builds the constants, the second finds them.
+                for _ in 0..2 {
+                    let mut single = HeaderMap::new();
+                    set.render(&verdicts, &mut single);
+                    assert_eq!(sorted(&single), sorted(&general), "{set:?} {v:?}");
+                }
             }
         }
+        for v in &cases {
+            assert_eq!(
+                Constant::of(v).fields.is_some(),
+                v.limiter.len() < 100,
+                "the single path is taken unless the name is too long: {v:?}"
+            );
+            assert!(std::ptr::eq(Constant::of(v), Constant::of(v)), "kept once");
+        }
+        // Same name, another limit: other constants.
+        assert!(!std::ptr::eq(
+            Constant::of(&cases[0]),
+            Constant::of(&cases[3])
+        ));
+        let other_limit = verdict("api", Outcome::Allowed, 7, 6);
+        assert_eq!(
+            Constant::of(&other_limit).fields.as_ref().unwrap().policy,
+            r#""api";q=7;w=2"#
+        );
         let mut all = HeaderMap::new();
-        let mut verdicts = Verdicts::default();
-        verdicts.push(cases[0].clone());
-        HeaderSet::ALL.render_with(&verdicts, &mut all, Some(&OnceLock::new()));
+        HeaderSet::ALL.render(&Verdicts::from(cases[0].clone()), &mut all);
         assert_eq!(all["ratelimit"], r#""api";r=98;t=4"#);
         assert_eq!(all["x-ratelimit-reset"], "1700000004");
-        assert_eq!(Constant::of(&cases[4]).map(|_| ()), None);
     }
 }
