@@ -39,6 +39,8 @@ pin_project! {
 }
 
 impl<F, S, Req, R, Tk> ResponseFuture<F, S, Req, R, Tk> {
+    // Inlined for the same reason as `RateLimit::conclude`: the inner future is large.
+    #[inline(always)]
     pub(super) fn calling(fut: F, verdict: Option<Verdict>, (respond, ticket): (R, Tk)) -> Self {
         Self {
             state: State::Calling { fut, verdict },

@@ -162,6 +162,9 @@ fn with_key_buffer<R>(mut f: impl FnMut(&mut String) -> R) -> R {
 }
 
 impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
+    // Inlined into `call`, so the inner service's (often large) future is built in place rather than copied on the
+    // way out of a helper.
+    #[inline(always)]
     fn conclude<Req, Tk>(
         &mut self,
         conclusion: Conclusion,
