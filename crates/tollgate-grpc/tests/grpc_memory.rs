@@ -108,7 +108,7 @@ async fn resource_exhausted_after_the_limit_with_the_decisions_retry_info() -> T
 #[tokio::test]
 async fn per_method_and_per_service_policies() -> TestResult {
     let (_clock, store) = clocked_store();
-    let limit = |name: &str, n| {
+    let limit = |name: &'static str, n| {
         RateLimitLayer::new(
             name,
             Policy::token_bucket(Quota::per_minute(n).unwrap()),
@@ -159,7 +159,7 @@ async fn per_method_and_per_service_policies() -> TestResult {
 #[tokio::test]
 async fn the_default_policy_limits_the_other_methods() -> TestResult {
     let (_clock, store) = clocked_store();
-    let limit = |name: &str, n| {
+    let limit = |name: &'static str, n| {
         RateLimitLayer::new(
             name,
             Policy::token_bucket(Quota::per_minute(n).unwrap()),

@@ -140,7 +140,7 @@ async fn per_method_policies_and_hashed_api_keys_in_redis() -> TestResult {
         .await?;
     let store = Arc::new(redis);
     let api_key = || MetadataKey::new("x-api-key").expect("a valid name");
-    let limit = |name: &str, n| {
+    let limit = |name: &'static str, n| {
         RateLimitLayer::new(
             name,
             Policy::token_bucket(Quota::per_minute(n).unwrap()),

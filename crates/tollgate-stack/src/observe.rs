@@ -1,10 +1,10 @@
 //! Metrics and rate-limited logs shared by the layers of this crate.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use metrics::Counter;
+use tollgate_tower::Name;
 
 /// `tollgate_decisions_total{limiter, outcome}`: the same counter as the rate limiter's.
 pub(crate) const DECISIONS_TOTAL: &str = "tollgate_decisions_total";
@@ -21,7 +21,7 @@ pub(crate) struct Counters {
 
 impl Counters {
     /// `rejected` names the outcome of a rejection (`limited` for a concurrency limit, `shed` for a shedder).
-    pub(crate) fn new(name: &Arc<str>, rejected: &'static str) -> Self {
+    pub(crate) fn new(name: &Name, rejected: &'static str) -> Self {
         let c = |outcome: &'static str| metrics::counter!(DECISIONS_TOTAL, "limiter" => name.to_string(), "outcome" => outcome);
         Self {
             allowed: c("allowed"),

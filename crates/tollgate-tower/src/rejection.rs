@@ -17,11 +17,11 @@
 //! ```
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::Decision;
 
+use crate::Name;
 use crate::Verdict;
 use crate::verdict::ceil_secs;
 
@@ -69,14 +69,14 @@ impl fmt::Display for RejectionKind {
 #[derive(Debug, Clone)]
 pub struct Rejection {
     kind: RejectionKind,
-    limiter: Arc<str>,
+    limiter: Name,
     retry_after: Option<Duration>,
     verdict: Option<Verdict>,
 }
 
 impl Rejection {
     /// A rejection of `kind` by the limiter named `limiter`.
-    pub fn new(kind: RejectionKind, limiter: impl Into<Arc<str>>) -> Self {
+    pub fn new(kind: RejectionKind, limiter: impl Into<Name>) -> Self {
         Self {
             kind,
             limiter: limiter.into(),

@@ -36,16 +36,16 @@
 //! assert_eq!(&*single.only().unwrap().limiter, "per-client"); // shadow verdicts do not count
 //! ```
 
-use std::sync::Arc;
 use std::time::Duration;
 
+use crate::Name;
 use tollgate_core::Decision;
 
 /// One limiter's decision on one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
     /// The limiter's (policy's) name, shown to clients in headers.
-    pub limiter: Arc<str>,
+    pub limiter: Name,
     /// The policy's period.
     pub window: Duration,
     /// The decision, with every number headers show.
@@ -56,7 +56,7 @@ pub struct Verdict {
 
 impl Verdict {
     /// An enforced verdict.
-    pub fn new(limiter: impl Into<Arc<str>>, window: Duration, decision: Decision) -> Self {
+    pub fn new(limiter: impl Into<Name>, window: Duration, decision: Decision) -> Self {
         Self {
             limiter: limiter.into(),
             window,

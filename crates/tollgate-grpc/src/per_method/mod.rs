@@ -12,7 +12,7 @@
 //! use tollgate_tower::RateLimitLayer;
 //!
 //! let store = Arc::new(MemoryStore::new());
-//! let limit = |name: &str, per_second| -> Result<_, Box<dyn std::error::Error>> {
+//! let limit = |name: &'static str, per_second| -> Result<_, Box<dyn std::error::Error>> {
 //!     Ok(RateLimitLayer::new(name, Policy::token_bucket(Quota::per_second(per_second)?), store.clone(), PeerIp))
 //! };
 //! let layer = GrpcLimitLayer::new(

@@ -247,7 +247,7 @@ mod tests {
 
     fn verdict(name: &str, outcome: Outcome, limit: u64, remaining: u64) -> Verdict {
         Verdict::new(
-            name,
+            name.to_owned(),
             Duration::from_millis(1_500),
             Decision {
                 outcome,

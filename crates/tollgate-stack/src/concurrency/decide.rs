@@ -10,6 +10,7 @@ use tollgate_tower::{EnforcementSwitch, Mode, Rejection, RejectionKind};
 use crate::Permit;
 use crate::lease_guard::LeaseGuard;
 use crate::observe::{Counters, LogGate};
+use tollgate_tower::Name;
 
 /// What the limiter concluded about one request.
 pub(crate) enum Conclusion {
@@ -22,7 +23,7 @@ pub(crate) enum Conclusion {
 /// Settings common to the concurrency limiter and the fleet shedder.
 #[derive(Clone)]
 pub(crate) struct Settings {
-    pub(crate) name: Arc<str>,
+    pub(crate) name: Name,
     pub(crate) switch: EnforcementSwitch,
     pub(crate) lease_ttl: Duration,
     pub(crate) retry_after: Duration,

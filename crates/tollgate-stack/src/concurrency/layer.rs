@@ -10,6 +10,7 @@ use tower_layer::Layer;
 use super::decide::{Settings, Shared};
 use super::{ConcurrencyLimit, PerKey};
 use crate::ConfigError;
+use tollgate_tower::Name;
 
 /// How long a shared lease lives unless renewed (default): a crashed instance's requests stop counting after it.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
@@ -41,7 +42,7 @@ impl<K, L: LeaseStore> ConcurrencyLimitLayer<K, L> {
     /// # Errors
     /// If `limit` is 0 (nothing could ever run).
     pub fn new(
-        name: impl Into<Arc<str>>,
+        name: impl Into<Name>,
         limit: u64,
         store: Arc<L>,
         key: K,

@@ -7,6 +7,7 @@ use tollgate_tower::{EnforcementSwitch, Priority, RejectionKind};
 use super::FleetRule;
 use crate::ConfigError;
 use crate::concurrency::{DEFAULT_LEASE_TTL, DEFAULT_RETRY_AFTER, LeaseLimitLayer, Settings};
+use tollgate_tower::Name;
 
 /// The share of fleet capacity reserved for `Critical` requests (default), in percent.
 pub const DEFAULT_RESERVE_PERCENT: u8 = 20;
@@ -66,7 +67,7 @@ impl<P, L> FleetShedLayer<P, L> {
     }
 
     /// Renames the shedder, and with it the fleet-wide key (e.g. one fleet per service sharing a Redis).
-    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+    pub fn name(mut self, name: impl Into<Name>) -> Self {
         self.settings.name = name.into();
         self
     }

@@ -13,13 +13,14 @@ use super::controller::{
 use crate::ConfigError;
 use crate::concurrency::DEFAULT_RETRY_AFTER;
 use crate::observe::{Counters, LogGate};
+use tollgate_tower::Name;
 
 /// The worker shedder's default name (in metrics, logs and rejections).
 pub const DEFAULT_WORKER_NAME: &str = "worker";
 
 /// State shared by every service the layer builds: one instance, one in-flight count.
 pub(crate) struct WorkerState {
-    pub(crate) name: Arc<str>,
+    pub(crate) name: Name,
     pub(crate) switch: EnforcementSwitch,
     pub(crate) retry_after: Duration,
     pub(crate) controller: Controller,
@@ -33,7 +34,7 @@ pub(crate) struct WorkerState {
 /// configure the layer before applying it.
 #[must_use]
 pub struct WorkerShedLayer<P> {
-    name: Arc<str>,
+    name: Name,
     switch: EnforcementSwitch,
     retry_after: Duration,
     tuning: Tuning,
@@ -62,7 +63,7 @@ impl<P> WorkerShedLayer<P> {
             hysteresis: DEFAULT_HYSTERESIS_PERCENT,
             interval: DEFAULT_INTERVAL,
         };
-        let name: Arc<str> = DEFAULT_WORKER_NAME.into();
+        let name: Name = DEFAULT_WORKER_NAME.into();
         let switch = EnforcementSwitch::default();
         let state = Self::state(&name, &switch, DEFAULT_RETRY_AFTER, tuning);
         Ok(Self {
@@ -76,7 +77,7 @@ impl<P> WorkerShedLayer<P> {
     }
 
     fn state(
-        name: &Arc<str>,
+        name: &Name,
         switch: &EnforcementSwitch,
         retry_after: Duration,
         tuning: Tuning,
@@ -153,7 +154,7 @@ impl<P> WorkerShedLayer<P> {
     }
 
     /// Renames the shedder (metrics, logs, rejections).
-    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+    pub fn name(mut self, name: impl Into<Name>) -> Self {
         self.name = name.into();
         self.rebuilt()
     }

@@ -7,6 +7,7 @@ use std::time::Instant;
 use metrics::Counter;
 use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
 
+use crate::Name;
 use crate::{Mode, Rejection, RejectionKind, Verdict};
 
 /// What a limiter concluded about one request.
@@ -38,7 +39,7 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    fn new(name: &Arc<str>) -> Self {
+    fn new(name: &Name) -> Self {
         let c = |outcome: &'static str| metrics::counter!("tollgate_decisions_total", "limiter" => name.to_string(), "outcome" => outcome);
         Self {
             allowed: c("allowed"),
@@ -77,7 +78,7 @@ impl LogGate {
 }
 
 pub(crate) struct Shared<K, St, C> {
-    pub(crate) name: Arc<str>,
+    pub(crate) name: Name,
     pub(crate) policy: Policy,
     pub(crate) store: Arc<St>,
     pub(crate) key: K,
@@ -92,7 +93,7 @@ pub(crate) struct Shared<K, St, C> {
 impl<K, St: Store, C> Shared<K, St, C> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        name: Arc<str>,
+        name: Name,
         policy: Policy,
         store: Arc<St>,
         key: K,

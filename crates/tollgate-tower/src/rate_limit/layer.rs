@@ -6,6 +6,7 @@ use tower_layer::Layer;
 
 use super::RateLimit;
 use super::decide::Shared;
+use crate::Name;
 use crate::respond::Forward;
 use crate::{EnforcementSwitch, Mode, UnitCost};
 
@@ -14,7 +15,7 @@ use crate::{EnforcementSwitch, Mode, UnitCost};
 /// Cheap to clone; every service it builds shares the store, the enforcement switch and the local fallback.
 #[must_use]
 pub struct RateLimitLayer<K, St, C = UnitCost> {
-    name: Arc<str>,
+    name: Name,
     policy: Policy,
     store: Arc<St>,
     key: K,
@@ -33,7 +34,7 @@ impl<K, St: Store> RateLimitLayer<K, St> {
     /// key from `key`. Requests cost 1, enforcement is on, and a failing store rejects (fails closed).
     ///
     /// Layers with the same name on the same store share buckets (e.g. the copies axum makes per route).
-    pub fn new(name: impl Into<Arc<str>>, policy: Policy, store: Arc<St>, key: K) -> Self {
+    pub fn new(name: impl Into<Name>, policy: Policy, store: Arc<St>, key: K) -> Self {
         Self {
             name: name.into(),
             policy,
