@@ -173,6 +173,49 @@ async fn route_layer_stacks_with_router_layer<St: Store>(store: Arc<St>) {
 }
 both_stores!(stacked_layers, route_layer_stacks_with_router_layer);
 
+/// A `ServiceBuilder` stack of two limits is adapted by a wrapping service, a lone `RateLimitLayer` answers in
+/// place: nested either way round, every response lists all three policies, outermost first.
+async fn wrapped_and_in_place_layers_nest_either_way<St: Store>(store: Arc<St>) {
+    let limit =
+        |name: &'static str, n| RateLimitLayer::new(name, per_hour(n), store.clone(), PeerIp);
+    let pair = || {
+        tower::ServiceBuilder::new()
+            .layer(limit("outer-of-pair", 10))
+            .layer(limit("inner-of-pair", 9))
+            .into_inner()
+    };
+    let in_place_outside: Router = Router::new()
+        .route(
+            "/",
+            get(|| async { "hello" }).layer(HttpLimitLayer::new(pair())),
+        )
+        .layer(HttpLimitLayer::new(limit("router", 8)));
+    let wrapped_outside: Router = Router::new()
+        .route(
+            "/",
+            get(|| async { "hello" }).layer(HttpLimitLayer::new(limit("route", 7))),
+        )
+        .layer(HttpLimitLayer::new(pair()));
+
+    let reply = http_get(serve(in_place_outside).await, "/", &[]).await;
+    assert_eq!(reply.status, 200, "{reply:#?}");
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        r#""router";q=8;w=3600, "outer-of-pair";q=10;w=3600, "inner-of-pair";q=9;w=3600"#
+    );
+    assert_eq!(reply.header("x-ratelimit-resource"), "router");
+    assert_eq!(reply.num("x-ratelimit-remaining"), 7);
+
+    let reply = http_get(serve(wrapped_outside).await, "/", &[]).await;
+    assert_eq!(reply.status, 200, "{reply:#?}");
+    assert_eq!(
+        reply.header("ratelimit"),
+        r#""outer-of-pair";r=8;t=720, "inner-of-pair";r=7;t=800, "route";r=6;t=515"#
+    );
+    assert_eq!(reply.header("x-ratelimit-resource"), "route");
+}
+both_stores!(nested_adapters, wrapped_and_in_place_layers_nest_either_way);
+
 async fn spoofed_forwarding_headers_are_ignored<St: Store>(store: Arc<St>) {
     // No trusted proxy: the peer is the client, whatever the headers say.
     let addr = serve(app(RateLimitLayer::new(
