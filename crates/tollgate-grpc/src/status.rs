@@ -41,8 +41,8 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use tollgate_tower::verdict::{push_sf_string, visible_char};
-use tollgate_tower::{KeyError, Rejection, RejectionKind, Verdict, Verdicts};
+use tollgate_tower::headers::HeaderSet;
+use tollgate_tower::{KeyError, Rejection, RejectionKind, Verdicts};
 use tonic::Code;
 use tonic::metadata::MetadataMap;
 use tonic_types::{ErrorDetails, StatusExt};
@@ -98,8 +98,7 @@ pub fn rejection_status(rejection: &Rejection) -> tonic::Status {
 
     let mut headers = HeaderMap::new();
     if let Some(verdict) = rejection.verdict() {
-        render_ietf(&mut headers, std::iter::once(verdict));
-        render_github(&mut headers, verdict);
+        HeaderSet::ALL.render(&Verdicts::from(verdict.clone()), &mut headers);
     }
     if let Some(secs) = rejection.retry_after_secs() {
         headers.insert(RETRY_AFTER, HeaderValue::from(secs));
@@ -151,70 +150,21 @@ pub fn key_error_status(err: &KeyError) -> tonic::Status {
 /// - `x-ratelimit-limit`, `x-ratelimit-remaining`, `x-ratelimit-reset` (epoch seconds of the stored reset
 ///   instant), `x-ratelimit-used`, `x-ratelimit-resource` for the binding verdict (the one closest to its limit).
 ///
-/// The same names and values as the HTTP adapter's headers. Shadow-mode verdicts are not shown; with no enforced
+/// The same names and values as the HTTP adapter's headers, written by the same code
+/// ([`HeaderSet`]). Shadow-mode verdicts are not shown; with no enforced
 /// verdict nothing is written.
 pub fn insert_verdicts(headers: &mut HeaderMap, verdicts: &Verdicts) {
-    let Some(binding) = verdicts.binding() else {
-        return;
-    };
-    let enforced: Vec<&Verdict> = verdicts.enforced().collect();
-    render_ietf(headers, enforced.into_iter().rev());
-    render_github(headers, binding);
+    HeaderSet::ALL.render(verdicts, headers);
 }
 
-fn render_ietf<'a>(headers: &mut HeaderMap, verdicts: impl Iterator<Item = &'a Verdict>) {
-    let mut policy = String::with_capacity(48);
-    let mut state = String::with_capacity(48);
-    for (i, v) in verdicts.enumerate() {
-        let sep = if i == 0 { "" } else { ", " };
-        policy.push_str(sep);
-        push_sf_string(&mut policy, &v.limiter);
-        let _ = write!(policy, ";q={};w={}", v.decision.limit, v.window_secs());
-        state.push_str(sep);
-        push_sf_string(&mut state, &v.limiter);
-        let _ = write!(state, ";r={};t={}", v.decision.remaining, v.reset_secs());
-    }
-    insert_string(headers, RATELIMIT_POLICY, policy);
-    insert_string(headers, RATELIMIT, state);
-}
-
-fn render_github(headers: &mut HeaderMap, verdict: &Verdict) {
-    let decision = &verdict.decision;
-    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
-    headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
-    headers.insert(
-        X_RATELIMIT_RESET,
-        HeaderValue::from(decision.reset.as_secs_ceil()),
-    );
-    headers.insert(X_RATELIMIT_USED, HeaderValue::from(verdict.used()));
-    insert_string(
-        headers,
-        X_RATELIMIT_RESOURCE,
-        verdict.limiter.chars().map(visible_char).collect(),
-    );
-}
-
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-const X_RATELIMIT_USED: HeaderName = HeaderName::from_static("x-ratelimit-used");
-const X_RATELIMIT_RESOURCE: HeaderName = HeaderName::from_static("x-ratelimit-resource");
 const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
-
-fn insert_string(headers: &mut HeaderMap, name: HeaderName, value: String) {
-    // Every character is visible ASCII by construction; skipping a field still beats panicking on a request.
-    if let Ok(value) = HeaderValue::try_from(value) {
-        headers.insert(name, value);
-    }
-}
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use tollgate_core::{Decision, Outcome, Timestamp};
+    use tollgate_tower::Verdict;
 
     use super::*;
 

@@ -42,7 +42,6 @@
 #![forbid(unsafe_code)]
 
 mod future;
-pub mod headers;
 pub mod key;
 mod layer;
 pub mod priority;
@@ -51,7 +50,8 @@ mod respond;
 mod service;
 
 pub use future::ResponseFuture;
-pub use headers::HeaderSet;
 pub use layer::{HttpAdapt, HttpLimitLayer};
 pub use respond::HttpResponder;
 pub use service::HttpLimit;
+pub use tollgate_tower::headers;
+pub use tollgate_tower::headers::HeaderSet;

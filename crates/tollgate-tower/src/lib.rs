@@ -13,6 +13,7 @@
 //! | shadow mode and the kill switch | [`mode`] ([`Mode`], [`EnforcementSwitch`]) |
 //! | what a rejection says | [`rejection`] ([`Rejection`], [`RejectionKind`]) |
 //! | what an admitted response carries | [`verdict`] ([`Verdict`], [`Verdicts`], [`VerdictSink`]) |
+//! | the rate-limit header fields (`http` feature), shared by the HTTP and gRPC adapters | `headers` (`HeaderSet`) |
 //! | how a limiter answers (the adapters' seam) | [`respond`] ([`Respond`](respond::Respond), [`Forward`](respond::Forward)) |
 //!
 //! See [`rate_limit`] for a complete example.
@@ -20,6 +21,8 @@
 
 pub mod cost;
 pub mod digest;
+#[cfg(feature = "http")]
+pub mod headers;
 pub mod key;
 pub mod mode;
 mod name;

@@ -12,10 +12,10 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
 
+use crate::Verdict;
+use crate::verdict::{push_sf_string, visible_char};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
-use tollgate_tower::Verdict;
-use tollgate_tower::verdict::{push_sf_string, visible_char};
 
 use super::{
     HeaderSet, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
@@ -238,12 +238,12 @@ impl HeaderSet {
 mod tests {
     use std::time::Duration;
 
+    use crate::{Verdict, Verdicts};
     use http::HeaderMap;
     use tollgate_core::{Decision, Outcome, Timestamp};
-    use tollgate_tower::{Verdict, Verdicts};
 
     use super::Constant;
-    use crate::HeaderSet;
+    use crate::headers::HeaderSet;
 
     fn verdict(name: &str, outcome: Outcome, limit: u64, remaining: u64) -> Verdict {
         Verdict::new(

@@ -1,4 +1,5 @@
-//! Rate-limit response headers, rendered from [`Verdicts`] and nothing else.
+//! Rate-limit header fields, rendered from [`Verdicts`] and nothing else: HTTP response headers for
+//! `tollgate-http` and response metadata for `tollgate-grpc`, by the same code.
 //!
 //! - IETF (draft-ietf-httpapi-ratelimit-headers-10): `RateLimit-Policy: "<name>";q=<limit>;w=<window s>` and
 //!   `RateLimit: "<name>";r=<remaining>;t=<seconds to reset>`, one list member per enforced limiter, outermost
@@ -12,7 +13,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tollgate_core::{Decision, Outcome, Timestamp};
-//! use tollgate_http::HeaderSet;
+//! use tollgate_tower::headers::HeaderSet;
 //! use tollgate_tower::{Verdict, Verdicts};
 //!
 //! let mut verdicts = Verdicts::default();
@@ -34,9 +35,9 @@
 
 mod single;
 
+use crate::verdict::{push_sf_string, visible_char};
+use crate::{Verdict, Verdicts};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use tollgate_tower::verdict::{push_sf_string, visible_char};
-use tollgate_tower::{Verdict, Verdicts};
 
 use single::Constant;
 
