@@ -92,9 +92,8 @@ impl HeaderSet {
             return;
         }
         if let Some(only) = verdicts.only()
-            && self
-                .render_single(only, Constant::of(only), headers)
-                .is_some()
+            && let Some(constant) = Constant::of(only)
+            && self.render_single(only, constant, headers).is_some()
         {
             return;
         }

@@ -10,6 +10,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::Verdict;
@@ -50,39 +51,72 @@ thread_local! {
     static RECENT: Cell<[Option<&'static Constant>; 4]> = const { Cell::new([None; 4]) };
 }
 
+/// At most this many limiters' constants are kept. Limits come from the configuration, but a custom store may
+/// compute them per key (tiers per customer); past the bound, other limiters' fields are formatted per response
+/// instead, so memory stays bounded whatever the store returns.
+const MAX_KEPT: usize = 1024;
+
+/// Set once [`MAX_KEPT`] is reached: from then on only this thread's recent constants are used, and the
+/// process-wide set is not locked again.
+static FULL: AtomicBool = AtomicBool::new(false);
+
+/// The process-wide constants, by limiter name.
+struct Kept {
+    by_name: BTreeMap<Box<str>, Vec<&'static Constant>>,
+    count: usize,
+}
+
+impl Kept {
+    const fn new() -> Self {
+        Self {
+            by_name: BTreeMap::new(),
+            count: 0,
+        }
+    }
+}
+
 impl Constant {
-    /// The constants of `v`'s limiter, built on first use.
-    pub(super) fn of(v: &Verdict) -> &'static Self {
+    /// The constants of `v`'s limiter, built on first use; `None` once [`MAX_KEPT`] other limiters are kept.
+    pub(super) fn of(v: &Verdict) -> Option<&'static Self> {
         let recent = RECENT.try_with(Cell::get).unwrap_or_default();
         if let Some(constant) = recent.into_iter().flatten().find(|c| c.describes(v)) {
-            return constant;
+            return Some(constant);
         }
-        let constant = Self::kept(v);
+        if FULL.load(Ordering::Relaxed) {
+            return None;
+        }
+        let constant = Self::kept(v)?;
         let _ = RECENT.try_with(|cell| {
             let mut recent = cell.get();
             recent.rotate_right(1);
             recent[0] = Some(constant);
             cell.set(recent);
         });
-        constant
+        Some(constant)
     }
 
     /// The process-wide constants of `v`'s limiter.
-    fn kept(v: &Verdict) -> &'static Self {
-        static KEPT: Mutex<BTreeMap<Box<str>, Vec<&'static Constant>>> =
-            Mutex::new(BTreeMap::new());
+    fn kept(v: &Verdict) -> Option<&'static Self> {
+        static KEPT: Mutex<Kept> = Mutex::new(Kept::new());
         let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(constant) = kept
+            .by_name
             .get(&*v.limiter)
             .and_then(|same_name| same_name.iter().find(|c| c.describes(v)))
         {
-            return constant;
+            return Some(constant);
+        }
+        if kept.count >= MAX_KEPT {
+            FULL.store(true, Ordering::Relaxed);
+            return None;
         }
         let constant: &'static Self = Box::leak(Box::new(Self::build(v)));
-        kept.entry(v.limiter.as_ref().into())
+        kept.by_name
+            .entry(v.limiter.as_ref().into())
             .or_default()
             .push(constant);
-        constant
+        kept.count += 1;
+        Some(constant)
     }
 
     fn build(v: &Verdict) -> Self {
@@ -303,20 +337,26 @@ mod tests {
         }
         for v in &cases {
             assert_eq!(
-                Constant::of(v).fields.is_some(),
+                Constant::of(v).is_some_and(|c| c.fields.is_some()),
                 v.limiter.len() < 100,
                 "the single path is taken unless the name is too long: {v:?}"
             );
-            assert!(std::ptr::eq(Constant::of(v), Constant::of(v)), "kept once");
+            assert!(
+                std::ptr::eq(Constant::of(v).unwrap(), Constant::of(v).unwrap()),
+                "kept once"
+            );
         }
         // Same name, another limit: other constants.
         assert!(!std::ptr::eq(
-            Constant::of(&cases[0]),
-            Constant::of(&cases[3])
+            Constant::of(&cases[0]).unwrap(),
+            Constant::of(&cases[3]).unwrap()
         ));
         let other_limit = verdict("api", Outcome::Allowed, 7, 6);
         assert_eq!(
-            Constant::of(&other_limit).fields.as_ref().unwrap().policy,
+            Constant::of(&other_limit)
+                .and_then(|c| c.fields.as_ref())
+                .unwrap()
+                .policy,
             r#""api";q=7;w=2"#
         );
         let mut all = HeaderMap::new();
