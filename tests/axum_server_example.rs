@@ -1,0 +1,300 @@
+//! `examples/axum_server` as a black box: the binary `cargo test` builds, started with each of its flags, asked over
+//! real TCP. Redis-backed runs use a private `redis-server` (fresh state, and one the test may kill).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use tollgate_testkit::redis::RedisServer;
+
+/// A running example server, killed when dropped.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    // Kept open: the server writes more lines, and a closed pipe would make it fail.
+    _stdout: BufReader<ChildStdout>,
+}
+
+fn example(name: &str) -> PathBuf {
+    // Integration tests run from target/<profile>/deps; cargo builds the examples into target/<profile>/examples.
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("examples").join(name))
+        .expect("target/<profile>/examples");
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test` (it builds the examples)",
+        path.display()
+    );
+    path
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(example("axum_server"))
+            .args(["--addr", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the example server");
+        let mut stdout = BufReader::new(child.stdout.take().expect("its stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("its first line");
+        let addr = line
+            .strip_prefix("listening on http://")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|addr| addr.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line {line:?} for {args:?}"));
+        Self {
+            child,
+            addr,
+            _stdout: stdout,
+        }
+    }
+
+    fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        get(self.addr, path, headers)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    let mut request = format!("GET {path} HTTP/1.1\r\nhost: example\r\nconnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let head = response.split("\r\n\r\n").next().unwrap_or_default();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Reply { status, headers }
+}
+
+fn statuses(server: &Server, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
+    (0..n).map(|_| server.get(path, headers).status).collect()
+}
+
+#[test]
+fn token_bucket_in_process_answers_429_with_every_header() {
+    let server = Server::start(&["--limit", "2", "--period", "1h"]);
+    assert_eq!(statuses(&server, "/", &[], 2), [200, 200]);
+    let denied = server.get("/", &[]);
+    assert_eq!(denied.status, 429, "{denied:#?}");
+    assert_eq!(
+        denied.header("ratelimit-policy"),
+        Some(r#""per-client";q=2;w=3600"#)
+    );
+    assert_eq!(
+        denied.header("ratelimit"),
+        Some(r#""per-client";r=0;t=1800"#)
+    );
+    assert_eq!(denied.header("retry-after"), Some("1800"));
+    assert_eq!(denied.header("x-ratelimit-limit"), Some("2"));
+    assert_eq!(denied.header("x-ratelimit-used"), Some("2"));
+    assert_eq!(denied.header("x-ratelimit-resource"), Some("per-client"));
+    assert!(denied.header("x-ratelimit-reset").is_some());
+    let health = server.get("/health", &[]);
+    assert_eq!(health.status, 200);
+    assert_eq!(health.header("ratelimit"), None, "/health is never limited");
+}
+
+#[test]
+fn burst_and_sub_second_period() {
+    // 10 per 500 ms with a burst of 1: the second request at once is over.
+    let server = Server::start(&["--limit", "10", "--period", "500ms", "--burst", "1"]);
+    let first = server.get("/", &[]);
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some(r#""per-client";q=10;w=1"#)
+    );
+    assert_eq!(server.get("/", &[]).status, 429);
+}
+
+#[test]
+fn sliding_window_on_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = Server::start(&[
+        "--algorithm",
+        "sliding-window",
+        "--limit",
+        "3",
+        "--period",
+        "10s",
+        "--redis-url",
+        &url,
+    ]);
+    assert_eq!(statuses(&server, "/", &[], 4), [200, 200, 200, 429]);
+    // A second instance on the same Redis shares the window: the fleet-wide promise.
+    let other = Server::start(&[
+        "--algorithm",
+        "sliding-window",
+        "--limit",
+        "3",
+        "--period",
+        "10s",
+        "--redis-url",
+        &url,
+    ]);
+    assert_eq!(other.get("/", &[]).status, 429);
+}
+
+#[test]
+fn forwarded_for_counts_only_through_trusted_proxies() {
+    let spoof = |ip| [("x-forwarded-for", ip)];
+    let untrusting = Server::start(&["--limit", "1", "--period", "1h"]);
+    assert_eq!(untrusting.get("/", &spoof("9.9.9.9")).status, 200);
+    assert_eq!(
+        untrusting.get("/", &spoof("8.8.8.8")).status,
+        429,
+        "a spoofed header is no fresh bucket"
+    );
+
+    let trusting = Server::start(&[
+        "--limit",
+        "1",
+        "--period",
+        "1h",
+        "--trusted-proxy",
+        "127.0.0.0/8",
+    ]);
+    assert_eq!(trusting.get("/", &spoof("9.9.9.9")).status, 200);
+    assert_eq!(
+        trusting.get("/", &spoof("8.8.8.8")).status,
+        200,
+        "another client behind the proxy"
+    );
+    assert_eq!(trusting.get("/", &spoof("9.9.9.9")).status, 429);
+}
+
+#[test]
+fn store_error_policies_when_redis_dies() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let start = |policy| {
+        Server::start(&[
+            "--limit",
+            "2",
+            "--period",
+            "1h",
+            "--redis-url",
+            &url,
+            "--on-store-error",
+            policy,
+        ])
+    };
+    let (open, closed, local) = (start("open"), start("closed"), start("local"));
+    assert_eq!(closed.get("/", &[]).status, 200, "Redis is up");
+    redis.kill();
+    assert_eq!(statuses(&open, "/", &[], 3), [200, 200, 200], "fails open");
+    let unavailable = closed.get("/", &[]);
+    assert_eq!(unavailable.status, 503, "{unavailable:#?}");
+    assert!(unavailable.header("retry-after").is_some());
+    assert_eq!(
+        statuses(&local, "/", &[], 3),
+        [200, 200, 429],
+        "the same limit, per instance, while Redis is down"
+    );
+}
+
+#[test]
+fn stack_flags_limit_concurrency() {
+    let server = Server::start(&[
+        "--limit",
+        "1000",
+        "--concurrency",
+        "1",
+        "--worker-capacity",
+        "50",
+    ]);
+    let addr = server.addr;
+    // While a slow request holds the client's one lease, another request from the client is turned away. The slow
+    // request needs a moment to arrive; give it longer on each attempt rather than guess one delay.
+    let mut seen = Vec::new();
+    for attempt in 1..=5 {
+        let slow = std::thread::spawn(move || get(addr, "/slow?ms=1500", &[]).status);
+        std::thread::sleep(Duration::from_millis(150 * attempt));
+        let probe = server.get("/slow?ms=1", &[]).status;
+        let slow = slow.join().expect("the slow request");
+        seen.push((probe, slow));
+        if (probe, slow) == (429, 200) {
+            break;
+        }
+    }
+    assert_eq!(
+        seen.last(),
+        Some(&(429, 200)),
+        "(probe, slow) per attempt: {seen:?}"
+    );
+    assert_eq!(
+        server.get("/slow?ms=1", &[]).status,
+        200,
+        "the lease was returned"
+    );
+}
+
+#[test]
+fn bad_flags_are_clear_errors() {
+    for args in [
+        &["--limit", "0"][..],
+        &["--period", "5x"],
+        &["--algorithm", "leaky"],
+        &["--on-store-error", "maybe"],
+        &["--trusted-proxy", "10.0.0.0/33"],
+        &["--fleet-capacity", "5"],
+        &["--no-such-flag"],
+    ] {
+        let out = Command::new(example("axum_server"))
+            .args(args)
+            .output()
+            .expect("run the example");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("axum_server: ") && stderr.len() > "axum_server: ".len() + 10,
+            "{args:?}: {stderr:?}"
+        );
+    }
+}
