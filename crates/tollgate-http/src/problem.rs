@@ -1,12 +1,10 @@
 //! Error responses: `application/problem+json` (RFC 9457) bodies with the right status and `Retry-After`.
 
 use std::fmt::Write as _;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
+use tollgate_tower::observe::LogGate;
 use tollgate_tower::{BoxError, KeyError, Rejection, RejectionKind};
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
@@ -75,15 +73,8 @@ pub fn rejection_response<B: From<String>>(rejection: &Rejection) -> Response<B>
 
 /// One error line per second at most: a misconfiguration fails every request, which must not flood the logs.
 fn log_gate_open() -> bool {
-    static START: OnceLock<Instant> = OnceLock::new();
-    static NEXT_MS: AtomicU64 = AtomicU64::new(0);
-    let now =
-        u64::try_from(START.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX);
-    let next = NEXT_MS.load(Ordering::Relaxed);
-    now >= next
-        && NEXT_MS
-            .compare_exchange(next, now + 1_000, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+    static GATE: LogGate = LogGate::new();
+    GATE.open()
 }
 
 fn problem<B: From<String>>(

@@ -55,7 +55,6 @@ pub mod concurrency;
 mod error;
 pub mod fleet;
 mod lease_guard;
-mod observe;
 pub mod permit;
 pub mod stack;
 pub mod worker;

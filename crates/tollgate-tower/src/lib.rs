@@ -11,6 +11,7 @@
 //! | how many tokens it takes | [`cost`] ([`Cost`]) |
 //! | request classes for load shedding | [`priority`] ([`Priority`], [`Classify`]) |
 //! | shadow mode and the kill switch | [`mode`] ([`Mode`], [`EnforcementSwitch`]) |
+//! | decision counters and rate-limited logs | [`observe`] |
 //! | what a rejection says | [`rejection`] ([`Rejection`], [`RejectionKind`]) |
 //! | what an admitted response carries | [`verdict`] ([`Verdict`], [`Verdicts`], [`VerdictSink`]) |
 //! | the rate-limit header fields (`http` feature), shared by the HTTP and gRPC adapters | `headers` (`HeaderSet`) |
@@ -26,6 +27,7 @@ pub mod headers;
 pub mod key;
 pub mod mode;
 mod name;
+pub mod observe;
 pub mod priority;
 pub mod rate_limit;
 pub mod rejection;

@@ -9,8 +9,8 @@ use tollgate_tower::{EnforcementSwitch, Mode, Rejection, RejectionKind};
 
 use crate::Permit;
 use crate::lease_guard::LeaseGuard;
-use crate::observe::{Counters, LogGate};
 use tollgate_tower::Name;
+use tollgate_tower::observe::{Counters, LogGate};
 
 /// What the limiter concluded about one request.
 pub(crate) enum Conclusion {

@@ -12,8 +12,8 @@ use super::controller::{
 };
 use crate::ConfigError;
 use crate::concurrency::DEFAULT_RETRY_AFTER;
-use crate::observe::{Counters, LogGate};
 use tollgate_tower::Name;
+use tollgate_tower::observe::{Counters, LogGate};
 
 /// The worker shedder's default name (in metrics, logs and rejections).
 pub const DEFAULT_WORKER_NAME: &str = "worker";

@@ -1,14 +1,11 @@
 //! The decision shared by every clone of a limiter: store call, failure policy, shadow mode, metrics, logs.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
-use metrics::Counter;
 use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
 
-use crate::Name;
-use crate::{Mode, Rejection, RejectionKind, Verdict};
+use crate::observe::{Counters, LogGate};
+use crate::{Mode, Name, Rejection, RejectionKind, Verdict};
 
 /// What a limiter concluded about one request.
 pub(crate) enum Conclusion {
@@ -26,55 +23,6 @@ enum Recovery {
     Open,
     /// Reject (or, in shadow mode, admit) as unavailable.
     Closed,
-}
-
-/// Decision counters, registered once per layer so the hot path does no label work.
-pub(crate) struct Counters {
-    allowed: Counter,
-    limited: Counter,
-    shadow_limited: Counter,
-    failed_open: Counter,
-    failed_closed: Counter,
-    failed_local: Counter,
-}
-
-impl Counters {
-    fn new(name: &Name) -> Self {
-        let c = |outcome: &'static str| metrics::counter!("tollgate_decisions_total", "limiter" => name.to_string(), "outcome" => outcome);
-        Self {
-            allowed: c("allowed"),
-            limited: c("limited"),
-            shadow_limited: c("shadow_limited"),
-            failed_open: c("store_error_open"),
-            failed_closed: c("store_error_closed"),
-            failed_local: c("store_error_local"),
-        }
-    }
-}
-
-/// Lets one log line through per second, so a failing store or a shadow limit cannot flood the logs.
-struct LogGate {
-    start: Instant,
-    next_ms: AtomicU64,
-}
-
-impl LogGate {
-    fn new() -> Self {
-        Self {
-            start: Instant::now(),
-            next_ms: AtomicU64::new(0),
-        }
-    }
-
-    fn open(&self) -> bool {
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let next = self.next_ms.load(Ordering::Relaxed);
-        now >= next
-            && self
-                .next_ms
-                .compare_exchange(next, now + 1_000, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-    }
 }
 
 pub(crate) struct Shared<K, St, C> {
@@ -102,7 +50,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         on_error: FailurePolicy,
         fallback: Option<Arc<MemoryStore>>,
     ) -> Self {
-        let counters = Counters::new(&name);
+        let counters = Counters::new(&name, "limited");
         Self {
             name,
             policy,
@@ -156,7 +104,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             return Conclusion::Admit(Some(verdict));
         }
         if mode == Mode::Shadow {
-            self.counters.shadow_limited.increment(1);
+            self.counters.shadow_rejected.increment(1);
             if self.log_gate.open() {
                 tracing::info!(
                     limiter = &*self.name,
@@ -166,7 +114,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             }
             return Conclusion::Admit(Some(verdict));
         }
-        self.counters.limited.increment(1);
+        self.counters.rejected.increment(1);
         Conclusion::Reject(Rejection::rate_limited(verdict))
     }
 

@@ -1,0 +1,102 @@
+//! Metrics and rate-limited logs, shared by every tollgate limiter (this crate's rate limiter and the
+//! `tollgate-stack` limiters) and adapter, so that they count and log alike.
+//!
+//! ```
+//! use tollgate_tower::Name;
+//! use tollgate_tower::observe::{Counters, LogGate};
+//!
+//! static GATE: LogGate = LogGate::new();
+//! let counters = Counters::new(&Name::from("per-client"), "limited");
+//! counters.allowed.increment(1);
+//! assert!(GATE.open()); // the first line goes through
+//! assert!(!GATE.open()); // the next one within a second does not
+//! ```
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use metrics::Counter;
+
+use crate::Name;
+
+/// The counter every limiter reports its decisions to: `tollgate_decisions_total{limiter, outcome}`.
+pub const DECISIONS_TOTAL: &str = "tollgate_decisions_total";
+
+/// A limiter's decision counters, registered once (per layer) so that deciding does no label work.
+#[derive(Debug)]
+pub struct Counters {
+    /// `outcome="allowed"`.
+    pub allowed: Counter,
+    /// The rejection outcome given to [`new`](Self::new) (`limited`, `shed`).
+    pub rejected: Counter,
+    /// The same in shadow mode (`shadow_limited`, `shadow_shed`): over the limit, admitted anyway.
+    pub shadow_rejected: Counter,
+    /// `store_error_open`: the store failed and the request was admitted.
+    pub failed_open: Counter,
+    /// `store_error_closed`: the store failed and the request was rejected.
+    pub failed_closed: Counter,
+    /// `store_error_local`: the store failed and the local fallback decided.
+    pub failed_local: Counter,
+}
+
+impl Counters {
+    /// The counters of the limiter `name`, whose rejections count as `rejected` (`limited` or `shed`).
+    #[must_use]
+    pub fn new(name: &Name, rejected: &'static str) -> Self {
+        let c = |outcome: &'static str| metrics::counter!(DECISIONS_TOTAL, "limiter" => name.to_string(), "outcome" => outcome);
+        Self {
+            allowed: c("allowed"),
+            rejected: c(rejected),
+            shadow_rejected: c(if rejected == "shed" {
+                "shadow_shed"
+            } else {
+                "shadow_limited"
+            }),
+            failed_open: c("store_error_open"),
+            failed_closed: c("store_error_closed"),
+            failed_local: c("store_error_local"),
+        }
+    }
+}
+
+/// Lets one log line through per second, so that a failing store, a shadow limit or a misconfiguration — each of
+/// which concerns every request — cannot flood the logs.
+#[derive(Debug)]
+pub struct LogGate {
+    /// Milliseconds since [`epoch`] before which the gate stays shut.
+    next_ms: AtomicU64,
+}
+
+impl Default for LogGate {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LogGate {
+    /// An open gate; `const`, so it can be a `static`.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            next_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a line may be logged now; if so, the gate shuts for a second.
+    pub fn open(&self) -> bool {
+        let now = u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX);
+        let next = self.next_ms.load(Ordering::Relaxed);
+        now >= next
+            && self
+                .next_ms
+                .compare_exchange(next, now + 1_000, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+/// The instant every gate measures from (the first use of any).
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
