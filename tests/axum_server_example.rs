@@ -156,7 +156,7 @@ fn burst_and_sub_second_period() {
 fn sliding_window_on_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let server = Server::start(&[
+    let args = [
         "--algorithm",
         "sliding-window",
         "--limit",
@@ -165,19 +165,11 @@ fn sliding_window_on_redis() {
         "10s",
         "--redis-url",
         &url,
-    ]);
+    ];
+    let server = Server::start(&args);
     assert_eq!(statuses(&server, "/", &[], 4), [200, 200, 200, 429]);
     // A second instance on the same Redis shares the window: the fleet-wide promise.
-    let other = Server::start(&[
-        "--algorithm",
-        "sliding-window",
-        "--limit",
-        "3",
-        "--period",
-        "10s",
-        "--redis-url",
-        &url,
-    ]);
+    let other = Server::start(&args);
     assert_eq!(other.get("/", &[]).status, 429);
 }
 
