@@ -31,7 +31,7 @@ pin_project! {
         // The store is still deciding; the ready inner service and the request wait for it (boxed: this state is
         // rare, and keeping it small keeps the whole future small to move).
         Deciding { decide: Deciding, waiting: Option<Box<(S, Req)>> },
-        // Admitted: the inner service is running; its response will carry the verdict.
+        // Admitted: the inner service is running; its result and the verdict go to the responder.
         Calling { #[pin] fut: F, verdict: Option<Verdict> },
         // Rejected, the key could not be found, the inner service failed to become ready, or done.
         Failed { error: Option<BoxError> },
