@@ -1,7 +1,7 @@
 //! Hello-world axum throughput: bare vs tollgate (in-process store) vs tower-governor, in one run.
 //!
 //! `cargo bench --bench axum_overhead -- [--rounds 5] [--seconds 2] [--connections 32] [--server-threads 1] [--wrk]
-//! [--in-process-only]`
+//! [--in-process-only] [--calls 200000]`
 //!
 //! Every server runs in this process on its own loopback port (on a runtime with `--server-threads` workers);
 //! a small load generator on a separate runtime keeps `--connections` HTTP/1.1 keep-alive connections busy, one
@@ -39,6 +39,7 @@ struct Options {
     server_threads: usize,
     wrk: bool,
     in_process_only: bool,
+    calls: u32,
 }
 
 fn options() -> Result<Options, String> {
@@ -49,6 +50,7 @@ fn options() -> Result<Options, String> {
         server_threads: 1,
         wrk: false,
         in_process_only: false,
+        calls: 200_000,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -71,10 +73,16 @@ fn options() -> Result<Options, String> {
             "--seconds" => o.seconds = value.parse().map_err(|_| bad)?,
             "--connections" => o.connections = value.parse().map_err(|_| bad)?,
             "--server-threads" => o.server_threads = value.parse().map_err(|_| bad)?,
+            "--calls" => o.calls = value.parse().map_err(|_| bad)?,
             _ => return Err(format!("unknown argument {flag:?}")),
         }
     }
-    if o.rounds == 0 || o.connections == 0 || o.server_threads == 0 || o.seconds <= 0.0 {
+    if o.rounds == 0
+        || o.calls == 0
+        || o.connections == 0
+        || o.server_threads == 0
+        || o.seconds <= 0.0
+    {
         return Err("every option must be above 0".to_owned());
     }
     Ok(o)
@@ -278,8 +286,8 @@ fn main() {
     let variants = variants();
     let n = variants.len();
     println!(
-        "in-process router calls (no network), {} rounds x 200000 calls per variant",
-        o.rounds
+        "in-process router calls (no network), {} rounds x {} calls per variant",
+        o.rounds, o.calls
     );
     let mut ns = vec![Vec::new(); n];
     for round in 0..o.rounds {
@@ -290,7 +298,7 @@ fn main() {
             }
             // `with_state` turns handlers into routes once, as `axum::serve` does for each connection.
             let router = variants[v].router.clone().with_state(());
-            ns[v].push(client.block_on(in_process_ns(router, 200_000)));
+            ns[v].push(client.block_on(in_process_ns(router, o.calls)));
         }
     }
     let ns: Vec<f64> = ns.iter().map(|v| median(v)).collect();

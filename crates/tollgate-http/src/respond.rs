@@ -34,9 +34,30 @@ impl HttpResponder {
 
     /// The response for `result`, with the headers of every verdict it carries plus `own` (this layer's).
     ///
-    /// A single limiter's verdict needs no response extension: it is rendered from the stack and stored on the
-    /// response only when an outer layer (`outer`) will render again.
+    /// A single limiter's verdict needs no response extension: it is rendered straight onto the response, and
+    /// stored on it only when an outer layer (`outer`) will render again.
+    #[inline]
     pub(crate) fn answer<B: From<String>>(
+        &self,
+        outer: bool,
+        result: Result<Response<B>, BoxError>,
+        own: Option<Verdict>,
+    ) -> Response<B> {
+        match result {
+            // The common case, kept small: a lone limiter's admitted response, changed in place.
+            Ok(mut response) if !outer && response.extensions().get::<Verdicts>().is_none() => {
+                if let Some(own) = &own {
+                    self.headers.render_one(own, response.headers_mut());
+                }
+                response
+            }
+            result => self.answer_gathered(outer, result, own),
+        }
+    }
+
+    /// [`answer`](Self::answer) for a rejection, or when several layers' verdicts meet on one response.
+    #[inline(never)]
+    fn answer_gathered<B: From<String>>(
         &self,
         outer: bool,
         result: Result<Response<B>, BoxError>,
@@ -58,16 +79,17 @@ impl HttpResponder {
                 verdicts.extend(own);
                 self.headers.render(verdicts, headers);
             }
+            // An outer layer will render again: leave the verdict for it.
             (None, Some(own)) if outer => {
                 let verdicts = parts.extensions.get_or_insert_default::<Verdicts>();
                 verdicts.push(own);
                 self.headers.render(verdicts, headers);
             }
-            (None, Some(own)) => {
-                let verdicts = Verdicts::from(own);
-                self.headers.render(&verdicts, headers);
+            (None, own) => {
+                if let Some(own) = &own {
+                    self.headers.render_one(own, headers);
+                }
             }
-            (None, None) => {}
         }
         Response::from_parts(parts, body)
     }
@@ -84,6 +106,12 @@ impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>
         Self::mark(req)
     }
 
+    /// Only to render it, or to leave it for an outer layer.
+    fn wants_verdict(&self, outer: &bool) -> bool {
+        *outer || self.headers != HeaderSet::NONE
+    }
+
+    #[inline]
     fn respond(
         &self,
         outer: bool,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::get;
 use tollgate_core::{FailurePolicy, Policy, Quota, Store};
-use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::{ClientIp, HeaderKey, PeerIp, RouteKey};
+use tollgate_http::{HeaderSet, HttpLimitLayer};
 use tollgate_tower::{Mode, RateLimitLayer};
 
 use support::{Reply, get as http_get, limited_app as app, serve, serve_with};
@@ -215,6 +215,45 @@ async fn wrapped_and_in_place_layers_nest_either_way<St: Store>(store: Arc<St>) 
     assert_eq!(reply.header("x-ratelimit-resource"), "route");
 }
 both_stores!(nested_adapters, wrapped_and_in_place_layers_nest_either_way);
+
+/// A layer that sends no fields of its own still counts in an outer layer's fields, and still answers its own
+/// rejections with 429 and `Retry-After`.
+async fn header_less_layer_reports_to_the_outer_one<St: Store>(store: Arc<St>) {
+    let limit =
+        |name: &'static str, n| RateLimitLayer::new(name, per_hour(n), store.clone(), PeerIp);
+    let quiet = |name| HttpLimitLayer::new(limit(name, 2)).headers(HeaderSet::NONE);
+    let nested: Router = Router::new()
+        .route("/", get(|| async { "hello" }).layer(quiet("quiet")))
+        .layer(HttpLimitLayer::new(limit("router", 8)));
+    let alone: Router = Router::new().route("/", get(|| async { "hello" }).layer(quiet("alone")));
+
+    let reply = http_get(serve(nested).await, "/", &[]).await;
+    assert_eq!(reply.status, 200, "{reply:#?}");
+    assert_eq!(
+        reply.header("ratelimit"),
+        r#""router";r=7;t=450, "quiet";r=1;t=1800"#
+    );
+    assert_eq!(reply.header("x-ratelimit-resource"), "quiet");
+
+    let addr = serve(alone).await;
+    for _ in 0..2 {
+        let reply = http_get(addr, "/", &[]).await;
+        assert_eq!(reply.status, 200, "{reply:#?}");
+        assert!(
+            !reply.has("ratelimit") && !reply.has("ratelimit-policy"),
+            "{reply:#?}"
+        );
+        assert!(!reply.has("x-ratelimit-remaining"), "{reply:#?}");
+    }
+    let denied = http_get(addr, "/", &[]).await;
+    assert_eq!(denied.status, 429, "{denied:#?}");
+    assert_eq!(denied.num("retry-after"), 1800);
+    assert!(!denied.has("ratelimit"), "{denied:#?}");
+}
+both_stores!(
+    header_less_layers,
+    header_less_layer_reports_to_the_outer_one
+);
 
 async fn spoofed_forwarding_headers_are_ignored<St: Store>(store: Arc<St>) {
     // No trusted proxy: the peer is the client, whatever the headers say.

@@ -56,6 +56,13 @@ pub trait Respond<Req, T> {
     /// Called once per request before it is decided and passed on.
     fn prepare(&self, req: &mut Req) -> Self::Ticket;
 
+    /// Whether [`respond`](Self::respond) reads the verdict of an admitted request with this ticket; when it does
+    /// not, the limiter does not build one (a rejection always carries its verdict). Defaults to `true`.
+    fn wants_verdict(&self, ticket: &Self::Ticket) -> bool {
+        let _ = ticket;
+        true
+    }
+
     /// Builds the response from the inner service's result — or the limiter's error: a
     /// [`Rejection`](crate::Rejection), a [`KeyError`](crate::KeyError), or an inner service that failed to become
     /// ready — and the limiter's verdict (`None` when nothing was decided: enforcement off, a failed-open store, or

@@ -100,6 +100,19 @@ impl HeaderSet {
         self.render_general(verdicts, headers);
     }
 
+    /// [`render`](Self::render) for one limiter's verdict, without gathering it into [`Verdicts`].
+    pub fn render_one(self, verdict: &Verdict, headers: &mut HeaderMap) {
+        if self == Self::NONE || !verdict.enforced {
+            return;
+        }
+        if let Some(constant) = Constant::of(verdict)
+            && self.render_single(verdict, constant, headers).is_some()
+        {
+            return;
+        }
+        self.render_general(&Verdicts::from(verdict.clone()), headers);
+    }
+
     /// [`render`](Self::render) for any number of verdicts, formatting every field.
     fn render_general(self, verdicts: &Verdicts, headers: &mut HeaderMap) {
         let Some(binding) = verdicts.binding() else {

@@ -5,14 +5,14 @@ use std::sync::Arc;
 use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
 
 use crate::observe::{Counters, LogGate};
-use crate::{Mode, Name, Rejection, RejectionKind, Verdict};
+use crate::{BoxError, Mode, Name, Rejection, RejectionKind, Verdict};
 
 /// What a limiter concluded about one request.
 pub(crate) enum Conclusion {
     /// Pass the request on; the verdict (if any) goes onto the response.
     Admit(Option<Verdict>),
-    /// Reject it.
-    Reject(Rejection),
+    /// Reject it: a [`Rejection`], boxed already (as it will be answered), which keeps admissions small to move.
+    Reject(BoxError),
 }
 
 /// The failure policy's answer to a store error.
@@ -65,16 +65,29 @@ impl<K, St: Store, C> Shared<K, St, C> {
         }
     }
 
-    /// Decides one request in `mode` (`Enforce` or `Shadow`; `Off` never gets here).
-    pub(crate) async fn decide(&self, key: String, cost: u64, mode: Mode) -> Conclusion {
+    /// Decides one request in `mode` (`Enforce` or `Shadow`; `Off` never gets here); an admission carries its
+    /// verdict if `keep`.
+    pub(crate) async fn decide(
+        &self,
+        key: String,
+        cost: u64,
+        mode: Mode,
+        keep: bool,
+    ) -> Conclusion {
         let result = self.store.check(&key, &self.policy, cost).await;
-        self.conclude(result, &key, cost, mode)
+        self.conclude(result, &key, cost, mode, keep)
     }
 
     /// Decides at once if the store can without waiting (see [`Store::check_immediate`]).
-    pub(crate) fn decide_now(&self, key: &str, cost: u64, mode: Mode) -> Option<Conclusion> {
+    pub(crate) fn decide_now(
+        &self,
+        key: &str,
+        cost: u64,
+        mode: Mode,
+        keep: bool,
+    ) -> Option<Conclusion> {
         let result = self.store.check_immediate(key, &self.policy, cost)?;
-        Some(self.conclude(result, key, cost, mode))
+        Some(self.conclude(result, key, cost, mode, keep))
     }
 
     /// Turns the store's answer into a conclusion: failure policy, shadow mode, metrics.
@@ -84,6 +97,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         key: &str,
         cost: u64,
         mode: Mode,
+        keep: bool,
     ) -> Conclusion {
         let decision = match result {
             Ok(decision) => decision,
@@ -93,7 +107,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
                 Recovery::Closed => return self.fail_closed(mode),
             },
         };
-        let verdict = Verdict {
+        let verdict = || Verdict {
             limiter: self.name.clone(),
             window: self.policy.quota().period(),
             decision,
@@ -101,7 +115,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         };
         if decision.is_allowed() {
             self.counters.allowed.increment(1);
-            return Conclusion::Admit(Some(verdict));
+            return Conclusion::Admit(keep.then(verdict));
         }
         if mode == Mode::Shadow {
             self.counters.shadow_rejected.increment(1);
@@ -112,10 +126,10 @@ impl<K, St: Store, C> Shared<K, St, C> {
                     "shadow mode: request over the limit admitted"
                 );
             }
-            return Conclusion::Admit(Some(verdict));
+            return Conclusion::Admit(keep.then(verdict));
         }
         self.counters.rejected.increment(1);
-        Conclusion::Reject(Rejection::rate_limited(verdict))
+        Conclusion::Reject(Rejection::rate_limited(verdict()).into())
     }
 
     /// Applies the failure policy after a store error.
@@ -162,9 +176,12 @@ impl<K, St: Store, C> Shared<K, St, C> {
         let rejection = Rejection::new(RejectionKind::StoreUnavailable, self.name.clone());
         // The retry the core's closed policy announces (one period, within 1 s to 60 s); it does not depend on now.
         let closed = FailurePolicy::Closed.synthesize(&self.policy, Timestamp::default());
-        Conclusion::Reject(match closed.and_then(|d| d.retry_after) {
-            Some(retry) => rejection.with_retry_after(retry),
-            None => rejection,
-        })
+        Conclusion::Reject(
+            match closed.and_then(|d| d.retry_after) {
+                Some(retry) => rejection.with_retry_after(retry),
+                None => rejection,
+            }
+            .into(),
+        )
     }
 }

@@ -110,7 +110,7 @@ where
                             this.state.set(State::Calling { fut, verdict });
                             continue;
                         }
-                        (Some(_), Conclusion::Reject(rejection)) => (Err(rejection.into()), None),
+                        (Some(_), Conclusion::Reject(rejection)) => (Err(rejection), None),
                         (None, _) => (Err(POLLED_AFTER_COMPLETION.into()), None),
                     }
                 }

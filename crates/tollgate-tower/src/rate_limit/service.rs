@@ -104,6 +104,7 @@ where
         }
         let shared = &self.shared;
         let mode = shared.switch.mode();
+        let keep = self.respond.wants_verdict(&answer.1);
         if mode == Mode::Off {
             return ResponseFuture::calling(self.inner.call(req), None, answer);
         }
@@ -114,7 +115,7 @@ where
             key.push(':');
             shared.key.extract(&req, key)?;
             let cost = shared.cost.cost(&req);
-            Ok::<_, KeyError>(match shared.decide_now(key, cost, mode) {
+            Ok::<_, KeyError>(match shared.decide_now(key, cost, mode, keep) {
                 Some(conclusion) => Ok(conclusion),
                 None => Err((key.clone(), cost)),
             })
@@ -129,7 +130,7 @@ where
         };
         let shared = shared.clone();
         let mut decide: Pin<Box<dyn Future<Output = Conclusion> + Send>> =
-            Box::pin(async move { shared.decide(key, cost, mode).await });
+            Box::pin(async move { shared.decide(key, cost, mode, keep).await });
         // A store may still answer at once (a cache, an open circuit): then an admitted request calls the ready
         // inner service directly, without cloning it. Otherwise the response future polls it again with the real
         // waker (every future re-registers its waker on each poll).
@@ -180,7 +181,7 @@ impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
             }
             Conclusion::Reject(rejection) => {
                 drop(self.take_ready());
-                ResponseFuture::failed(rejection.into(), answer)
+                ResponseFuture::failed(rejection, answer)
             }
         }
     }
