@@ -24,11 +24,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 #[path = "support/axum_variants.rs"]
 mod axum_variants;
+#[path = "support/http_load.rs"]
+mod http_load;
 
 use axum_variants::variants;
 
@@ -88,64 +88,6 @@ fn options() -> Result<Options, String> {
     Ok(o)
 }
 
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let addr = listener.local_addr().expect("a local address");
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .expect("serve");
-    });
-    addr
-}
-
-/// One keep-alive connection sending `GET /` until `stop`; counts 200 responses (anything else is fatal).
-async fn connection(
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    done: Arc<AtomicU64>,
-) -> Result<(), String> {
-    let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    let request = b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n";
-    let mut buf = Vec::with_capacity(4096);
-    let mut chunk = [0u8; 4096];
-    while !stop.load(Ordering::Relaxed) {
-        stream.write_all(request).await.map_err(|e| e.to_string())?;
-        // Read one response: the head, then `content-length` bytes of body.
-        let (head_len, body_len) = loop {
-            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = std::str::from_utf8(&buf[..end]).map_err(|e| e.to_string())?;
-                if !head.starts_with("HTTP/1.1 200") {
-                    return Err(format!("unexpected response: {head}"));
-                }
-                let len = content_length(head).ok_or("no content-length")?;
-                break (end + 4, len);
-            }
-            let n = stream.read(&mut chunk).await.map_err(|e| e.to_string())?;
-            if n == 0 {
-                return Err("connection closed".to_owned());
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        };
-        while buf.len() < head_len + body_len {
-            let n = stream.read(&mut chunk).await.map_err(|e| e.to_string())?;
-            if n == 0 {
-                return Err("connection closed".to_owned());
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        }
-        buf.drain(..head_len + body_len);
-        done.fetch_add(1, Ordering::Relaxed);
-    }
-    Ok(())
-}
-
 /// Nanoseconds per request when the router is called in-process, with no network or HTTP parsing: the cost
 /// of the middleware itself, steady even on a busy machine.
 async fn in_process_ns(mut app: Router, calls: u32) -> f64 {
@@ -193,15 +135,6 @@ fn measure_wrk(addr: SocketAddr, connections: usize, seconds: f64) -> Result<(f6
     Ok((rps, cpu as f64 / 1_000.0 / total.max(1.0)))
 }
 
-/// The `content-length` of a response head, without allocating (the client must stay cheaper than the servers).
-fn content_length(head: &str) -> Option<usize> {
-    head.split("\r\n").find_map(|line| {
-        let (name, value) = line.split_once(':')?;
-        name.eq_ignore_ascii_case("content-length")
-            .then(|| value.trim().parse().ok())?
-    })
-}
-
 /// CPU time (ns) consumed so far by this process's threads named `name` (Linux schedstat; 0 elsewhere).
 fn thread_cpu_ns(name: &str) -> u64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
@@ -223,7 +156,12 @@ async fn measure(addr: SocketAddr, connections: usize, seconds: f64) -> (f64, f6
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..connections)
-        .map(|_| tokio::spawn(connection(addr, stop.clone(), done.clone())))
+        .map(|_| {
+            let (stop, done) = (stop.clone(), done.clone());
+            tokio::spawn(async move {
+                http_load::connection(addr, || !stop.load(Ordering::Relaxed), &done).await
+            })
+        })
         .collect();
     // Warm up (connections, caches), then count.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -325,7 +263,7 @@ fn main() {
     let addrs: Vec<SocketAddr> = servers.block_on(async {
         let mut addrs = Vec::new();
         for v in &variants {
-            addrs.push(serve(v.router.clone()).await);
+            addrs.push(http_load::serve(v.router.clone()).await);
         }
         addrs
     });

@@ -98,6 +98,7 @@ fn governor_with_headers() -> Router {
 }
 
 /// One `GET /` from 127.0.0.1:40000 through `app`, in-process; panics unless it is admitted.
+#[allow(dead_code)] // `axum_instructions` goes over TCP only
 pub(crate) async fn call(app: &mut Router) {
     use tower::{Service, ServiceExt};
     let mut req = Request::new(Body::empty());

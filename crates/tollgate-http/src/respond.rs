@@ -27,8 +27,12 @@ impl HttpResponder {
         Self { headers }
     }
 
-    /// Marks `req` for inner layers; whether an outer layer had marked it already.
-    pub(crate) fn mark<B>(req: &mut Request<B>) -> bool {
+    /// Marks `req` for inner layers; whether an outer layer had marked it already. A layer that renders no
+    /// fields only looks: inner layers' verdicts are of no use to it, so they may as well render their own.
+    pub(crate) fn mark<B>(&self, req: &mut Request<B>) -> bool {
+        if self.headers == HeaderSet::NONE {
+            return req.extensions().get::<AdapterAbove>().is_some();
+        }
         req.extensions_mut().insert(AdapterAbove).is_some()
     }
 
@@ -103,7 +107,7 @@ impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>
     type Ticket = bool;
 
     fn prepare(&self, req: &mut Request<ReqBody>) -> bool {
-        Self::mark(req)
+        self.mark(req)
     }
 
     /// Only to render it, or to leave it for an outer layer.

@@ -50,7 +50,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        let outer = HttpResponder::mark(&mut req);
+        let outer = self.responder.mark(&mut req);
         let responder = self.responder;
         match self.not_ready.take() {
             Some(err) => ResponseFuture::failed(err, responder, outer),

@@ -216,8 +216,8 @@ async fn wrapped_and_in_place_layers_nest_either_way<St: Store>(store: Arc<St>) 
 }
 both_stores!(nested_adapters, wrapped_and_in_place_layers_nest_either_way);
 
-/// A layer that sends no fields of its own still counts in an outer layer's fields, and still answers its own
-/// rejections with 429 and `Retry-After`.
+/// A layer that sends no fields of its own still counts in an outer layer's fields, lets an inner layer send its
+/// own when it is the outermost, and still answers its own rejections with 429 and `Retry-After`.
 async fn header_less_layer_reports_to_the_outer_one<St: Store>(store: Arc<St>) {
     let limit =
         |name: &'static str, n| RateLimitLayer::new(name, per_hour(n), store.clone(), PeerIp);
@@ -226,6 +226,12 @@ async fn header_less_layer_reports_to_the_outer_one<St: Store>(store: Arc<St>) {
         .route("/", get(|| async { "hello" }).layer(quiet("quiet")))
         .layer(HttpLimitLayer::new(limit("router", 8)));
     let alone: Router = Router::new().route("/", get(|| async { "hello" }).layer(quiet("alone")));
+    let quiet_outside: Router = Router::new()
+        .route(
+            "/",
+            get(|| async { "hello" }).layer(HttpLimitLayer::new(limit("loud", 4))),
+        )
+        .layer(quiet("quiet-outside"));
 
     let reply = http_get(serve(nested).await, "/", &[]).await;
     assert_eq!(reply.status, 200, "{reply:#?}");
@@ -234,6 +240,11 @@ async fn header_less_layer_reports_to_the_outer_one<St: Store>(store: Arc<St>) {
         r#""router";r=7;t=450, "quiet";r=1;t=1800"#
     );
     assert_eq!(reply.header("x-ratelimit-resource"), "quiet");
+
+    let reply = http_get(serve(quiet_outside).await, "/", &[]).await;
+    assert_eq!(reply.status, 200, "{reply:#?}");
+    assert_eq!(reply.header("ratelimit"), r#""loud";r=3;t=900"#);
+    assert_eq!(reply.header("x-ratelimit-resource"), "loud");
 
     let addr = serve(alone).await;
     for _ in 0..2 {

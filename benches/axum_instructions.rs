@@ -1,0 +1,156 @@
+//! Instructions per HTTP request over real TCP, counted by valgrind: the throughput comparison of
+//! `axum_overhead` in a unit that does not depend on how busy the machine is.
+//!
+//! `cargo bench --bench axum_instructions [-- --requests 4000]` (needs `valgrind`) — for each variant, this
+//! binary runs itself under `valgrind --tool=callgrind`: a child serves the variant on a loopback port, warms it
+//! up, then sends it `N` requests one after another over a keep-alive connection, client and server on one
+//! thread. Only those `N` requests are counted (`--toggle-collect`), so the total over `N` is the cost of one
+//! request — client, HTTP parsing, routing, the limiter, the response — and start-up (clock calibration, runtime,
+//! first bucket) is left out.
+//!
+//! "vs bare" is bare axum's instructions per request over the variant's: the throughput ratio a CPU-bound
+//! machine would show if the kernel's share (the socket calls, which valgrind does not count and which every
+//! variant pays alike) were nothing — so it understates the ratio `axum_overhead` measures, never overstates it.
+//! `ONLY=<row index>` counts one row.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+#[path = "support/axum_variants.rs"]
+mod axum_variants;
+#[path = "support/http_load.rs"]
+mod http_load;
+
+/// The child: serve variant `v`, warm it up, then send it `requests` requests inside [`measured_requests`].
+fn child(v: usize, requests: u64) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let router = axum_variants::variants().swap_remove(v).router;
+    let addr = runtime.block_on(http_load::serve(router));
+    // Connections, buckets, caches and lazily built statics: none of it counts.
+    load(&runtime, addr, 1_000);
+    measured_requests(&runtime, addr, requests);
+}
+
+/// The only code callgrind counts (`--toggle-collect`): everything the runtime runs while this is on the stack,
+/// client and server alike.
+#[inline(never)]
+fn measured_requests(runtime: &tokio::runtime::Runtime, addr: SocketAddr, requests: u64) {
+    load(runtime, addr, requests);
+}
+
+/// Sends `requests` requests, one after another, over one keep-alive connection.
+fn load(runtime: &tokio::runtime::Runtime, addr: SocketAddr, requests: u64) {
+    let left = AtomicI64::new(i64::try_from(requests).expect("a request count"));
+    let done = AtomicU64::new(0);
+    let more = || left.fetch_sub(1, Ordering::Relaxed) > 0;
+    if let Err(e) = runtime.block_on(http_load::connection(addr, more, &done)) {
+        eprintln!("axum_instructions: load generator: {e}");
+        std::process::exit(1);
+    }
+    assert_eq!(
+        done.load(Ordering::Relaxed),
+        requests,
+        "every request answered 200"
+    );
+}
+
+/// Instructions per request of variant `v`, counted by callgrind over `requests` requests.
+fn count(v: usize, requests: u64) -> Result<f64, String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out_file = std::env::temp_dir().join(format!(
+        "tollgate-axum-instructions-{}-{v}.out",
+        std::process::id()
+    ));
+    let status = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg("--toggle-collect=*measured_requests*")
+        .arg(format!("--callgrind-out-file={}", out_file.display()))
+        .arg(&me)
+        .args(["--child", &v.to_string(), &requests.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run valgrind ({e}); install it (apt-get install valgrind)"))?;
+    if !status.success() {
+        return Err(format!(
+            "the child for variant {v} failed under valgrind ({status}); run it alone: {} --child {v} {requests}",
+            me.display()
+        ));
+    }
+    let text = std::fs::read_to_string(&out_file).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&out_file);
+    let total: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no instruction total in {}", out_file.display()))?;
+    Ok(total as f64 / requests as f64)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, v, n] = args.as_slice()
+        && flag == "--child"
+    {
+        child(
+            v.parse().expect("a variant index"),
+            n.parse().expect("a request count"),
+        );
+        return;
+    }
+    let mut requests: u64 = 4_000;
+    let mut rest = args.iter().filter(|a| *a != "--bench");
+    while let Some(flag) = rest.next() {
+        match (flag.as_str(), rest.next().map(|v| v.parse())) {
+            ("--requests", Some(Ok(n))) if n > 0 => requests = n,
+            _ => {
+                eprintln!("usage: axum_instructions [--requests N]");
+                std::process::exit(2);
+            }
+        }
+    }
+    let only: Option<usize> = std::env::var("ONLY").ok().and_then(|v| v.parse().ok());
+    let variants = axum_variants::variants();
+    println!(
+        "instructions per HTTP request (callgrind; client + server, one thread, one keep-alive connection, {requests} requests per variant)"
+    );
+    // The selected row, bare axum and the row's peer (or every row).
+    let wanted = |v: usize| only.is_none_or(|o| v == o || v == 0 || v == variants[o].peer);
+    let per_request: Vec<f64> = (0..variants.len())
+        .map(|v| {
+            if !wanted(v) {
+                return f64::NAN;
+            }
+            count(v, requests).unwrap_or_else(|e| {
+                eprintln!("axum_instructions: {e}");
+                std::process::exit(2)
+            })
+        })
+        .collect();
+    println!(
+        "{:<26} {:>12} {:>8} {:>12} {:>8}  peer",
+        "variant", "instr/req", "vs bare", "added (peer)", "vs peer"
+    );
+    for (i, v) in variants.iter().enumerate() {
+        if per_request[i].is_nan() {
+            continue;
+        }
+        let peer = per_request[v.peer];
+        println!(
+            "{:<26} {:>12.0} {:>7.3}x {:>+12.0} {:>7.3}x  {}",
+            v.name,
+            per_request[i],
+            per_request[0] / per_request[i],
+            per_request[i] - peer,
+            peer / per_request[i],
+            variants[v.peer].name
+        );
+    }
+}
