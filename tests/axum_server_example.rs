@@ -141,13 +141,14 @@ fn token_bucket_in_process_answers_429_with_every_header() {
 
 #[test]
 fn burst_and_sub_second_period() {
-    // 10 per 500 ms with a burst of 1: the second request at once is over.
+    // 10 per 500 ms with a burst of 1: the second request at once is over. The policy is announced per whole
+    // second: 20 per second.
     let server = Server::start(&["--limit", "10", "--period", "500ms", "--burst", "1"]);
     let first = server.get("/", &[]);
     assert_eq!(first.status, 200);
     assert_eq!(
         first.header("ratelimit-policy"),
-        Some(r#""per-client";q=10;w=1"#)
+        Some(r#""per-client";q=20;w=1"#)
     );
     assert_eq!(server.get("/", &[]).status, 429);
 }

@@ -233,8 +233,9 @@ mod tests {
 
         let mut headers = HeaderMap::new();
         insert_verdicts(&mut headers, &verdicts);
-        // Outermost (last pushed) first, names escaped as sf-strings, the shadow verdict left out.
-        let policy = r#""per \"client\"";q=10;w=60, "per-method";q=10;w=1"#;
+        // Outermost (last pushed) first, names escaped as sf-strings, the shadow verdict left out; 10 per 500 ms
+        // is announced per second.
+        let policy = r#""per \"client\"";q=10;w=60, "per-method";q=20;w=1"#;
         assert_eq!(headers["ratelimit-policy"], policy);
         assert_eq!(
             headers["ratelimit"],

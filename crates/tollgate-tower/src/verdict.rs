@@ -84,6 +84,20 @@ impl Verdict {
         ceil_secs(self.window).max(1)
     }
 
+    /// The limit over the announced window ([`window_secs`](Self::window_secs)) rather than over the policy's
+    /// period, rounded down: the same number when the period is whole seconds, and for "10 per 500 ms" 20 per
+    /// second rather than 10, which would tell a client pacing itself to use half its quota. Never more than the
+    /// policy admits in the window.
+    #[must_use]
+    pub fn window_limit(&self) -> u64 {
+        let period = self.window.as_nanos();
+        let window = u128::from(self.window_secs()) * 1_000_000_000;
+        if period == 0 || period == window {
+            return self.decision.limit;
+        }
+        u64::try_from(u128::from(self.decision.limit) * window / period).unwrap_or(u64::MAX)
+    }
+
     /// Requests counted against the limit in the current window (`limit − remaining`, at least 0).
     #[must_use]
     pub fn used(&self) -> u64 {
@@ -227,5 +241,48 @@ pub const fn visible_char(c: char) -> char {
         c
     } else {
         '?'
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tollgate_core::{Decision, Outcome, Timestamp};
+
+    use super::Verdict;
+
+    fn per(limit: u64, window: Duration) -> Verdict {
+        let decision = Decision {
+            outcome: Outcome::Allowed,
+            limit,
+            remaining: limit,
+            reset: Timestamp::from_micros(0),
+            retry_after: None,
+            now: Timestamp::from_micros(0),
+        };
+        Verdict::new("v", window, decision)
+    }
+
+    /// The announced quota is the policy's rate over the announced window, never above it.
+    #[test]
+    fn window_limit_scales_the_limit_to_whole_seconds() {
+        let cases = [
+            (100, Duration::from_secs(60), 60, 100),
+            (10, Duration::from_millis(500), 1, 20),
+            (3, Duration::from_millis(300), 1, 10),
+            (1, Duration::from_millis(700), 1, 1),
+            (3, Duration::from_millis(1_500), 2, 4),
+            (7, Duration::from_micros(1), 1, 7_000_000),
+            (u64::MAX, Duration::from_millis(500), 1, u64::MAX),
+        ];
+        for (limit, period, w, q) in cases {
+            let v = per(limit, period);
+            assert_eq!(
+                (v.window_secs(), v.window_limit()),
+                (w, q),
+                "{limit} per {period:?}"
+            );
+        }
     }
 }

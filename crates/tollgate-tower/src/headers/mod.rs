@@ -1,7 +1,9 @@
 //! Rate-limit header fields, rendered from [`Verdicts`] and nothing else: HTTP response headers for
 //! `tollgate-http` and response metadata for `tollgate-grpc`, by the same code.
 //!
-//! - IETF (draft-ietf-httpapi-ratelimit-headers-10): `RateLimit-Policy: "<name>";q=<limit>;w=<window s>` and
+//! - IETF (draft-ietf-httpapi-ratelimit-headers-10): `RateLimit-Policy: "<name>";q=<limit>;w=<window s>` (a
+//!   period that is not whole seconds is announced over the whole seconds that cover it, its limit scaled to
+//!   them and rounded down: "10 per 500 ms" is `q=20;w=1`) and
 //!   `RateLimit: "<name>";r=<remaining>;t=<seconds to reset>`, one list member per enforced limiter, outermost
 //!   limiter first.
 //! - GitHub style, for the binding limiter (a denial first, else the fewest remaining): `X-RateLimit-Limit`,
@@ -128,7 +130,7 @@ impl HeaderSet {
                     i,
                     &v.limiter,
                     ";q=",
-                    v.decision.limit,
+                    v.window_limit(),
                     ";w=",
                     v.window_secs(),
                 );

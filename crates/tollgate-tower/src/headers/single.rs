@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use crate::Verdict;
 use crate::verdict::{push_sf_string, visible_char};
@@ -32,7 +33,7 @@ const MAX_DIGITS: usize = 20;
 pub(super) struct Constant {
     name: Box<str>,
     limit: u64,
-    window_secs: u64,
+    window: Duration,
     /// `None` when the name is too long for the inline buffer: that limiter takes the general path.
     fields: Option<Fields>,
 }
@@ -123,16 +124,14 @@ impl Constant {
         Self {
             name: v.limiter.as_ref().into(),
             limit: v.decision.limit,
-            window_secs: v.window_secs(),
+            window: v.window,
             fields: Fields::build(v),
         }
     }
 
     /// Whether these constants describe `v`'s limiter.
     fn describes(&self, v: &Verdict) -> bool {
-        self.limit == v.decision.limit
-            && self.window_secs == v.window_secs()
-            && *self.name == *v.limiter
+        self.limit == v.decision.limit && self.window == v.window && *self.name == *v.limiter
     }
 }
 
@@ -146,7 +145,7 @@ impl Fields {
             return None;
         }
         policy.push_str(";q=");
-        push_u64(&mut policy, v.decision.limit);
+        push_u64(&mut policy, v.window_limit());
         policy.push_str(";w=");
         push_u64(&mut policy, v.window_secs());
         let mut limit = String::new();
@@ -332,6 +331,9 @@ mod tests {
                     let mut single = HeaderMap::new();
                     set.render(&verdicts, &mut single);
                     assert_eq!(sorted(&single), sorted(&general), "{set:?} {v:?}");
+                    let mut one = HeaderMap::new();
+                    set.render_one(v, &mut one);
+                    assert_eq!(sorted(&one), sorted(&general), "{set:?} {v:?}");
                 }
             }
         }
@@ -351,13 +353,14 @@ mod tests {
             Constant::of(&cases[0]).unwrap(),
             Constant::of(&cases[3]).unwrap()
         ));
+        // 7 per 1.5 s, announced over 2 s: 9.
         let other_limit = verdict("api", Outcome::Allowed, 7, 6);
         assert_eq!(
             Constant::of(&other_limit)
                 .and_then(|c| c.fields.as_ref())
                 .unwrap()
                 .policy,
-            r#""api";q=7;w=2"#
+            r#""api";q=9;w=2"#
         );
         let mut all = HeaderMap::new();
         HeaderSet::ALL.render(&Verdicts::from(cases[0].clone()), &mut all);
