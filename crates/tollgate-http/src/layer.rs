@@ -1,6 +1,7 @@
 use tollgate_core::Store;
 use tollgate_stack::{LeaseLimitLayer, StackLayer, WorkerShedLayer};
 use tollgate_tower::{RateLimit, RateLimitLayer};
+use tower::util::Either;
 use tower_layer::{Identity, Layer, Stack};
 
 use crate::{HeaderSet, HttpLimit, HttpResponder};
@@ -51,8 +52,9 @@ impl<S, L: HttpAdapt<S>> Layer<S> for HttpLimitLayer<L> {
 /// A [`RateLimitLayer`] builds a [`RateLimit`] that answers through the [`HttpResponder`] itself: one service
 /// instead of two, and a single limiter's verdict goes straight from the decision to the headers. Every other
 /// tollgate layer (the Stripe-stack layers, their [`StackLayer`], `tower::ServiceBuilder` stacks of them) is
-/// wrapped in an [`HttpLimit`], which reads the verdicts the wrapped limiters leave on the response. Implement it
-/// for a layer of your own by wrapping it the same way: `HttpLimit::new(self.layer(inner), responder)`.
+/// wrapped in an [`HttpLimit`], which reads the verdicts the wrapped limiters leave on the response; the `Either`
+/// of `tower::util::option_layer` adapts whichever side it holds. Implement it for a layer of your own by wrapping it the same way:
+/// `HttpLimit::new(self.layer(inner), responder)`.
 pub trait HttpAdapt<S> {
     /// The adapted service.
     type Service;
@@ -92,3 +94,16 @@ adapt_by_wrapping!(
     Stack<Inner, Outer>,
     Identity<>,
 );
+
+/// `tower::util::option_layer`'s layer: each side adapted on its own, so that both answer `Infallible` and
+/// `Either` (which wants one error type on both sides) serves either.
+impl<S, A: HttpAdapt<S>, B: HttpAdapt<S>> HttpAdapt<S> for Either<A, B> {
+    type Service = Either<A::Service, B::Service>;
+
+    fn adapt(&self, inner: S, responder: HttpResponder) -> Self::Service {
+        match self {
+            Either::Left(layer) => Either::Left(layer.adapt(inner, responder)),
+            Either::Right(layer) => Either::Right(layer.adapt(inner, responder)),
+        }
+    }
+}

@@ -266,6 +266,33 @@ both_stores!(
     header_less_layer_reports_to_the_outer_one
 );
 
+/// A limit switched on or off by configuration (`tower::util::option_layer`) is adapted like any other.
+async fn optional_layer_limits_only_when_present<St: Store>(store: Arc<St>) {
+    let app = |layer: Option<RateLimitLayer<PeerIp, St>>| {
+        Router::new()
+            .route("/", get(|| async { "hello" }))
+            .layer(HttpLimitLayer::new(tower::util::option_layer(layer)))
+    };
+    let on = serve(app(Some(RateLimitLayer::new(
+        "optional",
+        per_hour(1),
+        store,
+        PeerIp,
+    ))))
+    .await;
+    let reply = http_get(on, "/", &[]).await;
+    assert_allowed(&reply, "optional", 1, 3600, 0, 3600);
+    assert_eq!(http_get(on, "/", &[]).await.status, 429);
+
+    let off = serve(app(None)).await;
+    for _ in 0..3 {
+        let reply = http_get(off, "/", &[]).await;
+        assert_eq!(reply.status, 200, "{reply:#?}");
+        assert!(!reply.has("ratelimit"), "{reply:#?}");
+    }
+}
+both_stores!(optional_layers, optional_layer_limits_only_when_present);
+
 async fn spoofed_forwarding_headers_are_ignored<St: Store>(store: Arc<St>) {
     // No trusted proxy: the peer is the client, whatever the headers say.
     let addr = serve(app(RateLimitLayer::new(
