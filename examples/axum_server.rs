@@ -19,12 +19,11 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
 use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
-use tollgate_core::{Algorithm, FailurePolicy, MemoryStore, Policy, Store};
+use tollgate_core::{MemoryStore, Policy, Store};
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::{Cidr, ClientIp};
 use tollgate_redis::RedisStore;
@@ -53,13 +52,7 @@ routes: GET / and GET /slow?ms=N (limited per client IP), GET /health (never lim
 /// The command line. Later flags (concurrency, load shedding) add a field here and an arm in `Config::parse`.
 #[derive(Debug)]
 struct Config {
-    addr: SocketAddr,
-    limit: u64,
-    period: Duration,
-    burst: Option<u64>,
-    algorithm: Algorithm,
-    redis_url: Option<String>,
-    on_store_error: FailurePolicy,
+    server: flags::ServerFlags,
     trusted_proxies: Vec<Cidr>,
     stack: stack::StackFlags,
 }
@@ -67,13 +60,7 @@ struct Config {
 impl Config {
     fn parse(args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
         let mut config = Self {
-            addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
-            limit: 10,
-            period: Duration::from_secs(1),
-            burst: None,
-            algorithm: Algorithm::TokenBucket,
-            redis_url: None,
-            on_store_error: FailurePolicy::Closed,
+            server: flags::ServerFlags::new(3000),
             trusted_proxies: Vec::new(),
             stack: stack::StackFlags::default(),
         };
@@ -81,21 +68,6 @@ impl Config {
         while let Some(flag) = flags.next_flag() {
             match flag.as_str() {
                 "-h" | "--help" => return Ok(None),
-                "--addr" => {
-                    config.addr = flags.parsed(|v| {
-                        v.parse()
-                            .map_err(|_| format!("{v:?}: expected HOST:PORT, e.g. 127.0.0.1:3000"))
-                    })?;
-                }
-                "--limit" => config.limit = flags.parsed(flags::positive)?,
-                "--period" => config.period = flags.parsed(flags::duration)?,
-                "--burst" => config.burst = Some(flags.parsed(flags::positive)?),
-                "--algorithm" => config.algorithm = flags.parsed(flags::algorithm)?,
-                "--redis-url" => config.redis_url = Some(flags.value()?),
-                "--on-store-error" => {
-                    config.on_store_error =
-                        flags.parsed(|v| v.parse().map_err(|e| format!("{e}")))?;
-                }
                 "--trusted-proxy" => {
                     let cidr = flags.parsed(|v| v.parse().map_err(|e| format!("{e}")))?;
                     config.trusted_proxies.push(cidr);
@@ -103,15 +75,12 @@ impl Config {
                 other if stack::StackFlags::is_flag(other) => {
                     config.stack.set(other, &flags.value()?)?;
                 }
+                other if config.server.take(other, &mut flags)? => {}
                 other => return Err(format!("unknown argument {other:?} (try --help)")),
             }
         }
-        config.stack.validate(config.redis_url.is_some())?;
+        config.stack.validate(config.server.redis_url.is_some())?;
         Ok(Some(config))
-    }
-
-    fn policy(&self) -> Result<Policy, String> {
-        flags::policy(self.algorithm, self.limit, self.period, self.burst)
     }
 }
 
@@ -125,13 +94,13 @@ fn app<St: Store, L: LeaseStore>(
 ) -> Result<Router, String> {
     let key = ClientIp::trusting(config.trusted_proxies.iter().copied());
     let per_client = RateLimitLayer::new("per-client", policy, store, key.clone())
-        .on_store_error(config.on_store_error);
+        .on_store_error(config.server.on_store_error);
     let limits = stack::layer(
         &config.stack,
         per_client,
         leases,
         key,
-        config.on_store_error,
+        config.server.on_store_error,
     )?;
     Ok(Router::new()
         .route("/", get(|| async { "hello from tollgate\n" }))
@@ -158,8 +127,8 @@ async fn run() -> Result<(), String> {
         );
         return Ok(());
     };
-    let policy = config.policy()?;
-    let app = match &config.redis_url {
+    let policy = config.server.policy()?;
+    let app = match &config.server.redis_url {
         None => app(
             &config,
             policy,
@@ -175,7 +144,7 @@ async fn run() -> Result<(), String> {
             if let Err(e) = store.try_check("startup-probe", &policy, 0).await {
                 eprintln!(
                     "warning: Redis at {url} is not answering ({e}); --on-store-error {} applies",
-                    config.on_store_error
+                    config.server.on_store_error
                 );
             }
             app(
@@ -187,18 +156,18 @@ async fn run() -> Result<(), String> {
             )?
         }
     };
-    let listener = tokio::net::TcpListener::bind(config.addr)
+    let listener = tokio::net::TcpListener::bind(config.server.addr)
         .await
-        .map_err(|e| format!("--addr {}: {e}", config.addr))?;
+        .map_err(|e| format!("--addr {}: {e}", config.server.addr))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let store = config.redis_url.as_deref().unwrap_or("in-process");
+    let store = config.server.redis_url.as_deref().unwrap_or("in-process");
     println!(
         "listening on http://{addr}  ({} {} per {:?}, burst {}, store {store}, on store error {}, {} trusted proxies)",
         policy.algorithm(),
         policy.quota().limit(),
         policy.quota().period(),
         policy.quota().burst(),
-        config.on_store_error,
+        config.server.on_store_error,
         config.trusted_proxies.len()
     );
     println!("stack: {}", config.stack.describe());

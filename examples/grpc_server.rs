@@ -13,11 +13,9 @@
 #[path = "common/flags.rs"]
 mod flags;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use tollgate_core::{Algorithm, FailurePolicy, MemoryStore, Policy, Store};
+use tollgate_core::{MemoryStore, Policy, Store};
 use tollgate_grpc::key::{MetadataKey, PeerIp};
 use tollgate_grpc::{GrpcLimitLayer, MethodLimitLayer};
 use tollgate_redis::RedisStore;
@@ -50,60 +48,30 @@ service: helloworld.Greeter/SayHello, limited per client";
 
 #[derive(Debug)]
 struct Config {
-    addr: SocketAddr,
-    limit: u64,
-    period: Duration,
-    burst: Option<u64>,
-    algorithm: Algorithm,
-    redis_url: Option<String>,
-    on_store_error: FailurePolicy,
+    server: flags::ServerFlags,
     api_key_header: Option<MetadataKey>,
 }
 
 impl Config {
     fn parse(args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
         let mut config = Self {
-            addr: SocketAddr::from(([127, 0, 0, 1], 50051)),
-            limit: 10,
-            period: Duration::from_secs(1),
-            burst: None,
-            algorithm: Algorithm::TokenBucket,
-            redis_url: None,
-            on_store_error: FailurePolicy::Closed,
+            server: flags::ServerFlags::new(50051),
             api_key_header: None,
         };
         let mut flags = flags::Flags::new(args);
         while let Some(flag) = flags.next_flag() {
             match flag.as_str() {
                 "-h" | "--help" => return Ok(None),
-                "--addr" => {
-                    config.addr = flags.parsed(|v| {
-                        v.parse()
-                            .map_err(|_| format!("{v:?}: expected HOST:PORT, e.g. 127.0.0.1:50051"))
-                    })?;
-                }
-                "--limit" => config.limit = flags.parsed(flags::positive)?,
-                "--period" => config.period = flags.parsed(flags::duration)?,
-                "--burst" => config.burst = Some(flags.parsed(flags::positive)?),
-                "--algorithm" => config.algorithm = flags.parsed(flags::algorithm)?,
-                "--redis-url" => config.redis_url = Some(flags.value()?),
-                "--on-store-error" => {
-                    config.on_store_error =
-                        flags.parsed(|v| v.parse().map_err(|e| format!("{e}")))?;
-                }
                 "--api-key-header" => {
                     let header =
                         flags.parsed(|v| MetadataKey::new(v).map_err(|e| format!("{v:?}: {e}")))?;
                     config.api_key_header = Some(header);
                 }
+                other if config.server.take(other, &mut flags)? => {}
                 other => return Err(format!("unknown argument {other:?} (try --help)")),
             }
         }
         Ok(Some(config))
-    }
-
-    fn policy(&self) -> Result<Policy, String> {
-        flags::policy(self.algorithm, self.limit, self.period, self.burst)
     }
 }
 
@@ -139,16 +107,16 @@ async fn serve<St: Store>(config: &Config, policy: Policy, store: Arc<St>) -> Re
         .api_key_header
         .clone()
         .map_or(ClientKey::Peer, ClientKey::ApiKey);
-    let say_hello =
-        RateLimitLayer::new("say-hello", policy, store, key).on_store_error(config.on_store_error);
+    let say_hello = RateLimitLayer::new("say-hello", policy, store, key)
+        .on_store_error(config.server.on_store_error);
     let layer = GrpcLimitLayer::new(
         MethodLimitLayer::new()
             .method("/helloworld.Greeter/SayHello", say_hello)
             .map_err(|e| e.to_string())?,
     );
-    let listener = tokio::net::TcpListener::bind(config.addr)
+    let listener = tokio::net::TcpListener::bind(config.server.addr)
         .await
-        .map_err(|e| format!("--addr {}: {e}", config.addr))?;
+        .map_err(|e| format!("--addr {}: {e}", config.server.addr))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!(
         "listening on {addr}  (SayHello: {} {} per {:?}, burst {}, store {}, on store error {}, key {})",
@@ -156,8 +124,8 @@ async fn serve<St: Store>(config: &Config, policy: Policy, store: Arc<St>) -> Re
         policy.quota().limit(),
         policy.quota().period(),
         policy.quota().burst(),
-        config.redis_url.as_deref().unwrap_or("in-process"),
-        config.on_store_error,
+        config.server.redis_url.as_deref().unwrap_or("in-process"),
+        config.server.on_store_error,
         config
             .api_key_header
             .as_ref()
@@ -184,8 +152,8 @@ async fn run() -> Result<(), String> {
         println!("{USAGE}");
         return Ok(());
     };
-    let policy = config.policy()?;
-    match &config.redis_url {
+    let policy = config.server.policy()?;
+    match &config.server.redis_url {
         None => serve(&config, policy, Arc::new(MemoryStore::new())).await,
         Some(url) => {
             let store = RedisStore::builder(url.clone())
@@ -196,7 +164,7 @@ async fn run() -> Result<(), String> {
             if let Err(e) = store.try_check("startup-probe", &policy, 0).await {
                 eprintln!(
                     "warning: Redis at {url} is not answering ({e}); --on-store-error {} applies",
-                    config.on_store_error
+                    config.server.on_store_error
                 );
             }
             // Without a store failure policy, Redis errors reach the layer: `--on-store-error` answers them.

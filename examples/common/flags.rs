@@ -4,9 +4,10 @@
 //! Included with `#[path = "common/flags.rs"] mod flags;`; an example uses the parts it needs.
 #![allow(dead_code)]
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Policy, Quota};
+use tollgate_core::{Algorithm, FailurePolicy, Policy, Quota};
 
 /// Walks the arguments: yields each flag, and hands out its value on request.
 pub(crate) struct Flags<I> {
@@ -50,6 +51,65 @@ impl<I: Iterator<Item = String>> Flags<I> {
     ) -> Result<T, String> {
         let v = self.value()?;
         parse(&v).map_err(|e| format!("{}: {e}", self.flag))
+    }
+}
+
+/// The flags both example servers take: where to listen, the per-client policy, and the store.
+#[derive(Debug)]
+pub(crate) struct ServerFlags {
+    pub(crate) addr: SocketAddr,
+    pub(crate) limit: u64,
+    pub(crate) period: Duration,
+    pub(crate) burst: Option<u64>,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) redis_url: Option<String>,
+    pub(crate) on_store_error: FailurePolicy,
+}
+
+impl ServerFlags {
+    /// The defaults: 127.0.0.1:`port`, a token bucket of 10 per second, the in-process store, closed on errors.
+    pub(crate) fn new(port: u16) -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            limit: 10,
+            period: Duration::from_secs(1),
+            burst: None,
+            algorithm: Algorithm::TokenBucket,
+            redis_url: None,
+            on_store_error: FailurePolicy::Closed,
+        }
+    }
+
+    /// Takes `flag` and its value from `flags` if it is one of these; whether it was.
+    pub(crate) fn take<I: Iterator<Item = String>>(
+        &mut self,
+        flag: &str,
+        flags: &mut Flags<I>,
+    ) -> Result<bool, String> {
+        match flag {
+            "--addr" => {
+                let port = self.addr.port();
+                self.addr = flags.parsed(|v| {
+                    v.parse()
+                        .map_err(|_| format!("{v:?}: expected HOST:PORT, e.g. 127.0.0.1:{port}"))
+                })?;
+            }
+            "--limit" => self.limit = flags.parsed(positive)?,
+            "--period" => self.period = flags.parsed(duration)?,
+            "--burst" => self.burst = Some(flags.parsed(positive)?),
+            "--algorithm" => self.algorithm = flags.parsed(algorithm)?,
+            "--redis-url" => self.redis_url = Some(flags.value()?),
+            "--on-store-error" => {
+                self.on_store_error = flags.parsed(|v| v.parse().map_err(|e| format!("{e}")))?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The policy `--algorithm`, `--limit`, `--period` and `--burst` describe.
+    pub(crate) fn policy(&self) -> Result<Policy, String> {
+        policy(self.algorithm, self.limit, self.period, self.burst)
     }
 }
 
