@@ -53,8 +53,8 @@ impl<S, L: HttpAdapt<S>> Layer<S> for HttpLimitLayer<L> {
 /// instead of two, and a single limiter's verdict goes straight from the decision to the headers. Every other
 /// tollgate layer (the Stripe-stack layers, their [`StackLayer`], `tower::ServiceBuilder` stacks of them) is
 /// wrapped in an [`HttpLimit`], which reads the verdicts the wrapped limiters leave on the response; the `Either`
-/// of `tower::util::option_layer` adapts whichever side it holds. Implement it for a layer of your own by wrapping it the same way:
-/// `HttpLimit::new(self.layer(inner), responder)`.
+/// of `tower::util::option_layer` adapts whichever side it holds. Implement it for a layer of your own by
+/// wrapping it the same way: `HttpLimit::new(self.layer(inner), responder)`.
 pub trait HttpAdapt<S> {
     /// The adapted service.
     type Service;
