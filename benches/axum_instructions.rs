@@ -15,7 +15,6 @@
 
 use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 #[path = "support/axum_variants.rs"]
 mod axum_variants;
@@ -44,18 +43,17 @@ fn measured_requests(runtime: &tokio::runtime::Runtime, addr: SocketAddr, reques
 
 /// Sends `requests` requests, one after another, over one keep-alive connection.
 fn load(runtime: &tokio::runtime::Runtime, addr: SocketAddr, requests: u64) {
-    let left = AtomicI64::new(i64::try_from(requests).expect("a request count"));
-    let done = AtomicU64::new(0);
-    let more = || left.fetch_sub(1, Ordering::Relaxed) > 0;
-    if let Err(e) = runtime.block_on(http_load::connection(addr, more, &done)) {
+    let sent = runtime.block_on(async {
+        let mut client = http_load::Client::connect(addr).await?;
+        for _ in 0..requests {
+            client.request().await?;
+        }
+        Ok::<_, String>(())
+    });
+    if let Err(e) = sent {
         eprintln!("axum_instructions: load generator: {e}");
         std::process::exit(1);
     }
-    assert_eq!(
-        done.load(Ordering::Relaxed),
-        requests,
-        "every request answered 200"
-    );
 }
 
 /// Instructions per request of variant `v`, counted by callgrind over `requests` requests.

@@ -1,16 +1,18 @@
 //! Hello-world axum throughput: bare vs tollgate (in-process store) vs tower-governor, in one run.
 //!
-//! `cargo bench --bench axum_overhead -- [--rounds 5] [--seconds 2] [--connections 32] [--server-threads 1] [--wrk]
-//! [--in-process-only] [--calls 200000]`
+//! `cargo bench --bench axum_overhead -- [--rounds 40] [--seconds 0.25] [--connections 32] [--server-threads 1]
+//! [--wrk] [--in-process-only] [--in-process-rounds 7] [--calls 200000]`
 //!
 //! Every server runs in this process on its own loopback port (on a runtime with `--server-threads` workers);
-//! a small load generator on a separate runtime keeps `--connections` HTTP/1.1 keep-alive connections busy, one
-//! request in flight per connection. The variants take turns, round after round, so background noise hits them
-//! alike; the report gives each variant's median requests per second and the median over rounds of its ratio to
-//! bare axum (and to its peer) within the round. Limits are set far above the offered load (every request is
-//! admitted), so the figures are the cost of deciding, not of rejecting. All limiters key on the peer address. `--wrk` uses `wrk -t1` (a C load generator, if installed) in
-//! place of the built-in one. Besides throughput, the report gives the servers' CPU time per request (Linux
-//! schedstat of the server threads), which is steadier than throughput on a busy machine.
+//! a small load generator on a separate runtime keeps `--connections` HTTP/1.1 keep-alive connections per variant
+//! open for the whole run, one request in flight per connection, and lets one variant's connections send at a
+//! time. The variants take short turns (`--seconds` each), round after round in a rotating order, so that the
+//! machine's fast and slow phases fall on all of them alike; the report gives each variant's median requests per
+//! second and the median over rounds of its ratio to bare axum (and to its peer) within the round. Limits are set
+//! far above the offered load (every request is admitted), so the figures are the cost of deciding, not of
+//! rejecting. All limiters key on the peer address. `--wrk` uses `wrk -t1` (a C load generator, if installed) in
+//! place of the built-in one, with a fresh run of it per turn (use longer turns). Besides throughput, the report
+//! gives the servers' CPU time per request (Linux schedstat of the server threads).
 //!
 //! Each row is also compared with a peer that sends as many rate-limit fields: tollgate without fields against
 //! tower-governor without, tollgate's two IETF fields against tower-governor's two `x-ratelimit-*` fields, and
@@ -20,7 +22,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -39,17 +41,19 @@ struct Options {
     server_threads: usize,
     wrk: bool,
     in_process_only: bool,
+    in_process_rounds: usize,
     calls: u32,
 }
 
 fn options() -> Result<Options, String> {
     let mut o = Options {
-        rounds: 5,
-        seconds: 2.0,
+        rounds: 40,
+        seconds: 0.25,
         connections: 32,
         server_threads: 1,
         wrk: false,
         in_process_only: false,
+        in_process_rounds: 7,
         calls: 200_000,
     };
     let mut args = std::env::args().skip(1);
@@ -74,6 +78,7 @@ fn options() -> Result<Options, String> {
             "--connections" => o.connections = value.parse().map_err(|_| bad)?,
             "--server-threads" => o.server_threads = value.parse().map_err(|_| bad)?,
             "--calls" => o.calls = value.parse().map_err(|_| bad)?,
+            "--in-process-rounds" => o.in_process_rounds = value.parse().map_err(|_| bad)?,
             _ => return Err(format!("unknown argument {flag:?}")),
         }
     }
@@ -150,39 +155,85 @@ fn thread_cpu_ns(name: &str) -> u64 {
 
 const SERVER_THREAD: &str = "bench-server";
 
-/// Requests per second against `addr` over `seconds`, with `connections` connections, and the servers' CPU time
-/// per request in microseconds.
-async fn measure(addr: SocketAddr, connections: usize, seconds: f64) -> (f64, f64) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..connections)
-        .map(|_| {
-            let (stop, done) = (stop.clone(), done.clone());
-            tokio::spawn(async move {
-                http_load::connection(addr, || !stop.load(Ordering::Relaxed), &done).await
-            })
-        })
-        .collect();
-    // Warm up (connections, caches), then count.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let start_count = done.load(Ordering::Relaxed);
-    let start_cpu = thread_cpu_ns(SERVER_THREAD);
-    let start = Instant::now();
-    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    let count = done.load(Ordering::Relaxed) - start_count;
-    let cpu = thread_cpu_ns(SERVER_THREAD) - start_cpu;
-    let elapsed = start.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        if let Ok(Err(e)) = task.await {
-            eprintln!("load generator: {e}");
-            std::process::exit(1);
+/// No variant is sending.
+const IDLE: usize = usize::MAX;
+
+/// The built-in load generator: `connections` keep-alive connections per variant, opened once and kept; only the
+/// active variant's connections send. Turns can therefore be short (a fraction of a second), so that the variants
+/// share the machine's fast and slow phases instead of each landing in one.
+struct Load {
+    active: Arc<AtomicUsize>,
+    wake: tokio::sync::watch::Sender<usize>,
+    done: Vec<Arc<AtomicU64>>,
+    connections: Vec<tokio::task::JoinHandle<Result<(), String>>>,
+}
+
+impl Load {
+    /// Opens the connections (on the current runtime).
+    async fn start(addrs: &[SocketAddr], connections: usize) -> Self {
+        let active = Arc::new(AtomicUsize::new(IDLE));
+        let (wake, _) = tokio::sync::watch::channel(IDLE);
+        let done: Vec<_> = addrs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
+        let mut tasks = Vec::new();
+        for (v, &addr) in addrs.iter().enumerate() {
+            for _ in 0..connections {
+                let (active, mut woken, done) = (active.clone(), wake.subscribe(), done[v].clone());
+                tasks.push(tokio::spawn(async move {
+                    let result = async {
+                        let mut client = http_load::Client::connect(addr).await?;
+                        loop {
+                            if woken.wait_for(|a| *a == v).await.is_err() {
+                                return Ok(()); // the load generator is gone
+                            }
+                            while active.load(Ordering::Relaxed) == v {
+                                client.request().await?;
+                                done.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    .await;
+                    if let Err(e) = &result {
+                        eprintln!("axum_overhead: load generator: {e}");
+                    }
+                    result
+                }));
+            }
+        }
+        Self {
+            active,
+            wake,
+            done,
+            connections: tasks,
         }
     }
-    (
-        count as f64 / elapsed,
-        cpu as f64 / 1_000.0 / count.max(1) as f64,
-    )
+
+    /// Lets variant `v` send for `seconds`: its requests per second and the servers' CPU time per request (µs).
+    async fn turn(&self, v: usize, seconds: f64) -> Result<(f64, f64), String> {
+        let (count, cpu) = (
+            self.done[v].load(Ordering::Relaxed),
+            thread_cpu_ns(SERVER_THREAD),
+        );
+        let start = Instant::now();
+        self.active.store(v, Ordering::Relaxed);
+        self.wake.send_replace(v);
+        tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+        self.active.store(IDLE, Ordering::Relaxed);
+        self.wake.send_replace(IDLE);
+        let elapsed = start.elapsed().as_secs_f64();
+        let count = self.done[v].load(Ordering::Relaxed) - count;
+        let cpu = thread_cpu_ns(SERVER_THREAD) - cpu;
+        if self
+            .connections
+            .iter()
+            .any(tokio::task::JoinHandle::is_finished)
+        {
+            return Err("a load-generator connection stopped (its error is above)".into());
+        }
+        Ok((
+            count as f64 / elapsed,
+            cpu as f64 / 1_000.0 / count.max(1) as f64,
+        ))
+    }
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -197,6 +248,11 @@ fn median(values: &[f64]) -> f64 {
     } else {
         values[mid]
     }
+}
+
+fn fail(e: &str) -> ! {
+    eprintln!("axum_overhead: {e}");
+    std::process::exit(1)
 }
 
 fn selected(v: usize) -> bool {
@@ -225,10 +281,10 @@ fn main() {
     let n = variants.len();
     println!(
         "in-process router calls (no network), {} rounds x {} calls per variant",
-        o.rounds, o.calls
+        o.in_process_rounds, o.calls
     );
     let mut ns = vec![Vec::new(); n];
-    for round in 0..o.rounds {
+    for round in 0..o.in_process_rounds {
         for i in 0..n {
             let v = (i + round) % n;
             if !selected(v) {
@@ -283,6 +339,16 @@ fn main() {
     );
     let mut rps = vec![Vec::new(); n];
     let mut cpu = vec![Vec::new(); n];
+    let load = (!o.wrk).then(|| {
+        client.block_on(async {
+            let load = Load::start(&addrs, o.connections).await;
+            // Connections open, buckets created, caches warm: one unmeasured turn each.
+            for v in (0..n).filter(|&v| selected(v)) {
+                load.turn(v, 0.2).await.unwrap_or_else(|e| fail(&e));
+            }
+            load
+        })
+    });
     for round in 0..o.rounds {
         // Rotate the order each round so no variant always runs first or last.
         for i in 0..n {
@@ -290,18 +356,17 @@ fn main() {
             if !selected(v) {
                 continue;
             }
-            let (r, c) = if o.wrk {
-                measure_wrk(addrs[v], o.connections, o.seconds).unwrap_or_else(|e| {
-                    eprintln!("axum_overhead: {e}");
-                    std::process::exit(1)
-                })
-            } else {
-                client.block_on(measure(addrs[v], o.connections, o.seconds))
-            };
+            let (r, c) = match &load {
+                Some(load) => client.block_on(load.turn(v, o.seconds)),
+                None => measure_wrk(addrs[v], o.connections, o.seconds),
+            }
+            .unwrap_or_else(|e| fail(&e));
             rps[v].push(r);
             cpu[v].push(c);
         }
-        eprintln!("round {}/{} done", round + 1, o.rounds);
+        if (round + 1) % 10 == 0 || round + 1 == o.rounds {
+            eprintln!("round {}/{} done", round + 1, o.rounds);
+        }
     }
     // Ratios are taken within each round (the variants ran back to back), then the median over rounds: the
     // machine's speed drifts between rounds more than the variants differ.

@@ -2,7 +2,6 @@
 //! each, no allocation per request on the client side (it must stay cheaper than the servers it measures).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,58 +24,75 @@ pub(crate) async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-/// One keep-alive connection sending `GET /` while `more()` says so; counts 200 responses in `done` (anything
-/// else is fatal).
-pub(crate) async fn connection(
-    addr: SocketAddr,
-    more: impl Fn() -> bool,
-    done: &AtomicU64,
-) -> Result<(), String> {
-    let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    let request = b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n";
-    let mut buf = Vec::with_capacity(4096);
-    let mut chunk = [0u8; 4096];
+/// One keep-alive connection sending `GET /`, one request in flight.
+pub(crate) struct Client {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    chunk: Box<[u8; 4096]>,
     // Every response to the same request has the same shape: once one is parsed, the next is recognised by its
-    // status line and its blank line at the same place, and parsed again only when they are not there (the client
-    // must not spend more on a response with many header fields than a client that knew the server would).
-    let mut expected: Option<(usize, usize)> = None;
-    while more() {
-        stream.write_all(request).await.map_err(|e| e.to_string())?;
+    // status line and its blank line at the same place, and parsed again only when they are not there (the
+    // client must not spend more on a response with many header fields than a client that knew the server would).
+    expected: Option<(usize, usize)>,
+}
+
+impl Client {
+    /// Connects to `addr`.
+    pub(crate) async fn connect(addr: SocketAddr) -> Result<Self, String> {
+        let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        Ok(Self {
+            stream,
+            buf: Vec::with_capacity(4096),
+            chunk: Box::new([0; 4096]),
+            expected: None,
+        })
+    }
+
+    /// Sends one request and reads its response, which must be a 200.
+    pub(crate) async fn request(&mut self) -> Result<(), String> {
+        const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n";
+        self.stream
+            .write_all(REQUEST)
+            .await
+            .map_err(|e| e.to_string())?;
         let (head_len, body_len) = loop {
-            if let Some((head_len, body_len)) = expected
-                && buf.len() >= head_len
-                && buf.starts_with(b"HTTP/1.1 200 ")
-                && buf[..head_len].ends_with(b"\r\n\r\n")
+            if let Some((head_len, body_len)) = self.expected
+                && self.buf.len() >= head_len
+                && self.buf.starts_with(b"HTTP/1.1 200 ")
+                && self.buf[..head_len].ends_with(b"\r\n\r\n")
             {
                 break (head_len, body_len);
             }
-            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = std::str::from_utf8(&buf[..end]).map_err(|e| e.to_string())?;
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = std::str::from_utf8(&self.buf[..end]).map_err(|e| e.to_string())?;
                 if !head.starts_with("HTTP/1.1 200") {
                     return Err(format!("unexpected response: {head}"));
                 }
                 let len = content_length(head).ok_or("no content-length")?;
-                expected = Some((end + 4, len));
+                self.expected = Some((end + 4, len));
                 break (end + 4, len);
             }
-            let n = stream.read(&mut chunk).await.map_err(|e| e.to_string())?;
-            if n == 0 {
-                return Err("connection closed".to_owned());
-            }
-            buf.extend_from_slice(&chunk[..n]);
+            self.read().await?;
         };
-        while buf.len() < head_len + body_len {
-            let n = stream.read(&mut chunk).await.map_err(|e| e.to_string())?;
-            if n == 0 {
-                return Err("connection closed".to_owned());
-            }
-            buf.extend_from_slice(&chunk[..n]);
+        while self.buf.len() < head_len + body_len {
+            self.read().await?;
         }
-        buf.drain(..head_len + body_len);
-        done.fetch_add(1, Ordering::Relaxed);
+        self.buf.drain(..head_len + body_len);
+        Ok(())
     }
-    Ok(())
+
+    async fn read(&mut self) -> Result<(), String> {
+        let n = self
+            .stream
+            .read(&mut self.chunk[..])
+            .await
+            .map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("connection closed".to_owned());
+        }
+        self.buf.extend_from_slice(&self.chunk[..n]);
+        Ok(())
+    }
 }
 
 /// The `content-length` of a response head, without allocating.
