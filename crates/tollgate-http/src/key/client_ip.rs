@@ -1,5 +1,5 @@
 use std::fmt::Write as _;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use axum::extract::ConnectInfo;
@@ -166,10 +166,15 @@ fn push_ip(key: &mut String, ip: IpAddr) {
                 key.push(char::from(b'0' + octet % 10));
             }
         }
-        IpAddr::V6(v6) => {
-            let _ = write!(key, "{v6}");
-        }
+        IpAddr::V6(v6) => push_ipv6(key, v6),
     }
+}
+
+/// IPv6 through the formatting machinery, kept out of [`push_ip`]'s body (IPv4 is the common case).
+#[cold]
+#[inline(never)]
+fn push_ipv6(key: &mut String, ip: Ipv6Addr) {
+    let _ = write!(key, "{ip}");
 }
 
 /// The `for` parameter of one `Forwarded` element, unquoted.

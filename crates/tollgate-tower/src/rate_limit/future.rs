@@ -98,36 +98,59 @@ where
     type Output = Result<R::Response, R::Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        loop {
-            let mut this = self.as_mut().project();
-            let (result, verdict) = match this.state.as_mut().project() {
-                StateProj::Deciding { decide, waiting } => {
-                    let conclusion = ready!(decide.as_mut().poll(cx));
-                    match (waiting.take(), conclusion) {
-                        (Some(waiting), Conclusion::Admit(verdict)) => {
-                            let (mut inner, req) = *waiting;
-                            let fut = inner.call(req);
-                            this.state.set(State::Calling { fut, verdict });
-                            continue;
-                        }
-                        (Some(_), Conclusion::Reject(rejection)) => (Err(rejection), None),
-                        (None, _) => (Err(POLLED_AFTER_COMPLETION.into()), None),
-                    }
-                }
-                StateProj::Calling { fut, verdict } => {
-                    let result = ready!(fut.poll(cx)).map_err(Into::into);
-                    (result, verdict.take())
-                }
-                StateProj::Failed { error } => (
-                    Err(error
-                        .take()
-                        .unwrap_or_else(|| POLLED_AFTER_COMPLETION.into())),
-                    None,
-                ),
-            };
-            // Done: polling again answers "polled after completion" instead of polling a finished future.
-            this.state.set(State::Failed { error: None });
-            return Poll::Ready(this.respond.respond(*this.ticket, result, verdict));
-        }
+        let mut this = self.as_mut().project();
+        let (result, verdict) = match this.state.as_mut().project() {
+            StateProj::Calling { fut, verdict } => {
+                let result = ready!(fut.poll(cx)).map_err(Into::into);
+                (result, verdict.take())
+            }
+            StateProj::Deciding { .. } => match ready!(decided(this.state.as_mut(), cx)) {
+                // Admitted: the state is now `Calling`.
+                None => return self.poll(cx),
+                Some(rejected) => (Err(rejected), None),
+            },
+            StateProj::Failed { error } => (Err(failure(error)), None),
+        };
+        // Done: polling again answers "polled after completion" instead of polling a finished future.
+        this.state.set(State::Failed { error: None });
+        Poll::Ready(this.respond.respond(*this.ticket, result, verdict))
     }
+}
+
+// The states an admitted request through the in-process store never visits, out of `poll`'s body (see
+// `RateLimit::decide_later`).
+
+/// Polls a store's decision: `None` once admitted (the inner service called and the state moved on to calling
+/// it), or the error to answer with.
+#[inline(never)]
+fn decided<F, S, Req>(
+    mut state: Pin<&mut State<F, S, Req>>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<BoxError>>
+where
+    S: Service<Req, Future = F>,
+{
+    let StateProj::Deciding { decide, waiting } = state.as_mut().project() else {
+        return Poll::Ready(Some(POLLED_AFTER_COMPLETION.into()));
+    };
+    let conclusion = ready!(decide.as_mut().poll(cx));
+    Poll::Ready(match (waiting.take(), conclusion) {
+        (Some(waiting), Conclusion::Admit(verdict)) => {
+            let (mut inner, req) = *waiting;
+            let fut = inner.call(req);
+            state.set(State::Calling { fut, verdict });
+            None
+        }
+        (Some(_), Conclusion::Reject(rejection)) => Some(rejection),
+        (None, _) => Some(POLLED_AFTER_COMPLETION.into()),
+    })
+}
+
+/// The error a failed (or finished) future answers with.
+#[cold]
+#[inline(never)]
+fn failure(error: &mut Option<BoxError>) -> BoxError {
+    error
+        .take()
+        .unwrap_or_else(|| POLLED_AFTER_COMPLETION.into())
 }
