@@ -123,7 +123,7 @@ where
         match decided {
             Ok(Ok(conclusion)) => self.conclude(conclusion, req, answer),
             Ok(Err((key, cost))) => self.decide_later(key, cost, mode, keep, req, answer),
-            Err(err) => self.key_missing(err, answer),
+            Err(err) => self.refuse(err.into(), answer),
         }
     }
 }
@@ -164,19 +164,20 @@ impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
         }
     }
 
-    /// The request's key could not be found: answered as an error, and the granted readiness given back.
+    /// Answers with `error` (a rejection, or a key that could not be found) without calling the inner service,
+    /// whose granted readiness is given back.
     #[cold]
     #[inline(never)]
-    fn key_missing<Req, Tk>(
+    fn refuse<Req, Tk>(
         &mut self,
-        err: KeyError,
+        error: BoxError,
         answer: (R, Tk),
     ) -> ResponseFuture<S::Future, S, Req, R, Tk>
     where
         S: Service<Req> + Clone,
     {
         drop(self.take_ready());
-        ResponseFuture::failed(err.into(), answer)
+        ResponseFuture::failed(error, answer)
     }
 }
 
@@ -215,10 +216,7 @@ impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
             Conclusion::Admit(verdict) => {
                 ResponseFuture::calling(self.inner.call(req), verdict, answer)
             }
-            Conclusion::Reject(rejection) => {
-                drop(self.take_ready());
-                ResponseFuture::failed(rejection, answer)
-            }
+            Conclusion::Reject(rejection) => self.refuse(rejection, answer),
         }
     }
 }
