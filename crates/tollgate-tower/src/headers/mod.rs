@@ -41,8 +41,6 @@ use crate::verdict::{push_sf_string, visible_char};
 use crate::{Verdict, Verdicts};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-use single::Constant;
-
 /// `RateLimit-Policy` (IETF draft 10).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit` (IETF draft 10).
@@ -94,8 +92,7 @@ impl HeaderSet {
             return;
         }
         if let Some(only) = verdicts.only()
-            && let Some(constant) = Constant::of(only)
-            && self.render_single(only, constant, headers).is_some()
+            && self.render_single(only, headers).is_some()
         {
             return;
         }
@@ -107,12 +104,9 @@ impl HeaderSet {
         if self == Self::NONE || !verdict.enforced {
             return;
         }
-        if let Some(constant) = Constant::of(verdict)
-            && self.render_single(verdict, constant, headers).is_some()
-        {
-            return;
+        if self.render_single(verdict, headers).is_none() {
+            self.render_general(&Verdicts::from(verdict.clone()), headers);
         }
-        self.render_general(&Verdicts::from(verdict.clone()), headers);
     }
 
     /// [`render`](Self::render) for any number of verdicts, formatting every field.

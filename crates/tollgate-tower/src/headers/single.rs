@@ -207,14 +207,10 @@ pub(super) fn format_u64(mut n: u64, digits: &mut [u8; MAX_DIGITS]) -> &[u8] {
 }
 
 impl HeaderSet {
-    /// Renders `v` with `constant`; `None` (nothing written) if the values do not fit the inline buffer.
-    pub(super) fn render_single(
-        self,
-        v: &Verdict,
-        constant: &Constant,
-        headers: &mut HeaderMap,
-    ) -> Option<()> {
-        let constant = constant.fields.as_ref()?;
+    /// Renders `v` from its limiter's kept constants; `None` (nothing written) when they cannot be kept or the values
+    /// do not fit the inline buffer.
+    pub(super) fn render_single(self, v: &Verdict, headers: &mut HeaderMap) -> Option<()> {
+        let constant = Constant::of(v)?.fields.as_ref()?;
         let mut s = Scratch {
             len: 0,
             bytes: [0; INLINE],
