@@ -98,7 +98,7 @@ pub fn rejection_status(rejection: &Rejection) -> tonic::Status {
 
     let mut headers = HeaderMap::new();
     if let Some(verdict) = rejection.verdict() {
-        HeaderSet::ALL.render(&Verdicts::from(verdict.clone()), &mut headers);
+        HeaderSet::ALL.render_one(verdict, &mut headers);
     }
     if let Some(secs) = rejection.retry_after_secs() {
         headers.insert(RETRY_AFTER, HeaderValue::from(secs));
