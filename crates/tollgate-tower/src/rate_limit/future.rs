@@ -20,6 +20,9 @@ pin_project! {
     pub struct ResponseFuture<F, S, Req, R, Tk> {
         #[pin]
         state: State<F, S, Req>,
+        // Beside the state rather than in it: the admitted future is then the inner future plus a few words, built
+        // in place.
+        verdict: Option<Verdict>,
         respond: R,
         ticket: Tk,
     }
@@ -32,7 +35,7 @@ pin_project! {
         // rare, and keeping it small keeps the whole future small to move).
         Deciding { decide: Deciding, waiting: Option<Box<(S, Req)>> },
         // Admitted: the inner service is running; its result and the verdict go to the responder.
-        Calling { #[pin] fut: F, verdict: Option<Verdict> },
+        Calling { #[pin] fut: F },
         // Rejected, the key could not be found, the inner service failed to become ready, or done.
         Failed { error: Option<BoxError> },
     }
@@ -43,7 +46,8 @@ impl<F, S, Req, R, Tk> ResponseFuture<F, S, Req, R, Tk> {
     #[inline(always)]
     pub(super) fn calling(fut: F, verdict: Option<Verdict>, (respond, ticket): (R, Tk)) -> Self {
         Self {
-            state: State::Calling { fut, verdict },
+            state: State::Calling { fut },
+            verdict,
             respond,
             ticket,
         }
@@ -52,6 +56,7 @@ impl<F, S, Req, R, Tk> ResponseFuture<F, S, Req, R, Tk> {
     pub(super) fn failed(error: BoxError, (respond, ticket): (R, Tk)) -> Self {
         Self {
             state: State::Failed { error: Some(error) },
+            verdict: None,
             respond,
             ticket,
         }
@@ -68,6 +73,7 @@ impl<F, S, Req, R, Tk> ResponseFuture<F, S, Req, R, Tk> {
                 decide,
                 waiting: Some(Box::new((inner, req))),
             },
+            verdict: None,
             respond,
             ticket,
         }
@@ -99,21 +105,23 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.as_mut().project();
-        let (result, verdict) = match this.state.as_mut().project() {
-            StateProj::Calling { fut, verdict } => {
-                let result = ready!(fut.poll(cx)).map_err(Into::into);
-                (result, verdict.take())
+        let result = match this.state.as_mut().project() {
+            StateProj::Calling { fut } => ready!(fut.poll(cx)).map_err(Into::into),
+            StateProj::Deciding { .. } => {
+                match ready!(decided(this.state.as_mut(), this.verdict, cx)) {
+                    // Admitted: the state is now `Calling`.
+                    None => return self.poll(cx),
+                    Some(rejected) => Err(rejected),
+                }
             }
-            StateProj::Deciding { .. } => match ready!(decided(this.state.as_mut(), cx)) {
-                // Admitted: the state is now `Calling`.
-                None => return self.poll(cx),
-                Some(rejected) => (Err(rejected), None),
-            },
-            StateProj::Failed { error } => (Err(failure(error)), None),
+            StateProj::Failed { error } => Err(failure(error)),
         };
         // Done: polling again answers "polled after completion" instead of polling a finished future.
         this.state.set(State::Failed { error: None });
-        Poll::Ready(this.respond.respond(*this.ticket, result, verdict))
+        Poll::Ready(
+            this.respond
+                .respond(*this.ticket, result, this.verdict.take()),
+        )
     }
 }
 
@@ -125,6 +133,7 @@ where
 #[inline(never)]
 fn decided<F, S, Req>(
     mut state: Pin<&mut State<F, S, Req>>,
+    own: &mut Option<Verdict>,
     cx: &mut Context<'_>,
 ) -> Poll<Option<BoxError>>
 where
@@ -138,7 +147,8 @@ where
         (Some(waiting), Conclusion::Admit(verdict)) => {
             let (mut inner, req) = *waiting;
             let fut = inner.call(req);
-            state.set(State::Calling { fut, verdict });
+            state.set(State::Calling { fut });
+            *own = verdict;
             None
         }
         (Some(_), Conclusion::Reject(rejection)) => Some(rejection),
