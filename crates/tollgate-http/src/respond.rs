@@ -48,15 +48,27 @@ impl HttpResponder {
         own: Option<Verdict>,
     ) -> Response<B> {
         match result {
-            // The common case, kept small: a lone limiter's admitted response, changed in place.
-            Ok(mut response) if !outer && response.extensions().get::<Verdicts>().is_none() => {
-                if let Some(own) = &own {
-                    self.headers.render_one(own, response.headers_mut());
-                }
-                response
-            }
+            Ok(response) => self.answer_ok(outer, response, own),
             result => self.answer_gathered(outer, result, own),
         }
+    }
+
+    /// [`answer`](Self::answer) for a response of the inner service.
+    #[inline(always)]
+    fn answer_ok<B: From<String>>(
+        &self,
+        outer: bool,
+        mut response: Response<B>,
+        own: Option<Verdict>,
+    ) -> Response<B> {
+        // The common case, kept small: a lone limiter's admitted response, changed in place.
+        if outer || response.extensions().get::<Verdicts>().is_some() {
+            return self.answer_gathered(outer, Ok(response), own);
+        }
+        if let Some(own) = &own {
+            self.headers.render_one(own, response.headers_mut());
+        }
+        response
     }
 
     /// [`answer`](Self::answer) for a rejection, or when several layers' verdicts meet on one response.
@@ -123,5 +135,15 @@ impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>
         verdict: Option<Verdict>,
     ) -> Result<Response<ResBody>, Infallible> {
         Ok(self.answer(outer, result, verdict))
+    }
+
+    #[inline]
+    fn respond_ok(
+        &self,
+        outer: bool,
+        response: Response<ResBody>,
+        verdict: Option<Verdict>,
+    ) -> Result<Response<ResBody>, Infallible> {
+        Ok(self.answer_ok(outer, response, verdict))
     }
 }

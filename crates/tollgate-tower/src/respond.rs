@@ -73,6 +73,18 @@ pub trait Respond<Req, T> {
         result: Result<T, BoxError>,
         verdict: Option<Verdict>,
     ) -> Result<Self::Response, Self::Error>;
+
+    /// [`respond`](Self::respond) for a response the inner service produced — what nearly every request ends
+    /// with — so that a responder can answer it without going through a `Result` first. Defaults to
+    /// `respond(ticket, Ok(response), verdict)`; an override must answer the same.
+    fn respond_ok(
+        &self,
+        ticket: Self::Ticket,
+        response: T,
+        verdict: Option<Verdict>,
+    ) -> Result<Self::Response, Self::Error> {
+        self.respond(ticket, Ok(response), verdict)
+    }
 }
 
 /// The default [`Respond`]er: puts the verdict into the response for adapters further out, passes errors on.

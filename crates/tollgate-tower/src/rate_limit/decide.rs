@@ -10,7 +10,7 @@ use crate::{BoxError, Mode, Name, Rejection, RejectionKind, Verdict};
 /// What a limiter concluded about one request.
 pub(crate) enum Conclusion {
     /// Pass the request on; the verdict (if any) goes onto the response.
-    Admit(Option<Verdict>),
+    Admit(Option<Box<Verdict>>),
     /// Reject it: a [`Rejection`], boxed already (as it will be answered), which keeps admissions small to move.
     Reject(BoxError),
 }
@@ -115,7 +115,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         };
         if decision.is_allowed() {
             self.counters.allowed.increment(1);
-            return Conclusion::Admit(keep.then(verdict));
+            return Conclusion::Admit(keep.then(|| Box::new(verdict())));
         }
         if mode == Mode::Shadow {
             self.counters.shadow_rejected.increment(1);
@@ -126,7 +126,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
                     "shadow mode: request over the limit admitted"
                 );
             }
-            return Conclusion::Admit(keep.then(verdict));
+            return Conclusion::Admit(keep.then(|| Box::new(verdict())));
         }
         self.counters.rejected.increment(1);
         Conclusion::Reject(Rejection::rate_limited(verdict()).into())

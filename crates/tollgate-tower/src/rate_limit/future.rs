@@ -22,7 +22,7 @@ pin_project! {
         state: State<F, S, Req>,
         // Beside the state rather than in it: the admitted future is then the inner future plus a few words, built
         // in place.
-        verdict: Option<Verdict>,
+        verdict: Option<Box<Verdict>>,
         respond: R,
         ticket: Tk,
     }
@@ -44,7 +44,11 @@ pin_project! {
 impl<F, S, Req, R, Tk> ResponseFuture<F, S, Req, R, Tk> {
     // Inlined for the same reason as `RateLimit::conclude`: the inner future is large.
     #[inline(always)]
-    pub(super) fn calling(fut: F, verdict: Option<Verdict>, (respond, ticket): (R, Tk)) -> Self {
+    pub(super) fn calling(
+        fut: F,
+        verdict: Option<Box<Verdict>>,
+        (respond, ticket): (R, Tk),
+    ) -> Self {
         Self {
             state: State::Calling { fut },
             verdict,
@@ -106,7 +110,16 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.as_mut().project();
         let result = match this.state.as_mut().project() {
-            StateProj::Calling { fut } => ready!(fut.poll(cx)).map_err(Into::into),
+            StateProj::Calling { fut } => match ready!(fut.poll(cx)) {
+                // The common end, answered without wrapping the response in a `Result` of another error type.
+                Ok(response) => {
+                    let verdict = this.verdict.take().map(|v| *v);
+                    let answer = this.respond.respond_ok(*this.ticket, response, verdict);
+                    this.state.set(State::Failed { error: None });
+                    return Poll::Ready(answer);
+                }
+                Err(err) => Err(err.into()),
+            },
             StateProj::Deciding { .. } => {
                 match ready!(decided(this.state.as_mut(), this.verdict, cx)) {
                     // Admitted: the state is now `Calling`.
@@ -120,7 +133,7 @@ where
         this.state.set(State::Failed { error: None });
         Poll::Ready(
             this.respond
-                .respond(*this.ticket, result, this.verdict.take()),
+                .respond(*this.ticket, result, this.verdict.take().map(|v| *v)),
         )
     }
 }
@@ -133,7 +146,7 @@ where
 #[inline(never)]
 fn decided<F, S, Req>(
     mut state: Pin<&mut State<F, S, Req>>,
-    own: &mut Option<Verdict>,
+    own: &mut Option<Box<Verdict>>,
     cx: &mut Context<'_>,
 ) -> Poll<Option<BoxError>>
 where
