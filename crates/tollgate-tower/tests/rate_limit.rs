@@ -430,3 +430,31 @@ async fn a_readiness_error_is_reported_by_the_next_call_without_spending_quota()
     let reply = call(&mut svc, req("ann")).await.expect("ready again");
     assert_eq!(reply.0.iter().next().unwrap().decision.remaining, 0);
 }
+
+#[tokio::test]
+async fn a_finished_future_polled_again_answers_an_error() {
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    let (_clock, store) = manual_store();
+    let policy = Policy::token_bucket(Quota::per_second(1).unwrap());
+    let mut svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new("api", policy, store, by_user()))
+        .service(echo());
+    let mut cx = Context::from_waker(Waker::noop());
+    // Admitted, then rejected: each future answers once, and again only with an error.
+    for admitted in [true, false] {
+        let mut fut = pin!(svc.ready().await.unwrap().call(req("ann")));
+        let Poll::Ready(first) = fut.as_mut().poll(&mut cx) else {
+            panic!("the in-process store and the echo service answer at once");
+        };
+        assert_eq!(first.is_ok(), admitted);
+        let Poll::Ready(Err(again)) = fut.as_mut().poll(&mut cx) else {
+            panic!("a second poll must answer an error");
+        };
+        assert!(
+            again.to_string().contains("polled after completion"),
+            "{again}"
+        );
+    }
+}

@@ -23,6 +23,9 @@ pin_project! {
         // Beside the state rather than in it: the admitted future is then the inner future plus a few words, built
         // in place.
         verdict: Option<Box<Verdict>>,
+        // Set once the inner service's response has been answered: the finished inner future is left in place,
+        // to be dropped with this one (dropping it early costs a call per request and buys nothing).
+        answered: bool,
         respond: R,
         ticket: Tk,
     }
@@ -52,6 +55,7 @@ impl<F, S, Req, R, Tk> ResponseFuture<F, S, Req, R, Tk> {
         Self {
             state: State::Calling { fut },
             verdict,
+            answered: false,
             respond,
             ticket,
         }
@@ -61,6 +65,7 @@ impl<F, S, Req, R, Tk> ResponseFuture<F, S, Req, R, Tk> {
         Self {
             state: State::Failed { error: Some(error) },
             verdict: None,
+            answered: false,
             respond,
             ticket,
         }
@@ -78,6 +83,7 @@ impl<F, S, Req, R, Tk> ResponseFuture<F, S, Req, R, Tk> {
                 waiting: Some(Box::new((inner, req))),
             },
             verdict: None,
+            answered: false,
             respond,
             ticket,
         }
@@ -110,13 +116,13 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.as_mut().project();
         let result = match this.state.as_mut().project() {
+            _ if *this.answered => Err(POLLED_AFTER_COMPLETION.into()),
             StateProj::Calling { fut } => match ready!(fut.poll(cx)) {
                 // The common end, answered without wrapping the response in a `Result` of another error type.
                 Ok(response) => {
+                    *this.answered = true;
                     let verdict = this.verdict.take().map(|v| *v);
-                    let answer = this.respond.respond_ok(*this.ticket, response, verdict);
-                    this.state.set(State::Failed { error: None });
-                    return Poll::Ready(answer);
+                    return Poll::Ready(this.respond.respond_ok(*this.ticket, response, verdict));
                 }
                 Err(err) => Err(err.into()),
             },
