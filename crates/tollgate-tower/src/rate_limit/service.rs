@@ -109,17 +109,22 @@ where
             return ResponseFuture::calling(self.inner.call(req), None, answer);
         }
         // A store that answers at once (the in-process one) only borrows the key: it is built in a reused buffer
-        // and no future is boxed. Any other store gets an owned key and a boxed decision.
-        let decided = with_key_buffer(|key| {
-            key.push_str(&shared.name);
-            key.push(':');
-            shared.key.extract(&req, key)?;
-            let cost = shared.cost.cost(&req);
-            Ok::<_, KeyError>(match shared.decide_now(key, cost, mode, keep) {
-                Some(conclusion) => Ok(conclusion),
-                None => Err((key.clone(), cost)),
-            })
-        });
+        // and no future is boxed. Any other store gets an owned key and a boxed decision. The closure is forced
+        // inline: the helper calls it from two places (the fallback buffer is the other), which otherwise keeps it
+        // a function of its own, a frame per request.
+        let decided = with_key_buffer(
+            #[inline(always)]
+            |key| {
+                key.push_str(&shared.name);
+                key.push(':');
+                shared.key.extract(&req, key)?;
+                let cost = shared.cost.cost(&req);
+                Ok::<_, KeyError>(match shared.decide_now(key, cost, mode, keep) {
+                    Some(conclusion) => Ok(conclusion),
+                    None => Err((key.clone(), cost)),
+                })
+            },
+        );
         // Every other outcome returns early, so the request moves once, straight into the inner call, and the
         // admitted future is built in one place (each extra move of a request or future is a memcpy per request).
         let verdict = match decided {
