@@ -171,10 +171,7 @@ fn push_member(buf: &mut String, index: usize, name: &str, a: &str, x: u64, b: &
 }
 
 pub(crate) fn push_u64(buf: &mut String, n: u64) {
-    let mut digits = [0u8; 20];
-    let digits = single::format_u64(n, &mut digits);
-    // Digits are ASCII: the conversion cannot fail.
-    buf.push_str(std::str::from_utf8(digits).unwrap_or_default());
+    buf.push_str(itoa::Buffer::new().format(n));
 }
 
 impl Default for HeaderSet {

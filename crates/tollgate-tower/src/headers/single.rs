@@ -188,21 +188,7 @@ impl Scratch {
     }
 
     fn push_u64(&mut self, n: u64) -> Option<Range<usize>> {
-        let mut digits = [0u8; MAX_DIGITS];
-        self.push(format_u64(n, &mut digits))
-    }
-}
-
-/// `n` in decimal, written at the end of `digits`.
-pub(super) fn format_u64(mut n: u64, digits: &mut [u8; MAX_DIGITS]) -> &[u8] {
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &digits[i..];
-        }
+        self.push(itoa::Buffer::new().format(n).as_bytes())
     }
 }
 
