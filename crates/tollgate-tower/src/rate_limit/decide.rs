@@ -15,16 +15,6 @@ pub(crate) enum Conclusion {
     Reject(BoxError),
 }
 
-/// The failure policy's answer to a store error.
-enum Recovery {
-    /// Decided by the local fallback store.
-    Decided(Decision),
-    /// Admit without a decision.
-    Open,
-    /// Reject (or, in shadow mode, admit) as unavailable.
-    Closed,
-}
-
 pub(crate) struct Shared<K, St, C> {
     pub(crate) name: Name,
     pub(crate) policy: Policy,
@@ -101,22 +91,35 @@ impl<K, St: Store, C> Shared<K, St, C> {
     ) -> Conclusion {
         let decision = match result {
             Ok(decision) => decision,
-            Err(err) => match self.recover(key, cost, &err) {
-                Recovery::Decided(decision) => decision,
-                Recovery::Open => return Conclusion::Admit(None),
-                Recovery::Closed => return self.fail_closed(mode),
+            Err(err) => match self.store_failed(&err, key, cost, mode) {
+                // Decided by the local fallback store: counted and answered like any decision.
+                Ok(decision) => decision,
+                Err(conclusion) => return conclusion,
             },
         };
-        let verdict = || Verdict {
+        if !decision.is_allowed() {
+            return self.over_limit(decision, mode, keep);
+        }
+        self.counters.allowed.increment(1);
+        Conclusion::Admit(keep.then(|| Box::new(self.verdict(decision, mode))))
+    }
+
+    /// This limiter's verdict on `decision`.
+    fn verdict(&self, decision: Decision, mode: Mode) -> Verdict {
+        Verdict {
             limiter: self.name.clone(),
             window: self.policy.quota().period(),
             decision,
             enforced: mode == Mode::Enforce,
-        };
-        if decision.is_allowed() {
-            self.counters.allowed.increment(1);
-            return Conclusion::Admit(keep.then(|| Box::new(verdict())));
         }
+    }
+
+    // The paths an admitted request never takes stay out of line, so that `conclude` is small enough to inline.
+
+    /// A request over the limit: rejected, or admitted and counted in shadow mode.
+    #[cold]
+    #[inline(never)]
+    fn over_limit(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
         if mode == Mode::Shadow {
             self.counters.shadow_rejected.increment(1);
             if self.log_gate.open() {
@@ -126,14 +129,22 @@ impl<K, St: Store, C> Shared<K, St, C> {
                     "shadow mode: request over the limit admitted"
                 );
             }
-            return Conclusion::Admit(keep.then(|| Box::new(verdict())));
+            return Conclusion::Admit(keep.then(|| Box::new(self.verdict(decision, mode))));
         }
         self.counters.rejected.increment(1);
-        Conclusion::Reject(Rejection::rate_limited(verdict()).into())
+        Conclusion::Reject(Rejection::rate_limited(self.verdict(decision, mode)).into())
     }
 
-    /// Applies the failure policy after a store error.
-    fn recover(&self, key: &str, cost: u64, err: &StoreError) -> Recovery {
+    /// Applies the failure policy after a store error: a decision of the local fallback store, or the conclusion.
+    #[cold]
+    #[inline(never)]
+    fn store_failed(
+        &self,
+        err: &StoreError,
+        key: &str,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Decision, Conclusion> {
         metrics::counter!(
             "tollgate_store_errors_total",
             "limiter" => self.name.to_string(),
@@ -152,19 +163,19 @@ impl<K, St: Store, C> Shared<K, St, C> {
         match (&self.fallback, self.on_error) {
             (_, FailurePolicy::Open) => {
                 self.counters.failed_open.increment(1);
-                Recovery::Open
+                Err(Conclusion::Admit(None))
             }
             (Some(fallback), FailurePolicy::Local) => {
                 match fallback.check_now(key, &self.policy, cost) {
                     Ok(decision) => {
                         self.counters.failed_local.increment(1);
-                        Recovery::Decided(decision)
+                        Ok(decision)
                     }
                     // The local store is full too: nothing left to decide with.
-                    Err(_) => Recovery::Closed,
+                    Err(_) => Err(self.fail_closed(mode)),
                 }
             }
-            _ => Recovery::Closed,
+            _ => Err(self.fail_closed(mode)),
         }
     }
 
