@@ -114,7 +114,8 @@ impl<K, St: Store, C> Shared<K, St, C> {
         }
     }
 
-    // The paths an admitted request never takes stay out of line, so that `conclude` is small enough to inline.
+    // The paths an admitted request never takes stay out of line: the admitted path through `conclude` is then a
+    // few instructions in a small frame.
 
     /// A request over the limit: rejected, or admitted and counted in shadow mode.
     #[cold]
