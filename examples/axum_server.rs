@@ -26,7 +26,6 @@ use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
 use tollgate_core::{MemoryStore, Policy, Store};
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::{Cidr, ClientIp};
-use tollgate_redis::RedisStore;
 use tollgate_tower::RateLimitLayer;
 
 #[path = "common/flags.rs"]
@@ -128,33 +127,18 @@ async fn run() -> Result<(), String> {
         return Ok(());
     };
     let policy = config.server.policy()?;
-    let app = match &config.server.redis_url {
+    let app = match config
+        .server
+        .redis_store("tollgate-axum-server", &policy)
+        .await?
+    {
         None => app(
             &config,
             policy,
             Arc::new(MemoryStore::new()),
             Arc::new(MemoryLeaseStore::new()),
         )?,
-        Some(url) => {
-            let store = RedisStore::builder(url.clone())
-                .namespace("tollgate-axum-server")
-                .build()
-                .await
-                .map_err(|e| format!("--redis-url {url:?}: {e}"))?;
-            if let Err(e) = store.try_check("startup-probe", &policy, 0).await {
-                eprintln!(
-                    "warning: Redis at {url} is not answering ({e}); --on-store-error {} applies",
-                    config.server.on_store_error
-                );
-            }
-            app(
-                &config,
-                policy,
-                // No store failure policy: Redis errors reach the layer, whose --on-store-error answers.
-                Arc::new(store.clone()),
-                Arc::new(store),
-            )?
-        }
+        Some(store) => app(&config, policy, Arc::new(store.clone()), Arc::new(store))?,
     };
     let listener = tokio::net::TcpListener::bind(config.server.addr)
         .await

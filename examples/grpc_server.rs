@@ -18,7 +18,6 @@ use std::sync::Arc;
 use tollgate_core::{MemoryStore, Policy, Store};
 use tollgate_grpc::key::{MetadataKey, PeerIp};
 use tollgate_grpc::{GrpcLimitLayer, MethodLimitLayer};
-use tollgate_redis::RedisStore;
 use tollgate_tower::{KeyError, KeyExtractor, RateLimitLayer};
 use tonic::{Request, Response, Status};
 
@@ -153,22 +152,12 @@ async fn run() -> Result<(), String> {
         return Ok(());
     };
     let policy = config.server.policy()?;
-    match &config.server.redis_url {
+    match config
+        .server
+        .redis_store("tollgate-grpc-server", &policy)
+        .await?
+    {
         None => serve(&config, policy, Arc::new(MemoryStore::new())).await,
-        Some(url) => {
-            let store = RedisStore::builder(url.clone())
-                .namespace("tollgate-grpc-server")
-                .build()
-                .await
-                .map_err(|e| format!("--redis-url {url:?}: {e}"))?;
-            if let Err(e) = store.try_check("startup-probe", &policy, 0).await {
-                eprintln!(
-                    "warning: Redis at {url} is not answering ({e}); --on-store-error {} applies",
-                    config.server.on_store_error
-                );
-            }
-            // Without a store failure policy, Redis errors reach the layer: `--on-store-error` answers them.
-            serve(&config, policy, Arc::new(store)).await
-        }
+        Some(store) => serve(&config, policy, Arc::new(store)).await,
     }
 }

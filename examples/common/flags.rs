@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tollgate_core::{Algorithm, FailurePolicy, Policy, Quota};
+use tollgate_redis::RedisStore;
 
 /// Walks the arguments: yields each flag, and hands out its value on request.
 pub(crate) struct Flags<I> {
@@ -110,6 +111,31 @@ impl ServerFlags {
     /// The policy `--algorithm`, `--limit`, `--period` and `--burst` describe.
     pub(crate) fn policy(&self) -> Result<Policy, String> {
         policy(self.algorithm, self.limit, self.period, self.burst)
+    }
+
+    /// The Redis store `--redis-url` names (keys under `namespace`), or `None` for the in-process store. A Redis
+    /// that does not answer yet is a warning, not an error: the store is built without a failure policy of its
+    /// own, so its errors reach the layer, whose `--on-store-error` answers them.
+    pub(crate) async fn redis_store(
+        &self,
+        namespace: &str,
+        policy: &Policy,
+    ) -> Result<Option<RedisStore>, String> {
+        let Some(url) = &self.redis_url else {
+            return Ok(None);
+        };
+        let store = RedisStore::builder(url.clone())
+            .namespace(namespace)
+            .build()
+            .await
+            .map_err(|e| format!("--redis-url {url:?}: {e}"))?;
+        if let Err(e) = store.try_check("startup-probe", policy, 0).await {
+            eprintln!(
+                "warning: Redis at {url} is not answering ({e}); --on-store-error {} applies",
+                self.on_store_error
+            );
+        }
+        Ok(Some(store))
     }
 }
 
