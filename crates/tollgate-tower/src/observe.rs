@@ -8,6 +8,11 @@
 //! static GATE: LogGate = LogGate::new();
 //! let counters = Counters::new(&Name::from("per-client"), "limited");
 //! counters.allowed.increment(1);
+//!
+//! use tollgate_core::{FailurePolicy, StoreError};
+//! use tollgate_tower::observe::StoreErrors;
+//! let errors = StoreErrors::new(&Name::from("per-client"), FailurePolicy::Open);
+//! errors.count(&StoreError::CircuitOpen); // tollgate_store_errors_total{kind="circuit_open", ..} + 1
 //! assert!(GATE.open()); // the first line goes through
 //! assert!(!GATE.open()); // the next one within a second does not
 //! ```
@@ -17,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use metrics::Counter;
+use tollgate_core::{FailurePolicy, StoreError};
 
 use crate::Name;
 
@@ -56,6 +62,54 @@ impl Counters {
             failed_open: c("store_error_open"),
             failed_closed: c("store_error_closed"),
             failed_local: c("store_error_local"),
+        }
+    }
+}
+
+/// The counter every store error is reported to: `tollgate_store_errors_total{limiter, kind, failure_policy}`.
+pub const STORE_ERRORS_TOTAL: &str = "tollgate_store_errors_total";
+
+/// The store-error kinds [`StoreErrors`] registers up front (every [`StoreError::kind`] known today).
+const STORE_ERROR_KINDS: [&str; 4] = ["key_capacity", "timeout", "circuit_open", "backend"];
+
+/// A limiter's store-error counters, registered once (per layer): while a store is down every request fails
+/// through them, so counting one does no label work and allocates nothing.
+#[derive(Debug)]
+pub struct StoreErrors {
+    limiter: Name,
+    failure_policy: &'static str,
+    by_kind: [Counter; STORE_ERROR_KINDS.len()],
+}
+
+impl StoreErrors {
+    /// The store-error counters of the limiter `name`, whose failure policy is `policy`.
+    #[must_use]
+    pub fn new(name: &Name, policy: FailurePolicy) -> Self {
+        let failure_policy = policy.as_str();
+        Self {
+            limiter: name.clone(),
+            failure_policy,
+            by_kind: STORE_ERROR_KINDS.map(|kind| {
+                metrics::counter!(STORE_ERRORS_TOTAL, "limiter" => name.to_string(), "kind" => kind, "failure_policy" => failure_policy)
+            }),
+        }
+    }
+
+    /// Counts `err`.
+    pub fn count(&self, err: &StoreError) {
+        match STORE_ERROR_KINDS
+            .iter()
+            .position(|&kind| kind == err.kind())
+        {
+            Some(i) => self.by_kind[i].increment(1),
+            // A kind added to the core after this list: counted all the same, with the label work.
+            None => metrics::counter!(
+                STORE_ERRORS_TOTAL,
+                "limiter" => self.limiter.to_string(),
+                "kind" => err.kind(),
+                "failure_policy" => self.failure_policy
+            )
+            .increment(1),
         }
     }
 }

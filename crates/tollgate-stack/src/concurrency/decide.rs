@@ -10,7 +10,7 @@ use tollgate_tower::{EnforcementSwitch, Mode, Rejection, RejectionKind};
 use crate::Permit;
 use crate::lease_guard::LeaseGuard;
 use tollgate_tower::Name;
-use tollgate_tower::observe::{Counters, LogGate};
+use tollgate_tower::observe::{Counters, LogGate, StoreErrors};
 
 /// What the limiter concluded about one request.
 pub(crate) enum Conclusion {
@@ -37,6 +37,7 @@ pub(crate) struct Shared<R, L> {
     kind: RejectionKind,
     fallback: Option<Arc<MemoryLeaseStore>>,
     counters: Counters,
+    store_errors: StoreErrors,
     log_gate: LogGate,
 }
 
@@ -54,6 +55,7 @@ impl<R, L: LeaseStore> Shared<R, L> {
             "limited"
         };
         let counters = Counters::new(&settings.name, outcome);
+        let store_errors = StoreErrors::new(&settings.name, settings.on_error);
         Self {
             settings,
             rule,
@@ -61,6 +63,7 @@ impl<R, L: LeaseStore> Shared<R, L> {
             kind,
             fallback,
             counters,
+            store_errors,
             log_gate: LogGate::new(),
         }
     }
@@ -130,13 +133,7 @@ impl<R, L: LeaseStore> Shared<R, L> {
         err: &StoreError,
     ) -> Conclusion {
         let policy = self.settings.on_error;
-        metrics::counter!(
-            "tollgate_store_errors_total",
-            "limiter" => self.settings.name.to_string(),
-            "kind" => err.kind(),
-            "failure_policy" => policy.as_str()
-        )
-        .increment(1);
+        self.store_errors.count(err);
         if self.log_gate.open() {
             tracing::warn!(
                 limiter = &*self.settings.name,

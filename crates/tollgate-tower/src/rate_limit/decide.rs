@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
 
-use crate::observe::{Counters, LogGate};
+use crate::observe::{Counters, LogGate, StoreErrors};
 use crate::{BoxError, Mode, Name, Rejection, RejectionKind, Verdict};
 
 /// What a limiter concluded about one request.
@@ -25,6 +25,7 @@ pub(crate) struct Shared<K, St, C> {
     on_error: FailurePolicy,
     fallback: Option<Arc<MemoryStore>>,
     counters: Counters,
+    store_errors: StoreErrors,
     log_gate: LogGate,
 }
 
@@ -41,6 +42,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         fallback: Option<Arc<MemoryStore>>,
     ) -> Self {
         let counters = Counters::new(&name, "limited");
+        let store_errors = StoreErrors::new(&name, on_error);
         Self {
             name,
             policy,
@@ -51,6 +53,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             on_error,
             fallback,
             counters,
+            store_errors,
             log_gate: LogGate::new(),
         }
     }
@@ -146,13 +149,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         cost: u64,
         mode: Mode,
     ) -> Result<Decision, Conclusion> {
-        metrics::counter!(
-            "tollgate_store_errors_total",
-            "limiter" => self.name.to_string(),
-            "kind" => err.kind(),
-            "failure_policy" => self.on_error.as_str()
-        )
-        .increment(1);
+        self.store_errors.count(err);
         if self.log_gate.open() {
             tracing::warn!(
                 limiter = &*self.name,
