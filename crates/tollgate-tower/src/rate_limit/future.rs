@@ -23,8 +23,9 @@ pin_project! {
         // Beside the state rather than in it: the admitted future is then the inner future plus a few words, built
         // in place.
         verdict: Option<Box<Verdict>>,
-        // Set once the inner service's response has been answered: the finished inner future is left in place,
-        // to be dropped with this one (dropping it early costs a call per request and buys nothing).
+        // Set once this future has answered; polling again answers "polled after completion". The state is left as
+        // it was (a finished inner future is dropped with this one: dropping it early costs a call per request and
+        // buys nothing).
         answered: bool,
         respond: R,
         ticket: Tk,
@@ -39,7 +40,7 @@ pin_project! {
         Deciding { decide: Deciding, waiting: Option<Box<(S, Req)>> },
         // Admitted: the inner service is running; its result and the verdict go to the responder.
         Calling { #[pin] fut: F },
-        // Rejected, the key could not be found, the inner service failed to become ready, or done.
+        // Rejected, the key could not be found, or the inner service failed to become ready.
         Failed { error: Option<BoxError> },
     }
 }
@@ -135,8 +136,7 @@ where
             }
             StateProj::Failed { error } => Err(failure(error)),
         };
-        // Done: polling again answers "polled after completion" instead of polling a finished future.
-        this.state.set(State::Failed { error: None });
+        *this.answered = true;
         Poll::Ready(
             this.respond
                 .respond(*this.ticket, result, this.verdict.take().map(|v| *v)),
@@ -175,7 +175,7 @@ where
     })
 }
 
-/// The error a failed (or finished) future answers with.
+/// The error a failed future answers with (taken by its one answer).
 #[cold]
 #[inline(never)]
 fn failure(error: &mut Option<BoxError>) -> BoxError {

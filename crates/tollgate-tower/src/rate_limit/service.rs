@@ -168,7 +168,10 @@ impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
             .as_mut()
             .poll(&mut Context::from_waker(Waker::noop()))
         {
-            Poll::Ready(conclusion) => self.conclude(conclusion, req, answer),
+            Poll::Ready(Conclusion::Admit(verdict)) => {
+                ResponseFuture::calling(self.inner.call(req), verdict, answer)
+            }
+            Poll::Ready(Conclusion::Reject(rejection)) => self.refuse(rejection, answer),
             Poll::Pending => ResponseFuture::deciding(decide, self.take_ready(), req, answer),
         }
     }
@@ -205,27 +208,5 @@ fn with_key_buffer<R>(mut f: impl FnMut(&mut String) -> R) -> R {
     match reused {
         Ok(Some(result)) => result,
         _ => f(&mut String::new()),
-    }
-}
-
-impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
-    // Inlined into `call`, so the inner service's (often large) future is built in place rather than copied on the
-    // way out of a helper.
-    #[inline(always)]
-    fn conclude<Req, Tk>(
-        &mut self,
-        conclusion: Conclusion,
-        req: Req,
-        answer: (R, Tk),
-    ) -> ResponseFuture<S::Future, S, Req, R, Tk>
-    where
-        S: Service<Req> + Clone,
-    {
-        match conclusion {
-            Conclusion::Admit(verdict) => {
-                ResponseFuture::calling(self.inner.call(req), verdict, answer)
-            }
-            Conclusion::Reject(rejection) => self.refuse(rejection, answer),
-        }
     }
 }
