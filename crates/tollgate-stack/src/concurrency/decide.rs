@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use tollgate_core::lease::{LeaseId, LeaseStore, MemoryLeaseStore, block_on_ready};
 use tollgate_core::{FailurePolicy, StoreError};
-use tollgate_tower::{EnforcementSwitch, Mode, Rejection, RejectionKind};
+use tollgate_tower::observe::{Counters, LogGate, StoreErrors};
+use tollgate_tower::{EnforcementSwitch, Mode, Name, Rejection, RejectionKind};
 
 use crate::Permit;
 use crate::lease_guard::LeaseGuard;
-use tollgate_tower::Name;
-use tollgate_tower::observe::{Counters, LogGate, StoreErrors};
 
 /// What the limiter concluded about one request.
 pub(crate) enum Conclusion {

@@ -4,13 +4,12 @@ use std::time::Duration;
 
 use tollgate_core::FailurePolicy;
 use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
-use tollgate_tower::{EnforcementSwitch, Mode, RejectionKind};
+use tollgate_tower::{EnforcementSwitch, Mode, Name, RejectionKind};
 use tower_layer::Layer;
 
 use super::decide::{Settings, Shared};
 use super::{ConcurrencyLimit, PerKey};
 use crate::ConfigError;
-use tollgate_tower::Name;
 
 /// How long a shared lease lives unless renewed (default): a crashed instance's requests stop counting after it.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);

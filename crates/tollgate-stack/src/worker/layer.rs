@@ -2,7 +2,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_tower::{EnforcementSwitch, Mode, Priority};
+use tollgate_tower::observe::{Counters, LogGate};
+use tollgate_tower::{EnforcementSwitch, Mode, Name, Priority};
 use tower_layer::Layer;
 
 use super::WorkerShed;
@@ -12,8 +13,6 @@ use super::controller::{
 };
 use crate::ConfigError;
 use crate::concurrency::DEFAULT_RETRY_AFTER;
-use tollgate_tower::Name;
-use tollgate_tower::observe::{Counters, LogGate};
 
 /// The worker shedder's default name (in metrics, logs and rejections).
 pub const DEFAULT_WORKER_NAME: &str = "worker";

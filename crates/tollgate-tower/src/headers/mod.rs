@@ -149,9 +149,7 @@ impl HeaderSet {
             render_github(binding, headers, &mut buf);
         }
     }
-}
 
-impl HeaderSet {
     /// How many fields `render` writes.
     fn fields(self) -> usize {
         2 * usize::from(self.ietf) + 5 * usize::from(self.github)
