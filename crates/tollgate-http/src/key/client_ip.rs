@@ -310,6 +310,21 @@ mod tests {
     }
 
     #[test]
+    fn every_octet_in_every_position_renders_as_std_does() {
+        for octet in 0..=255u8 {
+            for position in 0..4 {
+                let mut octets = [1, 22, 233, 4];
+                octets[position] = octet;
+                let v4 = std::net::Ipv4Addr::from(octets);
+                // After other key material, which must be kept as it was.
+                let mut key = String::from("name:");
+                push_ip(&mut key, IpAddr::V4(v4));
+                assert_eq!(key, format!("name:{v4}"));
+            }
+        }
+    }
+
+    #[test]
     fn ipv4_mapped_peers_fold_to_ipv4() {
         let r = req("[::ffff:10.0.0.1]", "x-forwarded-for", &["203.0.113.5"]);
         assert_eq!(proxies().client_ip(&r).unwrap(), ip("203.0.113.5"));
