@@ -217,3 +217,38 @@ fn instants_beyond_the_year_2255_decide_without_overflow() {
         assert_eq!(denied.now, Timestamp::LATEST);
     }
 }
+
+#[test]
+fn a_key_decided_by_its_digest_shares_state_with_its_text() {
+    use std::hash::Hasher;
+    let store = MemoryStore::builder().clock(clock()).build();
+    let digest = |parts: &[&[u8]]| {
+        let mut hasher = Store::key_hasher(&store).expect("the in-process store keys by digest");
+        for part in parts {
+            hasher.write(part);
+        }
+        hasher.finish()
+    };
+    let policy = bucket(3);
+    // Written in pieces, as a limiter writes its name and then the key: the digest of the whole text.
+    let first = Store::check_digest(&store, digest(&[b"limiter:", b"client"]), &policy, 1).unwrap();
+    assert_eq!(first.unwrap().remaining, 2);
+    assert_eq!(
+        store
+            .check_now("limiter:client", &policy, 1)
+            .unwrap()
+            .remaining,
+        1
+    );
+    let third = store.check_digest_at(
+        digest(&[b"limiter:client"]),
+        &policy,
+        1,
+        Timestamp::from_micros(T0),
+    );
+    assert_eq!(third.unwrap().remaining, 0);
+    // Another key's digest is another bucket.
+    let other = Store::check_digest(&store, digest(&[b"limiter:other"]), &policy, 1).unwrap();
+    assert_eq!(other.unwrap().remaining, 2);
+    assert_eq!(store.len(), 2);
+}

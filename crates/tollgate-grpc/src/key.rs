@@ -24,10 +24,13 @@
 //! ```
 
 use std::fmt::Write as _;
+use std::hash::DefaultHasher;
+use std::net::IpAddr;
 
 use http::HeaderName;
 use http::header::InvalidHeaderName;
 use tollgate_tower::digest::push_hex_digest;
+use tollgate_tower::key::{hash_bytes, hash_ip};
 use tollgate_tower::{KeyError, KeyExtractor};
 use tonic::transport::server::TcpConnectInfo;
 
@@ -56,14 +59,26 @@ impl MetadataKey {
     }
 }
 
-impl<B> KeyExtractor<http::Request<B>> for MetadataKey {
-    fn extract(&self, req: &http::Request<B>, key: &mut String) -> Result<(), KeyError> {
+impl MetadataKey {
+    fn value<'r, B>(&self, req: &'r http::Request<B>) -> Result<&'r [u8], KeyError> {
         let value = req.headers().get(&self.name).ok_or_else(|| {
             KeyError::missing(self.missing.clone()).with_hint(
                 "the client must send it, or limit by another key such as the peer address",
             )
         })?;
-        push_hex_digest(value.as_bytes(), key);
+        Ok(value.as_bytes())
+    }
+}
+
+impl<B> KeyExtractor<http::Request<B>> for MetadataKey {
+    fn extract(&self, req: &http::Request<B>, key: &mut String) -> Result<(), KeyError> {
+        push_hex_digest(self.value(req)?, key);
+        Ok(())
+    }
+
+    /// The in-process store digests the value itself (keyed, never kept raw): no SHA-256 on its way.
+    fn hash_key(&self, req: &http::Request<B>, state: &mut DefaultHasher) -> Result<(), KeyError> {
+        hash_bytes(state, self.value(req)?);
         Ok(())
     }
 }
@@ -80,20 +95,27 @@ pub struct PeerIp;
 
 impl<B> KeyExtractor<http::Request<B>> for PeerIp {
     fn extract(&self, req: &http::Request<B>, key: &mut String) -> Result<(), KeyError> {
-        let ip = req
-            .extensions()
-            .get::<TcpConnectInfo>()
-            .and_then(TcpConnectInfo::remote_addr)
-            .map(|addr| addr.ip())
-            .ok_or_else(|| {
-                KeyError::missing("the peer address").with_hint(
-                    "serve with tonic's transport::Server over TCP, which records TcpConnectInfo on each request",
-                )
-            })?;
-        // IPv4-mapped IPv6 peers are the same clients as their IPv4 form.
-        let _ = write!(key, "{}", ip.to_canonical());
+        let _ = write!(key, "{}", peer_ip(req)?);
         Ok(())
     }
+
+    fn hash_key(&self, req: &http::Request<B>, state: &mut DefaultHasher) -> Result<(), KeyError> {
+        hash_ip(state, peer_ip(req)?);
+        Ok(())
+    }
+}
+
+/// The peer's address, IPv4-mapped IPv6 addresses folded to IPv4 (the same clients as their IPv4 form).
+fn peer_ip<B>(req: &http::Request<B>) -> Result<IpAddr, KeyError> {
+    req.extensions()
+        .get::<TcpConnectInfo>()
+        .and_then(TcpConnectInfo::remote_addr)
+        .map(|addr| addr.ip().to_canonical())
+        .ok_or_else(|| {
+            KeyError::missing("the peer address").with_hint(
+                "serve with tonic's transport::Server over TCP, which records TcpConnectInfo on each request",
+            )
+        })
 }
 
 /// The called method's path, `/package.Service/Method`: combine it with a client key, e.g.
@@ -151,6 +173,30 @@ mod tests {
         extractor.extract(&req, &mut key).unwrap();
         assert_eq!(key.len(), 32);
         assert!(!key.contains("k1"));
+    }
+
+    #[test]
+    fn hashed_keys_ignore_the_port_unmap_ipv4_and_tell_values_apart() {
+        use std::hash::Hasher;
+        fn digest<K: KeyExtractor<http::Request<()>>>(key: &K, req: &http::Request<()>) -> u64 {
+            let mut state = DefaultHasher::new();
+            key.hash_key(req, &mut state).unwrap();
+            state.finish()
+        }
+        let a = digest(&PeerIp, &request_from("10.1.2.3:5000"));
+        assert_eq!(a, digest(&PeerIp, &request_from("[::ffff:10.1.2.3]:6000")));
+        assert_ne!(a, digest(&PeerIp, &request_from("10.1.2.4:5000")));
+
+        let api_key = MetadataKey::new("x-api-key").unwrap();
+        let mut req = http::Request::new(());
+        let err = api_key
+            .hash_key(&req, &mut DefaultHasher::new())
+            .unwrap_err();
+        assert_eq!(err.what(), "the x-api-key metadata");
+        req.headers_mut().insert("x-api-key", "k1".parse().unwrap());
+        let k1 = digest(&api_key, &req);
+        req.headers_mut().insert("x-api-key", "k2".parse().unwrap());
+        assert_ne!(k1, digest(&api_key, &req));
     }
 
     #[test]

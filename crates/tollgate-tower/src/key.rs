@@ -7,6 +7,11 @@
 //!
 //! Tuples combine extractors: `(PeerIp, RouteKey)` limits each client per route.
 //!
+//! The text is what a shared store (Redis) keys by. A store that keeps only digests (the in-process one) has the
+//! limiter feed the key to its keyed hasher instead ([`KeyExtractor::hash_key`]): the default hashes the text, and
+//! extractors of addresses and secrets write bytes ([`hash_ip`], [`hash_bytes`]), so no text is built for a key
+//! that no one reads.
+//!
 //! ```
 //! use tollgate_tower::{ConstKey, KeyError, KeyExtractor, KeyFn};
 //!
@@ -33,12 +38,69 @@
 //! ```
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fmt;
+use std::hash::{DefaultHasher, Hasher};
+use std::net::IpAddr;
 
 /// Appends the key identifying a request's bucket.
 pub trait KeyExtractor<Req>: Send + Sync + 'static {
     /// Appends the key for `req` to `key`, or says why it cannot be found.
     fn extract(&self, req: &Req, key: &mut String) -> Result<(), KeyError>;
+
+    /// Feeds the key for `req` to `state`, the keyed hasher of a store that keeps only digests of its keys (the
+    /// in-process one; see [`Store::key_hasher`](tollgate_core::Store::key_hasher)), instead of writing its text.
+    ///
+    /// The default writes the bytes of the text [`extract`](Self::extract) appends. Override it to skip building
+    /// text no one reads, as [`hash_ip`] and [`hash_bytes`] let an extractor do: the bytes written must tell keys
+    /// apart as their text does, and no key's bytes may begin another key's (a tag and a fixed length, or the
+    /// length first, see to it), so that a tuple's parts stay apart.
+    fn hash_key(&self, req: &Req, state: &mut DefaultHasher) -> Result<(), KeyError> {
+        with_key_buffer(|key| {
+            self.extract(req, key)?;
+            state.write(key.as_bytes());
+            Ok(())
+        })
+    }
+}
+
+/// Feeds an IP address to a key hasher, for [`KeyExtractor::hash_key`]: a tag and the address's bits, no text.
+/// Fold IPv4-mapped IPv6 addresses first (`IpAddr::to_canonical`), as the text form does.
+#[inline]
+pub fn hash_ip(state: &mut DefaultHasher, ip: IpAddr) {
+    match ip {
+        // One fixed-size write, the family tag above the address.
+        IpAddr::V4(v4) => state.write_u64(4 << 32 | u64::from(v4.to_bits())),
+        IpAddr::V6(v6) => {
+            state.write_u64(6 << 32);
+            state.write_u128(v6.to_bits());
+        }
+    }
+}
+
+/// Feeds raw key material (a secret such as an API key) to a key hasher, for [`KeyExtractor::hash_key`]: its length,
+/// then its bytes. The in-process store keeps only a keyed digest, so a secret needs no cryptographic hash first.
+pub fn hash_bytes(state: &mut DefaultHasher, bytes: &[u8]) {
+    state.write_usize(bytes.len());
+    state.write(bytes);
+}
+
+thread_local! {
+    static KEY_BUFFER: RefCell<String> = RefCell::new(String::with_capacity(128));
+}
+
+/// Runs `f` with an empty string buffer: this thread's reused one, or a fresh one if it is in use (an extractor
+/// that itself calls a limited service, or a tuple's part hashing its text) or gone (thread teardown).
+pub(crate) fn with_key_buffer<R>(mut f: impl FnMut(&mut String) -> R) -> R {
+    let reused = KEY_BUFFER.try_with(|cell| {
+        let mut key = cell.try_borrow_mut().ok()?;
+        key.clear();
+        Some(f(&mut key))
+    });
+    match reused {
+        Ok(Some(result)) => result,
+        _ => f(&mut String::new()),
+    }
 }
 
 /// A request's key could not be found: a configuration error, never a reason to share one global bucket.
@@ -103,6 +165,11 @@ impl<Req> KeyExtractor<Req> for ConstKey {
         key.push_str(&self.0);
         Ok(())
     }
+
+    fn hash_key(&self, _: &Req, state: &mut DefaultHasher) -> Result<(), KeyError> {
+        state.write(self.0.as_bytes());
+        Ok(())
+    }
 }
 
 /// A key computed by a closure `Fn(&Req, &mut String) -> Result<(), KeyError>`.
@@ -152,6 +219,17 @@ macro_rules! tuple_extractor {
                 )+
                 Ok(())
             }
+
+            #[allow(non_snake_case)]
+            fn hash_key(&self, req: &Req, state: &mut DefaultHasher) -> Result<(), KeyError> {
+                let ($first, $($rest),+) = self;
+                $first.hash_key(req, state)?;
+                $(
+                    state.write(&[SEPARATOR as u8]);
+                    $rest.hash_key(req, state)?;
+                )+
+                Ok(())
+            }
         }
     };
 }
@@ -159,3 +237,94 @@ macro_rules! tuple_extractor {
 tuple_extractor!(A, B);
 tuple_extractor!(A, B, C);
 tuple_extractor!(A, B, C, D);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The digest `hash` leaves in a hasher with fixed keys.
+    fn digest(hash: impl FnOnce(&mut DefaultHasher) -> Result<(), KeyError>) -> u64 {
+        let mut state = DefaultHasher::new();
+        hash(&mut state).unwrap();
+        state.finish()
+    }
+
+    /// An address key that hashes as [`hash_ip`], whatever the request.
+    struct Ip(&'static str);
+
+    impl KeyExtractor<()> for Ip {
+        fn extract(&self, _: &(), key: &mut String) -> Result<(), KeyError> {
+            key.push_str(self.0);
+            Ok(())
+        }
+
+        fn hash_key(&self, _: &(), state: &mut DefaultHasher) -> Result<(), KeyError> {
+            hash_ip(state, self.0.parse().unwrap());
+            Ok(())
+        }
+    }
+
+    /// Raw key material that hashes as [`hash_bytes`].
+    struct Secret(&'static str);
+
+    impl KeyExtractor<()> for Secret {
+        fn extract(&self, _: &(), key: &mut String) -> Result<(), KeyError> {
+            key.push_str(self.0);
+            Ok(())
+        }
+
+        fn hash_key(&self, _: &(), state: &mut DefaultHasher) -> Result<(), KeyError> {
+            hash_bytes(state, self.0.as_bytes());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn text_keys_hash_as_their_text_tuples_included() {
+        let user = KeyFn::new(|_: &(), key: &mut String| {
+            key.push_str("ann");
+            Ok(())
+        });
+        let tuple = (ConstKey::new("a"), user);
+        let hashed = digest(|s| tuple.hash_key(&(), s));
+        let text = digest(|s| {
+            s.write(b"a|ann");
+            Ok(())
+        });
+        assert_eq!(hashed, text);
+    }
+
+    #[test]
+    fn binary_parts_keep_tuple_keys_apart() {
+        let keys = [
+            digest(|s| (Ip("10.0.0.1"), ConstKey::new("x")).hash_key(&(), s)),
+            digest(|s| (Ip("10.0.0.2"), ConstKey::new("x")).hash_key(&(), s)),
+            digest(|s| (ConstKey::new("x"), Ip("10.0.0.1")).hash_key(&(), s)),
+            digest(|s| (ConstKey::new("x"), Ip("::a00:1")).hash_key(&(), s)),
+            digest(|s| (Secret("ab"), ConstKey::new("c")).hash_key(&(), s)),
+            digest(|s| (Secret("a"), ConstKey::new("bc")).hash_key(&(), s)),
+            digest(|s| (Secret("a|b"), ConstKey::new("c")).hash_key(&(), s)),
+            digest(|s| (Secret("a"), ConstKey::new("b|c")).hash_key(&(), s)),
+        ];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b, "two keys share a digest: {keys:?}");
+            }
+        }
+        // And one key is always the same digest.
+        assert_eq!(
+            keys[0],
+            digest(|s| (Ip("10.0.0.1"), ConstKey::new("x")).hash_key(&(), s))
+        );
+    }
+
+    #[test]
+    fn a_missing_part_is_an_error_when_hashing_too() {
+        let missing = KeyFn::new(|_: &(), _: &mut String| Err(KeyError::missing("the user")));
+        let mut state = DefaultHasher::new();
+        let err = (ConstKey::new("a"), missing)
+            .hash_key(&(), &mut state)
+            .unwrap_err();
+        assert_eq!(err.what(), "the user");
+    }
+}

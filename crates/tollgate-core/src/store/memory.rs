@@ -15,7 +15,7 @@ use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::{Future, ready};
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hasher, RandomState};
 
 use crate::algorithm::Step;
 use crate::algorithm::sliding_window::{self, SlidingWindowState};
@@ -163,13 +163,23 @@ impl<C: Clock> MemoryStore<C> {
         cost: u64,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        // The algorithms decide at no later instant; expiry and sweeping must agree with them.
-        let now = now.min(Timestamp::LATEST);
         // One string, nothing composed after it: the bytes alone identify it, without `str`'s extra terminator
         // write (a third of SipHash's cost on a short key).
         let mut hasher = self.seed.build_hasher();
         hasher.write(key.as_bytes());
-        let hash = hasher.finish();
+        self.check_digest_at(hasher.finish(), policy, cost, now)
+    }
+
+    /// Decides a request for the key whose digest, by [`Store::key_hasher`], is `hash`, at `now`.
+    pub fn check_digest_at(
+        &self,
+        hash: u64,
+        policy: &Policy,
+        cost: u64,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        // The algorithms decide at no later instant; expiry and sweeping must agree with them.
+        let now = now.min(Timestamp::LATEST);
         let index = if self.shard_bits == 0 {
             0
         } else {
@@ -224,6 +234,19 @@ impl<C: Clock> Store for MemoryStore<C> {
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
         Some(self.check_now(key, policy, cost))
+    }
+
+    fn key_hasher(&self) -> Option<DefaultHasher> {
+        Some(self.seed.build_hasher())
+    }
+
+    fn check_digest(
+        &self,
+        digest: u64,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        Some(self.check_digest_at(digest, policy, cost, self.clock.now()))
     }
 }
 

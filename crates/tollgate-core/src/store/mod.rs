@@ -7,6 +7,7 @@ mod error;
 mod memory;
 
 use std::future::Future;
+use std::hash::DefaultHasher;
 use std::sync::Arc;
 
 pub use error::StoreError;
@@ -40,6 +41,28 @@ pub trait Store: Send + Sync + 'static {
         let _ = (key, policy, cost);
         None
     }
+
+    /// For a store that keeps only keyed digests of its keys (the in-process one): a hasher keyed as this store's
+    /// own, so that a limiter can feed it a key's parts and skip building the key's text. `None` (the default)
+    /// for a store that needs the text.
+    ///
+    /// Writing a key's bytes to it and deciding by [`check_digest`](Self::check_digest) of the result has the
+    /// same effect as [`check_immediate`](Self::check_immediate) with that key.
+    fn key_hasher(&self) -> Option<DefaultHasher> {
+        None
+    }
+
+    /// Decides at once the key whose digest, by [`key_hasher`](Self::key_hasher), is `digest`. `None` when this
+    /// store cannot (it then needs the key's text).
+    fn check_digest(
+        &self,
+        digest: u64,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        let _ = (digest, policy, cost);
+        None
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -59,5 +82,18 @@ impl<S: Store> Store for Arc<S> {
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
         (**self).check_immediate(key, policy, cost)
+    }
+
+    fn key_hasher(&self) -> Option<DefaultHasher> {
+        (**self).key_hasher()
+    }
+
+    fn check_digest(
+        &self,
+        digest: u64,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        (**self).check_digest(digest, policy, cost)
     }
 }

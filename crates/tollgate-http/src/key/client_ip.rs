@@ -1,10 +1,12 @@
 use std::fmt::Write as _;
+use std::hash::DefaultHasher;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use axum::extract::ConnectInfo;
 use http::Request;
 use http::header::{FORWARDED, HeaderName};
+use tollgate_tower::key::hash_ip;
 use tollgate_tower::{KeyError, KeyExtractor};
 
 use super::Cidr;
@@ -38,6 +40,14 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
         match req.extensions().get::<ConnectInfo<SocketAddr>>() {
             Some(ConnectInfo(SocketAddr::V4(addr))) => push_ipv4(key, addr.ip().octets()),
             _ => push_ip(key, Self::peer_ip(req)?),
+        }
+        Ok(())
+    }
+
+    fn hash_key(&self, req: &Request<B>, state: &mut DefaultHasher) -> Result<(), KeyError> {
+        match req.extensions().get::<ConnectInfo<SocketAddr>>() {
+            Some(ConnectInfo(SocketAddr::V4(addr))) => hash_ip(state, IpAddr::V4(*addr.ip())),
+            _ => hash_ip(state, Self::peer_ip(req)?),
         }
         Ok(())
     }
@@ -149,6 +159,11 @@ impl ClientIp {
 impl<B> KeyExtractor<Request<B>> for ClientIp {
     fn extract(&self, req: &Request<B>, key: &mut String) -> Result<(), KeyError> {
         push_ip(key, self.client_ip(req)?);
+        Ok(())
+    }
+
+    fn hash_key(&self, req: &Request<B>, state: &mut DefaultHasher) -> Result<(), KeyError> {
+        hash_ip(state, self.client_ip(req)?);
         Ok(())
     }
 }
@@ -322,6 +337,42 @@ mod tests {
                 assert_eq!(key, format!("name:{v4}"));
             }
         }
+    }
+
+    fn digest(hash: impl FnOnce(&mut DefaultHasher) -> Result<(), KeyError>) -> u64 {
+        use std::hash::Hasher;
+        let mut state = DefaultHasher::new();
+        hash(&mut state).unwrap();
+        state.finish()
+    }
+
+    #[test]
+    fn hashed_keys_are_the_client_addresses() {
+        let peer = |text: &str| digest(|s| PeerIp.hash_key(&req(text, "x-forwarded-for", &[]), s));
+        let address = |text: &str| {
+            digest(|s| {
+                hash_ip(s, ip(text));
+                Ok(())
+            })
+        };
+        assert_eq!(peer("10.0.0.1"), address("10.0.0.1"));
+        assert_eq!(peer("[::ffff:10.0.0.1]"), address("10.0.0.1"));
+        assert_eq!(peer("[2001:db8::1]"), address("2001:db8::1"));
+        assert_ne!(peer("10.0.0.1"), peer("10.0.0.2"));
+
+        let forwarded = req("10.0.0.2", "x-forwarded-for", &["6.6.6.6, 203.0.113.9"]);
+        assert_eq!(
+            digest(|s| proxies().hash_key(&forwarded, s)),
+            address("203.0.113.9")
+        );
+        assert_eq!(
+            digest(|s| ClientIp::new().hash_key(&forwarded, s)),
+            address("10.0.0.2")
+        );
+        let err = PeerIp
+            .hash_key(&Request::new(()), &mut DefaultHasher::new())
+            .unwrap_err();
+        assert!(err.what().contains("peer address"));
     }
 
     #[test]

@@ -1,11 +1,15 @@
 //! The decision shared by every clone of a limiter: store call, failure policy, shadow mode, metrics, logs.
 
+use std::hash::{DefaultHasher, Hasher};
 use std::sync::Arc;
 
 use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
 
+use crate::key::with_key_buffer;
 use crate::observe::{Counters, LogGate, StoreErrors};
-use crate::{BoxError, Mode, Name, Rejection, RejectionKind, Verdict};
+use crate::{
+    BoxError, Cost, KeyError, KeyExtractor, Mode, Name, Rejection, RejectionKind, Verdict,
+};
 
 /// What a limiter concluded about one request.
 pub(crate) enum Conclusion {
@@ -24,6 +28,8 @@ pub(crate) struct Shared<K, St, C> {
     pub(crate) switch: crate::EnforcementSwitch,
     on_error: FailurePolicy,
     fallback: Option<Arc<MemoryStore>>,
+    /// The store's key hasher with this limiter's name written, when the store keys by digest.
+    digest_prefix: Option<DefaultHasher>,
     counters: Counters,
     store_errors: StoreErrors,
     log_gate: LogGate,
@@ -43,6 +49,13 @@ impl<K, St: Store, C> Shared<K, St, C> {
     ) -> Self {
         let counters = Counters::new(&name, "limited");
         let store_errors = StoreErrors::new(&name, on_error);
+        // The name, then zeros up to a multiple of SipHash's 8-byte block: each request's key then starts on a
+        // block of its own (an address is one block) instead of being spliced onto the name's leftover bytes.
+        let digest_prefix = store.key_hasher().map(|mut state| {
+            state.write(name.as_bytes());
+            state.write(&[0; 8][..8 - name.len() % 8]);
+            state
+        });
         Self {
             name,
             policy,
@@ -52,6 +65,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             switch,
             on_error,
             fallback,
+            digest_prefix,
             counters,
             store_errors,
             log_gate: LogGate::new(),
@@ -83,6 +97,61 @@ impl<K, St: Store, C> Shared<K, St, C> {
         Some(self.conclude(result, key, cost, mode, keep))
     }
 
+    /// Decides at once by the key's digest when the store keys by digest (the in-process one), without building
+    /// the key's text. `None` when the store needs the text.
+    #[inline(always)]
+    pub(crate) fn decide_digested<Req>(
+        &self,
+        req: &Req,
+        mode: Mode,
+        keep: bool,
+    ) -> Option<Result<Conclusion, KeyError>>
+    where
+        K: KeyExtractor<Req>,
+        C: Cost<Req>,
+    {
+        let mut state = self.digest_prefix.clone()?;
+        if let Err(err) = self.key.hash_key(req, &mut state) {
+            return Some(Err(err));
+        }
+        let cost = self.cost.cost(req);
+        Some(
+            match self
+                .store
+                .check_digest(state.finish(), &self.policy, cost)?
+            {
+                Ok(decision) => Ok(self.judge(decision, mode, keep)),
+                Err(err) => self.digest_failed(req, &err, cost, mode, keep),
+            },
+        )
+    }
+
+    /// The failure policy after a store keyed by digest failed, applied with the key's text (the local fallback
+    /// store needs it); the failed store is not asked again.
+    #[cold]
+    #[inline(never)]
+    fn digest_failed<Req>(
+        &self,
+        req: &Req,
+        err: &StoreError,
+        cost: u64,
+        mode: Mode,
+        keep: bool,
+    ) -> Result<Conclusion, KeyError>
+    where
+        K: KeyExtractor<Req>,
+    {
+        with_key_buffer(|key| {
+            key.push_str(&self.name);
+            key.push(':');
+            self.key.extract(req, key)?;
+            Ok(match self.store_failed(err, key, cost, mode) {
+                Ok(decision) => self.judge(decision, mode, keep),
+                Err(conclusion) => conclusion,
+            })
+        })
+    }
+
     /// Turns the store's answer into a conclusion: failure policy, shadow mode, metrics.
     fn conclude(
         &self,
@@ -100,6 +169,12 @@ impl<K, St: Store, C> Shared<K, St, C> {
                 Err(conclusion) => return conclusion,
             },
         };
+        self.judge(decision, mode, keep)
+    }
+
+    /// A store's decision as a conclusion: shadow mode, metrics.
+    #[inline(always)]
+    fn judge(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
         if !decision.is_allowed() {
             return self.over_limit(decision, mode, keep);
         }

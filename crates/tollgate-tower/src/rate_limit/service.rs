@@ -1,4 +1,3 @@
-use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -10,6 +9,7 @@ use tower_service::Service;
 
 use super::decide::{Conclusion, Shared};
 use super::future::ResponseFuture;
+use crate::key::with_key_buffer;
 use crate::respond::{DeferredReadiness, Forward, Respond};
 use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode};
 
@@ -108,23 +108,27 @@ where
         if mode == Mode::Off {
             return ResponseFuture::calling(self.inner.call(req), None, answer);
         }
-        // A store that answers at once (the in-process one) only borrows the key: it is built in a reused buffer
-        // and no future is boxed. Any other store gets an owned key and a boxed decision. The closure is forced
-        // inline: the helper calls it from two places (the fallback buffer is the other), which otherwise keeps it
-        // a function of its own, a frame per request.
-        let decided = with_key_buffer(
-            #[inline(always)]
-            |key| {
-                key.push_str(&shared.name);
-                key.push(':');
-                shared.key.extract(&req, key)?;
-                let cost = shared.cost.cost(&req);
-                Ok::<_, KeyError>(match shared.decide_now(key, cost, mode, keep) {
-                    Some(conclusion) => Ok(conclusion),
-                    None => Err((key.clone(), cost)),
-                })
-            },
-        );
+        // A store that keeps only digests of its keys (the in-process one) is fed the key's parts: no text is built
+        // and no future is boxed. A store that needs the text but answers at once only borrows it, built in a reused
+        // buffer. Any other store gets an owned key and a boxed decision. The closure is forced inline: the helper
+        // calls it from two places (the fallback buffer is the other), which otherwise keeps it a function of its
+        // own, a frame per request.
+        let decided = match shared.decide_digested(&req, mode, keep) {
+            Some(decided) => decided.map(Ok),
+            None => with_key_buffer(
+                #[inline(always)]
+                |key| {
+                    key.push_str(&shared.name);
+                    key.push(':');
+                    shared.key.extract(&req, key)?;
+                    let cost = shared.cost.cost(&req);
+                    Ok::<_, KeyError>(match shared.decide_now(key, cost, mode, keep) {
+                        Some(conclusion) => Ok(conclusion),
+                        None => Err((key.clone(), cost)),
+                    })
+                },
+            ),
+        };
         // Every other outcome returns early, so the request moves once, straight into the inner call, and the
         // admitted future is built in one place (each extra move of a request or future is a memcpy per request).
         let verdict = match decided {
@@ -190,23 +194,5 @@ impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
     {
         drop(self.take_ready());
         ResponseFuture::failed(error, answer)
-    }
-}
-
-thread_local! {
-    static KEY_BUFFER: RefCell<String> = RefCell::new(String::with_capacity(128));
-}
-
-/// Runs `f` with an empty string buffer: this thread's reused one, or a fresh one if it is in use (an extractor
-/// that itself calls a limited service) or gone (thread teardown).
-fn with_key_buffer<R>(mut f: impl FnMut(&mut String) -> R) -> R {
-    let reused = KEY_BUFFER.try_with(|cell| {
-        let mut key = cell.try_borrow_mut().ok()?;
-        key.clear();
-        Some(f(&mut key))
-    });
-    match reused {
-        Ok(Some(result)) => result,
-        _ => f(&mut String::new()),
     }
 }
