@@ -458,3 +458,21 @@ async fn a_finished_future_polled_again_answers_an_error() {
         );
     }
 }
+
+#[tokio::test]
+async fn limiters_sharing_an_in_process_store_never_share_a_bucket() {
+    // As text, "a" + ":" + "b:c" and "a:b" + ":" + "c" are one string; by digest the name is length-prefixed.
+    let (_clock, store) = manual_store();
+    let one = Policy::token_bucket(Quota::per_minute(1).unwrap());
+    let mut first = ServiceBuilder::new()
+        .layer(RateLimitLayer::new("a", one, store.clone(), by_user()))
+        .service(echo());
+    let mut second = ServiceBuilder::new()
+        .layer(RateLimitLayer::new("a:b", one, store.clone(), by_user()))
+        .service(echo());
+    call(&mut first, req("b:c")).await.unwrap();
+    call(&mut second, req("c")).await.unwrap();
+    assert_eq!(store.len(), 2);
+    assert!(call(&mut first, req("b:c")).await.is_err());
+    assert!(call(&mut second, req("c")).await.is_err());
+}

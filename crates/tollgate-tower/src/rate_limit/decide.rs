@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
 
-use crate::key::with_key_buffer;
+use crate::key::{hash_bytes, with_key_buffer};
 use crate::observe::{Counters, LogGate, StoreErrors};
 use crate::{
     BoxError, Cost, KeyError, KeyExtractor, Mode, Name, Rejection, RejectionKind, Verdict,
@@ -49,11 +49,12 @@ impl<K, St: Store, C> Shared<K, St, C> {
     ) -> Self {
         let counters = Counters::new(&name, "limited");
         let store_errors = StoreErrors::new(&name, on_error);
-        // The name, then zeros up to a multiple of SipHash's 8-byte block: each request's key then starts on a
-        // block of its own (an address is one block) instead of being spliced onto the name's leftover bytes.
+        // The name, length first (two limiters on one store never share a bucket, whatever their names hold),
+        // then zeros up to a multiple of SipHash's 8-byte block: each request's key then starts on a block of its
+        // own (an address is one block) instead of being spliced onto the name's leftover bytes.
         let digest_prefix = store.key_hasher().map(|mut state| {
-            state.write(name.as_bytes());
-            state.write(&[0; 8][..8 - name.len() % 8]);
+            hash_bytes(&mut state, name.as_bytes());
+            state.write(&[0; 8][..(8 - name.len() % 8) % 8]);
             state
         });
         Self {
