@@ -59,14 +59,15 @@ impl HttpResponder {
         &self,
         outer: bool,
         mut response: Response<B>,
-        own: Option<Verdict>,
+        own: Option<impl OwnVerdict>,
     ) -> Response<B> {
         // The common case, kept small: a lone limiter's admitted response, changed in place.
         if outer || response.extensions().get::<Verdicts>().is_some() {
-            return self.answer_gathered(outer, Ok(response), own);
+            return self.answer_gathered(outer, Ok(response), own.map(OwnVerdict::into_verdict));
         }
         if let Some(own) = &own {
-            self.headers.render_one(own, response.headers_mut());
+            self.headers
+                .render_one(own.verdict(), response.headers_mut());
         }
         response
     }
@@ -111,6 +112,33 @@ impl HttpResponder {
     }
 }
 
+/// A layer's own verdict as the responder gets it: boxed from the response future (moving the box is cheaper
+/// than moving the verdict), unboxed from [`Respond::respond`].
+trait OwnVerdict {
+    fn verdict(&self) -> &Verdict;
+    fn into_verdict(self) -> Verdict;
+}
+
+impl OwnVerdict for Verdict {
+    fn verdict(&self) -> &Verdict {
+        self
+    }
+
+    fn into_verdict(self) -> Verdict {
+        self
+    }
+}
+
+impl OwnVerdict for Box<Verdict> {
+    fn verdict(&self) -> &Verdict {
+        self
+    }
+
+    fn into_verdict(self) -> Verdict {
+        *self
+    }
+}
+
 impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>>
     for HttpResponder
 {
@@ -142,7 +170,7 @@ impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>
         &self,
         outer: bool,
         response: Response<ResBody>,
-        verdict: Option<Verdict>,
+        verdict: Option<Box<Verdict>>,
     ) -> Result<Response<ResBody>, Infallible> {
         Ok(self.answer_ok(outer, response, verdict))
     }

@@ -75,15 +75,16 @@ pub trait Respond<Req, T> {
     ) -> Result<Self::Response, Self::Error>;
 
     /// [`respond`](Self::respond) for a response the inner service produced — what nearly every request ends
-    /// with — so that a responder can answer it without going through a `Result` first. Defaults to
-    /// `respond(ticket, Ok(response), verdict)`; an override must answer the same.
+    /// with — so that a responder can answer it without going through a `Result` first, nor moving a verdict it
+    /// may not read (it stays boxed). Defaults to `respond(ticket, Ok(response), verdict.map(|v| *v))`; an override
+    /// must answer the same.
     fn respond_ok(
         &self,
         ticket: Self::Ticket,
         response: T,
-        verdict: Option<Verdict>,
+        verdict: Option<Box<Verdict>>,
     ) -> Result<Self::Response, Self::Error> {
-        self.respond(ticket, Ok(response), verdict)
+        self.respond(ticket, Ok(response), verdict.map(|v| *v))
     }
 }
 

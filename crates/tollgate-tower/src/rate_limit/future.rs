@@ -122,7 +122,7 @@ where
                 // The common end, answered without wrapping the response in a `Result` of another error type.
                 Ok(response) => {
                     *this.answered = true;
-                    let verdict = this.verdict.take().map(|v| *v);
+                    let verdict = this.verdict.take();
                     return Poll::Ready(this.respond.respond_ok(*this.ticket, response, verdict));
                 }
                 Err(err) => Err(err.into()),
