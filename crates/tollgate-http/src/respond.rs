@@ -48,67 +48,68 @@ impl HttpResponder {
         own: Option<Verdict>,
     ) -> Response<B> {
         match result {
-            Ok(response) => self.answer_ok(outer, response, own),
-            result => self.answer_gathered(outer, result, own),
+            Ok(mut response) => {
+                self.amend(outer, &mut response, own);
+                response
+            }
+            Err(err) => self.answer_error(outer, &err, own),
         }
     }
 
-    /// [`answer`](Self::answer) for a response of the inner service.
+    /// Writes this layer's headers onto a response of the inner service, in place.
     #[inline(always)]
-    fn answer_ok<B: From<String>>(
-        &self,
-        outer: bool,
-        mut response: Response<B>,
-        own: Option<impl OwnVerdict>,
-    ) -> Response<B> {
-        // The common case, kept small: a lone limiter's admitted response, changed in place.
+    fn amend<B>(&self, outer: bool, response: &mut Response<B>, own: Option<impl OwnVerdict>) {
+        // The common case, kept small: a lone limiter's admitted response.
         if outer || response.extensions().get::<Verdicts>().is_some() {
-            return self.answer_gathered(outer, Ok(response), own.map(OwnVerdict::into_verdict));
+            return self.gather(outer, response, own.map(OwnVerdict::into_verdict));
         }
         if let Some(own) = &own {
             self.headers
                 .render_one(own.verdict(), response.headers_mut());
         }
+    }
+
+    /// The response for a rejection, or for any other error, with its headers.
+    #[inline(never)]
+    fn answer_error<B: From<String>>(
+        &self,
+        outer: bool,
+        err: &BoxError,
+        own: Option<Verdict>,
+    ) -> Response<B> {
+        let rejected = err.downcast_ref::<Rejection>().and_then(Rejection::verdict);
+        let verdict = rejected.cloned().or(own);
+        let mut response = error_response(err);
+        self.gather(outer, &mut response, verdict);
         response
     }
 
-    /// [`answer`](Self::answer) for a rejection, or when several layers' verdicts meet on one response.
+    /// Renders the headers when several layers' verdicts meet on one response, or for an error's response.
     #[inline(never)]
-    fn answer_gathered<B: From<String>>(
-        &self,
-        outer: bool,
-        result: Result<Response<B>, BoxError>,
-        own: Option<Verdict>,
-    ) -> Response<B> {
-        let (response, own) = match result {
-            Ok(response) => (response, own),
-            Err(err) => {
-                let rejected = err.downcast_ref::<Rejection>().and_then(Rejection::verdict);
-                let verdict = rejected.cloned().or(own);
-                (error_response(&err), verdict)
-            }
-        };
-        let (mut parts, body) = response.into_parts();
-        let headers = &mut parts.headers;
-        match (parts.extensions.get_mut::<Verdicts>(), own) {
+    fn gather<B>(&self, outer: bool, response: &mut Response<B>, own: Option<Verdict>) {
+        // The header map is taken out (an empty one allocates nothing) while the extensions are borrowed: a
+        // `Response` lends one part at a time.
+        let mut headers = std::mem::take(response.headers_mut());
+        let extensions = response.extensions_mut();
+        match (extensions.get_mut::<Verdicts>(), own) {
             // Inner limiters left theirs: add this one (the outermost so far) and render them all.
             (Some(verdicts), own) => {
                 verdicts.extend(own);
-                self.headers.render(verdicts, headers);
+                self.headers.render(verdicts, &mut headers);
             }
             // An outer layer will render again: leave the verdict for it.
             (None, Some(own)) if outer => {
-                let verdicts = parts.extensions.get_or_insert_default::<Verdicts>();
+                let verdicts = extensions.get_or_insert_default::<Verdicts>();
                 verdicts.push(own);
-                self.headers.render(verdicts, headers);
+                self.headers.render(verdicts, &mut headers);
             }
             (None, own) => {
                 if let Some(own) = &own {
-                    self.headers.render_one(own, headers);
+                    self.headers.render_one(own, &mut headers);
                 }
             }
         }
-        Response::from_parts(parts, body)
+        *response.headers_mut() = headers;
     }
 }
 
@@ -165,13 +166,24 @@ impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>
         Ok(self.answer(outer, result, verdict))
     }
 
-    #[inline]
-    fn respond_ok(
+    #[inline(always)]
+    fn amend_ok(
         &self,
-        outer: bool,
-        response: Response<ResBody>,
+        outer: &bool,
+        response: &mut Response<ResBody>,
         verdict: Option<Box<Verdict>>,
+    ) -> Option<Box<Verdict>> {
+        self.amend(*outer, response, verdict);
+        None
+    }
+
+    #[inline(always)]
+    fn finish_ok(
+        &self,
+        _: bool,
+        response: Response<ResBody>,
+        _: Option<Box<Verdict>>,
     ) -> Result<Response<ResBody>, Infallible> {
-        Ok(self.answer_ok(outer, response, verdict))
+        Ok(response)
     }
 }

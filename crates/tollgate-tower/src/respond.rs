@@ -74,11 +74,23 @@ pub trait Respond<Req, T> {
         verdict: Option<Verdict>,
     ) -> Result<Self::Response, Self::Error>;
 
-    /// [`respond`](Self::respond) for a response the inner service produced — what nearly every request ends
-    /// with — so that a responder can answer it without going through a `Result` first, nor moving a verdict it
-    /// may not read (it stays boxed). Defaults to `respond(ticket, Ok(response), verdict.map(|v| *v))`; an override
-    /// must answer the same.
-    fn respond_ok(
+    /// Writes this responder's part of an admitted response into it, in place: the path nearly every request
+    /// takes, kept free of moves of the response (a response is often over a hundred bytes). Returns what
+    /// [`finish_ok`](Self::finish_ok) still needs of the verdict. Defaults to leaving the response alone and
+    /// passing the verdict on (boxed, as the limiter holds it).
+    fn amend_ok(
+        &self,
+        ticket: &Self::Ticket,
+        response: &mut T,
+        verdict: Option<Box<Verdict>>,
+    ) -> Option<Box<Verdict>> {
+        let _ = (ticket, response);
+        verdict
+    }
+
+    /// The answer for an admitted response, after [`amend_ok`](Self::amend_ok). Defaults to
+    /// `respond(ticket, Ok(response), verdict)`; an override must answer, with `amend_ok`, as `respond` would.
+    fn finish_ok(
         &self,
         ticket: Self::Ticket,
         response: T,
@@ -109,6 +121,22 @@ impl<Req, T: VerdictSink> Respond<Req, T> for Forward {
         if let Some(verdict) = verdict {
             response.verdicts_mut().push(verdict);
         }
+        Ok(response)
+    }
+
+    fn amend_ok(
+        &self,
+        (): &(),
+        response: &mut T,
+        verdict: Option<Box<Verdict>>,
+    ) -> Option<Box<Verdict>> {
+        if let Some(verdict) = verdict {
+            response.verdicts_mut().push(*verdict);
+        }
+        None
+    }
+
+    fn finish_ok(&self, (): (), response: T, _: Option<Box<Verdict>>) -> Result<T, BoxError> {
         Ok(response)
     }
 }

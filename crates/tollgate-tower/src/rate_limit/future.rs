@@ -116,25 +116,35 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.as_mut().project();
+        // The common end: the inner service's response, answered in place where the inner future left it, so that
+        // it moves once, into the output.
+        if let (false, StateProj::Calling { fut }) = (*this.answered, this.state.as_mut().project())
+        {
+            let mut polled = fut.poll(cx);
+            let Poll::Ready(result) = &mut polled else {
+                return Poll::Pending;
+            };
+            *this.answered = true;
+            let mut verdict = this.verdict.take();
+            if let Ok(response) = result {
+                verdict = this.respond.amend_ok(this.ticket, response, verdict);
+            }
+            return polled.map(|result| match result {
+                Ok(response) => this.respond.finish_ok(*this.ticket, response, verdict),
+                Err(err) => answer_error(this.respond, *this.ticket, err.into(), verdict),
+            });
+        }
         let result = match this.state.as_mut().project() {
-            _ if *this.answered => Err(POLLED_AFTER_COMPLETION.into()),
-            StateProj::Calling { fut } => match ready!(fut.poll(cx)) {
-                // The common end, answered without wrapping the response in a `Result` of another error type.
-                Ok(response) => {
-                    *this.answered = true;
-                    let verdict = this.verdict.take();
-                    return Poll::Ready(this.respond.respond_ok(*this.ticket, response, verdict));
-                }
-                Err(err) => Err(err.into()),
-            },
-            StateProj::Deciding { .. } => {
+            StateProj::Deciding { .. } if !*this.answered => {
                 match ready!(decided(this.state.as_mut(), this.verdict, cx)) {
                     // Admitted: the state is now `Calling`.
                     None => return self.poll(cx),
                     Some(rejected) => Err(rejected),
                 }
             }
-            StateProj::Failed { error } => Err(failure(error)),
+            StateProj::Failed { error } if !*this.answered => Err(failure(error)),
+            // Answered already (a `Calling` state that had not was answered above).
+            _ => Err(POLLED_AFTER_COMPLETION.into()),
         };
         *this.answered = true;
         Poll::Ready(
@@ -142,6 +152,18 @@ where
                 .respond(*this.ticket, result, this.verdict.take().map(|v| *v)),
         )
     }
+}
+
+/// Answers an error of the inner service (out of line: the admitted path is what `poll` keeps small).
+#[cold]
+#[inline(never)]
+fn answer_error<Req, T, R: Respond<Req, T>>(
+    respond: &R,
+    ticket: R::Ticket,
+    error: BoxError,
+    verdict: Option<Box<Verdict>>,
+) -> Result<R::Response, R::Error> {
+    respond.respond(ticket, Err(error), verdict.map(|v| *v))
 }
 
 // The states an admitted request through the in-process store never visits, out of `poll`'s body (see
