@@ -58,6 +58,7 @@ impl Default for SystemClock {
 }
 
 impl Clock for SystemClock {
+    #[inline]
     fn now(&self) -> Timestamp {
         let nanos = self
             .counter

@@ -80,6 +80,7 @@ impl EnforcementSwitch {
 
     /// The current mode.
     #[must_use]
+    #[inline]
     pub fn mode(&self) -> Mode {
         // Relaxed: the mode guards no other memory; a request racing a flip may see either mode.
         Mode::from_u8(self.0.load(Ordering::Relaxed))
