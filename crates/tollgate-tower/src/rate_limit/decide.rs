@@ -98,6 +98,17 @@ impl<K, St: Store, C> Shared<K, St, C> {
         Some(self.conclude(result, key, cost, mode, keep))
     }
 
+    /// Writes the key's text, `<limiter name>:<key>`: what a store that needs the text keys by.
+    #[inline(always)]
+    pub(crate) fn write_key<Req>(&self, req: &Req, key: &mut String) -> Result<(), KeyError>
+    where
+        K: KeyExtractor<Req>,
+    {
+        key.push_str(&self.name);
+        key.push(':');
+        self.key.extract(req, key)
+    }
+
     /// Decides at once by the key's digest when the store keys by digest (the in-process one), without building
     /// the key's text. `None` when the store needs the text.
     #[inline(always)]
@@ -143,9 +154,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         K: KeyExtractor<Req>,
     {
         with_key_buffer(|key| {
-            key.push_str(&self.name);
-            key.push(':');
-            self.key.extract(req, key)?;
+            self.write_key(req, key)?;
             Ok(match self.store_failed(err, key, cost, mode) {
                 Ok(decision) => self.judge(decision, mode, keep),
                 Err(conclusion) => conclusion,

@@ -118,9 +118,7 @@ where
             None => with_key_buffer(
                 #[inline(always)]
                 |key| {
-                    key.push_str(&shared.name);
-                    key.push(':');
-                    shared.key.extract(&req, key)?;
+                    shared.write_key(&req, key)?;
                     let cost = shared.cost.cost(&req);
                     Ok::<_, KeyError>(match shared.decide_now(key, cost, mode, keep) {
                         Some(conclusion) => Ok(conclusion),
