@@ -113,27 +113,35 @@ where
         // buffer. Any other store gets an owned key and a boxed decision. The closure is forced inline: the helper
         // calls it from two places (the fallback buffer is the other), which otherwise keeps it a function of its
         // own, a frame per request.
-        let decided = match shared.decide_digested(&req, mode, keep) {
-            Some(decided) => decided.map(Ok),
-            None => with_key_buffer(
-                #[inline(always)]
-                |key| {
-                    shared.write_key(&req, key)?;
-                    let cost = shared.cost.cost(&req);
-                    Ok::<_, KeyError>(match shared.decide_now(key, cost, mode, keep) {
-                        Some(conclusion) => Ok(conclusion),
-                        None => Err((key.clone(), cost)),
-                    })
-                },
-            ),
-        };
-        // Every other outcome returns early, so the request moves once, straight into the inner call, and the
-        // admitted future is built in one place (each extra move of a request or future is a memcpy per request).
-        let verdict = match decided {
-            Ok(Ok(Conclusion::Admit(verdict))) => verdict,
-            Ok(Ok(Conclusion::Reject(rejection))) => return self.refuse(rejection, answer),
-            Ok(Err((key, cost))) => return self.decide_later(key, cost, mode, keep, req, answer),
-            Err(err) => return self.refuse(err.into(), answer),
+        //
+        // Every outcome but an admission returns early, so the request moves once, straight into the inner call,
+        // and the admitted future is built in one place (each extra move of a request or future is a memcpy per
+        // request); each path matches its own conclusion rather than funnelling it through a shared `Result`.
+        let verdict = match shared.decide_digested(&req, mode, keep) {
+            Some(Ok(Conclusion::Admit(verdict))) => verdict,
+            Some(Ok(Conclusion::Reject(rejection))) => return self.refuse(rejection, answer),
+            Some(Err(err)) => return self.refuse(err.into(), answer),
+            None => {
+                let decided = with_key_buffer(
+                    #[inline(always)]
+                    |key| {
+                        shared.write_key(&req, key)?;
+                        let cost = shared.cost.cost(&req);
+                        Ok::<_, KeyError>(match shared.decide_now(key, cost, mode, keep) {
+                            Some(conclusion) => Ok(conclusion),
+                            None => Err((key.clone(), cost)),
+                        })
+                    },
+                );
+                match decided {
+                    Ok(Ok(Conclusion::Admit(verdict))) => verdict,
+                    Ok(Ok(Conclusion::Reject(rejection))) => return self.refuse(rejection, answer),
+                    Ok(Err((key, cost))) => {
+                        return self.decide_later(key, cost, mode, keep, req, answer);
+                    }
+                    Err(err) => return self.refuse(err.into(), answer),
+                }
+            }
         };
         ResponseFuture::calling(self.inner.call(req), verdict, answer)
     }
