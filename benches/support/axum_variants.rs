@@ -32,7 +32,14 @@ pub(crate) fn variants() -> Vec<Variant> {
         v("tollgate (no fields)", 2, tollgate(HeaderSet::NONE)),
         v("tollgate (IETF, 2 fields)", 3, tollgate(HeaderSet::IETF)),
         v("tollgate (all 7 fields)", 1, tollgate(HeaderSet::ALL)),
+        v("bare + pass-through layer", 0, pass_through()),
     ]
+}
+
+/// Bare axum behind a layer that adds nothing (`tower`'s `Identity`): what axum's layering costs any middleware —
+/// the per-request clone of the layered route, the response-mapping futures — before it does any work.
+fn pass_through() -> Router {
+    hello().layer(tower::layer::util::Identity::new())
 }
 
 fn hello() -> Router {
