@@ -36,6 +36,41 @@
 //! assert_eq!(key, "all");
 //! # Ok::<(), KeyError>(())
 //! ```
+//!
+//! An extractor of its own that keys by an address writes the address's text for Redis and its bits for the
+//! in-process store:
+//!
+//! ```
+//! use std::fmt::Write as _;
+//! use std::hash::{DefaultHasher, Hasher};
+//! use std::net::IpAddr;
+//! use tollgate_tower::key::hash_ip;
+//! use tollgate_tower::{KeyError, KeyExtractor};
+//!
+//! struct Req { client: IpAddr }
+//! struct ByClient;
+//!
+//! impl KeyExtractor<Req> for ByClient {
+//!     fn extract(&self, req: &Req, key: &mut String) -> Result<(), KeyError> {
+//!         let _ = write!(key, "{}", req.client);
+//!         Ok(())
+//!     }
+//!
+//!     fn hash_key(&self, req: &Req, state: &mut DefaultHasher) -> Result<(), KeyError> {
+//!         hash_ip(state, req.client);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let digest = |client: &str| -> Result<u64, Box<dyn std::error::Error>> {
+//!     let mut state = DefaultHasher::new();
+//!     ByClient.hash_key(&Req { client: client.parse()? }, &mut state)?;
+//!     Ok(state.finish())
+//! };
+//! assert_eq!(digest("10.0.0.1")?, digest("10.0.0.1")?);
+//! assert_ne!(digest("10.0.0.1")?, digest("10.0.0.2")?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::borrow::Cow;
 use std::cell::RefCell;
