@@ -291,6 +291,11 @@ impl Policy {
         self.quota
     }
 
+    /// The quota, borrowed: a store's hot path reads a field or two and need not copy all of it.
+    pub(crate) const fn quota_ref(&self) -> &Quota {
+        &self.quota
+    }
+
     /// The sliding window's resolution in microseconds (1 for the token bucket).
     #[must_use]
     pub const fn tick_micros(&self) -> u64 {

@@ -187,11 +187,10 @@ impl<C: Clock> MemoryStore<C> {
         };
         let mut shard = lock(&self.shards[index & (self.shards.len() - 1)]);
         let cap = self.shard_capacity;
-        let quota = policy.quota();
         match policy.algorithm() {
             Algorithm::TokenBucket => {
                 shard.apply(hash, now, cap, self.max_keys, Table::buckets, |s| {
-                    token_bucket::decide(s, &quota, cost, now)
+                    token_bucket::decide(s, policy.quota_ref(), cost, now)
                 })
             }
             Algorithm::SlidingWindowCounter => {
