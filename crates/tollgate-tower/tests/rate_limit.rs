@@ -476,3 +476,76 @@ async fn limiters_sharing_an_in_process_store_never_share_a_bucket() {
     assert!(call(&mut first, req("b:c")).await.is_err());
     assert!(call(&mut second, req("c")).await.is_err());
 }
+
+/// The in-process store without its digest path: the limiter must build the key's text, as for Redis.
+struct TextOnly(MemoryStore<ManualClock>);
+
+impl Store for TextOnly {
+    fn check(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        std::future::ready(self.0.check_now(key, policy, cost))
+    }
+
+    fn check_immediate(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        Some(self.0.check_now(key, policy, cost))
+    }
+}
+
+#[tokio::test]
+async fn the_digest_and_text_key_paths_decide_alike() {
+    for policy in [
+        Policy::token_bucket(Quota::per_second(5).unwrap().with_burst(8).unwrap()),
+        Policy::sliding_window(Quota::per_second(5).unwrap()).unwrap(),
+    ] {
+        let clock = ManualClock::new(Timestamp::from_micros(T0));
+        let digest_store = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+        let text_store = Arc::new(TextOnly(
+            MemoryStore::builder().clock(clock.clone()).build(),
+        ));
+        let cost = || CostFn::new(|r: &Req| r.items);
+        let mut by_digest = ServiceBuilder::new()
+            .layer(RateLimitLayer::new("api", policy, digest_store.clone(), by_user()).cost(cost()))
+            .service(echo());
+        let mut by_text = ServiceBuilder::new()
+            .layer(RateLimitLayer::new("api", policy, text_store.clone(), by_user()).cost(cost()))
+            .service(echo());
+        let users = [
+            "ann", "bob", "ann", "cid", "ann", "ann", "bob", "ann", "ann", "cid",
+        ];
+        let (mut admitted, mut rejected) = (0, 0);
+        for step in 0..200_u64 {
+            let r = Req {
+                user: Some(users[(step % 10) as usize]),
+                items: step % 3,
+            };
+            let outcome = |result: Result<Reply, BoxError>| match result {
+                Ok(reply) => Ok(reply.0.iter().next().map(|v| v.decision)),
+                Err(err) => Err(rejection(&err).verdict().map(|v| v.decision)),
+            };
+            let digest = outcome(call(&mut by_digest, r.clone()).await);
+            let text = outcome(call(&mut by_text, r).await);
+            assert_eq!(digest, text, "step {step}");
+            match digest {
+                Ok(_) => admitted += 1,
+                Err(_) => rejected += 1,
+            }
+            clock.advance(Duration::from_millis(37 * (step % 4)));
+        }
+        assert!(
+            admitted > 0 && rejected > 0,
+            "{admitted} admitted, {rejected} rejected"
+        );
+        // One bucket per user on either path.
+        assert_eq!(digest_store.len(), 3);
+        assert_eq!(text_store.0.len(), 3);
+    }
+}
