@@ -49,7 +49,9 @@ impl HttpResponder {
     ) -> Response<B> {
         match result {
             Ok(mut response) => {
-                self.amend(outer, &mut response, own);
+                // Boxed only here, where `respond` is handed a response with a verdict: the limiter's own future
+                // answers responses through `amend_ok`, with the verdict boxed already.
+                self.amend(outer, &mut response, own.map(Box::new));
                 response
             }
             Err(err) => self.answer_error(outer, &err, own),
@@ -58,14 +60,13 @@ impl HttpResponder {
 
     /// Writes this layer's headers onto a response of the inner service, in place.
     #[inline(always)]
-    fn amend<B>(&self, outer: bool, response: &mut Response<B>, own: Option<impl OwnVerdict>) {
+    fn amend<B>(&self, outer: bool, response: &mut Response<B>, own: Option<Box<Verdict>>) {
         // The common case, kept small: a lone limiter's admitted response.
         if outer || response.extensions().get::<Verdicts>().is_some() {
-            return self.gather(outer, response, own.map(OwnVerdict::into_verdict));
+            return self.gather(outer, response, own.map(|own| *own));
         }
         if let Some(own) = &own {
-            self.headers
-                .render_one(own.verdict(), response.headers_mut());
+            self.headers.render_one(own, response.headers_mut());
         }
     }
 
@@ -110,33 +111,6 @@ impl HttpResponder {
             }
         }
         *response.headers_mut() = headers;
-    }
-}
-
-/// A layer's own verdict as the responder gets it: boxed from the response future (moving the box is cheaper
-/// than moving the verdict), unboxed from [`Respond::respond`].
-trait OwnVerdict {
-    fn verdict(&self) -> &Verdict;
-    fn into_verdict(self) -> Verdict;
-}
-
-impl OwnVerdict for Verdict {
-    fn verdict(&self) -> &Verdict {
-        self
-    }
-
-    fn into_verdict(self) -> Verdict {
-        self
-    }
-}
-
-impl OwnVerdict for Box<Verdict> {
-    fn verdict(&self) -> &Verdict {
-        self
-    }
-
-    fn into_verdict(self) -> Verdict {
-        *self
     }
 }
 
