@@ -35,7 +35,9 @@ impl Outcome {
 pub struct Decision {
     /// Admitted or not, and why not.
     pub outcome: Outcome,
-    /// The policy's limit per period.
+    /// The most requests (of cost 1) that may be remaining at once: the quota's burst, which is its limit per
+    /// period unless a token bucket's burst was set apart ([`Quota::window`](crate::Quota::window) is the time it
+    /// takes to accrue).
     pub limit: u64,
     /// Whole requests (of cost 1) that would still be admitted right now.
     pub remaining: u64,

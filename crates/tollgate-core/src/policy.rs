@@ -204,6 +204,30 @@ impl Quota {
         self.burst
     }
 
+    /// The window announced to clients: the time over which `burst` requests accrue at this rate, `period × burst
+    /// ÷ limit` rounded up to a whole microsecond — the period itself unless a token bucket's burst differs from
+    /// its limit.
+    ///
+    /// A client is told "`burst` per window" ([`Decision::limit`](crate::Decision::limit) is the burst): the most
+    /// it may ever have remaining at once, over the time an emptied bucket takes to refill. "10 per second with
+    /// bursts of 20" is "20 per 2 s": the same sustained rate, and a remaining count never above the limit
+    /// announced beside it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::Quota;
+    ///
+    /// assert_eq!(Quota::per_second(10)?.window(), Duration::from_secs(1));
+    /// assert_eq!(Quota::per_second(10)?.with_burst(20)?.window(), Duration::from_secs(2));
+    /// assert_eq!(Quota::per_hour(4)?.with_burst(2)?.window(), Duration::from_secs(1_800));
+    /// # Ok::<(), tollgate_core::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub const fn window(&self) -> Duration {
+        // burst × token ≤ MAX_SCALED (checked when built): exact in u64.
+        Duration::from_micros((self.burst * self.token).div_ceil(self.rate))
+    }
+
     /// Fixed-point size of one token: a token is `period / gcd(limit, period)` units.
     #[must_use]
     pub const fn token_bucket_token(&self) -> u64 {

@@ -50,6 +50,24 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
     #[test]
+    fn token_bucket_announces_its_burst_and_never_more_remaining(q in quota(), reqs in traffic(400_000, 5)) {
+        // The limit a client is told is the most it can ever have remaining, whatever the burst, and the reset is
+        // when all of it is remaining again.
+        let (mut state, mut now) = (None, T0);
+        for &(gap, cost) in &reqs {
+            now += gap;
+            let step = token_bucket::decide(state, &q, cost, Timestamp::from_micros(now));
+            state = step.state.or(state);
+            let d = step.decision;
+            prop_assert_eq!(d.limit, q.burst());
+            prop_assert!(d.remaining <= d.limit, "{} remaining of {}", d.remaining, d.limit);
+            // A request of cost 0 asks without taking anything.
+            let at_reset = token_bucket::decide(state, &q, 0, d.reset).decision;
+            prop_assert_eq!(at_reset.remaining, d.limit);
+        }
+    }
+
+    #[test]
     fn token_bucket_never_admits_more_than_burst_plus_rate_times_t(q in quota(), reqs in traffic(400_000, 5)) {
         let log = replay(&reqs, |s, c, t| token_bucket::decide(s, &q, c, t));
         let admitted: Vec<(u64, u64)> = log.iter().filter(|r| r.2.is_allowed()).map(|r| (r.0, r.1)).collect();

@@ -51,7 +51,13 @@ async fn resource_exhausted_after_the_limit_with_the_decisions_retry_info() -> T
         assert_eq!(reply.get_ref().message, "Hello ann!");
         let md = reply.metadata();
         assert_eq!(meta(md, "x-ratelimit-remaining"), remaining);
-        assert_eq!(meta(md, "x-ratelimit-limit"), "4");
+        // The limit is the burst (never less than what remains); its window, the 500 ms the burst takes to
+        // accrue, is announced over the whole second that covers it, the limit scaled to match.
+        assert_eq!(meta(md, "x-ratelimit-limit"), "2");
+        assert_eq!(
+            meta(md, "x-ratelimit-used"),
+            (2 - remaining.parse::<u64>()?).to_string()
+        );
         assert_eq!(meta(md, "ratelimit-policy"), r#""per-client";q=4;w=1"#);
         assert_eq!(
             meta(md, "x-ratelimit-reset"),

@@ -98,6 +98,41 @@ async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
 }
 both_stores!(limit_then_429, limit_then_429_with_every_header);
 
+async fn a_burst_is_announced_as_the_limit_over_its_refill_time<St: Store>(store: Arc<St>) {
+    // 2 per hour with bursts of 4: a token every 1800 s, and the full bucket of 4 accrues in 7200 s. Told "4 per
+    // 7200 s", a client never sees more remaining than the limit beside it, and `used` counts its requests.
+    let policy = Policy::token_bucket(Quota::per_hour(2).unwrap().with_burst(4).unwrap());
+    let big = serve(app(RateLimitLayer::new(
+        "big",
+        policy,
+        store.clone(),
+        PeerIp,
+    )))
+    .await;
+    for (i, remaining) in [3, 2, 1, 0].into_iter().enumerate() {
+        let reply = http_get(big, "/", &[]).await;
+        assert_allowed(&reply, "big", 4, 7200, remaining, 1800 * (i as u64 + 1));
+    }
+    let denied = http_get(big, "/", &[]).await;
+    assert_eq!(denied.status, 429, "{denied:#?}");
+    assert_eq!(denied.header("ratelimit-policy"), "\"big\";q=4;w=7200");
+    assert_eq!(denied.header("ratelimit"), "\"big\";r=0;t=1800");
+    assert_eq!(denied.num("retry-after"), 1800);
+
+    // 4 per hour with bursts of 2: "2 per 1800 s".
+    let policy = Policy::token_bucket(Quota::per_hour(4).unwrap().with_burst(2).unwrap());
+    let small = serve(app(RateLimitLayer::new("small", policy, store, PeerIp))).await;
+    for (i, remaining) in [1, 0].into_iter().enumerate() {
+        let reply = http_get(small, "/", &[]).await;
+        assert_allowed(&reply, "small", 2, 1800, remaining, 900 * (i as u64 + 1));
+    }
+    assert_eq!(http_get(small, "/", &[]).await.status, 429);
+}
+both_stores!(
+    burst,
+    a_burst_is_announced_as_the_limit_over_its_refill_time
+);
+
 async fn sliding_window_reset_is_stable<St: Store>(store: Arc<St>) {
     let policy = Policy::sliding_window(Quota::per_hour(3).unwrap()).unwrap();
     let addr = serve(app(RateLimitLayer::new("window", policy, store, PeerIp))).await;

@@ -99,7 +99,7 @@ pub(crate) fn parse_reply(policy: &Policy, reply: &redis::Value) -> Result<Decis
     };
     Ok(Decision {
         outcome,
-        limit: policy.quota().limit(),
+        limit: policy.quota().burst(),
         remaining: unsigned(remaining)?,
         reset: Timestamp::from_micros(unsigned(reset)?),
         retry_after: if retry_after < 0 {

@@ -115,7 +115,7 @@ impl Step {
         };
         Decision {
             outcome,
-            limit: policy.quota().limit(),
+            limit: policy.quota().burst(),
             remaining: self.remaining,
             reset: Timestamp::from_micros(self.reset_us),
             retry_after: self.retry_after_us.map(Duration::from_micros),

@@ -46,7 +46,9 @@ use tollgate_core::Decision;
 pub struct Verdict {
     /// The limiter's (policy's) name, shown to clients in headers.
     pub limiter: Name,
-    /// The policy's period.
+    /// The window the decision's limit applies to, as announced to clients: the policy's
+    /// [`Quota::window`](tollgate_core::Quota::window) (its period, unless a token bucket's burst differs from its
+    /// limit).
     pub window: Duration,
     /// The decision, with every number headers show.
     pub decision: Decision,

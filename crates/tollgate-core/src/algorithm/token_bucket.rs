@@ -46,7 +46,7 @@ pub fn decide(
     };
     let decision = |outcome, remaining, reset, retry_after| Decision {
         outcome,
-        limit: quota.limit(),
+        limit: quota.burst(),
         remaining,
         reset: Timestamp::from_micros(reset),
         retry_after,

@@ -12,6 +12,11 @@
 //!
 //! `t` is the decision's reset minus the decision's `now` (the decider's clock, e.g. Redis's), rounded up.
 //!
+//! The limit is the quota's burst and the window the time it takes to accrue
+//! ([`Quota::window`](tollgate_core::Quota::window)): for the default burst, the policy's limit and period; for
+//! "10 per second with bursts of 20", `q=20;w=2` and `X-RateLimit-Limit: 20`, so that the remaining count is
+//! never above the limit beside it and `Used` counts the requests still held against the bucket.
+//!
 //! ```
 //! use std::time::Duration;
 //! use tollgate_core::{Decision, Outcome, Timestamp};

@@ -196,7 +196,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     fn verdict(&self, decision: Decision, mode: Mode) -> Verdict {
         Verdict {
             limiter: self.name.clone(),
-            window: self.policy.quota().period(),
+            window: self.policy.quota().window(),
             decision,
             enforced: mode == Mode::Enforce,
         }
