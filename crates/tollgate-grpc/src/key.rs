@@ -23,14 +23,15 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::fmt::Write as _;
 use std::hash::DefaultHasher;
 use std::net::IpAddr;
 
 use http::HeaderName;
 use http::header::InvalidHeaderName;
 use tollgate_tower::digest::push_hex_digest;
-use tollgate_tower::key::{hash_bytes, hash_ip};
+use tollgate_tower::key::{
+    IPV6_CLIENT_PREFIX, client_network, hash_bytes, hash_ip, push_client_ip,
+};
 use tollgate_tower::{KeyError, KeyExtractor};
 use tonic::transport::server::TcpConnectInfo;
 
@@ -85,7 +86,10 @@ impl<B> KeyExtractor<http::Request<B>> for MetadataKey {
 
 /// The peer's IP address, from the [`TcpConnectInfo`] that tonic's `transport::Server` records on each request.
 ///
-/// The port is left out: a client opening several connections is still one client.
+/// The port is left out: a client opening several connections is still one client. An IPv6 peer is keyed by its
+/// /64 network, the block one client can pick any address from (see
+/// [`client_network`](tollgate_tower::key::client_network)); for another grouping, key with a
+/// [`KeyFn`](tollgate_tower::KeyFn) and [`push_client_ip`](tollgate_tower::key::push_client_ip).
 ///
 /// Behind TLS, tonic records `TlsConnectInfo<TcpConnectInfo>` instead (with its TLS features); read it with a
 /// [`KeyFn`](tollgate_tower::KeyFn). Behind a proxy the peer is the proxy: key by a metadata entry the proxy sets and
@@ -95,12 +99,12 @@ pub struct PeerIp;
 
 impl<B> KeyExtractor<http::Request<B>> for PeerIp {
     fn extract(&self, req: &http::Request<B>, key: &mut String) -> Result<(), KeyError> {
-        let _ = write!(key, "{}", peer_ip(req)?);
+        push_client_ip(key, peer_ip(req)?, IPV6_CLIENT_PREFIX);
         Ok(())
     }
 
     fn hash_key(&self, req: &http::Request<B>, state: &mut DefaultHasher) -> Result<(), KeyError> {
-        hash_ip(state, peer_ip(req)?);
+        hash_ip(state, client_network(peer_ip(req)?, IPV6_CLIENT_PREFIX));
         Ok(())
     }
 }
@@ -158,6 +162,31 @@ mod tests {
             .unwrap();
         assert_eq!(a, "10.1.2.3");
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn an_ipv6_peer_is_its_64_network() {
+        let text = |peer: &str| {
+            let mut key = String::new();
+            PeerIp.extract(&request_from(peer), &mut key).unwrap();
+            key
+        };
+        let digest = |peer: &str| {
+            use std::hash::Hasher;
+            let mut state = DefaultHasher::new();
+            PeerIp.hash_key(&request_from(peer), &mut state).unwrap();
+            state.finish()
+        };
+        let (a, b, other) = (
+            "[2001:db8:0:7::1]:1",
+            "[2001:db8:0:7:ffff::9]:2",
+            "[2001:db8:0:8::1]:1",
+        );
+        assert_eq!(text(a), "2001:db8:0:7::/64");
+        assert_eq!(text(a), text(b));
+        assert_ne!(text(a), text(other));
+        assert_eq!(digest(a), digest(b));
+        assert_ne!(digest(a), digest(other));
     }
 
     #[test]

@@ -415,6 +415,45 @@ async fn trusted_proxy_yields_the_real_client<St: Store>(store: Arc<St>) {
 }
 both_stores!(trusted_proxy, trusted_proxy_yields_the_real_client);
 
+async fn ipv6_clients_are_limited_by_their_network<St: Store>(store: Arc<St>) {
+    // One client given 2001:db8:0:7::/64 can send each request from another address of it: one bucket, unless
+    // the limiter is told to key every address apart.
+    let proxy = || ClientIp::trusting(["127.0.0.0/8".parse().unwrap()]);
+    let by_network = serve(app(RateLimitLayer::new(
+        "per-client",
+        per_hour(1),
+        store.clone(),
+        proxy(),
+    )))
+    .await;
+    let by_address = serve(app(RateLimitLayer::new(
+        "per-address",
+        per_hour(1),
+        store,
+        proxy().ipv6_prefix(128),
+    )))
+    .await;
+    let from = |client: &'static str| [("x-forwarded-for", client)];
+    for (addr, second) in [(by_network, 429), (by_address, 200)] {
+        assert_eq!(
+            http_get(addr, "/", &from("2001:db8:0:7::1")).await.status,
+            200
+        );
+        assert_eq!(
+            http_get(addr, "/", &from("[2001:db8:0:7:9:8:7:6]:443"))
+                .await
+                .status,
+            second
+        );
+        assert_eq!(
+            http_get(addr, "/", &from("2001:db8:0:8::1")).await.status,
+            200,
+            "the next /64 is another client"
+        );
+    }
+}
+both_stores!(ipv6_networks, ipv6_clients_are_limited_by_their_network);
+
 async fn shadow_mode_admits_but_counts<St: Store>(store: Arc<St>) {
     let layer = RateLimitLayer::new("dark", per_hour(2), store, PeerIp).shadow();
     let switch = layer.enforcement();

@@ -72,6 +72,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod addr;
+
+pub use addr::{IPV6_CLIENT_PREFIX, client_network, push_client_ip, push_ipv4};
+
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
@@ -100,7 +104,7 @@ pub trait KeyExtractor<Req>: Send + Sync + 'static {
 }
 
 /// Feeds an IP address to a key hasher, for [`KeyExtractor::hash_key`]: a tag and the address's bits, no text.
-/// Fold IPv4-mapped IPv6 addresses first (`IpAddr::to_canonical`), as the text form does.
+/// Pass a client's [`client_network`], as its text form ([`push_client_ip`]) does.
 #[inline]
 pub fn hash_ip(state: &mut DefaultHasher, ip: IpAddr) {
     match ip {

@@ -1,19 +1,21 @@
-use std::fmt::Write as _;
 use std::hash::DefaultHasher;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::extract::ConnectInfo;
 use http::Request;
 use http::header::{FORWARDED, HeaderName};
-use tollgate_tower::key::hash_ip;
+use tollgate_tower::key::{IPV6_CLIENT_PREFIX, client_network, hash_ip, push_client_ip, push_ipv4};
 use tollgate_tower::{KeyError, KeyExtractor};
 
 use super::Cidr;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-/// The peer address of the connection, from axum's `ConnectInfo<SocketAddr>`.
+/// The peer address of the connection, from axum's `ConnectInfo<SocketAddr>`: an IPv4 peer by its address, an
+/// IPv6 peer by its /64 network (one client can use any address in it; see
+/// [`client_network`](tollgate_tower::key::client_network)). For another IPv6 prefix, use
+/// [`ClientIp::new`]`().`[`ipv6_prefix`](ClientIp::ipv6_prefix)`(n)`: the same peer, grouped by `n` bits.
 ///
 /// Serve the app with `into_make_service_with_connect_info::<SocketAddr>()`, or the key is missing (a
 /// configuration error, answered with 500).
@@ -39,7 +41,7 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
         // An IPv4 peer (the common case) goes straight to its octets, without building an `IpAddr` first.
         match req.extensions().get::<ConnectInfo<SocketAddr>>() {
             Some(ConnectInfo(SocketAddr::V4(addr))) => push_ipv4(key, addr.ip().octets()),
-            _ => push_ip(key, Self::peer_ip(req)?),
+            _ => push_client_ip(key, Self::peer_ip(req)?, IPV6_CLIENT_PREFIX),
         }
         Ok(())
     }
@@ -48,7 +50,10 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
         // The same IPv4 shortcut as `extract`: through `peer_ip` this costs 35 instructions more per request.
         match req.extensions().get::<ConnectInfo<SocketAddr>>() {
             Some(ConnectInfo(SocketAddr::V4(addr))) => hash_ip(state, IpAddr::V4(*addr.ip())),
-            _ => hash_ip(state, Self::peer_ip(req)?),
+            _ => hash_ip(
+                state,
+                client_network(Self::peer_ip(req)?, IPV6_CLIENT_PREFIX),
+            ),
         }
         Ok(())
     }
@@ -76,6 +81,9 @@ pub enum ForwardedHeader {
 /// An entry that is not an address (`unknown`, an obfuscated identifier, garbage) stops the walk at the last
 /// trusted hop, which then is the key: never the garbage itself.
 ///
+/// The key is the client's address for IPv4 and its /64 network for IPv6 ([`ipv6_prefix`](Self::ipv6_prefix)
+/// sets another length): a client can pick any address in the block it was given, a fresh one per request.
+///
 /// ```
 /// use std::net::SocketAddr;
 /// use axum::extract::ConnectInfo;
@@ -92,10 +100,17 @@ pub enum ForwardedHeader {
 /// assert_eq!(ClientIp::new().client_ip(&req)?, "10.0.0.1".parse::<std::net::IpAddr>()?);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ClientIp {
     trusted: Arc<[Cidr]>,
     header: ForwardedHeader,
+    ipv6_prefix: u8,
+}
+
+impl Default for ClientIp {
+    fn default() -> Self {
+        Self::trusting([])
+    }
 }
 
 impl ClientIp {
@@ -111,7 +126,16 @@ impl ClientIp {
         Self {
             trusted: networks.into_iter().collect(),
             header: ForwardedHeader::default(),
+            ipv6_prefix: IPV6_CLIENT_PREFIX,
         }
+    }
+
+    /// Keys IPv6 clients by their first `bits` bits (default 64; 128 or more: each address on its own, which lets
+    /// a client with a /64 pick a fresh bucket per request). IPv4 clients are keyed by their address either way.
+    #[must_use]
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits;
+        self
     }
 
     /// Reads `header` instead of `X-Forwarded-For`.
@@ -159,45 +183,17 @@ impl ClientIp {
 
 impl<B> KeyExtractor<Request<B>> for ClientIp {
     fn extract(&self, req: &Request<B>, key: &mut String) -> Result<(), KeyError> {
-        push_ip(key, self.client_ip(req)?);
+        push_client_ip(key, self.client_ip(req)?, self.ipv6_prefix);
         Ok(())
     }
 
     fn hash_key(&self, req: &Request<B>, state: &mut DefaultHasher) -> Result<(), KeyError> {
-        hash_ip(state, self.client_ip(req)?);
+        hash_ip(
+            state,
+            client_network(self.client_ip(req)?, self.ipv6_prefix),
+        );
         Ok(())
     }
-}
-
-/// Appends `ip` in its usual text form; IPv4 (the common case) without the formatting machinery.
-fn push_ip(key: &mut String, ip: IpAddr) {
-    match ip {
-        IpAddr::V4(v4) => push_ipv4(key, v4.octets()),
-        IpAddr::V6(v6) => push_ipv6(key, v6),
-    }
-}
-
-/// Appends an IPv4 address in dotted decimal.
-fn push_ipv4(key: &mut String, octets: [u8; 4]) {
-    for (i, octet) in octets.into_iter().enumerate() {
-        if i > 0 {
-            key.push('.');
-        }
-        if octet >= 100 {
-            key.push(char::from(b'0' + octet / 100));
-        }
-        if octet >= 10 {
-            key.push(char::from(b'0' + octet / 10 % 10));
-        }
-        key.push(char::from(b'0' + octet % 10));
-    }
-}
-
-/// IPv6 through the formatting machinery, kept out of [`push_ip`]'s body (IPv4 is the common case).
-#[cold]
-#[inline(never)]
-fn push_ipv6(key: &mut String, ip: Ipv6Addr) {
-    let _ = write!(key, "{ip}");
 }
 
 /// The `for` parameter of one `Forwarded` element, unquoted.
@@ -309,35 +305,65 @@ mod tests {
         assert_eq!(proxies().client_ip(&r).unwrap(), ip("10.0.0.1"));
     }
 
-    #[test]
-    fn keys_are_the_usual_text_form() {
-        for text in [
-            "0.0.0.0",
-            "9.10.99.100",
-            "255.255.255.255",
-            "10.0.0.1",
-            "2001:db8::1",
-            "::1",
-        ] {
-            let mut key = String::new();
-            push_ip(&mut key, ip(text));
-            assert_eq!(key, text);
-        }
+    /// `extractor`'s text key for a request from `peer` forwarded for `client`.
+    fn text(extractor: &impl KeyExtractor<Request<()>>, peer: &str, client: &str) -> String {
+        let mut key = String::new();
+        let r = req(peer, "x-forwarded-for", &[client]);
+        extractor.extract(&r, &mut key).unwrap();
+        key
     }
 
     #[test]
-    fn every_octet_in_every_position_renders_as_std_does() {
-        for octet in 0..=255u8 {
-            for position in 0..4 {
-                let mut octets = [1, 22, 233, 4];
-                octets[position] = octet;
-                let v4 = std::net::Ipv4Addr::from(octets);
-                // After other key material, which must be kept as it was.
-                let mut key = String::from("name:");
-                push_ip(&mut key, IpAddr::V4(v4));
-                assert_eq!(key, format!("name:{v4}"));
-            }
+    fn keys_are_ipv4_addresses_and_ipv6_networks() {
+        for (peer, key) in [
+            ("0.0.0.0", "0.0.0.0"),
+            ("9.10.99.100", "9.10.99.100"),
+            ("255.255.255.255", "255.255.255.255"),
+            ("[::ffff:10.0.0.1]", "10.0.0.1"),
+            ("[2001:db8:0:7:1:2:3:4]", "2001:db8:0:7::/64"),
+            ("[::1]", "::/64"),
+        ] {
+            assert_eq!(text(&PeerIp, peer, "-"), key);
+            assert_eq!(text(&ClientIp::new(), peer, "-"), key);
+            assert_eq!(
+                text(&proxies(), "10.0.0.1", peer.trim_matches(['[', ']'])),
+                key
+            );
         }
+        assert_eq!(
+            text(&ClientIp::new().ipv6_prefix(48), "[2001:db8:0:7::1]", "-"),
+            "2001:db8::/48"
+        );
+        assert_eq!(
+            text(&ClientIp::new().ipv6_prefix(128), "[2001:db8:0:7::1]", "-"),
+            "2001:db8:0:7::1"
+        );
+        assert_eq!(
+            text(&proxies().ipv6_prefix(128), "[fd00::1]", "2001:db8:0:7::1"),
+            "2001:db8:0:7::1"
+        );
+    }
+
+    #[test]
+    fn an_ipv6_client_cannot_rotate_addresses_into_fresh_buckets() {
+        let peer = |text: &str| digest(|s| PeerIp.hash_key(&req(text, "x-forwarded-for", &[]), s));
+        let forwarded = |extractor: &ClientIp, client: &str| {
+            let r = req("[fd00::1]", "x-forwarded-for", &[client]);
+            digest(|s| extractor.hash_key(&r, s))
+        };
+        let (a, b, other) = (
+            "2001:db8:0:7::1",
+            "2001:db8:0:7:ffff:ffff:ffff:ffff",
+            "2001:db8:0:8::1",
+        );
+        assert_eq!(peer(&format!("[{a}]")), peer(&format!("[{b}]")));
+        assert_ne!(peer(&format!("[{a}]")), peer(&format!("[{other}]")));
+        assert_eq!(forwarded(&proxies(), a), forwarded(&proxies(), b));
+        assert_ne!(forwarded(&proxies(), a), forwarded(&proxies(), other));
+        let exact = proxies().ipv6_prefix(128);
+        assert_ne!(forwarded(&exact, a), forwarded(&exact, b));
+        let wide = proxies().ipv6_prefix(48);
+        assert_eq!(forwarded(&wide, a), forwarded(&wide, other));
     }
 
     fn digest(hash: impl FnOnce(&mut DefaultHasher) -> Result<(), KeyError>) -> u64 {
@@ -358,7 +384,7 @@ mod tests {
         };
         assert_eq!(peer("10.0.0.1"), address("10.0.0.1"));
         assert_eq!(peer("[::ffff:10.0.0.1]"), address("10.0.0.1"));
-        assert_eq!(peer("[2001:db8::1]"), address("2001:db8::1"));
+        assert_eq!(peer("[2001:db8::1]"), address("2001:db8::"));
         assert_ne!(peer("10.0.0.1"), peer("10.0.0.2"));
 
         let forwarded = req("10.0.0.2", "x-forwarded-for", &["6.6.6.6, 203.0.113.9"]);
