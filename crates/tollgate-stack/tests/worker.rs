@@ -13,9 +13,12 @@ use tollgate_tower::Priority;
 
 use support::{Gate, app, get, serve};
 
-/// Longer than the controller's interval, so every probe lets it evaluate once (the count of evaluations, not
-/// their timing, drives the levels).
-const PAUSE: Duration = Duration::from_millis(3);
+/// The controller's interval: levels move one step per interval.
+const INTERVAL: Duration = Duration::from_millis(40);
+
+/// A little longer than the interval, so that every probe lets the controller evaluate once and no more (an
+/// evaluation also catches up the intervals no request came in; a probe is late by one only past twice this).
+const PAUSE: Duration = Duration::from_millis(45);
 
 async fn probe(addr: SocketAddr, priority: Priority) -> u16 {
     tokio::time::sleep(PAUSE).await;
@@ -55,7 +58,7 @@ async fn lowest_class_shed_first_critical_passes_and_shedding_recedes() {
     // points per evaluation. A probe in flight adds one to the held requests.
     let shedder = WorkerShedLayer::new(10, HeaderPriority::new())
         .unwrap()
-        .interval(Duration::from_millis(1))
+        .interval(INTERVAL)
         .step_percent(50)
         .unwrap();
     let levels = shedder.clone();
@@ -99,7 +102,7 @@ async fn lowest_class_shed_first_critical_passes_and_shedding_recedes() {
     for task in held {
         assert_eq!(task.await.unwrap().status, 200);
     }
-    // Shedding recedes one step per evaluation: Low goes 100 → 50 → 0, not at once.
+    // Shedding recedes one step per interval: Low goes 100 → 50 → 0, not at once.
     let mut seen = vec![levels.shed_percent(Priority::Low)];
     for _ in 0..10 {
         probe(addr, Priority::Critical).await;

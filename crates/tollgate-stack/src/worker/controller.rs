@@ -106,10 +106,27 @@ impl Controller {
             return false;
         }
         // The busiest moment since the last evaluation: a burst between two ticks still counts.
-        let peak = self.peak.swap(self.in_flight(), Ordering::Relaxed);
+        let in_flight = self.in_flight();
+        let peak = self.peak.swap(in_flight, Ordering::Relaxed);
         let utilization = peak.saturating_mul(100) / self.tuning.capacity;
         let current = std::array::from_fn(|i| self.levels[i].load(Ordering::Relaxed));
-        let next = next_levels(current, utilization, &self.tuning);
+        let mut next = next_levels(current, utilization, &self.tuning);
+        // Evaluations run on the request path, so none ran in the intervals after `due` in which no request came:
+        // they are caught up now, or a quiet spell after a burst would keep its shedding until traffic returned
+        // (and a stale peak would raise it further). The first of them saw the peak; in the rest nothing new was
+        // admitted (a request would have evaluated), so what is in flight now is what they saw last. Past enough
+        // steps to cross the whole range, more change nothing.
+        let missed = (now_ms - due).checked_div(interval).unwrap_or(0);
+        let now_utilization = in_flight.saturating_mul(100) / self.tuning.capacity;
+        let enough = 100 / u64::from(self.tuning.step.max(1)) + 1;
+        for _ in 0..missed.min(enough) {
+            next = next_levels(next, now_utilization, &self.tuning);
+        }
+        let utilization = if missed > 0 {
+            now_utilization
+        } else {
+            utilization
+        };
         for (i, level) in next.into_iter().enumerate() {
             self.levels[i].store(level, Ordering::Relaxed);
         }
@@ -224,5 +241,46 @@ mod tests {
         assert_eq!(c.level(Priority::Low), 0);
         assert_eq!(c.level(Priority::High), 0);
         assert!(!c.should_shed(Priority::Low));
+    }
+
+    #[test]
+    fn intervals_without_requests_are_caught_up() {
+        let levels = |c: &Controller| Priority::ALL.map(|p| c.level(p));
+        // A burst of 12 (120 %) that is over by the next request, two seconds later: that evaluation sees its peak,
+        // then the 19 idle intervals after it, in which shedding recedes to nothing.
+        let c = Controller::new(tuning());
+        for _ in 0..12 {
+            c.enter();
+        }
+        assert!(c.tick_at(0));
+        assert_eq!(levels(&c), [25; 4]);
+        for _ in 0..12 {
+            c.leave();
+        }
+        assert!(c.tick_at(2_000));
+        assert_eq!(levels(&c), [0; 4]);
+        assert!(!c.should_shed(Priority::Critical));
+
+        // The same burst still in flight two seconds later: a controller on a timer would have kept raising the
+        // levels all along, and this one ends where it would have.
+        let c = Controller::new(tuning());
+        for _ in 0..12 {
+            c.enter();
+        }
+        assert!(c.tick_at(0));
+        assert!(c.tick_at(2_000));
+        assert_eq!(levels(&c), [100; 4]);
+
+        // Requests that keep coming evaluate on time (or less than an interval late): nothing to catch up.
+        let c = Controller::new(tuning());
+        for _ in 0..8 {
+            c.enter();
+        }
+        assert!(c.tick_at(0));
+        assert_eq!(levels(&c), [0, 0, 25, 25]);
+        assert!(c.tick_at(150));
+        assert_eq!(levels(&c), [0, 0, 50, 50]);
+        assert!(c.tick_at(250));
+        assert_eq!(levels(&c), [0, 0, 75, 75]);
     }
 }

@@ -8,7 +8,9 @@
 //! - each class has a threshold; defaults: `Low` at 60 %, `Normal` at 75 %, `High` at 90 %, `Critical` at 100 % of
 //!   capacity, so `Low` is shed first, then `Normal`, then `High`, and `Critical` last;
 //! - the controller runs at most once per interval (default 100 ms, on the request path, no timer), on the peak
-//!   in-flight count since its last run, so bursts between runs count;
+//!   in-flight count since its last run, so bursts between runs count; intervals in which no request came are
+//!   caught up at the next one (on what is in flight then), so a quiet spell after a burst ends its shedding as
+//!   a timer would have, rather than leaving it for the next requests to meet;
 //! - at or above its threshold, a class's level rises by a step (default 25 points); it falls by a step only once
 //!   utilization is more than the hysteresis (default 10 points) below the threshold: shedding ramps up and back
 //!   down gradually and does not flap;
