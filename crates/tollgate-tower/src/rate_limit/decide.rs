@@ -22,6 +22,8 @@ pub(crate) enum Conclusion {
 pub(crate) struct Shared<K, St, C> {
     pub(crate) name: Name,
     pub(crate) policy: Policy,
+    /// The policy's announced window (`Quota::window`, a division): computed once, read by every verdict.
+    window: std::time::Duration,
     pub(crate) store: Arc<St>,
     pub(crate) key: K,
     pub(crate) cost: C,
@@ -60,6 +62,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         Self {
             name,
             policy,
+            window: policy.quota().window(),
             store,
             key,
             cost,
@@ -196,7 +199,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     fn verdict(&self, decision: Decision, mode: Mode) -> Verdict {
         Verdict {
             limiter: self.name.clone(),
-            window: self.policy.quota().window(),
+            window: self.window,
             decision,
             enforced: mode == Mode::Enforce,
         }
