@@ -415,6 +415,27 @@ async fn trusted_proxy_yields_the_real_client<St: Store>(store: Arc<St>) {
 }
 both_stores!(trusted_proxy, trusted_proxy_yields_the_real_client);
 
+async fn unmatched_paths_are_limited_as_one_route<St: Store>(store: Arc<St>) {
+    // Under `Router::layer` the fallback is limited too: its 404s keep their status, carry the headers, and share
+    // one bucket per client whatever the path; routes keep theirs.
+    let layer = RateLimitLayer::new("route", per_hour(2), store, (PeerIp, RouteKey));
+    let app = Router::new()
+        .route("/users/{id}", get(|| async { "user" }))
+        .layer(HttpLimitLayer::new(layer));
+    let addr = serve(app).await;
+    for (path, status, remaining) in [("/nope", 404, 1), ("/users/", 404, 0), ("/a/b/c", 429, 0)] {
+        let reply = http_get(addr, path, &[]).await;
+        assert_eq!(reply.status, status, "{path}: {reply:#?}");
+        assert_eq!(reply.num("x-ratelimit-remaining"), remaining, "{path}");
+    }
+    for (path, remaining) in [("/users/1", 1), ("/users/2", 0)] {
+        let reply = http_get(addr, path, &[]).await;
+        assert_eq!(reply.status, 200, "{path}: {reply:#?}");
+        assert_eq!(reply.num("x-ratelimit-remaining"), remaining, "{path}");
+    }
+}
+both_stores!(unmatched, unmatched_paths_are_limited_as_one_route);
+
 async fn ipv6_clients_are_limited_by_their_network<St: Store>(store: Arc<St>) {
     // One client given 2001:db8:0:7::/64 can send each request from another address of it: one bucket, unless
     // the limiter is told to key every address apart.

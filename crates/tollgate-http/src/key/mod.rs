@@ -5,13 +5,13 @@
 //! | [`PeerIp`] | the connection's peer address (IPv6: its /64 network) |
 //! | [`ClientIp`] | the client address behind trusted proxies ([`Cidr`]s), else the peer (IPv6: its network, /64 unless [`ClientIp::ipv6_prefix`] says otherwise) |
 //! | [`HeaderKey`] | a header such as an API key, as a SHA-256 digest |
-//! | [`RouteKey`] | method and matched route template |
+//! | [`RouteKey`] | method and matched route template; requests that matched no route (404s) as one |
 //! | tuples, e.g. `(ClientIp, RouteKey)` | each client per route |
 //!
 //! IPv6 clients are keyed by network because one client is given a whole /64 and may send every request from
 //! another address of it; IPv4-mapped IPv6 peers are the IPv4 client they map.
 //!
-//! A missing source (no `ConnectInfo`, no header, no matched route) is a [`KeyError`](tollgate_tower::KeyError):
+//! A missing source (no `ConnectInfo`, no header) is a [`KeyError`](tollgate_tower::KeyError):
 //! the adapter answers 500 with the reason, rather than counting the request against a silent global bucket.
 
 mod cidr;
