@@ -13,7 +13,8 @@ const UNMATCHED: &str = "<unmatched>";
 /// Requests that match no route (under `Router::layer`, axum's fallback: the 404s of typos and scanners) share
 /// one key, `<unmatched>`, with no method: they are limited too, and no choice of path or method gives a fresh
 /// bucket. For the same reason a method outside HTTP's standard nine (which a route served by `any` accepts)
-/// is keyed as `OTHER`. Around the whole router (outside routing) no request has matched a route yet, so every
+/// is keyed as `OTHER`, and `HEAD` as `GET`: axum answers it with the `GET` handler, so it costs what a `GET`
+/// costs, and a client alternating the two would otherwise double its quota. Around the whole router (outside routing) no request has matched a route yet, so every
 /// request would be `<unmatched>`: apply the layer inside the router.
 ///
 /// ```
@@ -51,11 +52,14 @@ impl<B> KeyExtractor<Request<B>> for RouteKey {
     }
 }
 
-/// A standard method by its name, any other as `OTHER`: a client cannot mint keys by inventing methods.
+/// A standard method by its name (`HEAD` as `GET`), any other as `OTHER`: a client cannot mint keys by inventing
+/// methods.
 fn method_key(method: &Method) -> &str {
-    const STANDARD: [Method; 9] = [
+    if method == Method::HEAD {
+        return Method::GET.as_str();
+    }
+    const STANDARD: [Method; 8] = [
         Method::GET,
-        Method::HEAD,
         Method::POST,
         Method::PUT,
         Method::DELETE,
@@ -123,6 +127,7 @@ mod tests {
     fn routes_by_method_and_template_and_the_rest_as_one() {
         assert_eq!(key("GET", Some("/users/{id}")), "GET /users/{id}");
         assert_eq!(key("DELETE", Some("/users/{id}")), "DELETE /users/{id}");
+        assert_eq!(key("HEAD", Some("/users/{id}")), "GET /users/{id}");
         assert_eq!(key("BREW", Some("/users/{id}")), "OTHER /users/{id}");
         assert_eq!(key("get", Some("/users/{id}")), "OTHER /users/{id}");
         assert_eq!(key("GET", None), "<unmatched>");
