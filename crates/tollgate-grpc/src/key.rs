@@ -88,8 +88,8 @@ impl<B> KeyExtractor<http::Request<B>> for MetadataKey {
 ///
 /// The port is left out: a client opening several connections is still one client. An IPv6 peer is keyed by its
 /// /64 network, the block one client can pick any address from (see
-/// [`client_network`](tollgate_tower::key::client_network)); for another grouping, key with a
-/// [`KeyFn`](tollgate_tower::KeyFn) and [`push_client_ip`](tollgate_tower::key::push_client_ip).
+/// [`client_network`]); for another grouping, key with a
+/// [`KeyFn`](tollgate_tower::KeyFn) and [`push_client_ip`].
 ///
 /// Behind TLS, tonic records `TlsConnectInfo<TcpConnectInfo>` instead (with its TLS features); read it with a
 /// [`KeyFn`](tollgate_tower::KeyFn). Behind a proxy the peer is the proxy: key by a metadata entry the proxy sets and
