@@ -14,6 +14,11 @@
 //! ```
 #![forbid(unsafe_code)]
 
+// The README's examples compile and run with the doctests, so they cannot drift from the API.
+#[cfg(all(doctest, feature = "axum"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
+
 pub use tollgate_core::*;
 
 #[cfg(feature = "redis")]
