@@ -118,6 +118,36 @@ async fn eval(
     }
 }
 
+/// Runs one script on a pooled connection; the outer error is the pool's (no connection to be had).
+async fn run_pooled(
+    pool: &Pool,
+    script: &Script,
+    key: &str,
+    args: &[String],
+) -> Result<redis::RedisResult<Value>, BackendError> {
+    // The pooled connection is multiplexed: take a handle and return it to the pool at once, so concurrent
+    // decisions share sockets and their commands are pipelined by redis-rs.
+    let (mut multiplexed, broken) = {
+        let conn = pool.get().await.map_err(|e| match e {
+            managed::PoolError::Backend(e) => classify(e),
+            other => BackendError::Pool(other.to_string()),
+        })?;
+        (conn.conn.clone(), Arc::clone(&conn.broken))
+    };
+    // Cancellation (the store's timeout) leaves the guard armed: a connection that stopped answering is replaced
+    // rather than handed to the next caller. So is one to a server that became a replica (`READONLY`: a failover
+    // demoted it): the new connection resolves the host name again and may reach the new primary.
+    let guard = BreakOnDrop(&broken);
+    let result = eval(&mut multiplexed, script, key, args).await;
+    let replace = matches!(&result, Err(e) if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_unrecoverable_error()
+        || e.is_timeout()
+        || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly));
+    guard.disarm(replace);
+    Ok(result)
+}
+
 /// Classifies a Redis error: `READONLY` gets its own variant so that callers (and logs) see at once that the
 /// store was pointed at a replica.
 fn classify(e: redis::RedisError) -> BackendError {
@@ -138,24 +168,18 @@ impl Backend {
     ) -> Result<Value, BackendError> {
         match self {
             Self::Standalone(pool) => {
-                // The pooled connection is multiplexed: take a handle and return it to the pool at once, so
-                // concurrent decisions share sockets and their commands are pipelined by redis-rs.
-                let (mut multiplexed, broken) = {
-                    let conn = pool.get().await.map_err(|e| match e {
-                        managed::PoolError::Backend(e) => classify(e),
-                        other => BackendError::Pool(other.to_string()),
-                    })?;
-                    (conn.conn.clone(), Arc::clone(&conn.broken))
+                let result = match run_pooled(pool, script, key, args).await? {
+                    // The server (or a proxy, a load balancer) closed a connection that sat idle: the command
+                    // failed on the way out. One retry on a fresh connection, within the caller's timeout, as
+                    // Redis clients do; without it every quiet spell cost a decision to the failure policy.
+                    // (A connection reset after the command was sent may have run it: then one request counts
+                    // twice, which beats failing it.)
+                    Err(e) if e.is_connection_dropped() => {
+                        tracing::debug!(error = %e, "Redis connection dropped; retrying on a new one");
+                        run_pooled(pool, script, key, args).await?
+                    }
+                    other => other,
                 };
-                // Cancellation (the store's timeout) leaves the guard armed: a connection that stopped answering
-                // is replaced rather than handed to the next caller.
-                let guard = BreakOnDrop(&broken);
-                let result = eval(&mut multiplexed, script, key, args).await;
-                let transport = matches!(&result, Err(e) if e.is_io_error()
-                    || e.is_connection_dropped()
-                    || e.is_unrecoverable_error()
-                    || e.is_timeout());
-                guard.disarm(transport);
                 result.map_err(classify)
             }
             Self::Cluster(conn) => eval(&mut conn.clone(), script, key, args)

@@ -244,6 +244,56 @@ async fn a_replica_answers_readonly_which_is_reported_and_handled_by_the_failure
     assert_eq!(primary.cli(&["DBSIZE"]), "0");
 }
 
+/// Connections the server has accepted so far (counting the one `redis-cli` opens to ask).
+fn connections_received(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["INFO", "stats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO stats has total_connections_received")
+}
+
+#[tokio::test]
+async fn a_connection_the_server_closed_while_idle_costs_no_decision() {
+    // `timeout 1`: the server drops a client idle for a second, as proxies and load balancers do after theirs.
+    let server = RedisServer::start_with(&["--timeout", "1"]);
+    let store = fault_store(&server, FailurePolicy::Closed).await;
+    let policy = common::hourly_bucket(10);
+    for remaining in [9, 8, 7] {
+        let d = store.try_check("k", &policy, 1).await.unwrap();
+        assert_eq!(d.remaining, remaining);
+        // Long enough for the server to close the idle connection (it checks its clients about every 100 ms).
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+    }
+    assert_eq!(store.circuit_state(), CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn a_primary_demoted_to_replica_has_its_connection_replaced() {
+    // A failover turns the primary into a replica and keeps its clients connected: every decision is READONLY
+    // until the connection is made again (to the host name, which the failover may now point elsewhere).
+    let primary = RedisServer::start();
+    let other = RedisServer::start();
+    let store = fault_store(&primary, FailurePolicy::Closed).await;
+    let policy = common::hourly_bucket(3);
+    assert_eq!(store.try_check("k", &policy, 1).await.unwrap().remaining, 2);
+    let port = other.url().rsplit(':').next().unwrap().to_owned();
+    assert_eq!(primary.cli(&["REPLICAOF", "127.0.0.1", &port]), "OK");
+    let before = connections_received(&primary);
+    for _ in 0..2 {
+        let err = store.try_check("k", &policy, 1).await.unwrap_err();
+        let backend = err.source().and_then(|s| s.downcast_ref::<BackendError>());
+        assert!(matches!(backend, Some(BackendError::ReadOnly(_))), "{err}");
+    }
+    // Less the one `redis-cli` opens to ask.
+    let made = connections_received(&primary) - before - 1;
+    assert!(
+        made >= 1,
+        "the connection that answered READONLY was used again"
+    );
+}
+
 #[tokio::test]
 async fn the_eviction_policy_is_checked_at_start_up() {
     let safe = RedisServer::start();
