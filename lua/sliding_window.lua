@@ -58,6 +58,8 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- The key's TTL counts from the server's time, even when a step back makes the decision use a later one.
+local server_now = now
 local start = now - imod(now, period)
 local previous, current = 0, 0
 local stored = redis.call('HMGET', key, 'window_start', 'previous', 'current')
@@ -114,7 +116,7 @@ if outcome == 0 then
   -- differs.
   if reset > now or stored[1] then
     redis.call('HSET', key, 'window_start', int(start), 'previous', int(previous), 'current', int(current))
-    redis.call('PEXPIRE', key, int(math.max(div_ceil(reset - now, 1000), min_ttl_ms)))
+    redis.call('PEXPIRE', key, int(math.max(div_ceil(reset - server_now, 1000), min_ttl_ms)))
   end
 end
 return {outcome, remaining, reset, retry_after, now}

@@ -351,6 +351,43 @@ async fn every_key_has_the_policy_derived_ttl() {
 }
 
 #[tokio::test]
+async fn a_window_decided_after_a_clock_step_back_lives_until_its_reset() {
+    // After a step back the window decides as of its stored start, a later instant than the server's; its key
+    // must still live until the reset in the server's time, as the in-process store keeps it, not expire as
+    // much earlier as the clock stepped back.
+    let store = common::store(&redis_url(), "step-back").await;
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let window = Policy::sliding_window(Quota::per_hour(10).unwrap()).unwrap();
+    let hour = 3_600_000_000_u64;
+    let window_start = Timestamp::from_micros(1_700_000_000_000_000 / hour * hour + hour);
+    let at = |offset: i64| {
+        Timestamp::from_micros(window_start.as_micros().checked_add_signed(offset).unwrap())
+    };
+    let first = store
+        .try_check_at("c", &window, 1, at(10_000_000))
+        .await
+        .unwrap();
+    assert!(first.is_allowed());
+    // An hour back: into the previous window.
+    let stepped = store
+        .try_check_at("c", &window, 1, at(10_000_000 - 3_600_000_000))
+        .await
+        .unwrap();
+    assert!(stepped.is_allowed());
+    assert_eq!(stepped.reset, first.reset, "the stored window decides");
+    let key = store.redis_key("c", Algorithm::SlidingWindowCounter);
+    let pttl: i64 = conn.pttl(&key).await.unwrap();
+    // The reset is two hours after the window's start; the server's time (the injected one) is 59 min 50 s
+    // before that start: 3 h less 10 s.
+    let until_reset = 3 * 3_600_000 - 10_000;
+    assert!(
+        pttl <= until_reset && pttl > until_reset - 5_000,
+        "PTTL {pttl} ms, the reset is {until_reset} ms away"
+    );
+}
+
+#[tokio::test]
 async fn bad_builder_settings_are_errors() {
     for ns in ["", "has space", "{tag}", &"n".repeat(65)] {
         let err = RedisStore::builder(redis_url())
