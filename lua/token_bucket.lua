@@ -61,7 +61,8 @@ if stored[1] and tonumber(stored[1]) > now then
 end
 -- A clock that stepped back could make the deficit exceed the bucket: an empty bucket is the most owed. (Past
 -- 2^53 the product loses precision, but any such product exceeds the capacity, so the minimum is exact.)
-local deficit = math.min((full_at - now) * rate - remainder, capacity)
+-- A remainder above what is owed is state from another quota (a limit changed under a running key): nothing owed.
+local deficit = math.min(math.max((full_at - now) * rate - remainder, 0), capacity)
 
 if cost > burst then
   local remaining = idiv(capacity - deficit, token)

@@ -351,6 +351,48 @@ async fn every_key_has_the_policy_derived_ttl() {
 }
 
 #[tokio::test]
+async fn state_left_by_another_quota_is_decided_alike_by_lua_and_rust() {
+    // A limit changed under a running key (a redeploy) leaves a bucket written in the old quota's units: a
+    // remainder above what the new quota owes, or a refill instant far beyond its bucket. Both stores must read it
+    // the same way, and neither may fail on it.
+    let store = common::store(&redis_url(), "foreign").await;
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let now = Timestamp::from_micros(1_700_000_000_000_000);
+    let policy = Policy::token_bucket(Quota::per_second(1_000).unwrap());
+    let states = [
+        TokenBucketState {
+            full_at: now.as_micros() + 1,
+            remainder: 999_999,
+        },
+        TokenBucketState {
+            full_at: now.as_micros() + 10,
+            remainder: 10_000,
+        },
+        TokenBucketState {
+            full_at: now.as_micros() + 3_600_000_000,
+            remainder: 0,
+        },
+    ];
+    for (i, state) in states.into_iter().enumerate() {
+        let key = format!("k{i}");
+        let redis_key = store.redis_key(&key, Algorithm::TokenBucket);
+        let _: () = conn
+            .hset_multiple(
+                &redis_key,
+                &[("full_at", state.full_at), ("remainder", state.remainder)],
+            )
+            .await
+            .unwrap();
+        let _: () = conn.expire(&redis_key, 3_600).await.unwrap();
+        let from_redis = store.try_check_at(&key, &policy, 1, now).await.unwrap();
+        let expected = token_bucket::decide(Some(state), &policy.quota(), 1, now).decision;
+        assert_eq!(from_redis, expected, "state {state:?}");
+        assert!(from_redis.remaining <= from_redis.limit, "{from_redis:?}");
+    }
+}
+
+#[tokio::test]
 async fn a_window_decided_after_a_clock_step_back_lives_until_its_reset() {
     // After a step back the window decides as of its stored start, a later instant than the server's; its key
     // must still live until the reset in the server's time, as the in-process store keeps it, not expire as

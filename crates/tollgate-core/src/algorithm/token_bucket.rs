@@ -41,7 +41,9 @@ pub fn decide(
     // bucket is the most that can be owed. (Lua's doubles cannot overflow; past 2^53 they only lose precision, and
     // any such product exceeds the capacity anyway.)
     let deficit = match (full_at - now).checked_mul(rate) {
-        Some(owed) => (owed - remainder).min(capacity),
+        // A remainder above what is owed is state from another quota (a limit changed under a running key): it
+        // owes nothing, rather than underflowing.
+        Some(owed) => owed.saturating_sub(remainder).min(capacity),
         None => capacity,
     };
     let decision = |outcome, remaining, reset, retry_after| Decision {
