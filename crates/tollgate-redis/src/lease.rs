@@ -39,11 +39,16 @@ fn scripts() -> &'static LeaseScripts {
     })
 }
 
-/// Lease lifetimes are whole milliseconds, at least one.
+/// The longest lease the scripts are given, in milliseconds (a year): the server's time plus it must stay an exact
+/// integer in Lua's doubles, or the expiry instant turns negative and `PEXPIREAT` deletes the lease it just
+/// granted.
+const MAX_TTL_MS: u64 = 365 * 24 * 60 * 60 * 1_000;
+
+/// Lease lifetimes are whole milliseconds, at least one and at most [`MAX_TTL_MS`].
 fn ttl_ms(ttl: Duration) -> String {
     u64::try_from(ttl.as_millis())
         .unwrap_or(u64::MAX)
-        .max(1)
+        .clamp(1, MAX_TTL_MS)
         .to_string()
 }
 

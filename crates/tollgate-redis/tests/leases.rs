@@ -11,6 +11,29 @@ use tollgate_testkit::redis::{cli_url, redis_url};
 const LONG: Duration = Duration::from_secs(30);
 
 #[tokio::test]
+async fn a_lease_time_beyond_any_use_is_a_year_not_a_lease_deleted_as_it_is_granted() {
+    let store = common::store(&redis_url(), "lease-huge").await;
+    let (a, b) = (LeaseId::new(), LeaseId::new());
+    assert!(
+        store
+            .acquire("k", a, 1, Duration::MAX)
+            .await
+            .unwrap()
+            .granted
+    );
+    // Recorded: the limit of one holds.
+    let second = store.acquire("k", b, 1, Duration::MAX).await.unwrap();
+    assert!(!second.granted);
+    assert_eq!(second.in_flight, 1);
+    let ttl: i64 = cli_url(&redis_url(), &["PTTL", &store.lease_key("k")])
+        .parse()
+        .unwrap();
+    let year_ms = 365 * 24 * 3_600_000;
+    assert!(ttl > year_ms - 60_000 && ttl <= year_ms, "PTTL {ttl} ms");
+    store.release("k", a).await.unwrap();
+}
+
+#[tokio::test]
 async fn two_stores_share_one_limit_and_release_frees_a_slot() {
     let url = redis_url();
     let a = common::store(&url, "lease-share").await;

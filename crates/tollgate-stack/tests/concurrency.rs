@@ -43,6 +43,28 @@ fn layer<L: LeaseStore>(limit: u64, store: Arc<L>) -> ConcurrencyLimitLayer<Head
     ConcurrencyLimitLayer::new("in-flight", limit, store, client_key()).unwrap()
 }
 
+#[test]
+fn lease_times_from_3_ms_to_a_day_are_accepted_and_others_are_config_errors() {
+    let store = Arc::new(MemoryLeaseStore::new());
+    for ttl in [
+        Duration::from_millis(3),
+        tollgate_stack::concurrency::MAX_LEASE_TTL,
+    ] {
+        assert!(layer(1, store.clone()).lease_ttl(ttl).is_ok(), "{ttl:?}");
+    }
+    for (ttl, why) in [
+        (Duration::from_millis(2), "too short"),
+        (
+            tollgate_stack::concurrency::MAX_LEASE_TTL + Duration::from_millis(1),
+            "too long",
+        ),
+        (Duration::MAX, "too long"),
+    ] {
+        let err = layer(1, store.clone()).lease_ttl(ttl).unwrap_err();
+        assert!(err.to_string().contains(why), "{ttl:?}: {err}");
+    }
+}
+
 /// Holds `n` requests of ann on `/hold` and returns their tasks once all are inside the handler.
 async fn hold(
     addr: std::net::SocketAddr,

@@ -13,6 +13,9 @@ use crate::ConfigError;
 
 /// How long a shared lease lives unless renewed (default): a crashed instance's requests stop counting after it.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+/// The longest lease time accepted: a lease is renewed while its request runs, so its time only says how long a
+/// crashed holder keeps counting.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The retry delay a rejection announces (default): in-flight capacity frees up as requests finish.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -126,11 +129,18 @@ impl<R, L> LeaseLimitLayer<R, L> {
     /// How long a shared lease lives unless renewed (renewed every third of it while the request runs).
     ///
     /// # Errors
-    /// If `ttl` is shorter than 3 ms (renewals could not keep up).
+    /// If `ttl` is shorter than 3 ms (renewals could not keep up) or longer than [`MAX_LEASE_TTL`].
     pub fn lease_ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
         if ttl < Duration::from_millis(3) {
             return Err(ConfigError::new(format!(
                 "{:?}: a lease time of {ttl:?} is too short (at least 3 ms)",
+                self.settings.name
+            )));
+        }
+        if ttl > MAX_LEASE_TTL {
+            return Err(ConfigError::new(format!(
+                "{:?}: a lease time of {ttl:?} is too long (at most {MAX_LEASE_TTL:?}: a crashed holder would \
+                 count that long)",
                 self.settings.name
             )));
         }

@@ -57,7 +57,9 @@ mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub use layer::{ConcurrencyLimitLayer, DEFAULT_LEASE_TTL, DEFAULT_RETRY_AFTER, LeaseLimitLayer};
+pub use layer::{
+    ConcurrencyLimitLayer, DEFAULT_LEASE_TTL, DEFAULT_RETRY_AFTER, LeaseLimitLayer, MAX_LEASE_TTL,
+};
 pub use service::ConcurrencyLimit;
 
 pub(crate) use decide::Settings;
