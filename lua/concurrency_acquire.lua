@@ -2,7 +2,8 @@
 -- Cleanup, count, admission and TTL happen here, atomically (Stripe's published limiter cleaned up outside
 -- its script and set no TTL, so a dead instance's leases and idle keys lived forever).
 --
--- KEYS[1]  the key's lease set: a sorted set, member = lease id, score = lease expiry (ms, server time)
+-- KEYS[1]  the key's lease set: a sorted set, member = lease id, score = lease expiry (ms, server time); a
+--          negative score is a tombstone (see concurrency_release.lua), expiring at minus its score
 -- ARGV[1]  lease id (unique per request)
 -- ARGV[2]  limit    the ceiling this request is checked against (the fleet shedder's depends on priority)
 -- ARGV[3]  ttl_ms   how long the lease lives unless renewed: the backstop when an instance dies holding it
@@ -22,14 +23,22 @@ local ttl_ms = tonumber(ARGV[3])
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
--- Leases whose expiry has passed belong to requests whose instance stopped renewing them (a crash).
-redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_ms))
-local in_flight = redis.call('ZCARD', key)
+-- Leases whose expiry has passed belong to requests whose instance stopped renewing them (a crash); tombstones
+-- whose expiry has passed have no acquire left to stop. Both have scores in [-now, now].
+redis.call('ZREMRANGEBYSCORE', key, int(-now_ms), int(now_ms))
+local in_flight = redis.call('ZCOUNT', key, '(0', '+inf')
+local tombstone = redis.call('ZSCORE', key, lease)
+if tombstone then
+  -- Released before it got here (its holder gave up waiting for this reply, during a stall): never granted.
+  redis.call('ZREM', key, lease)
+  return {0, in_flight}
+end
 if in_flight >= limit then
   return {0, in_flight}
 end
 redis.call('ZADD', key, int(now_ms + ttl_ms), lease)
--- The key lives exactly as long as its longest lease: an idle key disappears by itself.
+-- The key lives exactly as long as its longest lease or tombstone: an idle key disappears by itself.
 local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-redis.call('PEXPIREAT', key, int(tonumber(last[2])))
+local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+redis.call('PEXPIREAT', key, int(math.max(tonumber(last[2]), -tonumber(first[2]))))
 return {1, in_flight + 1}

@@ -18,8 +18,8 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local expiry = redis.call('ZSCORE', key, lease)
-if not expiry then
-  return 0
+if not expiry or tonumber(expiry) < 0 then
+  return 0 -- gone, or a tombstone (released): never brought back
 end
 if tonumber(expiry) <= now_ms then
   redis.call('ZREM', key, lease)
@@ -27,5 +27,6 @@ if tonumber(expiry) <= now_ms then
 end
 redis.call('ZADD', key, 'XX', int(now_ms + ttl_ms), lease)
 local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-redis.call('PEXPIREAT', key, int(tonumber(last[2])))
+local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+redis.call('PEXPIREAT', key, int(math.max(tonumber(last[2]), -tonumber(first[2]))))
 return 1

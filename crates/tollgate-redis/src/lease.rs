@@ -44,6 +44,10 @@ fn scripts() -> &'static LeaseScripts {
 /// granted.
 const MAX_TTL_MS: u64 = 365 * 24 * 60 * 60 * 1_000;
 
+/// How long a release that found no lease keeps that lease's acquire from being granted, should it land late (see
+/// `lua/concurrency_release.lua`): the acquire was sent before the release, so it runs within a stall of it.
+const TOMBSTONE_MS: u64 = 60_000;
+
 /// Lease lifetimes are whole milliseconds, at least one and at most [`MAX_TTL_MS`].
 fn ttl_ms(ttl: Duration) -> String {
     u64::try_from(ttl.as_millis())
@@ -133,7 +137,7 @@ impl LeaseStore for RedisStore {
         lease: LeaseId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let redis_key = self.lease_key(key);
-        let args = [lease.to_string()];
+        let args = [lease.to_string(), TOMBSTONE_MS.to_string()];
         async move {
             self.run_script(&scripts().release, &redis_key, &args, |reply| {
                 ints(reply).map(drop)

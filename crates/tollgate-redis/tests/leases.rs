@@ -11,6 +11,39 @@ use tollgate_testkit::redis::{cli_url, redis_url};
 const LONG: Duration = Duration::from_secs(30);
 
 #[tokio::test]
+async fn a_lease_released_before_its_acquire_lands_is_never_granted() {
+    // A caller whose acquire timed out during a stall releases at once; the acquire, sent first, may still run
+    // when the server wakes. The release leaves a tombstone that refuses it, counts as no lease, and cannot be
+    // renewed back to life.
+    let url = redis_url();
+    let store = common::store(&url, "lease-tombstone").await;
+    let key = store.lease_key("k");
+    let (late, other) = (LeaseId::new(), LeaseId::new());
+    store.release("k", late).await.unwrap();
+    let ttl: i64 = cli_url(&url, &["PTTL", &key]).parse().unwrap();
+    assert!(
+        ttl > 50_000 && ttl <= 60_000,
+        "the tombstone keeps the key alive: PTTL {ttl} ms"
+    );
+    let refused = store.acquire("k", late, 1, LONG).await.unwrap();
+    assert!(!refused.granted);
+    assert_eq!(refused.in_flight, 0, "a tombstone is not a lease");
+    // Refused once, the tombstone is gone, and the slot was never taken.
+    let granted = store.acquire("k", other, 1, LONG).await.unwrap();
+    assert!(granted.granted);
+    assert_eq!(granted.in_flight, 1);
+    store.release("k", other).await.unwrap();
+    store.release("k", late).await.unwrap();
+    assert!(
+        !store.renew("k", late, LONG).await.unwrap(),
+        "a tombstone is not renewed"
+    );
+    assert!(store.acquire("k", other, 1, LONG).await.unwrap().granted);
+    assert_eq!(cli_url(&url, &["ZCOUNT", &key, "(0", "+inf"]), "1");
+    store.release("k", other).await.unwrap();
+}
+
+#[tokio::test]
 async fn a_lease_time_beyond_any_use_is_a_year_not_a_lease_deleted_as_it_is_granted() {
     let store = common::store(&redis_url(), "lease-huge").await;
     let (a, b) = (LeaseId::new(), LeaseId::new());

@@ -3,11 +3,14 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tollgate_core::lease::{LeaseId, LeaseStore};
+
+/// How long a shared store's release is retried before the lease is left to expire.
+const RELEASE_RETRIES_FOR: Duration = Duration::from_secs(60);
 
 /// Holds `lease` on `key` in `store` until dropped.
 pub(crate) struct LeaseGuard<L: LeaseStore> {
@@ -111,12 +114,29 @@ impl<L: LeaseStore> Drop for LeaseGuard<L> {
         let key = std::mem::take(&mut self.key);
         let lease = self.lease;
         let mut release = Box::pin(async move {
-            if let Err(err) = store.release(&key, lease).await {
-                tracing::debug!(key, error = %err, "releasing a concurrency lease failed; it expires instead");
+            // A shared store's release is retried while it fails (a stall, an open circuit that skips it): a lease
+            // not given back holds its slot until it expires, and one whose acquire timed out may be granted
+            // when the stall ends with nobody left to give it back but this release (the store refuses a lease
+            // released before it was acquired).
+            let give_up = Instant::now() + RELEASE_RETRIES_FOR;
+            let mut pause = Duration::from_millis(50);
+            loop {
+                match store.release(&key, lease).await {
+                    Ok(()) => return,
+                    Err(err) if shared && Instant::now() + pause < give_up => {
+                        tracing::debug!(key, error = %err, "releasing a concurrency lease failed; retrying");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
+                    Err(err) => {
+                        tracing::debug!(key, error = %err, "releasing a concurrency lease failed; it expires instead");
+                        return;
+                    }
+                }
             }
         });
-        // In-process stores release at once; a shared store's release is finished by a task (best effort: the
-        // lease's expiry is the backstop), so a dropped response never waits for Redis.
+        // In-process stores release at once; a shared store's release is finished by a task, so a dropped
+        // response never waits for Redis.
         let pending = release
             .as_mut()
             .poll(&mut Context::from_waker(Waker::noop()))

@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,109 @@ fn ann_key(name: &str) -> String {
 
 fn layer<L: LeaseStore>(limit: u64, store: Arc<L>) -> ConcurrencyLimitLayer<HeaderKey, L> {
     ConcurrencyLimitLayer::new("in-flight", limit, store, client_key()).unwrap()
+}
+
+/// A shared lease store whose every acquire times out; counts the releases it is asked for.
+#[derive(Default)]
+struct TimingOut {
+    releases: std::sync::atomic::AtomicUsize,
+}
+
+impl LeaseStore for TimingOut {
+    fn leases_expire(&self) -> bool {
+        true
+    }
+
+    fn acquire(
+        &self,
+        _: &str,
+        _: LeaseId,
+        _: u64,
+        _: Duration,
+    ) -> impl Future<Output = Result<tollgate_core::lease::Admission, tollgate_core::StoreError>> + Send
+    {
+        std::future::ready(Err(tollgate_core::StoreError::Timeout(
+            Duration::from_millis(50),
+        )))
+    }
+
+    fn renew(
+        &self,
+        _: &str,
+        _: LeaseId,
+        _: Duration,
+    ) -> impl Future<Output = Result<bool, tollgate_core::StoreError>> + Send {
+        std::future::ready(Ok(true))
+    }
+
+    fn release(
+        &self,
+        _: &str,
+        _: LeaseId,
+    ) -> impl Future<Output = Result<(), tollgate_core::StoreError>> + Send {
+        self.releases
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::future::ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_timed_out_acquire_is_released_once() -> Result<(), BoxError> {
+    // Twice was one more Redis call per request while Redis is slow, each counting towards the circuit breaker.
+    let store = Arc::new(TimingOut::default());
+    let layer = layer(1, store.clone()).on_store_error(tollgate_core::FailurePolicy::Open);
+    let svc = tower::ServiceBuilder::new()
+        .layer(HttpLimitLayer::new(layer))
+        .service_fn(|_: http::Request<String>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+        });
+    let req = http::Request::builder()
+        .header("x-client", "ann")
+        .body(String::new())?;
+    let response = svc.oneshot(req).await?;
+    assert_eq!(response.status(), 200, "failed open");
+    drop(response);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(store.releases.load(std::sync::atomic::Ordering::SeqCst), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_stall_leaves_no_lease_behind() {
+    // An acquire that times out while Redis is stopped still runs when it resumes. Its release is sent at once,
+    // when the circuit breaker (opened by that very timeout, at a threshold of one) skips it: it must be retried
+    // until Redis answers, or the late lease holds ann's only slot for the whole lease time with nobody to give
+    // it back.
+    let server = tollgate_testkit::redis::RedisServer::start();
+    let store = Arc::new(
+        tollgate_redis::RedisStore::builder(server.url())
+            .namespace(unique_prefix("stall"))
+            .timeout(Duration::from_millis(50))
+            .circuit_breaker(1, Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap(),
+    );
+    let gate = Gate::new();
+    let limited = layer(1, store.clone())
+        .on_store_error(tollgate_core::FailurePolicy::Closed)
+        .lease_ttl(Duration::from_secs(30))
+        .unwrap();
+    let addr = serve(app(&gate, |r| r.layer(HttpLimitLayer::new(limited)))).await;
+    assert_eq!(get(addr, "/fast", ANN).await.status, 200);
+    server.pause();
+    assert_eq!(
+        get(addr, "/fast", ANN).await.status,
+        503,
+        "fails closed while Redis is stopped"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.resume();
+    // The acquire sent during the stall has run by now, or runs with the next command on its connection.
+    eventually(addr, "/fast", ANN, 200).await;
+    let lease_key = store.lease_key(&ann_key("in-flight"));
+    let live = server.cli(&["ZCOUNT", &lease_key, "(0", "+inf"]);
+    assert_eq!(live, "0", "a lease outlived the stall");
 }
 
 #[test]

@@ -79,8 +79,11 @@ impl<R, L: LeaseStore> Shared<R, L> {
             .then(|| LeaseGuard::unrenewed(self.store.clone(), key.clone(), lease));
         let result = self.store.acquire(&key, lease, limit, ttl).await;
         match (&result, in_doubt) {
-            // The reply was lost, not the request: the lease may be held, so release it.
-            (Err(StoreError::Timeout(_)), Some(guard)) => drop(guard),
+            // The reply was lost (a timeout, a dropped connection), not necessarily the request: the lease may be
+            // held, or be granted once a stalled server wakes, so release it (the store refuses a lease released
+            // before it was acquired). Only a skipped call (an open circuit) surely sent nothing.
+            (Err(StoreError::CircuitOpen), Some(guard)) => guard.disarm(),
+            (Err(_), Some(guard)) => drop(guard),
             (_, Some(guard)) => guard.disarm(),
             (_, None) => {}
         }
@@ -140,15 +143,6 @@ impl<R, L: LeaseStore> Shared<R, L> {
                 failure_policy = policy.as_str(),
                 "lease store failed; applying the failure policy"
             );
-        }
-        if matches!(err, StoreError::Timeout(_)) {
-            // The script may have run and only its reply been lost: give the lease back rather than let it
-            // count until it expires.
-            drop(LeaseGuard::unrenewed(
-                self.store.clone(),
-                key.clone(),
-                lease,
-            ));
         }
         match (policy, &self.fallback) {
             (FailurePolicy::Open, _) => {
