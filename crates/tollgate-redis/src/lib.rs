@@ -15,9 +15,15 @@
 //! - **Concurrency leases**: [`RedisStore`] is also a [`LeaseStore`](tollgate_core::lease::LeaseStore): each key's
 //!   in-flight requests are a sorted set `<namespace>:{<key>}:inflight` of lease ids scored by expiry (server
 //!   time); `lua/concurrency_acquire.lua` removes expired leases, counts, admits and sets the key's TTL to its
-//!   longest lease in one script, so a crashed instance's leases expire and idle keys vanish.
+//!   longest lease in one script, so a crashed instance's leases expire and idle keys vanish. A release that finds
+//!   no lease leaves a short-lived tombstone, so an acquire that lands after it (its caller timed out during a
+//!   stall and released at once) is refused instead of holding a slot nobody will give back.
 //! - **Primaries only**: pointed at a replica, Redis answers `READONLY`, reported as
-//!   [`BackendError::ReadOnly`] and handled by the failure policy.
+//!   [`BackendError::ReadOnly`] and handled by the failure policy; the connection is then made again (after a
+//!   failover the host name may point at the new primary). A connection the server or a proxy closed while idle
+//!   is retried once on a new one.
+//! - **Redis 5 or later**: the scripts write after reading `TIME`, which needs effects replication (the default
+//!   from Redis 5).
 //! - **Start-up check**: `maxmemory-policy` other than `noeviction` (or unreadable) is logged loudly, and the result
 //!   is kept in [`RedisStore::eviction_check`].
 //! - **Failure policy**: every call is bounded by a timeout (default 50 ms); 5 consecutive failures open a circuit
