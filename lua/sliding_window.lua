@@ -58,7 +58,8 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- The key's TTL counts from the server's time, even when a step back makes the decision use a later one.
+-- After a clock step back the window decides as of its stored start, a later instant than the server's time;
+-- retry delays, the decision's instant and the key's TTL still count from the server's time.
 local server_now = now
 local start = now - imod(now, period)
 local previous, current = 0, 0
@@ -95,7 +96,7 @@ else
     -- In the next window, where this window's count becomes the previous one.
     admit_at = start + period + (ticks - idiv((limit - cost) * ticks, current)) * tick
   end
-  retry_after = admit_at - now
+  retry_after = admit_at - server_now
 end
 local used = current * ticks + previous * (ticks - elapsed)
 local remaining = 0
@@ -108,7 +109,7 @@ if current > 0 then
 elseif previous > 0 then
   reset = start + period
 else
-  reset = now
+  reset = server_now
 end
 if outcome == 0 then
   -- The state lives exactly until both counts have decayed to zero, when it is indistinguishable from fresh. A
@@ -119,4 +120,4 @@ if outcome == 0 then
     redis.call('PEXPIRE', key, int(math.max(div_ceil(reset - server_now, 1000), min_ttl_ms)))
   end
 end
-return {outcome, remaining, reset, retry_after, now}
+return {outcome, remaining, reset, retry_after, server_now}

@@ -161,6 +161,35 @@ fn a_clock_that_steps_back_never_panics_or_mints_tokens() {
 }
 
 #[test]
+fn after_a_clock_step_back_a_window_retry_after_counts_from_the_clock() {
+    // Two admitted at T0 + 0.9 s fill "2 per second"; the clock then reads 10 s earlier. The window still decides
+    // as of its own start, but the delay it announces is from the clock's reading, and retrying then succeeds.
+    let clock = clock();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let policy = window(2);
+    clock.set(Timestamp::from_micros(T0 + 900_000));
+    for _ in 0..2 {
+        assert!(store.check_now("k", &policy, 1).unwrap().is_allowed());
+    }
+    let back = T0 - 9_100_000;
+    clock.set(Timestamp::from_micros(back));
+    let denied = store.check_now("k", &policy, 1).unwrap();
+    assert!(!denied.is_allowed());
+    assert_eq!(
+        denied.now,
+        Timestamp::from_micros(back),
+        "the decision's instant is the clock's"
+    );
+    let retry = denied.retry_after.expect("a retry delay");
+    assert_eq!(retry, Duration::from_micros(T0 + 1_500_000 - back));
+    assert_eq!(denied.reset, Timestamp::from_micros(T0 + 2_000_000));
+    clock.set(Timestamp::from_micros(back + retry.as_micros() as u64 - 1));
+    assert!(!store.check_now("k", &policy, 1).unwrap().is_allowed());
+    clock.set(Timestamp::from_micros(back + retry.as_micros() as u64));
+    assert!(store.check_now("k", &policy, 1).unwrap().is_allowed());
+}
+
+#[test]
 fn concurrent_threads_admit_exactly_the_burst() {
     let store = Arc::new(MemoryStore::builder().clock(clock()).build());
     let policy = Policy::token_bucket(Quota::per_hour(1).unwrap().with_burst(1_000).unwrap());

@@ -49,7 +49,10 @@ pub fn decide(
     let period = quota.period_micros();
     let tick = policy.tick_micros();
     let ticks = period / tick;
-    let mut now = now.min(Timestamp::LATEST).as_micros();
+    // `now` is when the request is decided as of; `clock` is the clock's own reading, which retry delays and the
+    // decision's instant are measured from (they differ only after the clock stepped back).
+    let clock = now.min(Timestamp::LATEST).as_micros();
+    let mut now = clock;
     let mut start = now - now % period;
     let (mut previous, mut current) = (0, 0);
     if let Some(s) = state {
@@ -82,7 +85,7 @@ pub fn decide(
             // In the next window, where this window's count becomes the previous one.
             start + period + (ticks - (limit - cost) * ticks / current) * tick
         };
-        retry_after = Some(Duration::from_micros(admit_at - now));
+        retry_after = Some(Duration::from_micros(admit_at - clock));
     }
     let used = current * ticks + previous * (ticks - elapsed);
     let remaining = (limit * ticks).saturating_sub(used) / ticks;
@@ -95,9 +98,9 @@ pub fn decide(
         outcome,
         limit,
         remaining,
-        reset: Timestamp::from_micros(new_state.reset(period, now)),
+        reset: Timestamp::from_micros(new_state.reset(period, clock)),
         retry_after,
-        now: Timestamp::from_micros(now),
+        now: Timestamp::from_micros(clock),
     };
     let changed = outcome == Outcome::Allowed;
     Step {
