@@ -75,12 +75,26 @@ impl fmt::Debug for Correction {
 }
 
 impl Correction {
-    /// Updates the correction at counter reading `nanos` (whose period is `period`), unless another thread
-    /// already has (`packed`, as it was loaded, is then gone); the word to read with.
+    /// Updates the correction in resync period `period`, unless another thread already has (`packed`, as it was
+    /// loaded, is then gone); the word to read with. `counter` reads the counter's nanoseconds.
     #[cold]
     #[inline(never)]
-    fn resync(&self, packed: u64, nanos: u64, period: u64) -> u64 {
-        let reference = i64::try_from((self.reference)().as_micros()).unwrap_or(i64::MAX);
+    fn resync(&self, packed: u64, period: u64, counter: impl Fn() -> u64) -> u64 {
+        // The reference is read between two readings of the counter, and paired with their midpoint: a thread
+        // descheduled between a reading and the reference would otherwise put its pause into every clone's clock
+        // until the next resync. A pair too far apart (over 20 µs) is read again, three times at most.
+        let mut pair = (0, Duration::ZERO);
+        for _ in 0..3 {
+            let before = counter();
+            let reference = (self.reference)();
+            let after = counter();
+            pair = (before / 2 + after / 2, reference);
+            if after.saturating_sub(before) <= 20_000 {
+                break;
+            }
+        }
+        let (nanos, reference) = pair;
+        let reference = i64::try_from(reference.as_micros()).unwrap_or(i64::MAX);
         let counted = i64::try_from(nanos / 1_000).unwrap_or(i64::MAX);
         let correction = reference.saturating_sub(counted);
         let correction =
@@ -140,7 +154,10 @@ impl Clock for SystemClock {
         let mut packed = self.correction.packed.load(Ordering::Relaxed);
         let period = nanos >> RESYNC_SHIFT;
         if period >= packed & u64::from(u32::MAX) {
-            packed = self.correction.resync(packed, nanos, period);
+            packed = self.correction.resync(packed, period, || {
+                self.counter
+                    .delta_as_nanos(self.started, self.counter.raw())
+            });
         }
         // Added in two's complement: the anchor is decades of microseconds, the correction a few of them.
         let correction = i64::from(((packed >> 32) as u32).cast_signed());
@@ -230,6 +247,31 @@ mod tests {
         // A counter running slow is corrected forward the same way, at the start of the third period.
         advance(100_000, 100_050);
         assert_eq!(at(&clock), 2_200_040);
+    }
+
+    #[test]
+    fn a_pause_between_the_counter_and_the_reference_is_not_taken_for_drift() {
+        // The first time the reference is read, the thread "was descheduled" for 10 ms just before: counter and
+        // reference both moved on. The correction must not take those 10 ms for the counter running slow.
+        let (counter, mock) = quanta::Clock::mock();
+        let elapsed = Arc::new(AtomicU64::new(0));
+        let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (read, moved, pausing) = (elapsed.clone(), mock.clone(), first.clone());
+        let clock = SystemClock::with_counter(counter, move || {
+            if pausing.swap(false, Ordering::SeqCst) {
+                moved.increment(Duration::from_millis(10));
+                read.fetch_add(10_000, Ordering::SeqCst);
+            }
+            Duration::from_micros(read.load(Ordering::SeqCst))
+        });
+        let start = clock.now().as_micros();
+        mock.increment(Duration::from_millis(1_100));
+        elapsed.fetch_add(1_100_000, Ordering::SeqCst);
+        let at = clock.now().as_micros() - start;
+        assert!(!first.load(Ordering::SeqCst), "the resync ran");
+        // The reading was taken before the pause (1.1 s); what follows it must be right to the microsecond.
+        assert_eq!(at, 1_100_000);
+        assert_eq!(clock.now().as_micros() - start, 1_110_000);
     }
 
     #[test]
