@@ -44,7 +44,7 @@ impl FailurePolicy {
         match self {
             Self::Open => Some(Decision {
                 outcome: Outcome::Allowed,
-                limit: quota.limit(),
+                limit: quota.burst(),
                 remaining: quota.burst().saturating_sub(1),
                 reset: now,
                 retry_after: None,
@@ -56,7 +56,7 @@ impl FailurePolicy {
                     .clamp(Duration::from_secs(1), Duration::from_secs(60));
                 Some(Decision {
                     outcome: Outcome::Limited,
-                    limit: quota.limit(),
+                    limit: quota.burst(),
                     remaining: 0,
                     reset: now.saturating_add(retry),
                     retry_after: Some(retry),

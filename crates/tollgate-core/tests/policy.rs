@@ -102,3 +102,17 @@ fn constructors_are_const() {
     assert_eq!(POLICY.max_cost(), 60);
     assert_eq!(POLICY.algorithm().to_string(), "token_bucket");
 }
+
+#[test]
+fn failure_answers_announce_the_burst_like_decisions_do() {
+    // The limit a client is told is the burst: a fail-open answer with the remaining burst beside a smaller limit
+    // (and a limit field flipping whenever the store fails) would contradict every real decision.
+    use tollgate_core::{FailurePolicy, Timestamp};
+    let policy = Policy::token_bucket(Quota::per_second(10).unwrap().with_burst(20).unwrap());
+    let now = Timestamp::from_micros(1_700_000_000_000_000);
+    let open = FailurePolicy::Open.synthesize(&policy, now).unwrap();
+    assert_eq!((open.limit, open.remaining), (20, 19));
+    let closed = FailurePolicy::Closed.synthesize(&policy, now).unwrap();
+    assert_eq!((closed.limit, closed.remaining), (20, 0));
+    assert_eq!(FailurePolicy::Local.synthesize(&policy, now), None);
+}
