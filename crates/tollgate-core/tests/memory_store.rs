@@ -110,6 +110,48 @@ fn at_the_key_bound_new_keys_get_an_error_and_tracked_keys_keep_working() {
 }
 
 #[test]
+fn at_the_bound_the_store_sweeps_once_an_eighth_can_go_not_for_every_key() {
+    // 64 keys, one expiring every millisecond (a token of "1 per ms" bought at 1 ms intervals). Sweeping whenever
+    // one has expired would scan the whole shard under its lock for every new key while a client sprays keys;
+    // the store waits until an eighth of it (8 keys) can go, refusing new keys meanwhile.
+    let clock = clock();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .max_keys(64)
+        .shards(1)
+        .build();
+    let policy = Policy::token_bucket(Quota::new(1, Duration::from_millis(1)).unwrap());
+    for i in 0..64 {
+        assert!(
+            store
+                .check_now(&format!("k{i}"), &policy, 1)
+                .unwrap()
+                .is_allowed()
+        );
+        clock.advance(Duration::from_millis(1));
+    }
+    // k0..k63 expire at 1..64 ms after T0. Back at 0.5 ms, nothing has: a new key is refused, and the sweep that
+    // found nothing waits for eight keys to expire (k7, at 8 ms).
+    let fresh = |i: usize| store.check_now(&format!("new{i}"), &policy, 1);
+    clock.set(Timestamp::from_micros(T0 + 500));
+    assert!(matches!(fresh(0), Err(StoreError::KeyCapacity { .. })));
+    clock.set(Timestamp::from_micros(T0 + 1_500));
+    assert!(
+        matches!(fresh(1), Err(StoreError::KeyCapacity { .. })),
+        "k0 alone has expired: no sweep of the whole shard for one key"
+    );
+    clock.set(Timestamp::from_micros(T0 + 8_000));
+    for i in 2..10 {
+        assert!(
+            fresh(i).unwrap().is_allowed(),
+            "k0..k7 swept at once: room for eight"
+        );
+    }
+    assert!(matches!(fresh(10), Err(StoreError::KeyCapacity { .. })));
+    assert_eq!(store.len(), 64);
+}
+
+#[test]
 fn a_flood_of_distinct_keys_cannot_grow_the_store_past_its_bound() {
     let store = MemoryStore::builder()
         .clock(clock())

@@ -35,8 +35,9 @@ const MIN_SWEEP: usize = 64;
 ///
 /// At most `max_keys` keys are tracked (each of the N shards holds `max_keys / N`, rounded up). At the bound, a
 /// request for a key that is not tracked yet returns [`StoreError::KeyCapacity`] (the limiter's failure policy
-/// decides what that means); keys already tracked keep their state and their decisions. A key is admitted again as
-/// soon as an expired one can be swept.
+/// decides what that means); keys already tracked keep their state and their decisions. New keys are admitted
+/// again once expired ones can be swept: at the bound, once an eighth of the shard has expired (a sweep scans the
+/// whole shard under its lock, so it is not done for every key a flood of new keys brings).
 pub struct MemoryStore<C = SystemClock> {
     shards: Box<[Mutex<Shard>]>,
     seed: RandomState,
@@ -206,7 +207,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn sweep(&self) {
         let now = self.clock.now().as_micros();
         for shard in &*self.shards {
-            lock(shard).sweep(now);
+            lock(shard).sweep(now, self.shard_capacity);
         }
     }
 
@@ -374,7 +375,7 @@ impl Shard {
         }
         let len = self.len();
         if (len >= self.sweep_at.max(MIN_SWEEP) || len >= cap) && now >= self.next_expiry {
-            self.sweep(now);
+            self.sweep(now, cap);
         }
         if self.len() >= cap {
             return Err(StoreError::KeyCapacity { max_keys });
@@ -384,7 +385,7 @@ impl Shard {
         Ok(step.decision)
     }
 
-    fn sweep(&mut self, now: u64) {
+    fn sweep(&mut self, now: u64, cap: usize) {
         let mut next = u64::MAX;
         let mut keep = |expires_at: u64| {
             let live = expires_at > now;
@@ -397,5 +398,21 @@ impl Shard {
         self.windows.retain(|_, e| keep(e.expires_at()));
         self.next_expiry = next;
         self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
+        // Still (nearly) full: sweeping again as soon as the next key expires would scan the whole shard, under its
+        // lock, for every new key (a client spraying keys at the bound). Wait until an eighth of it can go; new
+        // keys are refused meanwhile, as they would be at the bound anyway.
+        let batch = (cap / 8).max(1);
+        if self.len() + batch > cap {
+            let mut expiries: Vec<u64> = self
+                .buckets
+                .values()
+                .map(Entry::expires_at)
+                .chain(self.windows.values().map(Entry::expires_at))
+                .collect();
+            if !expiries.is_empty() {
+                let index = batch.min(expiries.len()) - 1;
+                self.next_expiry = *expiries.select_nth_unstable(index).1;
+            }
+        }
     }
 }
