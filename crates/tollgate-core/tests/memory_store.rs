@@ -152,6 +152,22 @@ fn at_the_bound_the_store_sweeps_once_an_eighth_can_go_not_for_every_key() {
 }
 
 #[test]
+fn a_small_bound_is_met_exactly_however_many_shards_are_asked_for() {
+    // The bound is kept per shard: 16 shards of 4 keys refused the 35th of 64 keys. Small bounds get fewer shards.
+    for max_keys in [3, 64, 300] {
+        let store = MemoryStore::builder()
+            .clock(clock())
+            .max_keys(max_keys)
+            .shards(16)
+            .build();
+        let admitted = (0..max_keys * 2)
+            .filter(|i| store.check_now(&format!("k{i}"), &bucket(5), 1).is_ok())
+            .count();
+        assert_eq!(admitted, max_keys, "max_keys {max_keys}");
+    }
+}
+
+#[test]
 fn a_flood_of_distinct_keys_cannot_grow_the_store_past_its_bound() {
     let store = MemoryStore::builder()
         .clock(clock())

@@ -27,6 +27,9 @@ pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
 /// A shard is not swept below this many keys.
 const MIN_SWEEP: usize = 64;
 
+/// The fewest keys a shard is given, when `max_keys` is small enough to split into fewer shards than asked for.
+const MIN_SHARD_KEYS: usize = 256;
+
 /// In-process state for any number of keys and policies.
 ///
 /// Keys are stored as 64-bit keyed SipHash digests, never raw, so a long or hostile key costs the same as a short
@@ -116,9 +119,10 @@ impl<C: Clock> MemoryStoreBuilder<C> {
     pub fn build(self) -> MemoryStore<C> {
         let cores = std::thread::available_parallelism().map_or(4, usize::from);
         let wanted = self.shards.unwrap_or(cores * 4).clamp(1, 1 << 16);
-        let count = wanted
-            .next_power_of_two()
-            .min(self.max_keys.next_power_of_two());
+        // The bound is kept per shard (a shard fills first when keys hash unevenly): shards of at least
+        // MIN_SHARD_KEYS keys keep the first refusal close to `max_keys`, where 16 shards of 4 refused at about half.
+        let by_size = (self.max_keys / MIN_SHARD_KEYS).max(1);
+        let count = wanted.next_power_of_two().min(1 << by_size.ilog2());
         MemoryStore {
             shards: (0..count).map(|_| Mutex::new(Shard::default())).collect(),
             seed: RandomState::new(),
