@@ -10,6 +10,8 @@ use tollgate_tower::BoxError;
 
 use crate::HttpResponder;
 
+const POLLED_AFTER_COMPLETION: &str = "http limit response future polled after completion";
+
 pin_project! {
     /// Response future of [`HttpLimit`](crate::HttpLimit).
     pub struct ResponseFuture<F> {
@@ -17,6 +19,9 @@ pin_project! {
         state: State<F>,
         responder: HttpResponder,
         outer: bool,
+        // Set once answered: polling again answers "polled after completion" instead of polling a finished inner
+        // future (which may panic).
+        answered: bool,
     }
 }
 
@@ -35,6 +40,7 @@ impl<F> ResponseFuture<F> {
             state: State::Running { fut },
             responder,
             outer,
+            answered: false,
         }
     }
 
@@ -43,6 +49,7 @@ impl<F> ResponseFuture<F> {
             state: State::Failed { error: Some(error) },
             responder,
             outer,
+            answered: false,
         }
     }
 }
@@ -66,11 +73,44 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let result = match this.state.project() {
+            _ if *this.answered => Err(POLLED_AFTER_COMPLETION.into()),
             StateProj::Running { fut } => ready!(fut.poll(cx)).map_err(Into::into),
             StateProj::Failed { error } => Err(error
                 .take()
-                .unwrap_or_else(|| "polled after completion".into())),
+                .unwrap_or_else(|| POLLED_AFTER_COMPLETION.into())),
         };
+        *this.answered = true;
         Poll::Ready(Ok(this.responder.answer(*this.outer, result, None)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+
+    use super::*;
+
+    #[test]
+    fn polling_again_after_the_answer_never_polls_the_inner_future() {
+        let mut polls = 0;
+        let inner = std::future::poll_fn(|_| {
+            polls += 1;
+            assert_eq!(polls, 1, "the inner future was polled after it finished");
+            Poll::Ready(Ok::<_, Infallible>(Response::new(String::from("ok"))))
+        });
+        let mut fut = std::pin::pin!(ResponseFuture::new(
+            inner,
+            HttpResponder::new(crate::HeaderSet::NONE),
+            false
+        ));
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(Ok(first)) = fut.as_mut().poll(&mut cx) else {
+            panic!("the first poll answers");
+        };
+        assert_eq!(first.status(), 200);
+        let Poll::Ready(Ok(again)) = fut.as_mut().poll(&mut cx) else {
+            panic!("a second poll answers too");
+        };
+        assert_eq!(again.status(), 500);
     }
 }

@@ -110,7 +110,7 @@ impl Verdict {
 /// Whole seconds in `d`, rounded up.
 #[must_use]
 pub fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// The verdicts of every limiter a request went through, innermost first.
@@ -252,7 +252,17 @@ mod tests {
 
     use tollgate_core::{Decision, Outcome, Timestamp};
 
-    use super::Verdict;
+    use super::{Verdict, ceil_secs};
+
+    #[test]
+    fn whole_seconds_round_up_and_saturate() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(2_001)), 3);
+        // An effectively endless wait stays endless rather than wrapping to "retry in 1 s".
+        assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+    }
 
     fn per(limit: u64, window: Duration) -> Verdict {
         let decision = Decision {
