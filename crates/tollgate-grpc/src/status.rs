@@ -97,8 +97,18 @@ pub fn rejection_status(rejection: &Rejection) -> tonic::Status {
     details.set_error_info(reason_for(kind), ERROR_DOMAIN, info);
 
     let mut headers = HeaderMap::new();
-    if let Some(verdict) = rejection.verdict() {
-        HeaderSet::ALL.render_one(verdict, &mut headers);
+    match (rejection.verdict(), rejection.admitted()) {
+        (Some(verdict), []) => HeaderSet::ALL.render_one(verdict, &mut headers),
+        // Limiters further out had admitted (and counted) the call: their fields too.
+        (rejected, admitted) => {
+            let mut verdicts = Verdicts::default();
+            rejected
+                .into_iter()
+                .chain(admitted)
+                .cloned()
+                .for_each(|v| verdicts.push(v));
+            HeaderSet::ALL.render(&verdicts, &mut headers);
+        }
     }
     if let Some(secs) = rejection.retry_after_secs() {
         headers.insert(RETRY_AFTER, HeaderValue::from(secs));

@@ -374,3 +374,33 @@ async fn shadow_mode_admits_without_fields_and_the_kill_switch_turns_the_limit_o
     client.say_hello(hello("a")).await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_rejection_carries_the_fields_of_every_limit_that_counted_the_call() -> TestResult {
+    // The outer limiter admitted (and counted) the second call before the inner one refused it: the status's
+    // metadata names both.
+    let (_clock, store) = clocked_store();
+    let limit = |name: &'static str, n| {
+        Ok::<_, tollgate_core::PolicyError>(RateLimitLayer::new(
+            name,
+            Policy::token_bucket(Quota::per_hour(n)?),
+            store.clone(),
+            PeerIp,
+        ))
+    };
+    let pair = Stack::new(limit("inner", 1)?, limit("outer", 10)?);
+    let (addr, _) = serve(GrpcLimitLayer::new(pair)).await;
+    greeter(addr).await.say_hello(hello("one")).await?;
+    let status = greeter(addr)
+        .await
+        .say_hello(hello("two"))
+        .await
+        .expect_err("the inner limit is spent");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        meta(status.metadata(), "ratelimit"),
+        r#""outer";r=8;t=720, "inner";r=0;t=3600"#
+    );
+    assert_eq!(meta(status.metadata(), "x-ratelimit-resource"), "inner");
+    Ok(())
+}

@@ -78,10 +78,33 @@ impl HttpResponder {
         err: &BoxError,
         own: Option<Verdict>,
     ) -> Response<B> {
-        let rejected = err.downcast_ref::<Rejection>().and_then(Rejection::verdict);
-        let verdict = rejected.cloned().or(own);
         let mut response = error_response(err);
-        self.gather(outer, &mut response, verdict);
+        let Some(rejection) = err.downcast_ref::<Rejection>() else {
+            self.gather(outer, &mut response, own);
+            return response;
+        };
+        // The rejecting limiter's verdict, those of the limiters it passed on its way out (which had counted the
+        // request), and this layer's own if it admitted it (an inner limiter rejected): all were counted.
+        let mut carried = rejection
+            .verdict()
+            .into_iter()
+            .chain(rejection.admitted())
+            .cloned();
+        match (carried.next(), own) {
+            (None, own) => self.gather(outer, &mut response, own),
+            // The common case: this layer's limiter rejected, alone.
+            (Some(rejected), None) if rejection.admitted().is_empty() => {
+                self.gather(outer, &mut response, Some(rejected));
+            }
+            (Some(first), own) => {
+                let verdicts = response
+                    .extensions_mut()
+                    .get_or_insert_default::<Verdicts>();
+                verdicts.push(first);
+                carried.for_each(|v| verdicts.push(v));
+                self.gather(outer, &mut response, own);
+            }
+        }
         response
     }
 

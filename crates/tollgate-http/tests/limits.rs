@@ -251,6 +251,53 @@ async fn wrapped_and_in_place_layers_nest_either_way<St: Store>(store: Arc<St>) 
 }
 both_stores!(nested_adapters, wrapped_and_in_place_layers_nest_either_way);
 
+async fn a_rejection_shows_every_limit_that_counted_the_request<St: Store>(store: Arc<St>) {
+    // Limiters that admitted a request before one further in rejected it have counted it: the 429 must show their
+    // fields too (they share one adapter, so the inner ones answer through `Forward`).
+    let limit =
+        |name: &'static str, n| RateLimitLayer::new(name, per_hour(n), store.clone(), PeerIp);
+    let pair = tower::ServiceBuilder::new()
+        .layer(limit("outer-of-pair", 10))
+        .layer(limit("inner-of-pair", 1))
+        .into_inner();
+    let trio = tower::ServiceBuilder::new()
+        .layer(limit("outer-of-trio", 10))
+        .layer(limit("middle-of-trio", 5))
+        .layer(limit("inner-of-trio", 1))
+        .into_inner();
+    let paired: Router = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(HttpLimitLayer::new(pair));
+    let trebled: Router = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(HttpLimitLayer::new(trio));
+    let cases = [
+        (
+            paired,
+            r#""outer-of-pair";r=8;t=720, "inner-of-pair";r=0;t=3600"#,
+            "inner-of-pair",
+        ),
+        (
+            trebled,
+            r#""outer-of-trio";r=8;t=720, "middle-of-trio";r=3;t=1440, "inner-of-trio";r=0;t=3600"#,
+            "inner-of-trio",
+        ),
+    ];
+    for (app, fields, binding) in cases {
+        let addr = serve(app).await;
+        assert_eq!(http_get(addr, "/", &[]).await.status, 200);
+        let denied = http_get(addr, "/", &[]).await;
+        assert_eq!(denied.status, 429, "{denied:#?}");
+        assert_eq!(denied.header("ratelimit"), fields, "{denied:#?}");
+        assert_eq!(denied.header("x-ratelimit-resource"), binding);
+        assert_eq!(denied.num("retry-after"), 3600);
+    }
+}
+both_stores!(
+    rejected_inside,
+    a_rejection_shows_every_limit_that_counted_the_request
+);
+
 /// A layer that sends no fields of its own still counts in an outer layer's fields, lets an inner layer send its
 /// own when it is the outermost, and still answers its own rejections with 429 and `Retry-After`.
 async fn header_less_layer_reports_to_the_outer_one<St: Store>(store: Arc<St>) {

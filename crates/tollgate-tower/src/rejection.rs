@@ -72,6 +72,7 @@ pub struct Rejection {
     limiter: Name,
     retry_after: Option<Duration>,
     verdict: Option<Verdict>,
+    admitted: Vec<Verdict>,
 }
 
 impl Rejection {
@@ -82,6 +83,7 @@ impl Rejection {
             limiter: limiter.into(),
             retry_after: None,
             verdict: None,
+            admitted: Vec::new(),
         }
     }
 
@@ -93,6 +95,7 @@ impl Rejection {
             limiter: verdict.limiter.clone(),
             retry_after: verdict.decision.retry_after,
             verdict: Some(verdict),
+            admitted: Vec::new(),
         }
     }
 
@@ -132,6 +135,20 @@ impl Rejection {
     #[must_use]
     pub fn verdict(&self) -> Option<&Verdict> {
         self.verdict.as_ref()
+    }
+
+    /// The verdicts of the limiters further out that had admitted (and counted) the request before it was
+    /// rejected, innermost first. Limiters answering through [`Forward`](crate::respond::Forward) add theirs as the
+    /// rejection passes them on its way out, so that the answer shows every limit the request was counted against.
+    #[must_use]
+    pub fn admitted(&self) -> &[Verdict] {
+        &self.admitted
+    }
+
+    /// Adds the verdict of a limiter that admitted the request before this rejection (see
+    /// [`admitted`](Self::admitted)).
+    pub fn push_admitted(&mut self, verdict: Verdict) {
+        self.admitted.push(verdict);
     }
 
     /// The rejecting limiter's decision, when it has one.

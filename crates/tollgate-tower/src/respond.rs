@@ -40,7 +40,7 @@ use std::task::{Context, Poll, ready};
 
 use tower_service::Service;
 
-use crate::{BoxError, Verdict, VerdictSink};
+use crate::{BoxError, Rejection, Verdict, VerdictSink};
 
 /// Turns a limited request's outcome into the service's response (see the [module docs](self)).
 ///
@@ -117,7 +117,18 @@ impl<Req, T: VerdictSink> Respond<Req, T> for Forward {
         result: Result<T, BoxError>,
         verdict: Option<Verdict>,
     ) -> Result<T, BoxError> {
-        let mut response = result?;
+        let mut response = match result {
+            Ok(response) => response,
+            Err(mut err) => {
+                // Rejected further in after this limiter admitted (and counted) the request: the verdict travels
+                // with the rejection, for the adapter that answers it.
+                if let (Some(verdict), Some(rejection)) = (verdict, err.downcast_mut::<Rejection>())
+                {
+                    rejection.push_admitted(verdict);
+                }
+                return Err(err);
+            }
+        };
         if let Some(verdict) = verdict {
             response.verdicts_mut().push(verdict);
         }

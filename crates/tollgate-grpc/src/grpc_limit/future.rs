@@ -10,11 +10,16 @@ use tollgate_tower::{BoxError, KeyError, Rejection, Verdicts};
 
 use crate::status::{insert_verdicts, key_error_status, rejection_status};
 
+const POLLED_AFTER_COMPLETION: &str = "gRPC limit future polled after completion";
+
 pin_project! {
     /// Response future of [`GrpcLimit`](super::GrpcLimit).
     pub struct ResponseFuture<F> {
         #[pin]
         state: State<F>,
+        // Set once answered: polling again answers "polled after completion" instead of polling a finished inner
+        // future (which may panic).
+        answered: bool,
     }
 }
 
@@ -31,12 +36,14 @@ impl<F> ResponseFuture<F> {
     pub(super) const fn new(fut: F) -> Self {
         Self {
             state: State::Calling { fut },
+            answered: false,
         }
     }
 
     pub(super) const fn failed(error: BoxError) -> Self {
         Self {
             state: State::Failed { error: Some(error) },
+            answered: false,
         }
     }
 }
@@ -63,12 +70,15 @@ where
     type Output = Result<http::Response<tonic::body::Body>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let result = match self.project().state.project() {
+        let this = self.project();
+        let result = match this.state.project() {
+            _ if *this.answered => Err(POLLED_AFTER_COMPLETION.into()),
             StateProj::Calling { fut } => ready!(fut.poll(cx)).map_err(Into::into),
             StateProj::Failed { error } => Err(error
                 .take()
-                .unwrap_or_else(|| "gRPC limit future polled after completion".into())),
+                .unwrap_or_else(|| POLLED_AFTER_COMPLETION.into())),
         };
+        *this.answered = true;
         Poll::Ready(Ok(match result {
             Ok(response) => admitted(response),
             Err(err) => rejected(err),
