@@ -109,33 +109,50 @@ impl HttpResponder {
     }
 
     /// Renders the headers when several layers' verdicts meet on one response, or for an error's response.
+    ///
+    /// Layers may ask for different header families: each one that leaves its verdict for an outer layer also
+    /// leaves the families it asked for, and a layer renders the union of its own and those, so that the outermost
+    /// renders every family anyone asked for over every verdict (an inner layer's own rendering, for itself alone,
+    /// is then overwritten: the GitHub fields name the binding limiter of all of them, not of the inner one).
     #[inline(never)]
     fn gather<B>(&self, outer: bool, response: &mut Response<B>, own: Option<Verdict>) {
         // The header map is taken out (an empty one allocates nothing) while the extensions are borrowed: a
         // `Response` lends one part at a time.
         let mut headers = std::mem::take(response.headers_mut());
         let extensions = response.extensions_mut();
+        let fields = match extensions.get::<AskedFor>() {
+            Some(AskedFor(asked)) => self.headers.union(*asked),
+            None => self.headers,
+        };
         match (extensions.get_mut::<Verdicts>(), own) {
             // Inner limiters left theirs: add this one (the outermost so far) and render them all.
             (Some(verdicts), own) => {
                 verdicts.extend(own);
-                self.headers.render(verdicts, &mut headers);
+                fields.render(verdicts, &mut headers);
             }
             // An outer layer will render again: leave the verdict for it.
             (None, Some(own)) if outer => {
                 let verdicts = extensions.get_or_insert_default::<Verdicts>();
                 verdicts.push(own);
-                self.headers.render(verdicts, &mut headers);
+                fields.render(verdicts, &mut headers);
             }
             (None, own) => {
                 if let Some(own) = &own {
-                    self.headers.render_one(own, &mut headers);
+                    fields.render_one(own, &mut headers);
                 }
             }
+        }
+        if outer && fields != HeaderSet::NONE {
+            extensions.insert(AskedFor(fields));
         }
         *response.headers_mut() = headers;
     }
 }
+
+/// Left on a response by a layer that leaves its verdict for an outer one: the header families it (and the layers
+/// inside it) asked for.
+#[derive(Debug, Clone, Copy)]
+struct AskedFor(HeaderSet);
 
 impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>>
     for HttpResponder

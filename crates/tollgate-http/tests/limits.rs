@@ -483,6 +483,51 @@ async fn unmatched_paths_are_limited_as_one_route<St: Store>(store: Arc<St>) {
 }
 both_stores!(unmatched, unmatched_paths_are_limited_as_one_route);
 
+async fn stacked_layers_asking_for_different_fields_agree<St: Store>(store: Arc<St>) {
+    // The outermost layer renders every family any layer asked for, over every verdict: the GitHub fields name the
+    // binding limit of both, whichever layer asked for them.
+    let limit = |name: &'static str, n, headers| {
+        HttpLimitLayer::new(RateLimitLayer::new(
+            name,
+            per_hour(n),
+            store.clone(),
+            PeerIp,
+        ))
+        .headers(headers)
+    };
+    let ietf_outside: Router = Router::new()
+        .route(
+            "/",
+            get(|| async { "hello" }).layer(limit("inner-github", 5, HeaderSet::GITHUB)),
+        )
+        .layer(limit("outer-ietf", 2, HeaderSet::IETF));
+    let github_outside: Router = Router::new()
+        .route(
+            "/",
+            get(|| async { "hello" }).layer(limit("inner-ietf", 5, HeaderSet::IETF)),
+        )
+        .layer(limit("outer-github", 2, HeaderSet::GITHUB));
+    for (app, outer, inner) in [
+        (ietf_outside, "outer-ietf", "inner-github"),
+        (github_outside, "outer-github", "inner-ietf"),
+    ] {
+        let reply = http_get(serve(app).await, "/", &[]).await;
+        assert_eq!(reply.status, 200, "{reply:#?}");
+        assert_eq!(
+            reply.header("ratelimit"),
+            format!("\"{outer}\";r=1;t=1800, \"{inner}\";r=4;t=720"),
+            "{reply:#?}"
+        );
+        assert_eq!(reply.header("x-ratelimit-resource"), outer, "{reply:#?}");
+        assert_eq!(reply.num("x-ratelimit-remaining"), 1);
+        assert_eq!(reply.num("x-ratelimit-limit"), 2);
+    }
+}
+both_stores!(
+    mixed_fields,
+    stacked_layers_asking_for_different_fields_agree
+);
+
 async fn ipv6_clients_are_limited_by_their_network<St: Store>(store: Arc<St>) {
     // One client given 2001:db8:0:7::/64 can send each request from another address of it: one bucket, unless
     // the limiter is told to key every address apart.

@@ -90,6 +90,15 @@ impl HeaderSet {
         github: false,
     };
 
+    /// The families of either set.
+    #[must_use]
+    pub const fn union(self, other: Self) -> Self {
+        Self {
+            ietf: self.ietf || other.ietf,
+            github: self.github || other.github,
+        }
+    }
+
     /// Writes the chosen fields for `verdicts` into `headers`, replacing earlier values (an outer layer re-renders
     /// with the inner layers' verdicts included). Nothing is written when no verdict is enforced.
     pub fn render(self, verdicts: &Verdicts, headers: &mut HeaderMap) {
