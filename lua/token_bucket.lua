@@ -59,13 +59,27 @@ local stored = redis.call('HMGET', key, 'full_at', 'remainder')
 if stored[1] and tonumber(stored[1]) > now then
   full_at, remainder = tonumber(stored[1]), tonumber(stored[2])
 end
--- A clock that stepped back could make the deficit exceed the bucket: an empty bucket is the most owed. (Past
--- 2^53 the product loses precision, but any such product exceeds the capacity, so the minimum is exact.)
 -- A remainder above what is owed is state from another quota (a limit changed under a running key): nothing owed.
-local deficit = math.min(math.max((full_at - now) * rate - remainder, 0), capacity)
+local deficit = math.max((full_at - now) * rate - remainder, 0)
+-- More than an empty bucket owed: the clock stepped back (or the quota shrank). Rebased to an empty bucket
+-- refilling from now, and kept (written below even when the request is refused). (Past 2^53 the product loses
+-- precision, but any such product exceeds the capacity, so the comparison is exact.)
+local rebased = deficit > capacity
+if rebased then
+  local wait = div_ceil(capacity, rate)
+  full_at, remainder = now + wait, wait * rate - capacity
+  deficit = capacity
+end
+local function keep_rebased()
+  if rebased then
+    redis.call('HSET', key, 'full_at', int(full_at), 'remainder', int(remainder))
+    redis.call('PEXPIRE', key, int(math.max(div_ceil(full_at - now, 1000), min_ttl_ms)))
+  end
+end
 
 if cost > burst then
   local remaining = idiv(capacity - deficit, token)
+  keep_rebased()
   return {2, remaining, full_at, -1, now}
 end
 local need = cost * token
@@ -86,4 +100,5 @@ end
 -- Earliest t with (full_at - t) * rate - remainder <= capacity - need.
 local admit_at = full_at - idiv(capacity - need + remainder, rate)
 local remaining = idiv(capacity - deficit, token)
+keep_rebased()
 return {1, remaining, full_at, admit_at - now, now}

@@ -219,6 +219,42 @@ fn a_clock_that_steps_back_never_panics_or_mints_tokens() {
 }
 
 #[test]
+fn after_a_long_clock_step_back_a_bucket_refills_from_empty_not_from_the_old_instant() {
+    // Ten per second, spent; then the clock reads an hour earlier. The bucket is treated as empty (no token is
+    // minted), refilling from now: the retry delay is one token's tenth of a second, not the hour, and it holds.
+    // A probe of cost 0 changes nothing that follows.
+    for probe in [false, true] {
+        let clock = clock();
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let policy = bucket(10);
+        for _ in 0..10 {
+            assert!(store.check_now("k", &policy, 1).unwrap().is_allowed());
+        }
+        let back = T0 - 3_600_000_000;
+        clock.set(Timestamp::from_micros(back));
+        if probe {
+            assert!(store.check_now("k", &policy, 0).unwrap().is_allowed());
+        }
+        let denied = store.check_now("k", &policy, 1).unwrap();
+        assert_eq!(denied.outcome, Outcome::Limited);
+        assert_eq!(denied.remaining, 0);
+        assert_eq!(
+            denied.retry_after,
+            Some(Duration::from_millis(100)),
+            "probe {probe}"
+        );
+        assert_eq!(denied.reset, Timestamp::from_micros(back + 1_000_000));
+        clock.set(Timestamp::from_micros(back + 99_999));
+        assert!(!store.check_now("k", &policy, 1).unwrap().is_allowed());
+        clock.set(Timestamp::from_micros(back + 100_000));
+        assert!(
+            store.check_now("k", &policy, 1).unwrap().is_allowed(),
+            "probe {probe}"
+        );
+    }
+}
+
+#[test]
 fn after_a_clock_step_back_a_window_retry_after_counts_from_the_clock() {
     // Two admitted at T0 + 0.9 s fill "2 per second"; the clock then reads 10 s earlier. The window still decides
     // as of its own start, but the delay it announces is from the clock's reading, and retrying then succeeds.

@@ -33,19 +33,28 @@ pub fn decide(
     let token = quota.token_bucket_token();
     let rate = quota.token_bucket_rate();
     let capacity = quota.burst() * token;
-    let (full_at, remainder) = match state {
+    let (mut full_at, mut remainder) = match state {
         Some(s) if s.full_at > now => (s.full_at, s.remainder),
         _ => (now, 0),
     };
-    // A clock that stepped back could make the deficit exceed the bucket (and the product overflow): an empty
-    // bucket is the most that can be owed. (Lua's doubles cannot overflow; past 2^53 they only lose precision, and
-    // any such product exceeds the capacity anyway.)
-    let deficit = match (full_at - now).checked_mul(rate) {
-        // A remainder above what is owed is state from another quota (a limit changed under a running key): it
-        // owes nothing, rather than underflowing.
-        Some(owed) => owed.saturating_sub(remainder).min(capacity),
-        None => capacity,
+    // A remainder above what is owed is state from another quota (a limit changed under a running key): it owes
+    // nothing, rather than underflowing.
+    let owed = (full_at - now)
+        .checked_mul(rate)
+        .map(|owed| owed.saturating_sub(remainder));
+    // More than an empty bucket owed: the clock stepped back (or the quota shrank), and the stored refill instant is
+    // that much too late. An empty bucket is the most that can be owed: the state is rebased to one, refilling from
+    // now, and kept — or every request would be refused until the old instant, however far. (Lua's doubles cannot
+    // overflow; past 2^53 they only lose precision, and any such product exceeds the capacity anyway.)
+    let rebased = !matches!(owed, Some(owed) if owed <= capacity);
+    let deficit = if rebased {
+        let wait = div_ceil(capacity, rate);
+        (full_at, remainder) = (now + wait, wait * rate - capacity);
+        capacity
+    } else {
+        owed.unwrap_or(capacity)
     };
+    let kept = rebased.then_some(TokenBucketState { full_at, remainder });
     let decision = |outcome, remaining, reset, retry_after| Decision {
         outcome,
         limit: quota.burst(),
@@ -59,7 +68,7 @@ pub fn decide(
         let remaining = (capacity - deficit) / token;
         return Step {
             decision: decision(Outcome::CostExceedsCapacity, remaining, full_at, None),
-            state: None,
+            state: kept,
         };
     }
     let need = cost * token;
@@ -86,6 +95,6 @@ pub fn decide(
             full_at,
             Some(Duration::from_micros(admit_at - now)),
         ),
-        state: None,
+        state: kept,
     }
 }
