@@ -42,7 +42,11 @@ pub struct Counters {
     pub failed_open: Counter,
     /// `store_error_closed`: the store failed and the request was rejected.
     pub failed_closed: Counter,
-    /// `store_error_local`: the store failed and the local fallback decided.
+    /// `shadow_store_error_closed`: the store failed, the closed policy would have rejected the request, and shadow
+    /// mode admitted it.
+    pub shadow_failed_closed: Counter,
+    /// `store_error_local`: the store failed and the local fallback admitted the request (a request the fallback
+    /// refuses counts as the limiter's rejection outcome, so that each decision counts once).
     pub failed_local: Counter,
 }
 
@@ -61,6 +65,7 @@ impl Counters {
             }),
             failed_open: c("store_error_open"),
             failed_closed: c("store_error_closed"),
+            shadow_failed_closed: c("shadow_store_error_closed"),
             failed_local: c("store_error_local"),
         }
     }

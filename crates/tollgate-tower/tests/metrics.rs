@@ -128,4 +128,66 @@ async fn decisions_are_counted_by_limiter_and_outcome() {
         ("failure_policy", "open"),
     ];
     assert_eq!(counts.get("tollgate_store_errors_total", &errors), 1);
+
+    // Each decision counts once: the local fallback's admissions as `store_error_local`, its refusals as
+    // `limited`; a closed policy's refusal in shadow mode apart from the 503s it did not send.
+    let full = Arc::new(MemoryStore::builder().max_keys(1).shards(1).build());
+    full.check_now("other", &policy, 1).unwrap();
+    let user = || {
+        KeyFn::new(|user: &&'static str, key: &mut String| {
+            key.push_str(user);
+            Ok::<_, KeyError>(())
+        })
+    };
+    let mut local = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new("local", policy, full.clone(), user())
+                .on_store_error(FailurePolicy::Local),
+        )
+        .service_fn(|_: &'static str| async { Ok::<_, BoxError>(Reply::default()) });
+    for _ in 0..3 {
+        let _ = local.ready().await.unwrap().call("ann").await;
+    }
+    let local = |outcome| {
+        counts.get(
+            "tollgate_decisions_total",
+            &[("limiter", "local"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        (
+            local("store_error_local"),
+            local("limited"),
+            local("allowed")
+        ),
+        (2, 1, 0),
+        "two admitted by the fallback, one refused by it, each counted once"
+    );
+    let mut dark_closed = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new("dark-closed", policy, full, user())
+                .on_store_error(FailurePolicy::Closed)
+                .shadow(),
+        )
+        .service_fn(|_: &'static str| async { Ok::<_, BoxError>(Reply::default()) });
+    dark_closed
+        .ready()
+        .await
+        .unwrap()
+        .call("ann")
+        .await
+        .expect("shadow mode admits");
+    let dark_closed = |outcome| {
+        counts.get(
+            "tollgate_decisions_total",
+            &[("limiter", "dark-closed"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        (
+            dark_closed("shadow_store_error_closed"),
+            dark_closed("store_error_closed")
+        ),
+        (1, 0)
+    );
 }

@@ -166,10 +166,12 @@ impl<R, L: LeaseStore> Shared<R, L> {
     }
 
     fn fail_closed(&self, mode: Mode) -> Conclusion {
-        self.counters.failed_closed.increment(1);
         if mode == Mode::Shadow {
+            // Rejected by the closed policy, admitted by shadow mode: counted apart.
+            self.counters.shadow_failed_closed.increment(1);
             return Conclusion::Admit(None);
         }
+        self.counters.failed_closed.increment(1);
         Conclusion::Reject(
             Rejection::new(RejectionKind::StoreUnavailable, self.settings.name.clone())
                 .with_retry_after(self.settings.retry_after),

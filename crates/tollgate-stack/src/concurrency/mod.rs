@@ -17,7 +17,8 @@
 //! A lease is released from `Drop` by a spawned task (best effort; the expiry is the backstop).
 //!
 //! Metrics: `tollgate_decisions_total{limiter, outcome}` with outcome `allowed`, `limited`, `shadow_limited`,
-//! `store_error_open`, `store_error_closed` or `store_error_local`; `tollgate_store_errors_total{limiter, kind,
+//! `store_error_open`, `store_error_closed`, `shadow_store_error_closed` or `store_error_local` (one outcome per
+//! decision); `tollgate_store_errors_total{limiter, kind,
 //! failure_policy}`.
 //!
 //! ```

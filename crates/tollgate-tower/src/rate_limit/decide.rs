@@ -159,7 +159,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         with_key_buffer(|key| {
             self.write_key(req, key)?;
             Ok(match self.store_failed(err, key, cost, mode) {
-                Ok(decision) => self.judge(decision, mode, keep),
+                Ok(decision) => self.judge_local(decision, mode, keep),
                 Err(conclusion) => conclusion,
             })
         })
@@ -174,15 +174,13 @@ impl<K, St: Store, C> Shared<K, St, C> {
         mode: Mode,
         keep: bool,
     ) -> Conclusion {
-        let decision = match result {
-            Ok(decision) => decision,
+        match result {
+            Ok(decision) => self.judge(decision, mode, keep),
             Err(err) => match self.store_failed(&err, key, cost, mode) {
-                // Decided by the local fallback store: counted and answered like any decision.
-                Ok(decision) => decision,
-                Err(conclusion) => return conclusion,
+                Ok(decision) => self.judge_local(decision, mode, keep),
+                Err(conclusion) => conclusion,
             },
-        };
-        self.judge(decision, mode, keep)
+        }
     }
 
     /// A store's decision as a conclusion: shadow mode, metrics.
@@ -192,6 +190,18 @@ impl<K, St: Store, C> Shared<K, St, C> {
             return self.over_limit(decision, mode, keep);
         }
         self.counters.allowed.increment(1);
+        Conclusion::Admit(keep.then(|| Box::new(self.verdict(decision, mode))))
+    }
+
+    /// A decision of the local fallback store (the shared one failed) as a conclusion, counted once, as the
+    /// concurrency limiter counts its own: `store_error_local` when admitted, as over the limit otherwise.
+    #[cold]
+    #[inline(never)]
+    fn judge_local(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
+        if !decision.is_allowed() {
+            return self.over_limit(decision, mode, keep);
+        }
+        self.counters.failed_local.increment(1);
         Conclusion::Admit(keep.then(|| Box::new(self.verdict(decision, mode))))
     }
 
@@ -253,10 +263,8 @@ impl<K, St: Store, C> Shared<K, St, C> {
             }
             (Some(fallback), FailurePolicy::Local) => {
                 match fallback.check_now(key, &self.policy, cost) {
-                    Ok(decision) => {
-                        self.counters.failed_local.increment(1);
-                        Ok(decision)
-                    }
+                    // Counted by `judge_local`, once.
+                    Ok(decision) => Ok(decision),
                     // The local store is full too: nothing left to decide with.
                     Err(_) => Err(self.fail_closed(mode)),
                 }
@@ -266,10 +274,13 @@ impl<K, St: Store, C> Shared<K, St, C> {
     }
 
     fn fail_closed(&self, mode: Mode) -> Conclusion {
-        self.counters.failed_closed.increment(1);
         if mode == Mode::Shadow {
+            // Rejected by the closed policy, admitted by shadow mode: counted apart, or a dark launch's
+            // dashboards would show 503s no client got.
+            self.counters.shadow_failed_closed.increment(1);
             return Conclusion::Admit(None);
         }
+        self.counters.failed_closed.increment(1);
         let rejection = Rejection::new(RejectionKind::StoreUnavailable, self.name.clone());
         // The retry the core's closed policy announces (one period, within 1 s to 60 s); it does not depend on now.
         let closed = FailurePolicy::Closed.synthesize(&self.policy, Timestamp::default());

@@ -22,7 +22,8 @@
 //!
 //! Metrics (through the `metrics` facade; install the recorder before building layers, whose counters are
 //! registered once): `tollgate_decisions_total{limiter, outcome}` with outcome `allowed`, `limited`,
-//! `shadow_limited`, `store_error_open`, `store_error_closed` or `store_error_local`, and
+//! `shadow_limited`, `store_error_open`, `store_error_closed`, `shadow_store_error_closed` or `store_error_local`
+//! (a request the local fallback refuses counts as `limited`: one outcome per decision), and
 //! `tollgate_store_errors_total{limiter, kind, failure_policy}`.
 //!
 //! ```
