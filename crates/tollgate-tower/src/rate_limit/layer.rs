@@ -65,7 +65,9 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
         }
     }
 
-    /// Sets the mode the layer starts in (on its current switch, which every clone shares).
+    /// Sets the mode the layer starts in. The mode lives in the layer's switch: after [`switch`](Self::switch)
+    /// this sets the mode of every layer sharing that switch (dark-launch one limiter with a switch of its own),
+    /// and a `switch` given afterwards brings its own mode instead.
     pub fn mode(self, mode: Mode) -> Self {
         self.switch.set(mode);
         self
@@ -76,7 +78,8 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
         self.mode(Mode::Shadow)
     }
 
-    /// Uses `switch` (e.g. one shared by several layers) for the enforcement mode.
+    /// Uses `switch` (e.g. one shared by several layers) for the enforcement mode, in the mode the switch is in:
+    /// a mode set on this layer before is the old switch's, and is not carried over.
     pub fn switch(mut self, switch: EnforcementSwitch) -> Self {
         self.switch = switch;
         self.built = Arc::default();
