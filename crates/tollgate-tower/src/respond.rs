@@ -64,7 +64,7 @@ pub trait Respond<Req, T> {
     }
 
     /// Builds the response from the inner service's result — or the limiter's error: a
-    /// [`Rejection`](crate::Rejection), a [`KeyError`](crate::KeyError), or an inner service that failed to become
+    /// [`Rejection`], a [`KeyError`](crate::KeyError), or an inner service that failed to become
     /// ready — and the limiter's verdict (`None` when nothing was decided: enforcement off, a failed-open store, or
     /// an error).
     fn respond(
