@@ -124,12 +124,60 @@ fn peer_ip<B>(req: &http::Request<B>) -> Result<IpAddr, KeyError> {
 
 /// The called method's path, `/package.Service/Method`: combine it with a client key, e.g.
 /// `(PeerIp, GrpcMethod)`, for one bucket per client and method under a single policy.
+///
+/// The path is the client's to choose: a limiter runs before tonic's router, so a call to a method that does not
+/// exist still gets a bucket, and a client sending endless invented paths fills an in-process store to its key
+/// bound (after which new keys fail with the store error policy). When the methods are known, prefer
+/// [`ServedMethod`], which keys every other path as one.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GrpcMethod;
 
 impl<B> KeyExtractor<http::Request<B>> for GrpcMethod {
     fn extract(&self, req: &http::Request<B>, key: &mut String) -> Result<(), KeyError> {
         key.push_str(req.uri().path());
+        Ok(())
+    }
+}
+
+/// The called method's path if it is one of the served ones, else `<unknown>`: [`GrpcMethod`] with a bounded
+/// number of keys, whatever paths clients invent.
+///
+/// ```
+/// use tollgate_grpc::key::ServedMethod;
+/// use tollgate_tower::KeyExtractor;
+///
+/// let served = ServedMethod::new(["/helloworld.Greeter/SayHello"]);
+/// let key = |path: &str| -> Result<String, Box<dyn std::error::Error>> {
+///     let mut key = String::new();
+///     served.extract(&http::Request::builder().uri(path).body(())?, &mut key)?;
+///     Ok(key)
+/// };
+/// assert_eq!(key("/helloworld.Greeter/SayHello")?, "/helloworld.Greeter/SayHello");
+/// assert_eq!(key("/helloworld.Greeter/Invented1")?, "<unknown>");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct ServedMethod {
+    methods: std::sync::Arc<std::collections::HashSet<String>>,
+}
+
+impl ServedMethod {
+    /// Keys calls to `methods` (paths, `/package.Service/Method`) by their path, and every other call as one.
+    pub fn new<I: IntoIterator<Item = S>, S: Into<String>>(methods: I) -> Self {
+        Self {
+            methods: std::sync::Arc::new(methods.into_iter().map(Into::into).collect()),
+        }
+    }
+}
+
+impl<B> KeyExtractor<http::Request<B>> for ServedMethod {
+    fn extract(&self, req: &http::Request<B>, key: &mut String) -> Result<(), KeyError> {
+        let path = req.uri().path();
+        key.push_str(if self.methods.contains(path) {
+            path
+        } else {
+            "<unknown>"
+        });
         Ok(())
     }
 }
