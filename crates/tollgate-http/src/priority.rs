@@ -48,6 +48,11 @@ impl<B> Classify<Request<B>> for MethodPriority {
 
 /// Classifies by a header naming the priority (`critical`, `high`, `normal`, `low`, any case), falling back to
 /// another classifier when the header is missing or unreadable.
+///
+/// Any client can send the header: honour it only where your own infrastructure sets it (a gateway that replaces
+/// it, or strips it at the edge), or every client is critical. When it appears more than once (a gateway that
+/// appends rather than replaces), the last value is read — the one nearest this service — never the client's
+/// first.
 #[derive(Debug, Clone)]
 pub struct HeaderPriority<F = MethodPriority> {
     header: HeaderName,
@@ -94,9 +99,12 @@ impl<F> HeaderPriority<F> {
 impl<B, F: Classify<Request<B>>> Classify<Request<B>> for HeaderPriority<F> {
     fn classify(&self, req: &Request<B>) -> Priority {
         req.headers()
-            .get(&self.header)
+            .get_all(&self.header)
+            .iter()
+            .next_back()
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| self.fallback.classify(req))
     }
 }
@@ -123,6 +131,23 @@ mod tests {
         for m in [Method::GET, Method::HEAD, Method::OPTIONS] {
             assert_eq!(c.classify(&req(m, None)), Priority::Normal);
         }
+    }
+
+    #[test]
+    fn the_value_nearest_the_service_wins() {
+        // A client sends `critical`; a gateway that appends (a second line, or after a comma) says `low`.
+        let c = HeaderPriority::new();
+        let two_lines = Request::get("/")
+            .header("x-priority", "critical")
+            .header("x-priority", "low")
+            .body(())
+            .unwrap();
+        assert_eq!(c.classify(&two_lines), Priority::Low);
+        let one_list = Request::get("/")
+            .header("x-priority", "critical, low")
+            .body(())
+            .unwrap();
+        assert_eq!(c.classify(&one_list), Priority::Low);
     }
 
     #[test]
