@@ -38,8 +38,11 @@ impl Args {
             offered: 0,
             duration: Duration::from_secs(5),
             warmup: Duration::ZERO,
+            // An empty REDIS_URL is unset, as for the tests.
             redis_url: std::env::var("REDIS_URL")
-                .unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+                .ok()
+                .filter(|url| !url.is_empty())
+                .unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
             autoscale: false,
         };
         let mut flags = Flags::new(argv);
@@ -47,7 +50,7 @@ impl Args {
             match flag.as_str() {
                 "--instances" => args.instances = flags.parsed(|v| at_most(v, 64))? as usize,
                 "--limit" => args.limit = flags.parsed(|v| at_most(v, 100_000))?,
-                "--offered" => args.offered = flags.parsed(|v| at_most(v, 200_000))?,
+                "--offered" => args.offered = flags.parsed(|v| at_most(v, MAX_OFFERED))?,
                 "--duration" => args.duration = flags.parsed(duration)?,
                 "--warmup" => args.warmup = flags.parsed(duration)?,
                 "--redis-url" => args.redis_url = flags.value()?,
@@ -58,6 +61,12 @@ impl Args {
         }
         if args.offered == 0 {
             args.offered = 6 * args.limit;
+        }
+        if args.offered > MAX_OFFERED {
+            return Err(format!(
+                "an offered load of {} req/s (6 × --limit unless --offered says) is more than {MAX_OFFERED}",
+                args.offered
+            ));
         }
         if args.warmup.is_zero() {
             // An instance starts with a full bucket of `limit` tokens and receives `offered / instances` per
@@ -73,9 +82,21 @@ impl Args {
         if args.duration < Duration::from_millis(500) {
             return Err("--duration must be at least 500ms".into());
         }
+        // The run keeps every request's latency: an hour at the highest load is already gigabytes.
+        for (flag, value) in [("--duration", args.duration), ("--warmup", args.warmup)] {
+            if value > MAX_TIME {
+                return Err(format!("{flag} must be at most {MAX_TIME:?}"));
+            }
+        }
         Ok(args)
     }
 }
+
+/// The highest offered load, in requests per second.
+const MAX_OFFERED: u64 = 200_000;
+
+/// The longest measured time or warm-up.
+const MAX_TIME: Duration = Duration::from_secs(3_600);
 
 fn at_most(v: &str, max: u64) -> Result<u64, String> {
     match positive(v)? {

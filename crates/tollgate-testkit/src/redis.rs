@@ -248,6 +248,8 @@ impl RedisServer {
         cli_url(&self.url(), args)
     }
 
+    /// Sends `signal` (`-STOP`, `-CONT`) through the `kill` program (procps; `scripts/test.sh` installs it where a
+    /// minimal image lacks it), which the test runs before the server handle is dropped.
     fn signal(&self, signal: &str) {
         if let Some(pid) = self.pid() {
             let status = Command::new("kill")
@@ -255,7 +257,7 @@ impl RedisServer {
                 .status();
             assert!(
                 matches!(status, Ok(s) if s.success()),
-                "kill {signal} {pid} failed: {status:?}"
+                "kill {signal} {pid} failed: {status:?} (is procps installed? `apt-get install procps`)"
             );
         }
     }
@@ -309,7 +311,8 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        self.resume(); // a stopped process cannot act on anything but SIGKILL, but let it go cleanly
+        // SIGKILL (through std, no program needed) ends a stopped process too; nothing here may panic, or the
+        // server and its directory would outlive the test.
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
