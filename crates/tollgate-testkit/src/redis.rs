@@ -213,7 +213,21 @@ impl RedisServer {
             }
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() && self.cli(&["PING"]) == "PONG"
             {
-                return Ok(());
+                // The port was free when picked, not reserved: another test's server may have taken it, and
+                // answered. Ours is the one with our child's pid.
+                let ours = self.pid().map(|pid| pid.to_string());
+                let answering = self.cli(&["INFO", "server"]);
+                let pid = answering
+                    .lines()
+                    .find_map(|line| line.trim().strip_prefix("process_id:"));
+                if pid.map(str::to_owned) == ours {
+                    return Ok(());
+                }
+                self.kill();
+                return Err(format!(
+                    "port {} answers for another redis-server (pid {pid:?})",
+                    self.port
+                ));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -272,7 +286,8 @@ impl RedisServer {
         self.signal("-CONT");
     }
 
-    /// Kills the server (SIGKILL) and waits for it to exit; its port stays reserved for [`restart`](Self::restart).
+    /// Kills the server (SIGKILL) and waits for it to exit; [`restart`](Self::restart) starts it on the same port
+    /// (free again, though nothing reserves it meanwhile).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
