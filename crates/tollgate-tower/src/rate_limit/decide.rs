@@ -186,11 +186,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     /// A store's decision as a conclusion: shadow mode, metrics.
     #[inline(always)]
     fn judge(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
-        if !decision.is_allowed() {
-            return self.over_limit(decision, mode, keep);
-        }
-        self.counters.allowed.increment(1);
-        Conclusion::Admit(keep.then(|| Box::new(self.verdict(decision, mode))))
+        self.judge_counting(decision, mode, keep, &self.counters.allowed)
     }
 
     /// A decision of the local fallback store (the shared one failed) as a conclusion, counted once, as the
@@ -198,10 +194,22 @@ impl<K, St: Store, C> Shared<K, St, C> {
     #[cold]
     #[inline(never)]
     fn judge_local(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
+        self.judge_counting(decision, mode, keep, &self.counters.failed_local)
+    }
+
+    /// A decision as a conclusion, an admission counted on `admitted`.
+    #[inline(always)]
+    fn judge_counting(
+        &self,
+        decision: Decision,
+        mode: Mode,
+        keep: bool,
+        admitted: &metrics::Counter,
+    ) -> Conclusion {
         if !decision.is_allowed() {
             return self.over_limit(decision, mode, keep);
         }
-        self.counters.failed_local.increment(1);
+        admitted.increment(1);
         Conclusion::Admit(keep.then(|| Box::new(self.verdict(decision, mode))))
     }
 
