@@ -102,11 +102,7 @@ pub fn rejection_status(rejection: &Rejection) -> tonic::Status {
         // Limiters further out had admitted (and counted) the call: their fields too.
         (rejected, admitted) => {
             let mut verdicts = Verdicts::default();
-            rejected
-                .into_iter()
-                .chain(admitted)
-                .cloned()
-                .for_each(|v| verdicts.push(v));
+            verdicts.extend(rejected.into_iter().chain(admitted).cloned());
             HeaderSet::ALL.render(&verdicts, &mut headers);
         }
     }

@@ -101,7 +101,7 @@ impl HttpResponder {
                     .extensions_mut()
                     .get_or_insert_default::<Verdicts>();
                 verdicts.push(first);
-                carried.for_each(|v| verdicts.push(v));
+                verdicts.extend(carried);
                 self.gather(outer, &mut response, own);
             }
         }

@@ -25,11 +25,14 @@ pub struct PeerIp;
 impl PeerIp {
     /// The request's peer address, IPv4-mapped IPv6 addresses folded to IPv4.
     pub fn peer_ip<B>(req: &Request<B>) -> Result<IpAddr, KeyError> {
-        req.extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(addr)| addr.ip().to_canonical())
-            .ok_or_else(missing_peer)
+        peer_of(req.extensions().get::<ConnectInfo<SocketAddr>>())
     }
+}
+
+/// The peer address in `info`, IPv4-mapped IPv6 folded to IPv4.
+fn peer_of(info: Option<&ConnectInfo<SocketAddr>>) -> Result<IpAddr, KeyError> {
+    info.map(|ConnectInfo(addr)| addr.ip().to_canonical())
+        .ok_or_else(missing_peer)
 }
 
 fn missing_peer() -> KeyError {
@@ -67,8 +70,7 @@ fn hash_peer_network(
     peer: Option<&ConnectInfo<SocketAddr>>,
     state: &mut DefaultHasher,
 ) -> Result<(), KeyError> {
-    let ip = peer.ok_or_else(missing_peer)?.0.ip().to_canonical();
-    hash_ip(state, client_network(ip, IPV6_CLIENT_PREFIX));
+    hash_ip(state, client_network(peer_of(peer)?, IPV6_CLIENT_PREFIX));
     Ok(())
 }
 

@@ -55,23 +55,17 @@ impl<B> KeyExtractor<Request<B>> for RouteKey {
 /// A standard method by its name (`HEAD` as `GET`), any other as `OTHER`: a client cannot mint keys by inventing
 /// methods.
 fn method_key(method: &Method) -> &str {
-    if method == Method::HEAD {
-        return Method::GET.as_str();
-    }
-    const STANDARD: [Method; 8] = [
-        Method::GET,
-        Method::POST,
-        Method::PUT,
-        Method::DELETE,
-        Method::PATCH,
-        Method::OPTIONS,
-        Method::CONNECT,
-        Method::TRACE,
-    ];
-    if STANDARD.contains(method) {
-        method.as_str()
-    } else {
-        "OTHER"
+    match *method {
+        Method::HEAD => Method::GET.as_str(),
+        Method::GET
+        | Method::POST
+        | Method::PUT
+        | Method::DELETE
+        | Method::PATCH
+        | Method::OPTIONS
+        | Method::CONNECT
+        | Method::TRACE => method.as_str(),
+        _ => "OTHER",
     }
 }
 
