@@ -11,8 +11,8 @@ use std::time::Duration;
 use tollgate_core::FailurePolicy;
 use tollgate_core::lease::LeaseStore;
 use tollgate_http::priority::HeaderPriority;
-use tollgate_stack::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
 use tollgate_tower::Mode;
+use tollgate_tower::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
 
 /// The usage lines of the stack's flags.
 pub(crate) const USAGE: &str = "  --concurrency N               at most N requests in flight per client on limited routes (429 beyond)

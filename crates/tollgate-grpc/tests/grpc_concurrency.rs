@@ -12,9 +12,9 @@ use tollgate_core::{MemoryStore, Policy, Quota};
 use tollgate_grpc::GrpcLimitLayer;
 use tollgate_grpc::key::PeerIp;
 use tollgate_redis::RedisStore;
-use tollgate_stack::{ConcurrencyLimitLayer, StackLayer};
 use tollgate_testkit::redis::{redis_url, unique_prefix};
 use tollgate_tower::RateLimitLayer;
+use tollgate_tower::{ConcurrencyLimitLayer, StackLayer};
 use tonic::Code;
 use tonic_types::StatusExt;
 

@@ -10,7 +10,7 @@ use crate::{HttpResponder, ResponseFuture};
 
 /// An `Infallible` HTTP service around tollgate limiters that leave their verdicts on the response (the
 /// Stripe-stack layers): answers their rejections itself and renders the headers. Built by
-/// [`HttpLimitLayer`](crate::HttpLimitLayer) through [`HttpAdapt`](crate::HttpAdapt).
+/// [`HttpLimitLayer`](crate::HttpLimitLayer).
 #[derive(Debug, Clone)]
 pub struct HttpLimit<S> {
     inner: S,

@@ -9,7 +9,7 @@ use axum::Router;
 use axum::routing::get;
 use tollgate_core::{FailurePolicy, Policy, Quota, Store};
 use tollgate_http::key::{ClientIp, HeaderKey, PeerIp, RouteKey};
-use tollgate_http::{HeaderSet, HttpLimitLayer};
+use tollgate_http::{HeaderSet, HttpLimitLayer, HttpRateLimitLayer};
 use tollgate_tower::{Mode, RateLimitLayer};
 
 use support::{Reply, get as http_get, limited_app as app, serve, serve_with};
@@ -172,9 +172,9 @@ async fn route_layer_stacks_with_router_layer<St: Store>(store: Arc<St>) {
         .route("/", get(|| async { "hello" }))
         .route(
             "/report",
-            get(|| async { "report" }).layer(HttpLimitLayer::new(report)),
+            get(|| async { "report" }).layer(HttpRateLimitLayer::new(report)),
         )
-        .layer(HttpLimitLayer::new(per_client));
+        .layer(HttpRateLimitLayer::new(per_client));
     let addr = serve(router).await;
 
     let first = http_get(addr, "/report", &[]).await;
@@ -224,11 +224,11 @@ async fn wrapped_and_in_place_layers_nest_either_way<St: Store>(store: Arc<St>) 
             "/",
             get(|| async { "hello" }).layer(HttpLimitLayer::new(pair())),
         )
-        .layer(HttpLimitLayer::new(limit("router", 8)));
+        .layer(HttpRateLimitLayer::new(limit("router", 8)));
     let wrapped_outside: Router = Router::new()
         .route(
             "/",
-            get(|| async { "hello" }).layer(HttpLimitLayer::new(limit("route", 7))),
+            get(|| async { "hello" }).layer(HttpRateLimitLayer::new(limit("route", 7))),
         )
         .layer(HttpLimitLayer::new(pair()));
 
@@ -303,15 +303,15 @@ both_stores!(
 async fn header_less_layer_reports_to_the_outer_one<St: Store>(store: Arc<St>) {
     let limit =
         |name: &'static str, n| RateLimitLayer::new(name, per_hour(n), store.clone(), PeerIp);
-    let quiet = |name| HttpLimitLayer::new(limit(name, 2)).headers(HeaderSet::NONE);
+    let quiet = |name| HttpRateLimitLayer::new(limit(name, 2)).headers(HeaderSet::NONE);
     let nested: Router = Router::new()
         .route("/", get(|| async { "hello" }).layer(quiet("quiet")))
-        .layer(HttpLimitLayer::new(limit("router", 8)));
+        .layer(HttpRateLimitLayer::new(limit("router", 8)));
     let alone: Router = Router::new().route("/", get(|| async { "hello" }).layer(quiet("alone")));
     let quiet_outside: Router = Router::new()
         .route(
             "/",
-            get(|| async { "hello" }).layer(HttpLimitLayer::new(limit("loud", 4))),
+            get(|| async { "hello" }).layer(HttpRateLimitLayer::new(limit("loud", 4))),
         )
         .layer(quiet("quiet-outside"));
 
@@ -348,12 +348,13 @@ both_stores!(
     header_less_layer_reports_to_the_outer_one
 );
 
-/// A limit switched on or off by configuration (`tower::util::option_layer`) is adapted like any other.
+/// A limit switched on or off by configuration (`tower::util::option_layer` of the adapted layer: both sides of
+/// the `Either` then answer `Infallible`).
 async fn optional_layer_limits_only_when_present<St: Store>(store: Arc<St>) {
     let app = |layer: Option<RateLimitLayer<PeerIp, St>>| {
         Router::new()
             .route("/", get(|| async { "hello" }))
-            .layer(HttpLimitLayer::new(tower::util::option_layer(layer)))
+            .layer(tower::util::option_layer(layer.map(HttpLimitLayer::new)))
     };
     let on = serve(app(Some(RateLimitLayer::new(
         "optional",
@@ -468,7 +469,7 @@ async fn unmatched_paths_are_limited_as_one_route<St: Store>(store: Arc<St>) {
     let layer = RateLimitLayer::new("route", per_hour(2), store, (PeerIp, RouteKey));
     let app = Router::new()
         .route("/users/{id}", get(|| async { "user" }))
-        .layer(HttpLimitLayer::new(layer));
+        .layer(HttpRateLimitLayer::new(layer));
     let addr = serve(app).await;
     for (path, status, remaining) in [("/nope", 404, 1), ("/users/", 404, 0), ("/a/b/c", 429, 0)] {
         let reply = http_get(addr, path, &[]).await;
@@ -487,7 +488,7 @@ async fn stacked_layers_asking_for_different_fields_agree<St: Store>(store: Arc<
     // The outermost layer renders every family any layer asked for, over every verdict: the GitHub fields name the
     // binding limit of both, whichever layer asked for them.
     let limit = |name: &'static str, n, headers| {
-        HttpLimitLayer::new(RateLimitLayer::new(
+        HttpRateLimitLayer::new(RateLimitLayer::new(
             name,
             per_hour(n),
             store.clone(),

@@ -15,19 +15,21 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tollgate_core::{MemoryStore, Policy};
 
-use tollgate_http::{HttpAdapt, HttpLimitLayer};
+use tollgate_http::HttpLimitLayer;
 use tollgate_redis::RedisStore;
 
 /// `GET /` limited by `layer` (through the HTTP adapter), `GET /health` never limited.
 pub fn limited_app<L>(layer: L) -> Router
 where
-    L: HttpAdapt<Route> + Clone + Send + Sync + 'static,
-    L::Service: tower::Service<Request, Response = Response, Error = Infallible>
+    L: tower::Layer<Route> + Clone + Send + Sync + 'static,
+    HttpLimitLayer<L>: tower::Layer<Route>,
+    <HttpLimitLayer<L> as tower::Layer<Route>>::Service: tower::Service<Request, Response = Response, Error = Infallible>
         + Clone
         + Send
         + Sync
         + 'static,
-    <L::Service as tower::Service<Request>>::Future: Send + 'static,
+    <<HttpLimitLayer<L> as tower::Layer<Route>>::Service as tower::Service<Request>>::Future:
+        Send + 'static,
 {
     Router::new()
         .route("/", routing::get(|| async { "hello" }))

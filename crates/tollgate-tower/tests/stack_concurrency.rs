@@ -15,8 +15,8 @@ use http_body_util::BodyExt;
 use tollgate_core::lease::{LeaseId, LeaseStore, MemoryLeaseStore};
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::HeaderKey;
-use tollgate_stack::ConcurrencyLimitLayer;
 use tollgate_testkit::redis::{cli_url, redis_url, unique_prefix};
+use tollgate_tower::ConcurrencyLimitLayer;
 use tollgate_tower::{BoxError, KeyExtractor};
 use tower::{Service, ServiceExt};
 
@@ -152,14 +152,14 @@ fn lease_times_from_3_ms_to_a_day_are_accepted_and_others_are_config_errors() {
     let store = Arc::new(MemoryLeaseStore::new());
     for ttl in [
         Duration::from_millis(3),
-        tollgate_stack::concurrency::MAX_LEASE_TTL,
+        tollgate_tower::limit::concurrency::MAX_LEASE_TTL,
     ] {
         assert!(layer(1, store.clone()).lease_ttl(ttl).is_ok(), "{ttl:?}");
     }
     for (ttl, why) in [
         (Duration::from_millis(2), "too short"),
         (
-            tollgate_stack::concurrency::MAX_LEASE_TTL + Duration::from_millis(1),
+            tollgate_tower::limit::concurrency::MAX_LEASE_TTL + Duration::from_millis(1),
             "too long",
         ),
         (Duration::MAX, "too long"),

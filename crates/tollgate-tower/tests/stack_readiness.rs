@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::lease::MemoryLeaseStore;
-use tollgate_stack::{ConcurrencyLimitLayer, WorkerShedLayer};
 use tollgate_tower::{BoxError, ConstPriority, KeyFn, Priority, Rejection, RejectionKind};
+use tollgate_tower::{ConcurrencyLimitLayer, WorkerShedLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 type Req = http::Request<&'static str>;

@@ -14,8 +14,8 @@ use tollgate_core::{MemoryStore, Policy, Quota};
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::HeaderKey;
 use tollgate_http::priority::HeaderPriority;
-use tollgate_stack::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
 use tollgate_testkit::redis::{cli_url, redis_url, unique_prefix};
+use tollgate_tower::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
 use tollgate_tower::{KeyExtractor, Priority, RateLimitLayer};
 
 use support::{Gate, app, get, redis_instance, serve};

@@ -11,9 +11,9 @@ use tollgate_core::{Policy, Quota};
 use tollgate_grpc::GrpcLimitLayer;
 use tollgate_grpc::key::MetadataKey;
 use tollgate_redis::RedisStore;
-use tollgate_stack::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
 use tollgate_testkit::redis::{redis_url, unique_prefix};
 use tollgate_tower::{ClassifyFn, Priority, RateLimitLayer};
+use tollgate_tower::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
 use tonic::Code;
 use tonic_types::StatusExt;
 

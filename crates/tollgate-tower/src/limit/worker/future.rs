@@ -3,8 +3,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use crate::BoxError;
 use pin_project_lite::pin_project;
-use tollgate_tower::BoxError;
 
 use crate::{HoldPermit, Permit};
 

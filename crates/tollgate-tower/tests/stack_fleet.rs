@@ -10,8 +10,8 @@ use std::time::Duration;
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::priority::HeaderPriority;
 use tollgate_redis::RedisStore;
-use tollgate_stack::FleetShedLayer;
 use tollgate_testkit::redis::{cli_url, redis_url, unique_prefix};
+use tollgate_tower::FleetShedLayer;
 use tollgate_tower::Priority;
 
 use support::{Gate, app, eventually, get, redis_instance, serve};

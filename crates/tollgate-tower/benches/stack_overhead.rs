@@ -10,8 +10,8 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use tollgate_core::lease::{MemoryLeaseStore, block_on_ready};
 use tollgate_core::{MemoryStore, Policy, Quota};
-use tollgate_stack::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
 use tollgate_tower::{BoxError, ConstKey, ConstPriority, Priority, RateLimitLayer};
+use tollgate_tower::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 type Req = http::Request<()>;

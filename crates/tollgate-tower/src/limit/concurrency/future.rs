@@ -3,8 +3,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use crate::BoxError;
 use pin_project_lite::pin_project;
-use tollgate_tower::BoxError;
 use tower_service::Service;
 
 use super::decide::Conclusion;
@@ -15,7 +15,7 @@ const POLLED_AFTER_COMPLETION: &str = "concurrency-limit response future polled 
 pub(crate) type Deciding = Pin<Box<dyn Future<Output = Conclusion> + Send>>;
 
 pin_project! {
-    /// Response future of [`ConcurrencyLimit`](super::ConcurrencyLimit).
+    /// Response future of [`LeaseLimit`](super::LeaseLimit).
     ///
     /// Dropping it (a cancelled request) drops the permit it holds, which releases the lease.
     pub struct ResponseFuture<F, S, Req> {

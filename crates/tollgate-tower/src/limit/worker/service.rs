@@ -2,7 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tollgate_tower::{BoxError, Classify, Mode, Rejection, RejectionKind};
+use crate::{BoxError, Classify, Mode, Rejection, RejectionKind};
 use tower_service::Service;
 
 use super::ResponseFuture;
@@ -12,8 +12,8 @@ use crate::{HoldPermit, Permit};
 /// A service shedding by priority when its instance is busy: built by a
 /// [`WorkerShedLayer`](super::WorkerShedLayer).
 ///
-/// Errors are the inner service's, boxed, plus [`Rejection`](tollgate_tower::Rejection)s of kind
-/// [`Shed`](tollgate_tower::RejectionKind::Shed).
+/// Errors are the inner service's, boxed, plus [`Rejection`](crate::Rejection)s of kind
+/// [`Shed`](crate::RejectionKind::Shed).
 pub struct WorkerShed<S, P> {
     inner: S,
     state: Arc<WorkerState>,

@@ -8,7 +8,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use std::sync::atomic::{AtomicBool, Ordering};
-//! use tollgate_stack::{HoldPermit, Permit};
+//! use tollgate_tower::{HoldPermit, Permit};
 //!
 //! struct Flag(Arc<AtomicBool>);
 //! impl Drop for Flag {

@@ -2,13 +2,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::{EnforcementSwitch, Mode, Name, RejectionKind};
 use tollgate_core::FailurePolicy;
 use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
-use tollgate_tower::{EnforcementSwitch, Mode, Name, RejectionKind};
 use tower_layer::Layer;
 
 use super::decide::{Settings, Shared};
-use super::{ConcurrencyLimit, PerKey};
+use super::{LeaseLimit, PerKey};
 use crate::ConfigError;
 
 /// How long a shared lease lives unless renewed (default): a crashed instance's requests stop counting after it.
@@ -195,7 +195,7 @@ impl<R, L> fmt::Debug for LeaseLimitLayer<R, L> {
 }
 
 impl<S, R: Clone, L: LeaseStore> Layer<S> for LeaseLimitLayer<R, L> {
-    type Service = ConcurrencyLimit<S, R, L>;
+    type Service = LeaseLimit<S, R, L>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let shared = Shared::new(
@@ -205,6 +205,6 @@ impl<S, R: Clone, L: LeaseStore> Layer<S> for LeaseLimitLayer<R, L> {
             self.kind,
             self.fallback.clone(),
         );
-        ConcurrencyLimit::from_shared(inner, Arc::new(shared))
+        LeaseLimit::from_shared(inner, Arc::new(shared))
     }
 }

@@ -5,11 +5,11 @@
 //! - granted: the inner service runs, and the response holds the lease ([`HoldPermit`](crate::HoldPermit)) — for
 //!   HTTP in its body, so the lease is held until the body is done or dropped (a stream until it ends), and given
 //!   back on client disconnect, cancellation (the future dropped) and a panicking handler alike;
-//! - over the limit: the call fails at once with a [`Rejection`](tollgate_tower::Rejection) of kind
-//!   [`ConcurrencyLimited`](tollgate_tower::RejectionKind::ConcurrencyLimited) (HTTP 429, gRPC
+//! - over the limit: the call fails at once with a [`Rejection`](crate::Rejection) of kind
+//!   [`ConcurrencyLimited`](crate::RejectionKind::ConcurrencyLimited) (HTTP 429, gRPC
 //!   `RESOURCE_EXHAUSTED`); nothing is queued, and the inner service's readiness is released;
 //! - the store fails: the layer's failure policy answers (admit, reject with
-//!   [`StoreUnavailable`](tollgate_tower::RejectionKind::StoreUnavailable), or count in process).
+//!   [`StoreUnavailable`](crate::RejectionKind::StoreUnavailable), or count in process).
 //!
 //! With [`MemoryLeaseStore`](tollgate_core::lease::MemoryLeaseStore) the limit holds per instance; with the Redis
 //! store for the whole fleet. Shared leases expire after the lease time unless renewed, which the holder does
@@ -24,7 +24,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use tollgate_core::lease::MemoryLeaseStore;
-//! use tollgate_stack::ConcurrencyLimitLayer;
+//! use tollgate_tower::ConcurrencyLimitLayer;
 //! use tollgate_tower::{BoxError, KeyFn, Rejection, RejectionKind};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
@@ -61,16 +61,19 @@ pub use future::ResponseFuture;
 pub use layer::{
     ConcurrencyLimitLayer, DEFAULT_LEASE_TTL, DEFAULT_RETRY_AFTER, LeaseLimitLayer, MAX_LEASE_TTL,
 };
-pub use service::ConcurrencyLimit;
+pub use service::LeaseLimit;
+
+/// The service a [`ConcurrencyLimitLayer`] builds: a [`LeaseLimit`] with one lease set per key.
+pub type ConcurrencyLimit<S, K, L> = LeaseLimit<S, PerKey<K>, L>;
 
 pub(crate) use decide::Settings;
 
-use tollgate_tower::{KeyError, KeyExtractor};
+use crate::{KeyError, KeyExtractor};
 
 /// Which lease set a request counts against, and its ceiling there.
 ///
 /// [`PerKey`] (the concurrency limiter: one set per client key, one limit) and
-/// [`FleetRule`](crate::fleet::FleetRule) (the fleet shedder: one fleet-wide set, a ceiling per priority)
+/// [`FleetRule`](crate::limit::fleet::FleetRule) (the fleet shedder: one fleet-wide set, a ceiling per priority)
 /// implement it.
 pub trait LeaseRule<Req>: Send + Sync + 'static {
     /// Appends the request's key (after the limiter's name) to `key` and returns its ceiling.

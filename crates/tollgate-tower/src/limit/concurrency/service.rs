@@ -2,8 +2,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
+use crate::{BoxError, EnforcementSwitch, Mode};
 use tollgate_core::lease::LeaseStore;
-use tollgate_tower::{BoxError, EnforcementSwitch, Mode};
 use tower_service::Service;
 
 use super::LeaseRule;
@@ -14,14 +14,14 @@ use crate::HoldPermit;
 /// A service whose requests hold a lease while in flight: built by a
 /// [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer) or a [`FleetShedLayer`](crate::FleetShedLayer).
 ///
-/// Errors are the inner service's, boxed, plus [`Rejection`](tollgate_tower::Rejection) (too many in flight, or
-/// the store failed closed) and [`KeyError`](tollgate_tower::KeyError) (the key's source is missing).
-pub struct ConcurrencyLimit<S, R, L> {
+/// Errors are the inner service's, boxed, plus [`Rejection`](crate::Rejection) (too many in flight, or
+/// the store failed closed) and [`KeyError`](crate::KeyError) (the key's source is missing).
+pub struct LeaseLimit<S, R, L> {
     inner: S,
     shared: Arc<Shared<R, L>>,
 }
 
-impl<S, R, L> ConcurrencyLimit<S, R, L> {
+impl<S, R, L> LeaseLimit<S, R, L> {
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared<R, L>>) -> Self {
         Self { inner, shared }
     }
@@ -38,7 +38,7 @@ impl<S, R, L> ConcurrencyLimit<S, R, L> {
     }
 }
 
-impl<S: Clone, R, L> ConcurrencyLimit<S, R, L> {
+impl<S: Clone, R, L> LeaseLimit<S, R, L> {
     /// Takes the inner service that `poll_ready` made ready, leaving a clone in its place, so that a rejected or
     /// deferred request neither holds nor leaks the readiness it was granted.
     fn take_ready(&mut self) -> S {
@@ -47,7 +47,7 @@ impl<S: Clone, R, L> ConcurrencyLimit<S, R, L> {
     }
 }
 
-impl<S: Clone, R, L> Clone for ConcurrencyLimit<S, R, L> {
+impl<S: Clone, R, L> Clone for LeaseLimit<S, R, L> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -56,9 +56,9 @@ impl<S: Clone, R, L> Clone for ConcurrencyLimit<S, R, L> {
     }
 }
 
-impl<S: fmt::Debug, R, L> fmt::Debug for ConcurrencyLimit<S, R, L> {
+impl<S: fmt::Debug, R, L> fmt::Debug for LeaseLimit<S, R, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConcurrencyLimit")
+        f.debug_struct("LeaseLimit")
             .field("inner", &self.inner)
             .field("limiter", &self.shared.settings.name)
             .field("mode", &self.shared.settings.switch.mode())
@@ -66,7 +66,7 @@ impl<S: fmt::Debug, R, L> fmt::Debug for ConcurrencyLimit<S, R, L> {
     }
 }
 
-impl<S, R, L, Req> Service<Req> for ConcurrencyLimit<S, R, L>
+impl<S, R, L, Req> Service<Req> for LeaseLimit<S, R, L>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,

@@ -2,8 +2,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_tower::observe::{Counters, LogGate};
-use tollgate_tower::{EnforcementSwitch, Mode, Name, Priority};
+use crate::observe::{Counters, LogGate};
+use crate::{EnforcementSwitch, Mode, Name, Priority};
 use tower_layer::Layer;
 
 use super::WorkerShed;
@@ -12,7 +12,7 @@ use super::controller::{
     DEFAULT_THRESHOLDS, Tuning,
 };
 use crate::ConfigError;
-use crate::concurrency::DEFAULT_RETRY_AFTER;
+use crate::limit::concurrency::DEFAULT_RETRY_AFTER;
 
 /// The worker shedder's default name (in metrics, logs and rejections).
 pub const DEFAULT_WORKER_NAME: &str = "worker";

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tollgate_tower::Priority;
+use crate::Priority;
 
 /// Default utilization (percent of capacity) at which each class starts being shed, indexed like
 /// [`Priority::ALL`]: `Critical` 100 %, `High` 90 %, `Normal` 75 %, `Low` 60 %.

@@ -14,8 +14,8 @@ use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::HeaderKey;
 use tollgate_http::priority::HeaderPriority;
 use tollgate_redis::RedisStore;
-use tollgate_stack::{ConcurrencyLimitLayer, FleetShedLayer, WorkerShedLayer};
 use tollgate_testkit::redis::RedisServer;
+use tollgate_tower::{ConcurrencyLimitLayer, FleetShedLayer, WorkerShedLayer};
 use tollgate_tower::{Mode, Priority};
 
 use support::{Gate, app, get, serve};

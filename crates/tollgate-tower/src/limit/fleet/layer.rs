@@ -1,12 +1,14 @@
 use std::sync::Arc;
 
+use crate::{EnforcementSwitch, Name, Priority, RejectionKind};
 use tollgate_core::FailurePolicy;
 use tollgate_core::lease::LeaseStore;
-use tollgate_tower::{EnforcementSwitch, Name, Priority, RejectionKind};
 
 use super::FleetRule;
 use crate::ConfigError;
-use crate::concurrency::{DEFAULT_LEASE_TTL, DEFAULT_RETRY_AFTER, LeaseLimitLayer, Settings};
+use crate::limit::concurrency::{
+    DEFAULT_LEASE_TTL, DEFAULT_RETRY_AFTER, LeaseLimitLayer, Settings,
+};
 
 /// The share of fleet capacity reserved for `Critical` requests (default), in percent.
 pub const DEFAULT_RESERVE_PERCENT: u8 = 20;

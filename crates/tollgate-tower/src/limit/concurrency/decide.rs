@@ -3,13 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::observe::{Counters, LogGate, StoreErrors};
+use crate::{EnforcementSwitch, Mode, Name, Rejection, RejectionKind};
 use tollgate_core::lease::{LeaseId, LeaseStore, MemoryLeaseStore, block_on_ready};
 use tollgate_core::{FailurePolicy, StoreError};
-use tollgate_tower::observe::{Counters, LogGate, StoreErrors};
-use tollgate_tower::{EnforcementSwitch, Mode, Name, Rejection, RejectionKind};
 
 use crate::Permit;
-use crate::lease_guard::LeaseGuard;
+use crate::limit::lease_guard::LeaseGuard;
 
 /// What the limiter concluded about one request.
 pub(crate) enum Conclusion {

@@ -5,7 +5,7 @@
 //! request's ceiling depends on its [`Priority`]: `Critical` requests may use the whole fleet capacity; every
 //! other class only `capacity − reserve`, where the reserve is a share of the capacity
 //! ([`DEFAULT_RESERVE_PERCENT`], 20 %, by default). Once non-critical requests fill their share, further ones are
-//! shed with a [`Rejection`](tollgate_tower::Rejection) of kind [`Shed`](tollgate_tower::RejectionKind::Shed)
+//! shed with a [`Rejection`](crate::Rejection) of kind [`Shed`](crate::RejectionKind::Shed)
 //! (HTTP 503, gRPC `UNAVAILABLE`, with a retry delay), while critical requests still pass.
 //!
 //! The ceilings are checked by the acquire script itself (it gets the request's ceiling as its limit), so the
@@ -14,7 +14,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use tollgate_core::lease::MemoryLeaseStore;
-//! use tollgate_stack::FleetShedLayer;
+//! use tollgate_tower::FleetShedLayer;
 //! use tollgate_tower::{ConstPriority, Priority};
 //!
 //! // In production the store is a RedisStore shared by every instance.
@@ -22,16 +22,16 @@
 //!     .reserve_percent(25)?;
 //! assert_eq!(layer.ceiling(Priority::Critical), 100);
 //! assert_eq!(layer.ceiling(Priority::High), 75);
-//! # Ok::<(), tollgate_stack::ConfigError>(())
+//! # Ok::<(), tollgate_tower::ConfigError>(())
 //! ```
 
 mod layer;
 
 pub use layer::{DEFAULT_FLEET_KEY, DEFAULT_RESERVE_PERCENT, FleetShedLayer};
 
-use tollgate_tower::{Classify, KeyError, Priority};
+use crate::{Classify, KeyError, Priority};
 
-use crate::concurrency::LeaseRule;
+use crate::limit::concurrency::LeaseRule;
 
 /// The fleet shedder's rule: one key, a ceiling per priority.
 #[derive(Debug, Clone)]
@@ -64,7 +64,7 @@ impl<Req, P: Classify<Req>> LeaseRule<Req> for FleetRule<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_tower::ConstPriority;
+    use crate::ConstPriority;
 
     fn rule(capacity: u64, reserve_percent: u8) -> FleetRule<ConstPriority> {
         FleetRule {

@@ -1,8 +1,8 @@
 //! The worker-utilization load shedder: when this instance is busy, shed the least important traffic first.
 //!
 //! [`WorkerShedLayer`] counts the requests in flight through it (until each response body is finished) against
-//! the instance's capacity. A controller turns utilization into a shed level per [`Priority`](tollgate_tower::Priority) — the percentage
-//! of that class's requests rejected with [`Shed`](tollgate_tower::RejectionKind::Shed) (HTTP 503, gRPC
+//! the instance's capacity. A controller turns utilization into a shed level per [`Priority`](crate::Priority) — the percentage
+//! of that class's requests rejected with [`Shed`](crate::RejectionKind::Shed) (HTTP 503, gRPC
 //! `UNAVAILABLE`):
 //!
 //! - each class has a threshold; defaults: `Low` at 60 %, `Normal` at 75 %, `High` at 90 %, `Critical` at 100 % of
@@ -22,7 +22,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tollgate_stack::WorkerShedLayer;
+//! use tollgate_tower::WorkerShedLayer;
 //! use tollgate_tower::{ClassifyFn, Priority};
 //!
 //! let layer = WorkerShedLayer::new(64, ClassifyFn::new(|req: &http::Request<()>| {
@@ -31,7 +31,7 @@
 //! .thresholds(50, 70, 85, 100)?
 //! .interval(Duration::from_millis(50));
 //! assert_eq!(layer.shed_percent(Priority::Low), 0);
-//! # Ok::<(), tollgate_stack::ConfigError>(())
+//! # Ok::<(), tollgate_tower::ConfigError>(())
 //! ```
 
 mod controller;

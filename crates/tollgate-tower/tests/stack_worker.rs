@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::priority::HeaderPriority;
-use tollgate_stack::WorkerShedLayer;
 use tollgate_tower::Priority;
+use tollgate_tower::WorkerShedLayer;
 
 use support::{Gate, app, get, serve};
 
