@@ -2,8 +2,8 @@ use std::convert::Infallible;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
+use tollgate_tower::__private::DeferredReadiness;
 use tollgate_tower::BoxError;
-use tollgate_tower::respond::DeferredReadiness;
 use tower_service::Service;
 
 use crate::{HttpResponder, ResponseFuture};

@@ -32,6 +32,7 @@ mod error;
 pub mod headers;
 pub mod key;
 pub mod limit;
+mod log_gate;
 pub mod mode;
 mod name;
 pub mod observe;
@@ -40,6 +41,7 @@ pub mod permit;
 #[cfg(feature = "stack")]
 mod permit_body;
 pub mod priority;
+mod readiness;
 pub mod rejection;
 pub mod respond;
 pub mod verdict;
@@ -66,6 +68,14 @@ pub use permit_body::PermitBody;
 pub use priority::{Classify, ClassifyFn, ConstPriority, Priority};
 pub use rejection::{Rejection, RejectionKind};
 pub use verdict::{Verdict, VerdictSink, Verdicts};
+
+/// Not public API: what the tollgate adapter crates (`tollgate-http`, `tollgate-grpc`) share with the limiters.
+/// Exempt from semver; may change in any release.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::log_gate::LogGate;
+    pub use crate::readiness::DeferredReadiness;
+}
 
 /// The boxed error type of tower services, from which [`Rejection`] and [`KeyError`] are downcast.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

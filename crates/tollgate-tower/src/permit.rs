@@ -66,3 +66,30 @@ impl<B> HoldPermit for http::Response<B> {
         self.map(|body| PermitBody::new(body, permit))
     }
 }
+
+/// The [`Answer`](crate::limit::Answer) of the lease limiters and shedders: an admitted response holds its
+/// [`Permit`] (through [`HoldPermit`]); errors pass on, and a failed call's permit is dropped at once.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Hold;
+
+impl crate::limit::Grants for Hold {
+    type Grant = Permit;
+}
+
+impl<Req, T: HoldPermit> crate::limit::Answer<Req, T> for Hold {
+    type Output = Result<T::Held, crate::BoxError>;
+
+    #[inline(always)]
+    fn amend_ok(&self, _: &mut T, grant: Option<Permit>) -> Option<Permit> {
+        grant
+    }
+
+    #[inline(always)]
+    fn finish_ok(&self, response: T, grant: Option<Permit>) -> Self::Output {
+        Ok(response.hold(grant))
+    }
+
+    fn respond(&self, result: Result<T, crate::BoxError>, grant: Option<Permit>) -> Self::Output {
+        result.map(|response| response.hold(grant))
+    }
+}

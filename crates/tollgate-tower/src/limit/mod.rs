@@ -57,8 +57,10 @@
 
 #[cfg(feature = "stack")]
 pub mod concurrency;
+mod core;
 #[cfg(feature = "stack")]
 pub mod fleet;
+mod future;
 #[cfg(feature = "stack")]
 mod lease_guard;
 pub mod rate;
@@ -66,3 +68,5 @@ pub mod rate;
 pub mod stack;
 #[cfg(feature = "stack")]
 pub mod worker;
+
+pub use future::{Answer, Grants, Responder, ResponseFuture};

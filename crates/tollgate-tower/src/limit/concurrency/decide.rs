@@ -1,76 +1,67 @@
-//! The decision shared by every clone of a lease-limited service: acquire, failure policy, shadow mode, metrics.
+//! The lease limiters' decision, shared by every clone of a lease-limited service: the acquire, and the conclusion
+//! the [`Judge`] draws from the store's answer (mode, metrics, failure policy).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::observe::{Counters, LogGate, StoreErrors};
-use crate::{EnforcementSwitch, Mode, Name, Rejection, RejectionKind};
 use tollgate_core::lease::{LeaseId, LeaseStore, MemoryLeaseStore, block_on_ready};
 use tollgate_core::{FailurePolicy, StoreError};
 
-use crate::Permit;
+use crate::limit::core::{self, Judge};
 use crate::limit::lease_guard::LeaseGuard;
+use crate::{EnforcementSwitch, Mode, Name, Permit, Rejection, RejectionKind};
 
-/// What the limiter concluded about one request.
-pub(crate) enum Conclusion {
-    /// Pass the request on, holding the permit (if any) until the response is finished.
-    Admit(Option<Permit>),
-    /// Reject it.
-    Reject(Rejection),
-}
+/// What a lease limiter concludes: an admission grants the permit its response holds.
+pub(crate) type Conclusion = core::Conclusion<Permit>;
 
 /// Settings common to the concurrency limiter and the fleet shedder.
 #[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) name: Name,
-    pub(crate) switch: EnforcementSwitch,
     pub(crate) lease_ttl: Duration,
     pub(crate) retry_after: Duration,
     pub(crate) on_error: FailurePolicy,
 }
 
 pub(crate) struct Shared<R, L> {
-    pub(crate) settings: Settings,
+    pub(crate) judge: Judge,
     pub(crate) rule: R,
+    lease_ttl: Duration,
+    retry_after: Duration,
     store: Arc<L>,
     kind: RejectionKind,
     fallback: Option<Arc<MemoryLeaseStore>>,
-    counters: Counters,
-    store_errors: StoreErrors,
-    log_gate: LogGate,
 }
 
 impl<R, L: LeaseStore> Shared<R, L> {
     pub(crate) fn new(
         settings: Settings,
+        switch: EnforcementSwitch,
         rule: R,
         store: Arc<L>,
         kind: RejectionKind,
         fallback: Option<Arc<MemoryLeaseStore>>,
     ) -> Self {
-        let outcome = if kind.is_overload() {
+        let refused = if kind.is_overload() {
             "shed"
         } else {
             "limited"
         };
-        let counters = Counters::new(&settings.name, outcome);
-        let store_errors = StoreErrors::new(&settings.name, settings.on_error);
         Self {
-            settings,
+            judge: Judge::new(settings.name, switch, Some(settings.on_error), refused),
             rule,
+            lease_ttl: settings.lease_ttl,
+            retry_after: settings.retry_after,
             store,
             kind,
             fallback,
-            counters,
-            store_errors,
-            log_gate: LogGate::new(),
         }
     }
 
     /// Decides one request against `limit` leases on `key`, in `mode` (`Enforce` or `Shadow`).
     pub(crate) async fn decide(self: Arc<Self>, key: String, limit: u64, mode: Mode) -> Conclusion {
         let lease = LeaseId::new();
-        let ttl = self.settings.lease_ttl;
+        let ttl = self.lease_ttl;
         // A shared store's acquire may land even if this future is dropped while waiting for the reply (the
         // client went away): this guard then gives the lease back instead of letting it count until it expires.
         let in_doubt = self
@@ -89,44 +80,30 @@ impl<R, L: LeaseStore> Shared<R, L> {
         }
         match result {
             Ok(admission) if admission.granted => {
-                self.counters.allowed.increment(1);
+                self.judge.admitted();
                 let guard = LeaseGuard::new(self.store.clone(), key, lease, ttl);
                 Conclusion::Admit(Some(Permit::new(guard)))
             }
             Ok(admission) => self.over_limit(mode, admission.in_flight, limit),
-            Err(err) => self.recover(key, lease, limit, mode, &err),
+            Err(err) => self.store_failed(key, lease, limit, mode, &err),
         }
     }
 
     fn over_limit(&self, mode: Mode, in_flight: u64, limit: u64) -> Conclusion {
-        if mode == Mode::Shadow {
-            self.counters.shadow_rejected.increment(1);
-            if self.log_gate.open() {
-                tracing::info!(
-                    limiter = &*self.settings.name,
-                    in_flight,
-                    limit,
-                    "shadow mode: request over the in-flight limit admitted"
-                );
-            }
-            return Conclusion::Admit(None);
-        }
-        self.counters.rejected.increment(1);
-        tracing::debug!(
-            limiter = &*self.settings.name,
-            in_flight,
-            limit,
-            "request rejected: {}",
-            self.kind
-        );
-        Conclusion::Reject(
-            Rejection::new(self.kind, self.settings.name.clone())
-                .with_retry_after(self.settings.retry_after),
+        self.judge.over_limit(
+            mode,
+            &format_args!("{in_flight} in flight, limit {limit}: {}", self.kind),
+            || None,
+            || {
+                Rejection::new(self.kind, self.judge.name.clone())
+                    .with_retry_after(self.retry_after)
+            },
         )
     }
 
-    /// Applies the failure policy after a store error.
-    fn recover(
+    /// The failure policy after a store error, applied by the judge; the local fallback counts in process with
+    /// the same ceilings.
+    fn store_failed(
         &self,
         key: String,
         lease: LeaseId,
@@ -134,47 +111,17 @@ impl<R, L: LeaseStore> Shared<R, L> {
         mode: Mode,
         err: &StoreError,
     ) -> Conclusion {
-        let policy = self.settings.on_error;
-        self.store_errors.count(err);
-        if self.log_gate.open() {
-            tracing::warn!(
-                limiter = &*self.settings.name,
-                error = %err,
-                failure_policy = policy.as_str(),
-                "lease store failed; applying the failure policy"
-            );
-        }
-        match (policy, &self.fallback) {
-            (FailurePolicy::Open, _) => {
-                self.counters.failed_open.increment(1);
-                Conclusion::Admit(None)
-            }
-            (FailurePolicy::Local, Some(local)) => {
-                match block_on_ready(local.acquire(&key, lease, limit, self.settings.lease_ttl)) {
-                    Ok(admission) if admission.granted => {
-                        self.counters.failed_local.increment(1);
-                        let guard =
-                            LeaseGuard::new(local.clone(), key, lease, self.settings.lease_ttl);
-                        Conclusion::Admit(Some(Permit::new(guard)))
-                    }
-                    Ok(admission) => self.over_limit(mode, admission.in_flight, limit),
-                    Err(_) => self.fail_closed(mode),
+        self.judge
+            .store_failed(err, mode, Some(self.retry_after), || {
+                let local = self.fallback.as_ref()?;
+                let admission =
+                    block_on_ready(local.acquire(&key, lease, limit, self.lease_ttl)).ok()?;
+                if !admission.granted {
+                    return Some(self.over_limit(mode, admission.in_flight, limit));
                 }
-            }
-            _ => self.fail_closed(mode),
-        }
-    }
-
-    fn fail_closed(&self, mode: Mode) -> Conclusion {
-        if mode == Mode::Shadow {
-            // Rejected by the closed policy, admitted by shadow mode: counted apart.
-            self.counters.shadow_failed_closed.increment(1);
-            return Conclusion::Admit(None);
-        }
-        self.counters.failed_closed.increment(1);
-        Conclusion::Reject(
-            Rejection::new(RejectionKind::StoreUnavailable, self.settings.name.clone())
-                .with_retry_after(self.settings.retry_after),
-        )
+                self.judge.admitted_locally();
+                let guard = LeaseGuard::new(local.clone(), key, lease, self.lease_ttl);
+                Some(Conclusion::Admit(Some(Permit::new(guard))))
+            })
     }
 }

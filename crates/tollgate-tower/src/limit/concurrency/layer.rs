@@ -2,14 +2,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{EnforcementSwitch, Mode, Name, RejectionKind};
 use tollgate_core::FailurePolicy;
 use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
 use tower_layer::Layer;
 
 use super::decide::{Settings, Shared};
 use super::{LeaseLimit, PerKey};
-use crate::ConfigError;
+use crate::limit::core::{Built, enforcement_methods};
+use crate::{ConfigError, EnforcementSwitch, Name, RejectionKind};
 
 /// How long a shared lease lives unless renewed (default): a crashed instance's requests stop counting after it.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
@@ -23,7 +23,11 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// its ceiling. The concurrent-requests limiter ([`ConcurrencyLimitLayer`]) and the fleet-usage shedder
 /// ([`FleetShedLayer`](crate::FleetShedLayer)) are this layer with two rules, so they share one builder.
 ///
-/// Cheap to clone; every service it builds shares the store, the enforcement switch and the local fallback.
+/// A request over the limit is **rejected** at once (429 or 503 through the adapters); tower's
+/// `tower::limit::ConcurrencyLimitLayer` makes callers wait instead.
+///
+/// Cheap to clone; every service it builds (e.g. axum's copy per route) shares the store, the enforcement switch,
+/// the local fallback and the metrics: configure the layer before applying it.
 #[must_use]
 pub struct LeaseLimitLayer<R, L> {
     pub(crate) settings: Settings,
@@ -31,6 +35,8 @@ pub struct LeaseLimitLayer<R, L> {
     store: Arc<L>,
     fallback: Option<Arc<MemoryLeaseStore>>,
     kind: RejectionKind,
+    switch: EnforcementSwitch,
+    built: Built<Shared<R, L>>,
 }
 
 /// Limits how many requests per key are in flight: see the [module docs](super).
@@ -57,7 +63,6 @@ impl<K, L: LeaseStore> ConcurrencyLimitLayer<K, L> {
         }
         let settings = Settings {
             name,
-            switch: EnforcementSwitch::default(),
             lease_ttl: DEFAULT_LEASE_TTL,
             retry_after: DEFAULT_RETRY_AFTER,
             on_error: FailurePolicy::Closed,
@@ -100,34 +105,12 @@ impl<R, L> LeaseLimitLayer<R, L> {
             store,
             fallback: None,
             kind,
+            switch: EnforcementSwitch::default(),
+            built: Built::default(),
         }
     }
 
-    /// Sets the mode the layer starts in. The mode lives in the layer's switch: after [`switch`](Self::switch)
-    /// this sets the mode of every layer sharing that switch (dark-launch one limiter with a switch of its own),
-    /// and a `switch` given afterwards brings its own mode instead.
-    pub fn mode(self, mode: Mode) -> Self {
-        self.settings.switch.set(mode);
-        self
-    }
-
-    /// Starts in shadow mode: count and log requests over the limit (or that would be shed), never reject.
-    pub fn shadow(self) -> Self {
-        self.mode(Mode::Shadow)
-    }
-
-    /// Uses `switch` (e.g. one shared by several layers) for the enforcement mode, in the mode the switch is in:
-    /// a mode set on this layer before is the old switch's, and is not carried over.
-    pub fn switch(mut self, switch: EnforcementSwitch) -> Self {
-        self.settings.switch = switch;
-        self
-    }
-
-    /// A handle on the enforcement mode, to flip it at run time (the kill switch).
-    #[must_use]
-    pub fn enforcement(&self) -> EnforcementSwitch {
-        self.settings.switch.clone()
-    }
+    enforcement_methods!();
 
     /// How long a shared lease lives unless renewed (renewed every third of it while the request runs).
     ///
@@ -148,13 +131,13 @@ impl<R, L> LeaseLimitLayer<R, L> {
             )));
         }
         self.settings.lease_ttl = ttl;
-        Ok(self)
+        Ok(self.rebuilt())
     }
 
     /// The retry delay rejections announce (`Retry-After`, gRPC `RetryInfo`; default [`DEFAULT_RETRY_AFTER`]).
     pub fn retry_after(mut self, retry_after: Duration) -> Self {
         self.settings.retry_after = retry_after;
-        self
+        self.rebuilt()
     }
 
     /// What to do when the store fails: admit (`Open`, the fleet shedder's default), reject with 503 (`Closed`, the
@@ -166,6 +149,12 @@ impl<R, L> LeaseLimitLayer<R, L> {
             FailurePolicy::Local => Some(self.fallback.unwrap_or_default()),
             _ => None,
         };
+        self.rebuilt()
+    }
+
+    /// After a setting changed: the services built from now on share a new state.
+    pub(crate) fn rebuilt(mut self) -> Self {
+        self.built = Built::default();
         self
     }
 }
@@ -178,6 +167,8 @@ impl<R: Clone, L> Clone for LeaseLimitLayer<R, L> {
             store: self.store.clone(),
             fallback: self.fallback.clone(),
             kind: self.kind,
+            switch: self.switch.clone(),
+            built: self.built.clone(),
         }
     }
 }
@@ -187,7 +178,7 @@ impl<R, L> fmt::Debug for LeaseLimitLayer<R, L> {
         f.debug_struct("LeaseLimitLayer")
             .field("name", &self.settings.name)
             .field("rejects_as", &self.kind)
-            .field("mode", &self.settings.switch.mode())
+            .field("mode", &self.switch.mode())
             .field("lease_ttl", &self.settings.lease_ttl)
             .field("on_store_error", &self.settings.on_error)
             .finish_non_exhaustive()
@@ -198,13 +189,16 @@ impl<S, R: Clone, L: LeaseStore> Layer<S> for LeaseLimitLayer<R, L> {
     type Service = LeaseLimit<S, R, L>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let shared = Shared::new(
-            self.settings.clone(),
-            self.rule.clone(),
-            self.store.clone(),
-            self.kind,
-            self.fallback.clone(),
-        );
-        LeaseLimit::from_shared(inner, Arc::new(shared))
+        let shared = self.built.get_or_init(|| {
+            Shared::new(
+                self.settings.clone(),
+                self.switch.clone(),
+                self.rule.clone(),
+                self.store.clone(),
+                self.kind,
+                self.fallback.clone(),
+            )
+        });
+        LeaseLimit::from_shared(inner, shared)
     }
 }

@@ -53,11 +53,9 @@
 //! ```
 
 mod decide;
-mod future;
 mod layer;
 mod service;
 
-pub use future::ResponseFuture;
 pub use layer::{
     ConcurrencyLimitLayer, DEFAULT_LEASE_TTL, DEFAULT_RETRY_AFTER, LeaseLimitLayer, MAX_LEASE_TTL,
 };

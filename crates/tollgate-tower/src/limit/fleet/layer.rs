@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use crate::{EnforcementSwitch, Name, Priority, RejectionKind};
+use crate::{Name, Priority, RejectionKind};
 use tollgate_core::FailurePolicy;
 use tollgate_core::lease::LeaseStore;
 
@@ -38,7 +38,6 @@ impl<P, L: LeaseStore> FleetShedLayer<P, L> {
         }
         let settings = Settings {
             name: DEFAULT_FLEET_KEY.into(),
-            switch: EnforcementSwitch::default(),
             lease_ttl: DEFAULT_LEASE_TTL,
             retry_after: DEFAULT_RETRY_AFTER,
             on_error: FailurePolicy::Open,
@@ -64,13 +63,13 @@ impl<P, L> FleetShedLayer<P, L> {
             )));
         }
         self.rule.reserve_percent = percent;
-        Ok(self)
+        Ok(self.rebuilt())
     }
 
     /// Renames the shedder, and with it the fleet-wide key (e.g. one fleet per service sharing a Redis).
     pub fn name(mut self, name: impl Into<Name>) -> Self {
         self.settings.name = name.into();
-        self
+        self.rebuilt()
     }
 
     /// The fleet-wide ceiling for requests of `priority`.

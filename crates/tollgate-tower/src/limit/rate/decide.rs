@@ -1,4 +1,5 @@
-//! The decision shared by every clone of a limiter: store call, failure policy, shadow mode, metrics, logs.
+//! The rate limiter's decision, shared by every clone of a limiter: the store call, and the conclusion the
+//! [`Judge`] draws from the store's answer (mode, metrics, failure policy).
 
 use std::hash::{DefaultHasher, Hasher};
 use std::sync::Arc;
@@ -6,35 +7,23 @@ use std::sync::Arc;
 use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
 
 use crate::key::{hash_bytes, with_key_buffer};
-use crate::observe::{Counters, LogGate, StoreErrors};
-use crate::{
-    BoxError, Cost, KeyError, KeyExtractor, Mode, Name, Rejection, RejectionKind, Verdict,
-};
+use crate::limit::core::{self, Judge};
+use crate::{Cost, KeyError, KeyExtractor, Mode, Name, Rejection, Verdict};
 
-/// What a limiter concluded about one request.
-pub(crate) enum Conclusion {
-    /// Pass the request on; the verdict (if any) goes onto the response.
-    Admit(Option<Box<Verdict>>),
-    /// Reject it: a [`Rejection`], boxed already (as it will be answered), which keeps admissions small to move.
-    Reject(BoxError),
-}
+/// What the rate limiter concludes: an admission grants the verdict the headers are rendered from.
+pub(crate) type Conclusion = core::Conclusion<Box<Verdict>>;
 
 pub(crate) struct Shared<K, St, C> {
-    pub(crate) name: Name,
+    pub(crate) judge: Judge,
     pub(crate) policy: Policy,
     /// The policy's announced window (`Quota::window`, a division): computed once, read by every verdict.
     window: std::time::Duration,
     pub(crate) store: Arc<St>,
     pub(crate) key: K,
     pub(crate) cost: C,
-    pub(crate) switch: crate::EnforcementSwitch,
-    on_error: FailurePolicy,
     fallback: Option<Arc<MemoryStore>>,
     /// The store's key hasher with this limiter's name written, when the store keys by digest.
     digest_prefix: Option<DefaultHasher>,
-    counters: Counters,
-    store_errors: StoreErrors,
-    log_gate: LogGate,
 }
 
 impl<K, St: Store, C> Shared<K, St, C> {
@@ -49,8 +38,6 @@ impl<K, St: Store, C> Shared<K, St, C> {
         on_error: FailurePolicy,
         fallback: Option<Arc<MemoryStore>>,
     ) -> Self {
-        let counters = Counters::new(&name, "limited");
-        let store_errors = StoreErrors::new(&name, on_error);
         // The name, length first (two limiters on one store never share a bucket, whatever their names hold),
         // then zeros up to a multiple of SipHash's 8-byte block: each request's key then starts on a block of its
         // own (an address is one block) instead of being spliced onto the name's leftover bytes.
@@ -60,19 +47,14 @@ impl<K, St: Store, C> Shared<K, St, C> {
             state
         });
         Self {
-            name,
+            judge: Judge::new(name, switch, Some(on_error), "limited"),
             policy,
             window: policy.quota().window(),
             store,
             key,
             cost,
-            switch,
-            on_error,
             fallback,
             digest_prefix,
-            counters,
-            store_errors,
-            log_gate: LogGate::new(),
         }
     }
 
@@ -107,7 +89,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     where
         K: KeyExtractor<Req>,
     {
-        key.push_str(&self.name);
+        key.push_str(&self.judge.name);
         key.push(':');
         self.key.extract(req, key)
     }
@@ -158,10 +140,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     {
         with_key_buffer(|key| {
             self.write_key(req, key)?;
-            Ok(match self.store_failed(err, key, cost, mode) {
-                Ok(decision) => self.judge_local(decision, mode, keep),
-                Err(conclusion) => conclusion,
-            })
+            Ok(self.store_failed(err, key, cost, mode, keep))
         })
     }
 
@@ -176,76 +155,56 @@ impl<K, St: Store, C> Shared<K, St, C> {
     ) -> Conclusion {
         match result {
             Ok(decision) => self.judge(decision, mode, keep),
-            Err(err) => match self.store_failed(&err, key, cost, mode) {
-                Ok(decision) => self.judge_local(decision, mode, keep),
-                Err(conclusion) => conclusion,
-            },
+            Err(err) => self.store_failed(&err, key, cost, mode, keep),
         }
     }
 
     /// A store's decision as a conclusion: shadow mode, metrics.
     #[inline(always)]
     fn judge(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
-        self.judge_counting(decision, mode, keep, &self.counters.allowed)
-    }
-
-    /// A decision of the local fallback store (the shared one failed) as a conclusion, counted once, as the
-    /// concurrency limiter counts its own: `store_error_local` when admitted, as over the limit otherwise.
-    #[cold]
-    #[inline(never)]
-    fn judge_local(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
-        self.judge_counting(decision, mode, keep, &self.counters.failed_local)
-    }
-
-    /// A decision as a conclusion, an admission counted on `admitted`.
-    #[inline(always)]
-    fn judge_counting(
-        &self,
-        decision: Decision,
-        mode: Mode,
-        keep: bool,
-        admitted: &metrics::Counter,
-    ) -> Conclusion {
         if !decision.is_allowed() {
             return self.over_limit(decision, mode, keep);
         }
-        admitted.increment(1);
+        self.judge.admitted();
+        Conclusion::Admit(keep.then(|| Box::new(self.verdict(decision, mode))))
+    }
+
+    /// A decision of the local fallback store (the shared one failed) as a conclusion, counted once, as the
+    /// lease limiters count their own: `store_error_local` when admitted, as over the limit otherwise.
+    #[cold]
+    #[inline(never)]
+    fn judge_local(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
+        if !decision.is_allowed() {
+            return self.over_limit(decision, mode, keep);
+        }
+        self.judge.admitted_locally();
         Conclusion::Admit(keep.then(|| Box::new(self.verdict(decision, mode))))
     }
 
     /// This limiter's verdict on `decision`.
     fn verdict(&self, decision: Decision, mode: Mode) -> Verdict {
         Verdict {
-            limiter: self.name.clone(),
+            limiter: self.judge.name.clone(),
             window: self.window,
             decision,
             enforced: mode == Mode::Enforce,
         }
     }
 
-    // The paths an admitted request never takes stay out of line: the admitted path through `conclude` is then a
-    // few instructions in a small frame.
-
-    /// A request over the limit: rejected, or admitted and counted in shadow mode.
+    /// A request over the limit: the judge refuses it with the verdict, or admits it in shadow mode.
     #[cold]
     #[inline(never)]
     fn over_limit(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
-        if mode == Mode::Shadow {
-            self.counters.shadow_rejected.increment(1);
-            if self.log_gate.open() {
-                tracing::info!(
-                    limiter = &*self.name,
-                    outcome = decision.outcome.as_str(),
-                    "shadow mode: request over the limit admitted"
-                );
-            }
-            return Conclusion::Admit(keep.then(|| Box::new(self.verdict(decision, mode))));
-        }
-        self.counters.rejected.increment(1);
-        Conclusion::Reject(Rejection::rate_limited(self.verdict(decision, mode)).into())
+        self.judge.over_limit(
+            mode,
+            &decision.outcome.as_str(),
+            || keep.then(|| Box::new(self.verdict(decision, mode))),
+            || Rejection::rate_limited(self.verdict(decision, mode)),
+        )
     }
 
-    /// Applies the failure policy after a store error: a decision of the local fallback store, or the conclusion.
+    /// The failure policy after a store error, applied by the judge; the local fallback decides with the same
+    /// policy.
     #[cold]
     #[inline(never)]
     fn store_failed(
@@ -254,50 +213,16 @@ impl<K, St: Store, C> Shared<K, St, C> {
         key: &str,
         cost: u64,
         mode: Mode,
-    ) -> Result<Decision, Conclusion> {
-        self.store_errors.count(err);
-        if self.log_gate.open() {
-            tracing::warn!(
-                limiter = &*self.name,
-                error = %err,
-                failure_policy = self.on_error.as_str(),
-                "rate-limit store failed; applying the failure policy"
-            );
-        }
-        match (&self.fallback, self.on_error) {
-            (_, FailurePolicy::Open) => {
-                self.counters.failed_open.increment(1);
-                Err(Conclusion::Admit(None))
-            }
-            (Some(fallback), FailurePolicy::Local) => {
-                match fallback.check_now(key, &self.policy, cost) {
-                    // Counted by `judge_local`, once.
-                    Ok(decision) => Ok(decision),
-                    // The local store is full too: nothing left to decide with.
-                    Err(_) => Err(self.fail_closed(mode)),
-                }
-            }
-            _ => Err(self.fail_closed(mode)),
-        }
-    }
-
-    fn fail_closed(&self, mode: Mode) -> Conclusion {
-        if mode == Mode::Shadow {
-            // Rejected by the closed policy, admitted by shadow mode: counted apart, or a dark launch's
-            // dashboards would show 503s no client got.
-            self.counters.shadow_failed_closed.increment(1);
-            return Conclusion::Admit(None);
-        }
-        self.counters.failed_closed.increment(1);
-        let rejection = Rejection::new(RejectionKind::StoreUnavailable, self.name.clone());
+        keep: bool,
+    ) -> Conclusion {
         // The retry the core's closed policy announces (one period, within 1 s to 60 s); it does not depend on now.
-        let closed = FailurePolicy::Closed.synthesize(&self.policy, Timestamp::default());
-        Conclusion::Reject(
-            match closed.and_then(|d| d.retry_after) {
-                Some(retry) => rejection.with_retry_after(retry),
-                None => rejection,
-            }
-            .into(),
-        )
+        let retry = FailurePolicy::Closed
+            .synthesize(&self.policy, Timestamp::default())
+            .and_then(|closed| closed.retry_after);
+        self.judge.store_failed(err, mode, retry, || {
+            let fallback = self.fallback.as_ref()?;
+            let decision = fallback.check_now(key, &self.policy, cost).ok()?;
+            Some(self.judge_local(decision, mode, keep))
+        })
     }
 }

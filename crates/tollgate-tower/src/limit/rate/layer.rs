@@ -1,16 +1,19 @@
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use tollgate_core::{FailurePolicy, MemoryStore, Policy, Store};
 use tower_layer::Layer;
 
 use super::RateLimit;
 use super::decide::Shared;
-use crate::Name;
+use crate::limit::core::{Built, enforcement_methods};
 use crate::respond::Forward;
-use crate::{EnforcementSwitch, Mode, UnitCost};
+use crate::{EnforcementSwitch, Name, UnitCost};
 
-/// Applies a request-rate limit to a service: see the [module docs](crate::rate_limit).
+/// Applies a request-rate limit to a service: see the [module docs](super).
+///
+/// A request over the limit is **rejected** at once (429 through the adapters); tower's
+/// `tower::limit::RateLimitLayer` of the same name makes callers wait instead.
 ///
 /// Cheap to clone; every service it builds shares the store, the enforcement switch and the local fallback.
 #[must_use]
@@ -23,10 +26,7 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     switch: EnforcementSwitch,
     on_error: FailurePolicy,
     fallback: Option<Arc<MemoryStore>>,
-    /// Built on the first `layer` call and shared by every service from then on: axum calls `layer` for every
-    /// route (and again per connection for routers with handlers), which must not re-register metrics each time.
-    /// Every builder method starts a fresh one.
-    built: Arc<OnceLock<Arc<Shared<K, St, C>>>>,
+    built: Built<Shared<K, St, C>>,
 }
 
 impl<K, St: Store> RateLimitLayer<K, St> {
@@ -44,7 +44,7 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             switch: EnforcementSwitch::default(),
             on_error: FailurePolicy::default(),
             fallback: None,
-            built: Arc::default(),
+            built: Built::default(),
         }
     }
 }
@@ -61,30 +61,11 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             switch: self.switch,
             on_error: self.on_error,
             fallback: self.fallback,
-            built: Arc::default(),
+            built: Built::default(),
         }
     }
 
-    /// Sets the mode the layer starts in. The mode lives in the layer's switch: after [`switch`](Self::switch)
-    /// this sets the mode of every layer sharing that switch (dark-launch one limiter with a switch of its own),
-    /// and a `switch` given afterwards brings its own mode instead.
-    pub fn mode(self, mode: Mode) -> Self {
-        self.switch.set(mode);
-        self
-    }
-
-    /// Starts in shadow mode: decide, count and log, never reject.
-    pub fn shadow(self) -> Self {
-        self.mode(Mode::Shadow)
-    }
-
-    /// Uses `switch` (e.g. one shared by several layers) for the enforcement mode, in the mode the switch is in:
-    /// a mode set on this layer before is the old switch's, and is not carried over.
-    pub fn switch(mut self, switch: EnforcementSwitch) -> Self {
-        self.switch = switch;
-        self.built = Arc::default();
-        self
-    }
+    enforcement_methods!();
 
     /// What to do when the store fails: admit (`Open`), reject with 503 (`Closed`, the default), or decide on an
     /// in-process store with the same policy (`Local`: a per-instance limit while the shared one is down).
@@ -94,14 +75,8 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             FailurePolicy::Local => Some(self.fallback.unwrap_or_default()),
             _ => None,
         };
-        self.built = Arc::default();
+        self.built = Built::default();
         self
-    }
-
-    /// A handle on the enforcement mode, to flip it at run time (the kill switch).
-    #[must_use]
-    pub fn enforcement(&self) -> EnforcementSwitch {
-        self.switch.clone()
     }
 
     /// The limit's name.
@@ -149,7 +124,7 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     /// (`tollgate-http`) answer in place, without a service layer of their own.
     pub fn layer_with<S, R>(&self, inner: S, respond: R) -> RateLimit<S, K, St, C, R> {
         let shared = self.built.get_or_init(|| {
-            Arc::new(Shared::new(
+            Shared::new(
                 self.name.clone(),
                 self.policy,
                 self.store.clone(),
@@ -158,9 +133,9 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                 self.switch.clone(),
                 self.on_error,
                 self.fallback.clone(),
-            ))
+            )
         });
-        RateLimit::from_shared(inner, shared.clone(), respond)
+        RateLimit::from_shared(inner, shared, respond)
     }
 }
 

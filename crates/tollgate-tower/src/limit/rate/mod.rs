@@ -72,10 +72,8 @@
 //! ```
 
 mod decide;
-mod future;
 mod layer;
 mod service;
 
-pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use service::RateLimit;

@@ -1,16 +1,16 @@
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use tollgate_core::Store;
 use tower_service::Service;
 
 use super::decide::{Conclusion, Shared};
-use super::future::ResponseFuture;
 use crate::key::with_key_buffer;
-use crate::respond::{DeferredReadiness, Forward, Respond};
+use crate::limit::future::{Deciding, decide_later, refuse};
+use crate::limit::{Responder, ResponseFuture};
+use crate::readiness::DeferredReadiness;
+use crate::respond::{Forward, Respond};
 use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode};
 
 /// A service limited by a [`RateLimitLayer`](super::RateLimitLayer), answering through the [`Respond`]er `R`.
@@ -44,16 +44,7 @@ impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
     /// The enforcement switch shared with the layer that built this service.
     #[must_use]
     pub fn enforcement(&self) -> crate::EnforcementSwitch {
-        self.shared.switch.clone()
-    }
-}
-
-impl<S: Clone, K, St, C, R> RateLimit<S, K, St, C, R> {
-    /// Takes the inner service that `poll_ready` made ready, leaving a clone (not yet ready) in its place: a
-    /// rejected or deferred request must not hold on to (or leak) the readiness it was granted.
-    fn take_ready(&mut self) -> S {
-        let clone = self.inner.clone();
-        std::mem::replace(&mut self.inner, clone)
+        self.shared.judge.switch.clone()
     }
 }
 
@@ -72,9 +63,9 @@ impl<S: fmt::Debug, K, St, C, R> fmt::Debug for RateLimit<S, K, St, C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("limiter", &self.shared.name)
+            .field("limiter", &self.shared.judge.name)
             .field("policy", &self.shared.policy)
-            .field("mode", &self.shared.switch.mode())
+            .field("mode", &self.shared.judge.mode())
             .finish_non_exhaustive()
     }
 }
@@ -91,20 +82,21 @@ where
 {
     type Response = R::Response;
     type Error = R::Error;
-    type Future = ResponseFuture<S::Future, S, Req, R, R::Ticket>;
+    type Future = ResponseFuture<S::Future, S, Req, Responder<R, R::Ticket>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.not_ready.poll_ready(&mut self.inner, cx).map(Ok)
     }
 
     fn call(&mut self, mut req: Req) -> Self::Future {
-        let answer = (self.respond.clone(), self.respond.prepare(&mut req));
+        let ticket = self.respond.prepare(&mut req);
+        let keep = self.respond.wants_verdict(&ticket);
+        let answer = Responder::new(self.respond.clone(), ticket);
         if let Some(err) = self.not_ready.take() {
             return ResponseFuture::failed(err, answer);
         }
         let shared = &self.shared;
-        let mode = shared.switch.mode();
-        let keep = self.respond.wants_verdict(&answer.1);
+        let mode = shared.judge.mode();
         if mode == Mode::Off {
             return ResponseFuture::calling(self.inner.call(req), None, answer);
         }
@@ -119,8 +111,10 @@ where
         // request); each path matches its own conclusion rather than funnelling it through a shared `Result`.
         let verdict = match shared.decide_digested(&req, mode, keep) {
             Some(Ok(Conclusion::Admit(verdict))) => verdict,
-            Some(Ok(Conclusion::Reject(rejection))) => return self.refuse(rejection, answer),
-            Some(Err(err)) => return self.refuse(err.into(), answer),
+            Some(Ok(Conclusion::Reject(rejection))) => {
+                return refuse(&mut self.inner, rejection, answer);
+            }
+            Some(Err(err)) => return refuse(&mut self.inner, err.into(), answer),
             None => {
                 let decided = with_key_buffer(
                     #[inline(always)]
@@ -135,11 +129,13 @@ where
                 );
                 match decided {
                     Ok(Ok(Conclusion::Admit(verdict))) => verdict,
-                    Ok(Ok(Conclusion::Reject(rejection))) => return self.refuse(rejection, answer),
+                    Ok(Ok(Conclusion::Reject(rejection))) => {
+                        return refuse(&mut self.inner, rejection, answer);
+                    }
                     Ok(Err((key, cost))) => {
                         return self.decide_later(key, cost, mode, keep, req, answer);
                     }
-                    Err(err) => return self.refuse(err.into(), answer),
+                    Err(err) => return refuse(&mut self.inner, err.into(), answer),
                 }
             }
         };
@@ -147,7 +143,7 @@ where
     }
 }
 
-// The paths a request through the in-process store never takes stay out of `call`'s body: a hot path that is
+// The path a request through the in-process store never takes stays out of `call`'s body: a hot path that is
 // short in code, not only in instructions, leaves more of the instruction cache to the service it protects.
 impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
     /// Decides through a store that cannot answer at once (Redis): with an owned key and a boxed decision.
@@ -160,45 +156,19 @@ impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
         mode: Mode,
         keep: bool,
         req: Req,
-        answer: (R, Tk),
-    ) -> ResponseFuture<S::Future, S, Req, R, Tk>
+        answer: Responder<R, Tk>,
+    ) -> ResponseFuture<S::Future, S, Req, Responder<R, Tk>>
     where
         S: Service<Req> + Clone,
         K: Send + Sync + 'static,
         St: Store,
         C: Send + Sync + 'static,
+        R: crate::respond::Respond<Req, S::Response, Ticket = Tk>,
+        Tk: Copy,
     {
         let shared = self.shared.clone();
-        let mut decide: Pin<Box<dyn Future<Output = Conclusion> + Send>> =
+        let decide: Deciding<Box<crate::Verdict>> =
             Box::pin(async move { shared.decide(key, cost, mode, keep).await });
-        // A store may still answer at once (a cache, an open circuit): then an admitted request calls the ready
-        // inner service directly, without cloning it. Otherwise the response future polls it again with the real
-        // waker (every future re-registers its waker on each poll).
-        match decide
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-        {
-            Poll::Ready(Conclusion::Admit(verdict)) => {
-                ResponseFuture::calling(self.inner.call(req), verdict, answer)
-            }
-            Poll::Ready(Conclusion::Reject(rejection)) => self.refuse(rejection, answer),
-            Poll::Pending => ResponseFuture::deciding(decide, self.take_ready(), req, answer),
-        }
-    }
-
-    /// Answers with `error` (a rejection, or a key that could not be found) without calling the inner service,
-    /// whose granted readiness is given back.
-    #[cold]
-    #[inline(never)]
-    fn refuse<Req, Tk>(
-        &mut self,
-        error: BoxError,
-        answer: (R, Tk),
-    ) -> ResponseFuture<S::Future, S, Req, R, Tk>
-    where
-        S: Service<Req> + Clone,
-    {
-        drop(self.take_ready());
-        ResponseFuture::failed(error, answer)
+        decide_later(&mut self.inner, decide, req, answer)
     }
 }

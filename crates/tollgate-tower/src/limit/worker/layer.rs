@@ -2,8 +2,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::observe::{Counters, LogGate};
-use crate::{EnforcementSwitch, Mode, Name, Priority};
 use tower_layer::Layer;
 
 use super::WorkerShed;
@@ -11,20 +9,18 @@ use super::controller::{
     Controller, DEFAULT_HYSTERESIS_PERCENT, DEFAULT_INTERVAL, DEFAULT_STEP_PERCENT,
     DEFAULT_THRESHOLDS, Tuning,
 };
-use crate::ConfigError;
 use crate::limit::concurrency::DEFAULT_RETRY_AFTER;
+use crate::limit::core::{Built, Judge, enforcement_methods};
+use crate::{ConfigError, EnforcementSwitch, Name, Priority};
 
 /// The worker shedder's default name (in metrics, logs and rejections).
 pub const DEFAULT_WORKER_NAME: &str = "worker";
 
 /// State shared by every service the layer builds: one instance, one in-flight count.
 pub(crate) struct WorkerState {
-    pub(crate) name: Name,
-    pub(crate) switch: EnforcementSwitch,
+    pub(crate) judge: Judge,
     pub(crate) retry_after: Duration,
     pub(crate) controller: Controller,
-    pub(crate) counters: Counters,
-    pub(crate) log_gate: LogGate,
 }
 
 /// Sheds the lowest priorities first when this instance is busy: see the [module docs](super).
@@ -38,7 +34,7 @@ pub struct WorkerShedLayer<P> {
     retry_after: Duration,
     tuning: Tuning,
     classifier: Arc<P>,
-    state: Arc<WorkerState>,
+    built: Built<WorkerState>,
 }
 
 impl<P> WorkerShedLayer<P> {
@@ -62,37 +58,28 @@ impl<P> WorkerShedLayer<P> {
             hysteresis: DEFAULT_HYSTERESIS_PERCENT,
             interval: DEFAULT_INTERVAL,
         };
-        let name: Name = DEFAULT_WORKER_NAME.into();
-        let switch = EnforcementSwitch::default();
-        let state = Self::state(&name, &switch, DEFAULT_RETRY_AFTER, tuning);
         Ok(Self {
-            name,
-            switch,
+            name: DEFAULT_WORKER_NAME.into(),
+            switch: EnforcementSwitch::default(),
             retry_after: DEFAULT_RETRY_AFTER,
             tuning,
             classifier: Arc::new(classifier),
-            state,
+            built: Built::default(),
         })
     }
 
-    fn state(
-        name: &Name,
-        switch: &EnforcementSwitch,
-        retry_after: Duration,
-        tuning: Tuning,
-    ) -> Arc<WorkerState> {
-        Arc::new(WorkerState {
-            name: name.clone(),
-            switch: switch.clone(),
-            retry_after,
-            controller: Controller::new(tuning),
-            counters: Counters::new(name, "shed"),
-            log_gate: LogGate::new(),
+    /// The state every service built from now on shares (built by the first call).
+    fn state(&self) -> Arc<WorkerState> {
+        self.built.get_or_init(|| WorkerState {
+            judge: Judge::new(self.name.clone(), self.switch.clone(), None, "shed"),
+            retry_after: self.retry_after,
+            controller: Controller::new(self.tuning),
         })
     }
 
+    /// After a setting changed: the services built from now on share a new state.
     fn rebuilt(mut self) -> Self {
-        self.state = Self::state(&self.name, &self.switch, self.retry_after, self.tuning);
+        self.built = Built::default();
         self
     }
 
@@ -158,42 +145,18 @@ impl<P> WorkerShedLayer<P> {
         self.rebuilt()
     }
 
-    /// Sets the mode the layer starts in. The mode lives in the layer's switch: after [`switch`](Self::switch)
-    /// this sets the mode of every layer sharing that switch (dark-launch one limiter with a switch of its own),
-    /// and a `switch` given afterwards brings its own mode instead.
-    pub fn mode(self, mode: Mode) -> Self {
-        self.switch.set(mode);
-        self
-    }
-
-    /// Starts in shadow mode: count and log what would be shed, shed nothing.
-    pub fn shadow(self) -> Self {
-        self.mode(Mode::Shadow)
-    }
-
-    /// Uses `switch` (e.g. one shared by several layers) for the enforcement mode, in the mode the switch is in:
-    /// a mode set on this layer before is the old switch's, and is not carried over.
-    pub fn switch(mut self, switch: EnforcementSwitch) -> Self {
-        self.switch = switch;
-        self.rebuilt()
-    }
-
-    /// A handle on the enforcement mode, to flip it at run time (the kill switch).
-    #[must_use]
-    pub fn enforcement(&self) -> EnforcementSwitch {
-        self.switch.clone()
-    }
+    enforcement_methods!();
 
     /// Requests in flight through this layer now.
     #[must_use]
     pub fn in_flight(&self) -> u64 {
-        self.state.controller.in_flight()
+        self.state().controller.in_flight()
     }
 
     /// The share of `priority` requests currently shed, in percent.
     #[must_use]
     pub fn shed_percent(&self, priority: Priority) -> u8 {
-        self.state.controller.level(priority)
+        self.state().controller.level(priority)
     }
 }
 
@@ -205,7 +168,7 @@ impl<P> Clone for WorkerShedLayer<P> {
             retry_after: self.retry_after,
             tuning: self.tuning,
             classifier: self.classifier.clone(),
-            state: self.state.clone(),
+            built: self.built.clone(),
         }
     }
 }
@@ -225,6 +188,6 @@ impl<S, P> Layer<S> for WorkerShedLayer<P> {
     type Service = WorkerShed<S, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        WorkerShed::new(inner, self.state.clone(), self.classifier.clone())
+        WorkerShed::new(inner, self.state(), self.classifier.clone())
     }
 }

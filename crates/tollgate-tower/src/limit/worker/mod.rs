@@ -35,13 +35,11 @@
 //! ```
 
 mod controller;
-mod future;
 mod layer;
 mod service;
 
 pub use controller::{
     DEFAULT_HYSTERESIS_PERCENT, DEFAULT_INTERVAL, DEFAULT_STEP_PERCENT, DEFAULT_THRESHOLDS,
 };
-pub use future::ResponseFuture;
 pub use layer::{DEFAULT_WORKER_NAME, WorkerShedLayer};
 pub use service::WorkerShed;

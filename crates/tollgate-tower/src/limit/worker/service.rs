@@ -2,12 +2,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::{BoxError, Classify, Mode, Rejection, RejectionKind};
 use tower_service::Service;
 
-use super::ResponseFuture;
 use super::layer::WorkerState;
-use crate::{HoldPermit, Permit};
+use crate::limit::ResponseFuture;
+use crate::limit::core::Conclusion;
+use crate::limit::future::refuse;
+use crate::permit::Hold;
+use crate::{BoxError, Classify, HoldPermit, Mode, Permit, Rejection, RejectionKind};
 
 /// A service shedding by priority when its instance is busy: built by a
 /// [`WorkerShedLayer`](super::WorkerShedLayer).
@@ -49,7 +51,7 @@ impl<S: fmt::Debug, P> fmt::Debug for WorkerShed<S, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WorkerShed")
             .field("inner", &self.inner)
-            .field("limiter", &self.state.name)
+            .field("limiter", &self.state.judge.name)
             .field("in_flight", &self.state.controller.in_flight())
             .finish_non_exhaustive()
     }
@@ -73,7 +75,7 @@ where
 {
     type Response = <S::Response as HoldPermit>::Held;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<S::Future, S, Req, Hold>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -81,41 +83,34 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let state = &self.state;
-        let mode = state.switch.mode();
+        let mode = state.judge.mode();
         if mode == Mode::Off {
-            return ResponseFuture::calling(self.inner.call(req), None);
+            return ResponseFuture::calling(self.inner.call(req), None, Hold);
         }
         let priority = self.classifier.classify(&req);
         state.controller.tick();
         if state.controller.should_shed(priority) {
-            if mode == Mode::Enforce {
-                state.counters.rejected.increment(1);
-                tracing::debug!(
-                    limiter = &*state.name,
-                    priority = priority.as_str(),
-                    in_flight = state.controller.in_flight(),
-                    "request shed"
-                );
-                // Release the readiness this request was granted: it will not use it.
-                let clone = self.inner.clone();
-                drop(std::mem::replace(&mut self.inner, clone));
-                let rejection = Rejection::new(RejectionKind::Shed, state.name.clone())
-                    .with_retry_after(state.retry_after);
-                return ResponseFuture::failed(rejection.into());
-            }
-            state.counters.shadow_rejected.increment(1);
-            if state.log_gate.open() {
-                tracing::info!(
-                    limiter = &*state.name,
-                    priority = priority.as_str(),
-                    "shadow mode: request that would be shed admitted"
-                );
+            let shed = state.judge.over_limit::<Permit>(
+                mode,
+                &format_args!(
+                    "{} request shed with {} in flight",
+                    priority.as_str(),
+                    state.controller.in_flight()
+                ),
+                || None,
+                || {
+                    Rejection::new(RejectionKind::Shed, state.judge.name.clone())
+                        .with_retry_after(state.retry_after)
+                },
+            );
+            if let Conclusion::Reject(rejection) = shed {
+                return refuse(&mut self.inner, rejection, Hold);
             }
         } else {
-            state.counters.allowed.increment(1);
+            state.judge.admitted();
         }
         state.controller.enter();
         let permit = Permit::new(InFlight(state.clone()));
-        ResponseFuture::calling(self.inner.call(req), Some(permit))
+        ResponseFuture::calling(self.inner.call(req), Some(permit), Hold)
     }
 }
