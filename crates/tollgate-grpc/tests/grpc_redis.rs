@@ -139,7 +139,7 @@ async fn per_method_policies_and_hashed_api_keys_in_redis() -> TestResult {
         .build()
         .await?;
     let store = Arc::new(redis);
-    let api_key = || MetadataKey::new("x-api-key").expect("a valid name");
+    let api_key = || MetadataKey::metadata("x-api-key").expect("a valid name");
     let limit = |name: &'static str, n| {
         RateLimitLayer::new(
             name,

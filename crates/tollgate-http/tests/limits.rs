@@ -634,6 +634,52 @@ async fn api_keys_are_separate_buckets_and_required<St: Store>(store: Arc<St>) {
 }
 both_stores!(api_keys, api_keys_are_separate_buckets_and_required);
 
+/// The adapter takes any tower layer: here a foreign one (`MapRequestLayer`) around a limiter, which keys on the
+/// header the foreign layer sets (so its running is what the answers show), and a foreign layer alone.
+async fn foreign_layers_are_adapted_like_tollgate_ones<St: Store>(store: Arc<St>) {
+    let tenant = HeaderKey::new(http::HeaderName::from_static("x-tenant"));
+    let limiter = RateLimitLayer::new("per-tenant", per_hour(2), store, tenant);
+    let set_tenant = tower::util::MapRequestLayer::new(|mut req: axum::extract::Request| {
+        let tenant = if req.uri().path() == "/b" { "b" } else { "a" };
+        req.headers_mut()
+            .insert("x-tenant", http::HeaderValue::from_static(tenant));
+        req
+    });
+    let stack = tower::ServiceBuilder::new()
+        .layer(set_tenant)
+        .layer(limiter)
+        .into_inner();
+    let app = Router::new()
+        .route("/a", get(|| async { "a" }))
+        .route("/b", get(|| async { "b" }))
+        .layer(HttpLimitLayer::new(stack))
+        .route(
+            "/plain",
+            get(|| async { "plain" }).layer(HttpLimitLayer::new(
+                tower::util::MapRequestLayer::new(|req: axum::extract::Request| req),
+            )),
+        );
+    let addr = serve_with(app, false).await;
+    for remaining in [1, 0] {
+        let reply = http_get(addr, "/a", &[]).await;
+        assert_eq!(reply.status, 200, "{reply:#?}");
+        assert_eq!(reply.num("x-ratelimit-remaining"), remaining);
+    }
+    let denied = http_get(addr, "/a", &[]).await;
+    assert_eq!(denied.status, 429, "{denied:#?}");
+    assert_eq!(denied.num("x-ratelimit-limit"), 2);
+    assert!(denied.has("retry-after"), "{denied:#?}");
+    // The foreign layer gave /b another tenant: a bucket of its own.
+    assert_eq!(http_get(addr, "/b", &[]).await.status, 200);
+    let plain = http_get(addr, "/plain", &[]).await;
+    assert_eq!(plain.status, 200);
+    assert!(!plain.has("ratelimit"), "no limiter, no fields: {plain:#?}");
+}
+both_stores!(
+    foreign_layers,
+    foreign_layers_are_adapted_like_tollgate_ones
+);
+
 async fn missing_peer_address_is_a_configuration_error<St: Store>(store: Arc<St>) {
     let addr = serve_with(
         app(RateLimitLayer::new(

@@ -48,7 +48,7 @@ async fn the_stack_on_a_tonic_server() {
             .await
             .unwrap(),
     );
-    let client_key = || MetadataKey::new("x-client").unwrap();
+    let client_key = || MetadataKey::metadata("x-client").unwrap();
     let stack = StackLayer::new()
         .worker_shedder(WorkerShedLayer::new(100, ClassifyFn::new(by_metadata)).unwrap())
         .rate_limit(RateLimitLayer::new(

@@ -25,7 +25,7 @@
 //!     "per-api-key",
 //!     Policy::sliding_window(Quota::per_minute(600)?)?,
 //!     Arc::new(MemoryStore::new()),
-//!     MetadataKey::new("x-api-key")?,
+//!     MetadataKey::metadata("x-api-key")?,
 //! );
 //! let layer = GrpcLimitLayer::new(per_api_key);
 //! // tonic::transport::Server::builder().layer(layer).add_service(GreeterServer::new(greeter))
