@@ -75,47 +75,37 @@ impl<S, L: Layer<S>> Layer<S> for HttpLimitLayer<L> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use]
-pub struct HttpRateLimitLayer<K, St, C> {
-    inner: RateLimitLayer<K, St, C>,
-    responder: HttpResponder,
+pub struct HttpRateLimitLayer<K, St, C>(HttpLimitLayer<RateLimitLayer<K, St, C>>);
+
+impl<K, St, C> HttpRateLimitLayer<K, St, C> {
+    /// Adapts `inner`, writing every header family.
+    pub fn new(inner: RateLimitLayer<K, St, C>) -> Self {
+        Self(HttpLimitLayer::new(inner))
+    }
+
+    /// Chooses the header families to write.
+    pub fn headers(self, headers: HeaderSet) -> Self {
+        Self(self.0.headers(headers))
+    }
+
+    /// The wrapped layer.
+    pub fn get_ref(&self) -> &RateLimitLayer<K, St, C> {
+        self.0.get_ref()
+    }
 }
 
 impl<K: Clone, St, C: Clone> Clone for HttpRateLimitLayer<K, St, C> {
     fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            responder: self.responder,
-        }
+        Self(HttpLimitLayer {
+            inner: self.0.inner.clone(),
+            responder: self.0.responder,
+        })
     }
 }
 
 impl<K, St, C> fmt::Debug for HttpRateLimitLayer<K, St, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HttpRateLimitLayer")
-            .field("inner", &self.inner)
-            .field("responder", &self.responder)
-            .finish()
-    }
-}
-
-impl<K, St, C> HttpRateLimitLayer<K, St, C> {
-    /// Adapts `inner`, writing every header family.
-    pub fn new(inner: RateLimitLayer<K, St, C>) -> Self {
-        Self {
-            inner,
-            responder: HttpResponder::new(HeaderSet::ALL),
-        }
-    }
-
-    /// Chooses the header families to write.
-    pub fn headers(mut self, headers: HeaderSet) -> Self {
-        self.responder = HttpResponder::new(headers);
-        self
-    }
-
-    /// The wrapped layer.
-    pub fn get_ref(&self) -> &RateLimitLayer<K, St, C> {
-        &self.inner
+        f.debug_tuple("HttpRateLimitLayer").field(&self.0).finish()
     }
 }
 
@@ -123,6 +113,6 @@ impl<S, K: Clone, St: Store, C: Clone> Layer<S> for HttpRateLimitLayer<K, St, C>
     type Service = RateLimit<S, K, St, C, HttpResponder>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        self.inner.layer_with(inner, self.responder)
+        self.0.inner.layer_with(inner, self.0.responder)
     }
 }

@@ -254,6 +254,16 @@ fn failure(error: &mut Option<BoxError>) -> BoxError {
         .unwrap_or_else(|| POLLED_AFTER_COMPLETION.into())
 }
 
+/// Passes the request straight on, undecided: enforcement is off.
+#[inline(always)]
+pub(crate) fn pass<S, Req, A>(inner: &mut S, req: Req, answer: A) -> ResponseFuture<S::Future, S, Req, A>
+where
+    S: Service<Req>,
+    A: Grants,
+{
+    ResponseFuture::calling(inner.call(req), None, answer)
+}
+
 /// Takes the inner service that `poll_ready` made ready, leaving a clone (not yet ready) in its place: a refused or
 /// deferred request must not hold on to (or leak) the readiness it was granted.
 pub(crate) fn take_ready<S: Clone>(inner: &mut S) -> S {

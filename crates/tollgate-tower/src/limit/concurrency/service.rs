@@ -8,7 +8,7 @@ use tower_service::Service;
 use super::LeaseRule;
 use super::decide::Shared;
 use crate::limit::ResponseFuture;
-use crate::limit::future::{Deciding, decide_later, refuse};
+use crate::limit::future::{Deciding, decide_later, pass, refuse};
 use crate::permit::Hold;
 use crate::{BoxError, EnforcementSwitch, HoldPermit, Mode, Permit};
 
@@ -78,7 +78,7 @@ where
         let judge = &self.shared.judge;
         let mode = judge.mode();
         if mode == Mode::Off {
-            return ResponseFuture::calling(self.inner.call(req), None, Hold);
+            return pass(&mut self.inner, req, Hold);
         }
         let mut key = String::with_capacity(judge.name.len() + 48);
         key.push_str(&judge.name);

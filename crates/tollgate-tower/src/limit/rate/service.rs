@@ -7,7 +7,7 @@ use tower_service::Service;
 
 use super::decide::{Conclusion, Shared};
 use crate::key::with_key_buffer;
-use crate::limit::future::{Deciding, decide_later, refuse};
+use crate::limit::future::{Deciding, decide_later, pass, refuse};
 use crate::limit::{Responder, ResponseFuture};
 use crate::readiness::DeferredReadiness;
 use crate::respond::{Forward, Respond};
@@ -98,7 +98,7 @@ where
         let shared = &self.shared;
         let mode = shared.judge.mode();
         if mode == Mode::Off {
-            return ResponseFuture::calling(self.inner.call(req), None, answer);
+            return pass(&mut self.inner, req, answer);
         }
         // A store that keeps only digests of its keys (the in-process one) is fed the key's parts: no text is built
         // and no future is boxed. A store that needs the text but answers at once only borrows it, built in a reused

@@ -7,7 +7,7 @@ use tower_service::Service;
 use super::layer::WorkerState;
 use crate::limit::ResponseFuture;
 use crate::limit::core::Conclusion;
-use crate::limit::future::refuse;
+use crate::limit::future::{pass, refuse};
 use crate::permit::Hold;
 use crate::{BoxError, Classify, HoldPermit, Mode, Permit, Rejection, RejectionKind};
 
@@ -85,7 +85,7 @@ where
         let state = &self.state;
         let mode = state.judge.mode();
         if mode == Mode::Off {
-            return ResponseFuture::calling(self.inner.call(req), None, Hold);
+            return pass(&mut self.inner, req, Hold);
         }
         let priority = self.classifier.classify(&req);
         state.controller.tick();
