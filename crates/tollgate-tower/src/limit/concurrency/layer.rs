@@ -40,6 +40,9 @@ pub struct LeaseLimitLayer<R, L> {
 }
 
 /// Limits how many requests per key are in flight: see the [module docs](super).
+///
+/// The request over the limit is **rejected** at once (429 / `RESOURCE_EXHAUSTED` through the adapters), never
+/// queued: tower's `tower::limit::ConcurrencyLimitLayer` of the same name makes callers wait for a slot instead.
 pub type ConcurrencyLimitLayer<K, L> = LeaseLimitLayer<PerKey<K>, L>;
 
 impl<K, L: LeaseStore> ConcurrencyLimitLayer<K, L> {
