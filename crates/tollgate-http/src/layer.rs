@@ -4,6 +4,7 @@ use tollgate_tower::{RateLimit, RateLimitLayer};
 use tower::util::Either;
 use tower_layer::{Identity, Layer, Stack};
 
+use crate::problem::ProblemTypes;
 use crate::{HeaderSet, HttpLimit, HttpResponder};
 
 /// Wraps a tollgate layer (e.g. a [`RateLimitLayer`]) so that the service stays `Infallible` for axum: rejections
@@ -29,7 +30,14 @@ impl<L> HttpLimitLayer<L> {
 
     /// Chooses the header families to write.
     pub fn headers(mut self, headers: HeaderSet) -> Self {
-        self.responder = HttpResponder::new(headers);
+        self.responder = self.responder.with_headers(headers);
+        self
+    }
+
+    /// Chooses the problem types of the rejections' bodies (default: [`ProblemTypes::IETF`], the IETF draft's
+    /// registered types). Build yours in a `const` or `static`: `.problem_types(&MY_TYPES)`.
+    pub fn problem_types(mut self, types: &'static ProblemTypes) -> Self {
+        self.responder = self.responder.with_problem_types(types);
         self
     }
 

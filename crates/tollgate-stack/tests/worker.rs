@@ -24,7 +24,14 @@ async fn probe(addr: SocketAddr, priority: Priority) -> u16 {
     tokio::time::sleep(PAUSE).await;
     let reply = get(addr, "/fast", &[("x-priority", priority.as_str())]).await;
     if reply.status == 503 {
-        assert!(reply.body.contains("problems/shed"), "{}", reply.body);
+        assert!(
+            reply
+                .body
+                .contains("http-problem-types#temporary-reduced-capacity")
+                && reply.body.contains(r#""kind":"shed""#),
+            "{}",
+            reply.body
+        );
         assert_eq!(reply.header("retry-after"), "1");
     }
     reply.status.as_u16()

@@ -19,6 +19,8 @@
 //!
 //! See [`rate_limit`] for a complete example.
 #![forbid(unsafe_code)]
+// On docs.rs (nightly, `--cfg docsrs`), items behind a feature say which one.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod cost;
 pub mod digest;
