@@ -153,8 +153,10 @@ fn namespace() -> String {
 /// A Redis store on `REDIS_URL`, checked to be reachable (a test fails, never skips, without Redis).
 pub async fn redis_store() -> Arc<RedisStore> {
     let url = redis_url();
+    // A healthy server: a generous timeout (the production 50 ms is a race on a loaded machine).
     let store = RedisStore::builder(url.clone())
         .namespace(namespace())
+        .timeout(std::time::Duration::from_secs(5))
         .build()
         .await
         .unwrap_or_else(|e| panic!("cannot build a Redis store for {url}: {e} (set REDIS_URL)"));
