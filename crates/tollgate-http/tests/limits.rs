@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
-use tollgate_core::{FailurePolicy, Policy, Quota, Store};
+use tollgate_core::{Clock, FailurePolicy, ManualClock, Policy, Quota, Store};
 use tollgate_http::key::{ClientIp, HeaderKey, PeerIp, RouteKey};
 use tollgate_http::problem::{ProblemType, ProblemTypes};
 use tollgate_http::{HeaderSet, HttpLimitLayer};
@@ -36,14 +36,7 @@ fn assert_allowed(reply: &Reply, name: &str, limit: u64, window: u64, remaining:
     assert!(!reply.has("retry-after"));
 }
 
-fn epoch_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
+async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>, clock: ManualClock) {
     let addr = serve(app(RateLimitLayer::new(
         "per-client",
         per_hour(3),
@@ -63,12 +56,8 @@ async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
     // The stored reset moves by exactly one token per request: consecutive responses agree to the second.
     assert_eq!(resets[1] - resets[0], 1200);
     assert_eq!(resets[2] - resets[1], 1200);
-    let now = epoch_secs();
-    assert!(
-        (now + 3598..=now + 3602).contains(&resets[2]),
-        "reset {} vs now {now}",
-        resets[2]
-    );
+    // The clock stands still: three tokens are back exactly an hour after it.
+    assert_eq!(resets[2], clock.now().as_secs_ceil() + 3600);
 
     let denied = http_get(addr, "/", &[]).await;
     assert_eq!(denied.status, 429, "{denied:#?}");
@@ -97,7 +86,7 @@ async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
         "{health:#?}"
     );
 }
-both_stores!(limit_then_429, limit_then_429_with_every_header);
+both_clocked_stores!(limit_then_429, limit_then_429_with_every_header);
 
 /// A user's own problem type for rate limits, installed on the layer; the other kinds keep the IETF ones.
 const OUR_TYPES: ProblemTypes = ProblemTypes::IETF.with(
