@@ -297,10 +297,24 @@ fn stack_flags_limit_concurrency() {
 }
 
 #[test]
+fn decimal_durations_are_exact() {
+    let server = Server::start(&["--limit", "1", "--period", "0.5h"]);
+    let reply = server.get("/", &[]);
+    assert_eq!(reply.status, 200, "{reply:#?}");
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        Some(r#""per-client";q=1;w=1800"#)
+    );
+}
+
+#[test]
 fn bad_flags_are_clear_errors() {
     for args in [
         &["--limit", "0"][..],
         &["--period", "5x"],
+        &["--period", "1.s"],
+        &["--period", ".5s"],
+        &["--period", "1.2.3s"],
         &["--algorithm", "leaky"],
         &["--on-store-error", "maybe"],
         &["--trusted-proxy", "10.0.0.0/33"],
