@@ -13,6 +13,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![forbid(unsafe_code)]
+// On docs.rs (nightly, `--cfg docsrs`), items behind a feature say which one.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The README's examples compile and run with the doctests, so they cannot drift from the API.
 #[cfg(all(doctest, feature = "axum"))]

@@ -4,6 +4,7 @@ use tollgate_core::Store;
 use tollgate_tower::{RateLimit, RateLimitLayer};
 use tower_layer::Layer;
 
+use crate::problem::ProblemTypes;
 use crate::{HeaderSet, HttpLimit, HttpResponder};
 
 /// Wraps any tower layer whose services fail with tollgate rejections (a tollgate limiter, a `StackLayer`, a
@@ -31,7 +32,14 @@ impl<L> HttpLimitLayer<L> {
 
     /// Chooses the header families to write.
     pub fn headers(mut self, headers: HeaderSet) -> Self {
-        self.responder = HttpResponder::new(headers);
+        self.responder = self.responder.with_headers(headers);
+        self
+    }
+
+    /// Chooses the problem types of the rejections' bodies (default: [`ProblemTypes::IETF`], the IETF draft's
+    /// registered types). Build yours in a `const` or `static`: `.problem_types(&MY_TYPES)`.
+    pub fn problem_types(mut self, types: &'static ProblemTypes) -> Self {
+        self.responder = self.responder.with_problem_types(types);
         self
     }
 
@@ -86,6 +94,11 @@ impl<K, St, C> HttpRateLimitLayer<K, St, C> {
     /// Chooses the header families to write.
     pub fn headers(self, headers: HeaderSet) -> Self {
         Self(self.0.headers(headers))
+    }
+
+    /// Chooses the problem types of the rejections' bodies (see [`HttpLimitLayer::problem_types`]).
+    pub fn problem_types(self, types: &'static ProblemTypes) -> Self {
+        Self(self.0.problem_types(types))
     }
 
     /// The wrapped layer.

@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
-use tollgate_core::{FailurePolicy, Policy, Quota, Store};
+use tollgate_core::{Clock, FailurePolicy, ManualClock, Policy, Quota, Store};
 use tollgate_http::key::{ClientIp, HeaderKey, PeerIp, RouteKey};
+use tollgate_http::problem::{ProblemType, ProblemTypes};
 use tollgate_http::{HeaderSet, HttpLimitLayer, HttpRateLimitLayer};
-use tollgate_tower::{Mode, RateLimitLayer};
+use tollgate_tower::{Mode, RateLimitLayer, RejectionKind};
 
 use support::{Reply, get as http_get, limited_app as app, serve, serve_with};
 
@@ -35,14 +36,7 @@ fn assert_allowed(reply: &Reply, name: &str, limit: u64, window: u64, remaining:
     assert!(!reply.has("retry-after"));
 }
 
-fn epoch_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
+async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>, clock: ManualClock) {
     let addr = serve(app(RateLimitLayer::new(
         "per-client",
         per_hour(3),
@@ -62,12 +56,8 @@ async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
     // The stored reset moves by exactly one token per request: consecutive responses agree to the second.
     assert_eq!(resets[1] - resets[0], 1200);
     assert_eq!(resets[2] - resets[1], 1200);
-    let now = epoch_secs();
-    assert!(
-        (now + 3598..=now + 3602).contains(&resets[2]),
-        "reset {} vs now {now}",
-        resets[2]
-    );
+    // The clock stands still: three tokens are back exactly an hour after it.
+    assert_eq!(resets[2], clock.now().as_secs_ceil() + 3600);
 
     let denied = http_get(addr, "/", &[]).await;
     assert_eq!(denied.status, 429, "{denied:#?}");
@@ -86,7 +76,7 @@ async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
     assert_eq!(denied.num("retry-after"), 1200);
     assert_eq!(
         denied.body,
-        r#"{"type":"https://tollgate.invalid/problems/rate_limited","title":"Too Many Requests","status":429,"detail":"rate limit \"per-client\" exceeded; retry after 1200 s","limiter":"per-client"}"#
+        r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"rate limit \"per-client\" exceeded; retry after 1200 s","violated-policies":["per-client"],"limiter":"per-client","kind":"rate_limited"}"#
     );
 
     let health = http_get(addr, "/health", &[]).await;
@@ -96,7 +86,35 @@ async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
         "{health:#?}"
     );
 }
-both_stores!(limit_then_429, limit_then_429_with_every_header);
+both_clocked_stores!(limit_then_429, limit_then_429_with_every_header);
+
+/// A user's own problem type for rate limits, installed on the layer; the other kinds keep the IETF ones.
+const OUR_TYPES: ProblemTypes = ProblemTypes::IETF.with(
+    RejectionKind::RateLimited,
+    ProblemType::new("https://example.com/problems/slow-down", "Slow \"down\""),
+);
+
+async fn problem_types_are_the_users_choice<St: Store>(store: Arc<St>) {
+    let layer = RateLimitLayer::new("api", per_hour(1), store, PeerIp);
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(HttpLimitLayer::new(layer).problem_types(&OUR_TYPES));
+    let addr = serve(app).await;
+    assert_eq!(http_get(addr, "/", &[]).await.status, 200);
+    let denied = http_get(addr, "/", &[]).await;
+    assert_eq!(denied.status, 429, "{denied:#?}");
+    assert_eq!(denied.header("content-type"), "application/problem+json");
+    assert_eq!(denied.num("retry-after"), 3600);
+    assert_eq!(
+        denied.body,
+        r#"{"type":"https://example.com/problems/slow-down","title":"Slow \"down\"","status":429,"detail":"rate limit \"api\" exceeded; retry after 3600 s","violated-policies":["api"],"limiter":"api","kind":"rate_limited"}"#
+    );
+    assert_eq!(
+        OUR_TYPES.of(RejectionKind::Shed),
+        ProblemType::TEMPORARY_REDUCED_CAPACITY
+    );
+}
+both_stores!(own_problem_types, problem_types_are_the_users_choice);
 
 async fn a_burst_is_announced_as_the_limit_over_its_refill_time<St: Store>(store: Arc<St>) {
     // 2 per hour with bursts of 4: a token every 1800 s, and the full bucket of 4 accrues in 7200 s. Told "4 per

@@ -1,7 +1,7 @@
 //! The in-process cost of each limiter of the stack per request, side by side with a bare service and with tower's
 //! own (global, keyless) concurrency limit, in one run.
 //!
-//! `cargo bench -p tollgate-stack --bench stack_overhead`. Every service resolves at once in process, so requests
+//! `cargo bench -p tollgate-tower --features stack --bench stack_overhead`. Every service resolves at once in process, so requests
 //! are driven without a runtime: the figures are the layers' own work (key extraction, lease, permit, body).
 
 use std::hint::black_box;

@@ -23,6 +23,7 @@
 //! `tower::limit::RateLimitLayer` and `ConcurrencyLimitLayer` of the same names instead make callers *wait* for
 //! capacity. See [`limit::rate`] for a complete example.
 #![forbid(unsafe_code)]
+// On docs.rs (nightly, `--cfg docsrs`), items behind a feature say which one.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod cost;

@@ -119,7 +119,9 @@ async fn a_redis_stall_leaves_no_lease_behind() {
     let store = Arc::new(
         tollgate_redis::RedisStore::builder(server.url())
             .namespace(unique_prefix("stall"))
-            .timeout(Duration::from_millis(50))
+            // Generous: the healthy steps must not time out (at a threshold of one, a slow reply on a loaded
+            // machine would open the circuit); the stall is a server paused for real, which any timeout meets.
+            .timeout(Duration::from_secs(2))
             .circuit_breaker(1, Duration::from_millis(200))
             .build()
             .await
@@ -353,12 +355,30 @@ async fn two_instances_sharing_redis_hold_the_limit_together() {
     }
 }
 
-/// Leases on `redis_key` whose expiry (server time) has not passed; expired ones linger until the next acquire.
-fn live_leases(redis_key: &str) -> u64 {
+/// The shared Redis's clock (`TIME`) in ms: the clock lease expiries are in.
+fn redis_now_ms() -> u64 {
     let time = cli_url(&redis_url(), &["TIME"]);
     let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap());
     let (secs, micros) = (parts.next().unwrap(), parts.next().unwrap());
-    let now_ms = secs * 1000 + micros / 1000;
+    secs * 1000 + micros / 1000
+}
+
+/// The earliest expiry (server ms) of the leases on `redis_key`.
+fn first_expiry_ms(redis_key: &str) -> u64 {
+    let reply = cli_url(&redis_url(), &["ZRANGE", redis_key, "0", "0", "WITHSCORES"]);
+    let score = reply
+        .lines()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no lease: {reply:?}"));
+    score
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{reply:?}: {e}"))
+}
+
+/// Leases on `redis_key` whose expiry (server time) has not passed; expired ones linger until the next acquire.
+fn live_leases(redis_key: &str) -> u64 {
+    let now_ms = redis_now_ms();
     cli_url(
         &redis_url(),
         &["ZCOUNT", redis_key, &format!("({now_ms}"), "+inf"],
@@ -374,21 +394,39 @@ async fn leases_of_a_crashed_instance_expire_and_long_requests_renew() {
     let key = ann_key("in-flight");
     let redis_key = live.lease_key(&key);
     let gate = Gate::new();
-    let short = Duration::from_millis(300);
+    // Renewed every third of it: a renewal late by two thirds (a stall on a loaded machine) loses the lease, as it
+    // would in production, so the lease time is long against any stall.
+    let short = Duration::from_secs(1);
     let live_layer = layer(2, live).lease_ttl(short).unwrap();
     let addr = serve(app(&gate, |r| r.layer(HttpLimitLayer::new(live_layer)))).await;
 
     // Another instance took both of ann's slots and crashed: its leases were never released nor renewed.
+    // While they live (until the earlier expiry, in Redis's time) ann is refused. A reply that came after it (a
+    // stall longer than the lease time) proves nothing: the crash is staged again once they expired.
     let crashed = redis_instance(&namespace).await;
-    for _ in 0..2 {
-        let admission = crashed
-            .acquire(&key, LeaseId::new(), 2, short)
-            .await
-            .unwrap();
-        assert!(admission.granted);
+    let mut refused_while_live = false;
+    for _ in 0..5 {
+        for _ in 0..2 {
+            let admission = crashed
+                .acquire(&key, LeaseId::new(), 2, short)
+                .await
+                .unwrap();
+            assert!(admission.granted);
+        }
+        let expiry = first_expiry_ms(&redis_key);
+        let status = get(addr, "/fast", ANN).await.status;
+        if redis_now_ms() < expiry {
+            assert_eq!(status, 429, "both slots held by live leases");
+            refused_while_live = true;
+            break;
+        }
+        eventually(addr, "/fast", ANN, 200).await;
     }
+    assert!(
+        refused_while_live,
+        "no request was answered within the lease time in five tries"
+    );
     drop(crashed);
-    assert_eq!(get(addr, "/fast", ANN).await.status, 429);
     // Without renewals they expire after the lease time, and the slots are usable again.
     eventually(addr, "/fast", ANN, 200).await;
 

@@ -84,7 +84,14 @@ async fn two_instances_keep_non_critical_within_the_unreserved_share() {
             let reply = task.await.unwrap();
             assert_eq!(reply.status, 503, "{reply:#?}");
             assert_eq!(reply.header("retry-after"), "1");
-            assert!(reply.body.contains("problems/shed"), "{}", reply.body);
+            assert!(
+                reply
+                    .body
+                    .contains("http-problem-types#temporary-reduced-capacity")
+                    && reply.body.contains(r#""kind":"shed""#),
+                "{}",
+                reply.body
+            );
             shed += 1;
         } else {
             held.push(task);

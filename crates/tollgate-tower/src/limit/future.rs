@@ -256,7 +256,11 @@ fn failure(error: &mut Option<BoxError>) -> BoxError {
 
 /// Passes the request straight on, undecided: enforcement is off.
 #[inline(always)]
-pub(crate) fn pass<S, Req, A>(inner: &mut S, req: Req, answer: A) -> ResponseFuture<S::Future, S, Req, A>
+pub(crate) fn pass<S, Req, A>(
+    inner: &mut S,
+    req: Req,
+    answer: A,
+) -> ResponseFuture<S::Future, S, Req, A>
 where
     S: Service<Req>,
     A: Grants,
