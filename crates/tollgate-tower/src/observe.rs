@@ -26,6 +26,12 @@ use tollgate_core::{FailurePolicy, StoreError};
 
 use crate::Name;
 
+mod signal;
+pub use signal::{
+    DECISION_TARGET, NEAR_LIMIT_TOTAL, NearLimitShare, ShareError, Signals, store_name, timed,
+    timed_async,
+};
+
 /// The counter every limiter reports its decisions to: `tollgate_decisions_total{limiter, outcome}`.
 pub const DECISIONS_TOTAL: &str = "tollgate_decisions_total";
 

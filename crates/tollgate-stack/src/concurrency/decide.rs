@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tollgate_core::lease::{LeaseId, LeaseStore, MemoryLeaseStore, block_on_ready};
 use tollgate_core::{FailurePolicy, StoreError};
-use tollgate_tower::observe::{Counters, LogGate, StoreErrors};
+use tollgate_tower::observe::{Counters, LogGate, NearLimitShare, Signals, StoreErrors};
 use tollgate_tower::{EnforcementSwitch, Mode, Name, Rejection, RejectionKind};
 
 use crate::Permit;
@@ -27,6 +27,7 @@ pub(crate) struct Settings {
     pub(crate) lease_ttl: Duration,
     pub(crate) retry_after: Duration,
     pub(crate) on_error: FailurePolicy,
+    pub(crate) near_limit: NearLimitShare,
 }
 
 pub(crate) struct Shared<R, L> {
@@ -38,6 +39,7 @@ pub(crate) struct Shared<R, L> {
     counters: Counters,
     store_errors: StoreErrors,
     log_gate: LogGate,
+    signals: Signals,
 }
 
 impl<R, L: LeaseStore> Shared<R, L> {
@@ -55,6 +57,18 @@ impl<R, L: LeaseStore> Shared<R, L> {
         };
         let counters = Counters::new(&settings.name, outcome);
         let store_errors = StoreErrors::new(&settings.name, settings.on_error);
+        let algorithm = if kind.is_overload() {
+            "fleet_shed"
+        } else {
+            "concurrency"
+        };
+        let signals = Signals::new(
+            &settings.name,
+            outcome,
+            algorithm,
+            tollgate_tower::observe::store_name::<L>(),
+            settings.near_limit,
+        );
         Self {
             settings,
             rule,
@@ -64,6 +78,7 @@ impl<R, L: LeaseStore> Shared<R, L> {
             counters,
             store_errors,
             log_gate: LogGate::new(),
+            signals,
         }
     }
 
@@ -77,7 +92,8 @@ impl<R, L: LeaseStore> Shared<R, L> {
             .store
             .leases_expire()
             .then(|| LeaseGuard::unrenewed(self.store.clone(), key.clone(), lease));
-        let result = self.store.acquire(&key, lease, limit, ttl).await;
+        let result =
+            tollgate_tower::observe::timed_async(self.store.acquire(&key, lease, limit, ttl)).await;
         match (&result, in_doubt) {
             // The reply was lost (a timeout, a dropped connection), not necessarily the request: the lease may be
             // held, or be granted once a stalled server wakes, so release it (the store refuses a lease released
@@ -90,6 +106,8 @@ impl<R, L: LeaseStore> Shared<R, L> {
         match result {
             Ok(admission) if admission.granted => {
                 self.counters.allowed.increment(1);
+                self.signals
+                    .admitted("allowed", limit.saturating_sub(admission.in_flight), limit);
                 let guard = LeaseGuard::new(self.store.clone(), key, lease, ttl);
                 Conclusion::Admit(Some(Permit::new(guard)))
             }
@@ -101,6 +119,7 @@ impl<R, L: LeaseStore> Shared<R, L> {
     fn over_limit(&self, mode: Mode, in_flight: u64, limit: u64) -> Conclusion {
         if mode == Mode::Shadow {
             self.counters.shadow_rejected.increment(1);
+            self.signals.over_limit(mode, 0);
             if self.log_gate.open() {
                 tracing::info!(
                     limiter = &*self.settings.name,
@@ -112,6 +131,7 @@ impl<R, L: LeaseStore> Shared<R, L> {
             return Conclusion::Admit(None);
         }
         self.counters.rejected.increment(1);
+        self.signals.over_limit(mode, 0);
         tracing::debug!(
             limiter = &*self.settings.name,
             in_flight,
@@ -147,12 +167,18 @@ impl<R, L: LeaseStore> Shared<R, L> {
         match (policy, &self.fallback) {
             (FailurePolicy::Open, _) => {
                 self.counters.failed_open.increment(1);
+                self.signals.decided("store_error_open", None);
                 Conclusion::Admit(None)
             }
             (FailurePolicy::Local, Some(local)) => {
                 match block_on_ready(local.acquire(&key, lease, limit, self.settings.lease_ttl)) {
                     Ok(admission) if admission.granted => {
                         self.counters.failed_local.increment(1);
+                        self.signals.admitted(
+                            "store_error_local",
+                            limit.saturating_sub(admission.in_flight),
+                            limit,
+                        );
                         let guard =
                             LeaseGuard::new(local.clone(), key, lease, self.settings.lease_ttl);
                         Conclusion::Admit(Some(Permit::new(guard)))
@@ -169,9 +195,11 @@ impl<R, L: LeaseStore> Shared<R, L> {
         if mode == Mode::Shadow {
             // Rejected by the closed policy, admitted by shadow mode: counted apart.
             self.counters.shadow_failed_closed.increment(1);
+            self.signals.decided("shadow_store_error_closed", None);
             return Conclusion::Admit(None);
         }
         self.counters.failed_closed.increment(1);
+        self.signals.decided("store_error_closed", None);
         Conclusion::Reject(
             Rejection::new(RejectionKind::StoreUnavailable, self.settings.name.clone())
                 .with_retry_after(self.settings.retry_after),

@@ -2,6 +2,7 @@ use std::sync::Arc;
 
 use tollgate_core::FailurePolicy;
 use tollgate_core::lease::LeaseStore;
+use tollgate_tower::observe::NearLimitShare;
 use tollgate_tower::{EnforcementSwitch, Name, Priority, RejectionKind};
 
 use super::FleetRule;
@@ -40,6 +41,7 @@ impl<P, L: LeaseStore> FleetShedLayer<P, L> {
             lease_ttl: DEFAULT_LEASE_TTL,
             retry_after: DEFAULT_RETRY_AFTER,
             on_error: FailurePolicy::Open,
+            near_limit: NearLimitShare::DEFAULT,
         };
         let rule = FleetRule {
             classifier,

@@ -2,7 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_tower::observe::{Counters, LogGate};
+use tollgate_tower::observe::{Counters, LogGate, NearLimitShare, Signals};
 use tollgate_tower::{EnforcementSwitch, Mode, Name, Priority};
 use tower_layer::Layer;
 
@@ -25,6 +25,7 @@ pub(crate) struct WorkerState {
     pub(crate) controller: Controller,
     pub(crate) counters: Counters,
     pub(crate) log_gate: LogGate,
+    pub(crate) signals: Signals,
 }
 
 /// Sheds the lowest priorities first when this instance is busy: see the [module docs](super).
@@ -88,6 +89,8 @@ impl<P> WorkerShedLayer<P> {
             controller: Controller::new(tuning),
             counters: Counters::new(name, "shed"),
             log_gate: LogGate::new(),
+            // No store, and no near-limit signal: a shedder's share of capacity is its own gradual signal.
+            signals: Signals::new(name, "shed", "worker_shed", "none", NearLimitShare::OFF),
         })
     }
 

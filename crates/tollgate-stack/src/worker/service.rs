@@ -90,6 +90,7 @@ where
         if state.controller.should_shed(priority) {
             if mode == Mode::Enforce {
                 state.counters.rejected.increment(1);
+                state.signals.over_limit(mode, 0);
                 tracing::debug!(
                     limiter = &*state.name,
                     priority = priority.as_str(),
@@ -104,6 +105,7 @@ where
                 return ResponseFuture::failed(rejection.into());
             }
             state.counters.shadow_rejected.increment(1);
+            state.signals.over_limit(mode, 0);
             if state.log_gate.open() {
                 tracing::info!(
                     limiter = &*state.name,
@@ -113,6 +115,7 @@ where
             }
         } else {
             state.counters.allowed.increment(1);
+            state.signals.decided("allowed", None);
         }
         state.controller.enter();
         let permit = Permit::new(InFlight(state.clone()));

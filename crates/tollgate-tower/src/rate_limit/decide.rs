@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
 
 use crate::key::{hash_bytes, with_key_buffer};
-use crate::observe::{Counters, LogGate, StoreErrors};
+use crate::observe::{Counters, LogGate, NearLimitShare, Signals, StoreErrors};
 use crate::{
     BoxError, Cost, KeyError, KeyExtractor, Mode, Name, Rejection, RejectionKind, Verdict,
 };
@@ -35,6 +35,7 @@ pub(crate) struct Shared<K, St, C> {
     counters: Counters,
     store_errors: StoreErrors,
     log_gate: LogGate,
+    signals: Signals,
 }
 
 impl<K, St: Store, C> Shared<K, St, C> {
@@ -48,9 +49,17 @@ impl<K, St: Store, C> Shared<K, St, C> {
         switch: crate::EnforcementSwitch,
         on_error: FailurePolicy,
         fallback: Option<Arc<MemoryStore>>,
+        near_limit: NearLimitShare,
     ) -> Self {
         let counters = Counters::new(&name, "limited");
         let store_errors = StoreErrors::new(&name, on_error);
+        let signals = Signals::new(
+            &name,
+            "limited",
+            policy.algorithm().as_str(),
+            crate::observe::store_name::<St>(),
+            near_limit,
+        );
         // The name, length first (two limiters on one store never share a bucket, whatever their names hold),
         // then zeros up to a multiple of SipHash's 8-byte block: each request's key then starts on a block of its
         // own (an address is one block) instead of being spliced onto the name's leftover bytes.
@@ -73,6 +82,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             counters,
             store_errors,
             log_gate: LogGate::new(),
+            signals,
         }
     }
 
@@ -85,7 +95,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         mode: Mode,
         keep: bool,
     ) -> Conclusion {
-        let result = self.store.check(&key, &self.policy, cost).await;
+        let result = crate::observe::timed_async(self.store.check(&key, &self.policy, cost)).await;
         self.conclude(result, &key, cost, mode, keep)
     }
 
@@ -97,7 +107,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         mode: Mode,
         keep: bool,
     ) -> Option<Conclusion> {
-        let result = self.store.check_immediate(key, &self.policy, cost)?;
+        let result = crate::observe::timed(|| self.store.check_immediate(key, &self.policy, cost))?;
         Some(self.conclude(result, key, cost, mode, keep))
     }
 
@@ -131,10 +141,9 @@ impl<K, St: Store, C> Shared<K, St, C> {
         }
         let cost = self.cost.cost(req);
         Some(
-            match self
-                .store
-                .check_digest(state.finish(), &self.policy, cost)?
-            {
+            match crate::observe::timed(|| {
+                self.store.check_digest(state.finish(), &self.policy, cost)
+            })? {
                 Ok(decision) => Ok(self.judge(decision, mode, keep)),
                 Err(err) => self.digest_failed(req, &err, cost, mode, keep),
             },
@@ -186,6 +195,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     /// A store's decision as a conclusion: shadow mode, metrics.
     #[inline(always)]
     fn judge(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
+        self.signals.judged(&decision, mode, "allowed");
         self.judge_counting(decision, mode, keep, &self.counters.allowed)
     }
 
@@ -194,6 +204,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     #[cold]
     #[inline(never)]
     fn judge_local(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
+        self.signals.judged(&decision, mode, "store_error_local");
         self.judge_counting(decision, mode, keep, &self.counters.failed_local)
     }
 
@@ -267,6 +278,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         match (&self.fallback, self.on_error) {
             (_, FailurePolicy::Open) => {
                 self.counters.failed_open.increment(1);
+                self.signals.decided("store_error_open", None);
                 Err(Conclusion::Admit(None))
             }
             (Some(fallback), FailurePolicy::Local) => {
@@ -286,9 +298,11 @@ impl<K, St: Store, C> Shared<K, St, C> {
             // Rejected by the closed policy, admitted by shadow mode: counted apart, or a dark launch's
             // dashboards would show 503s no client got.
             self.counters.shadow_failed_closed.increment(1);
+            self.signals.decided("shadow_store_error_closed", None);
             return Conclusion::Admit(None);
         }
         self.counters.failed_closed.increment(1);
+        self.signals.decided("store_error_closed", None);
         let rejection = Rejection::new(RejectionKind::StoreUnavailable, self.name.clone());
         // The retry the core's closed policy announces (one period, within 1 s to 60 s); it does not depend on now.
         let closed = FailurePolicy::Closed.synthesize(&self.policy, Timestamp::default());

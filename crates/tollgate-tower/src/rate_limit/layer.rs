@@ -7,6 +7,7 @@ use tower_layer::Layer;
 use super::RateLimit;
 use super::decide::Shared;
 use crate::Name;
+use crate::observe::{NearLimitShare, ShareError};
 use crate::respond::Forward;
 use crate::{EnforcementSwitch, Mode, UnitCost};
 
@@ -23,6 +24,7 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     switch: EnforcementSwitch,
     on_error: FailurePolicy,
     fallback: Option<Arc<MemoryStore>>,
+    near_limit: NearLimitShare,
     /// Built on the first `layer` call and shared by every service from then on: axum calls `layer` for every
     /// route (and again per connection for routers with handlers), which must not re-register metrics each time.
     /// Every builder method starts a fresh one.
@@ -44,6 +46,7 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             switch: EnforcementSwitch::default(),
             on_error: FailurePolicy::default(),
             fallback: None,
+            near_limit: NearLimitShare::DEFAULT,
             built: Arc::default(),
         }
     }
@@ -61,6 +64,7 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             switch: self.switch,
             on_error: self.on_error,
             fallback: self.fallback,
+            near_limit: self.near_limit,
             built: Arc::default(),
         }
     }
@@ -98,6 +102,17 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
         self
     }
 
+    /// Counts an admission in `tollgate_near_limit_total{limiter}` when it leaves less than `share` of the limit
+    /// (0.0 to 1.0; default 0.2, i.e. 20 %; 0.0 counts nothing): the alerting signal before clients see 429s.
+    ///
+    /// # Errors
+    /// If `share` is not a number from 0.0 to 1.0.
+    pub fn near_limit(mut self, share: f64) -> Result<Self, ShareError> {
+        self.near_limit = NearLimitShare::new(share)?;
+        self.built = Arc::default();
+        Ok(self)
+    }
+
     /// A handle on the enforcement mode, to flip it at run time (the kill switch).
     #[must_use]
     pub fn enforcement(&self) -> EnforcementSwitch {
@@ -128,6 +143,7 @@ impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
             switch: self.switch.clone(),
             on_error: self.on_error,
             fallback: self.fallback.clone(),
+            near_limit: self.near_limit,
             built: self.built.clone(),
         }
     }
@@ -140,6 +156,7 @@ impl<K, St, C> fmt::Debug for RateLimitLayer<K, St, C> {
             .field("policy", &self.policy)
             .field("mode", &self.switch.mode())
             .field("on_store_error", &self.on_error)
+            .field("near_limit", &self.near_limit.get())
             .finish_non_exhaustive()
     }
 }
@@ -158,6 +175,7 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                 self.switch.clone(),
                 self.on_error,
                 self.fallback.clone(),
+                self.near_limit,
             ))
         });
         RateLimit::from_shared(inner, shared.clone(), respond)
