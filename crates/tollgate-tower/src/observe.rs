@@ -1,5 +1,6 @@
 //! Metrics and rate-limited logs, shared by every tollgate limiter (this crate's rate limiter and the
-//! `tollgate-stack` limiters) and adapter, so that they count and log alike.
+//! `tollgate-stack` limiters) and adapter, so that they count and log alike; [`Signals`] adds the near-limit
+//! counter and the per-decision `tracing` events.
 //!
 //! ```
 //! use tollgate_tower::Name;
