@@ -2,6 +2,7 @@
 //! as a line, and under `--autoscale` the instance count on a second axis. `plotters`' SVG backend only: no system
 //! libraries, no fonts to find (the SVG names a font family; the viewer draws the text).
 
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
 /// One line: a design's admitted requests in each measured second.
@@ -99,6 +100,16 @@ fn draw(chart: &Chart, out: &mut String) -> Result<(), Box<dyn std::error::Error
         .light_line_style(RGBColor(238, 238, 238))
         .draw()?;
 
+    // The limit first, under the lines: the Redis line lies on it.
+    let limit = chart.limit as f64;
+    ctx.draw_series(DashedLineSeries::new(
+        [(0.5, limit), (seconds as f64 + 0.5, limit)],
+        6,
+        4,
+        BLACK.stroke_width(1),
+    ))?
+    .label(format!("the limit: {} req/s", chart.limit))
+    .legend(|(x, y)| DashedPathElement::new([(x, y), (x + 20, y)], 4, 3, BLACK.stroke_width(1)));
     for series in &chart.series {
         let color = PALETTE[series.colour % PALETTE.len()];
         ctx.draw_series(LineSeries::new(
@@ -112,15 +123,6 @@ fn draw(chart: &Chart, out: &mut String) -> Result<(), Box<dyn std::error::Error
         .label(&series.label)
         .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
     }
-    let limit = chart.limit as f64;
-    ctx.draw_series(DashedLineSeries::new(
-        [(0.5, limit), (seconds as f64 + 0.5, limit)],
-        6,
-        4,
-        BLACK.stroke_width(1),
-    ))?
-    .label(format!("the limit: {} req/s", chart.limit))
-    .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(1)));
 
     if let Some(instances) = &chart.instances {
         ctx.configure_secondary_axes()
