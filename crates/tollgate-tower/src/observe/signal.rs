@@ -219,24 +219,44 @@ thread_local! {
 /// Runs a store call that answers at once, timing it for the next decision event when events are enabled.
 #[inline(always)]
 pub fn timed<T>(call: impl FnOnce() -> T) -> T {
-    if !events_enabled() {
-        return call();
-    }
-    let started = Instant::now();
+    // One call site, so that the call is inlined into the caller's hot path rather than made a function of its own.
+    let started = start();
     let out = call();
-    STORE_WAIT.set(Some(started.elapsed()));
+    if let Some(started) = started {
+        stop(started);
+    }
     out
 }
 
 /// Awaits a store call, timing it for the next decision event when events are enabled.
 pub async fn timed_async<F: Future>(call: F) -> F::Output {
-    if !events_enabled() {
-        return call.await;
-    }
-    let started = Instant::now();
+    let started = start();
     let out = call.await;
-    STORE_WAIT.set(Some(started.elapsed()));
+    if let Some(started) = started {
+        stop(started);
+    }
     out
+}
+
+/// Now, if decision events are enabled.
+#[inline(always)]
+fn start() -> Option<Instant> {
+    if events_enabled() {
+        return Some(now());
+    }
+    None
+}
+
+#[cold]
+#[inline(never)]
+fn now() -> Instant {
+    Instant::now()
+}
+
+#[cold]
+#[inline(never)]
+fn stop(started: Instant) {
+    STORE_WAIT.set(Some(started.elapsed()));
 }
 
 /// The short name of the store type `St` for decision events: `MemoryStore`, `RedisStore` (its path and generic
