@@ -225,7 +225,14 @@ fn scrape_counts_every_outcome_and_the_near_limit_boundary() {
     // A slow critical request takes 2 left — exactly 20 % of the limit, which is not less than 20 % — and holds the
     // client's one concurrency lease (it sleeps a minute; the server is killed long before).
     let addr = server.addr;
-    std::thread::spawn(move || http_get(addr, "/slow?ms=60000", &CRITICAL));
+    std::thread::spawn(move || {
+        // Sent and left hanging: the answer (or the server's end) is read and dropped, whatever it is.
+        let mut stream = TcpStream::connect(addr).expect("connect");
+        let request =
+            "GET /slow?ms=60000 HTTP/1.1\r\nhost: example\r\nx-priority: critical\r\n\r\n";
+        stream.write_all(request.as_bytes()).expect("send");
+        let _ = stream.read_to_end(&mut Vec::new());
+    });
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut scrape = server.scrape();
     while scrape.decisions("fleet", "allowed") < 7.0 {
