@@ -186,7 +186,8 @@ const CRITICAL: [(&str, &str); 1] = [("x-priority", "critical")];
 
 /// The axum server with every limiter of the stack on a private Redis, fed traffic whose every decision is known:
 /// the rate limit (10 per hour per client, so nothing refills), the concurrency limit (1 in flight), the fleet
-/// shedder (capacity 1, 20 % reserved: only critical requests pass) and the worker shedder (never busy).
+/// shedder (capacity 5, all of it reserved: only critical requests pass, and more than one at a time, so a lease
+/// whose release is still on its way never sheds the next one) and the worker shedder (never busy).
 fn stack_server(redis: &RedisServer) -> Server {
     let url = redis.url();
     Server::start(
@@ -201,9 +202,9 @@ fn stack_server(redis: &RedisServer) -> Server {
             "--concurrency",
             "1",
             "--fleet-capacity",
-            "1",
+            "5",
             "--fleet-reserve",
-            "20",
+            "100",
             "--worker-capacity",
             "1000",
         ],
@@ -278,12 +279,12 @@ fn scrape_counts_every_outcome_and_the_near_limit_boundary() {
         counts(&[("allowed", 8.0), ("limited", 2.0)])
     );
     assert_eq!(scrape.near_limit("concurrency"), 8.0);
-    // The fleet: six critical requests and the slow one admitted (each filling the ceiling of 1), one shed.
+    // The fleet: six critical requests and the slow one admitted (1 of 5 in flight each: never near), one shed.
     assert_eq!(
         scrape.outcomes("fleet"),
         counts(&[("allowed", 7.0), ("shed", 1.0)])
     );
-    assert_eq!(scrape.near_limit("fleet"), 7.0);
+    assert_eq!(scrape.near_limit("fleet"), 0.0);
     // The worker shedder saw every request and shed none.
     assert_eq!(scrape.outcomes("worker"), counts(&[("allowed", 12.0)]));
     assert_eq!(scrape.near_limit("worker"), 0.0, "no near-limit signal");
