@@ -10,6 +10,11 @@
 //! cargo run --example axum_server -- --concurrency 2 --worker-capacity 64 \
 //!     --fleet-capacity 100 --fleet-reserve 20 --redis-url redis://127.0.0.1:6379
 //! curl -i 'http://127.0.0.1:3000/slow?ms=2000' -H 'x-priority: low'
+//!
+//! # Prometheus metrics (decisions by limiter and outcome, near-limit, store latency, circuit) and a log line
+//! # per decision; `docs/grafana/tollgate.json` is a dashboard over these series.
+//! cargo run --example axum_server -- --metrics-addr 127.0.0.1:9090 --log debug
+//! curl http://127.0.0.1:9090/metrics
 //! ```
 //!
 //! `GET /` is limited per client IP (the peer address, or the client behind `--trusted-proxy` networks);
@@ -30,6 +35,8 @@ use tollgate_tower::RateLimitLayer;
 
 #[path = "common/flags.rs"]
 mod flags;
+#[path = "common/observe.rs"]
+mod observe;
 #[path = "common/stack.rs"]
 mod stack;
 
@@ -52,6 +59,7 @@ routes: GET / and GET /slow?ms=N (limited per client IP), GET /health (never lim
 #[derive(Debug)]
 struct Config {
     server: flags::ServerFlags,
+    observe: flags::ObserveFlags,
     trusted_proxies: Vec<Cidr>,
     stack: stack::StackFlags,
 }
@@ -59,6 +67,7 @@ struct Config {
 impl Config {
     fn parse(args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
         let mut config = Self {
+            observe: flags::ObserveFlags::default(),
             server: flags::ServerFlags::new(3000),
             trusted_proxies: Vec::new(),
             stack: stack::StackFlags::default(),
@@ -75,6 +84,7 @@ impl Config {
                     config.stack.set(other, &flags.value()?)?;
                 }
                 other if config.server.take(other, &mut flags)? => {}
+                other if config.observe.take(other, &mut flags)? => {}
                 other => return Err(format!("unknown argument {other:?} (try --help)")),
             }
         }
@@ -121,12 +131,15 @@ async fn run() -> Result<(), String> {
         // Ignore a closed pipe (`--help | head`).
         let _ = writeln!(
             std::io::stdout(),
-            "{USAGE}\n\nthe Stripe stack:\n{}",
-            stack::USAGE
+            "{USAGE}\n\nthe Stripe stack:\n{}\n\nobservability:\n{}",
+            stack::USAGE,
+            flags::ObserveFlags::USAGE
         );
         return Ok(());
     };
     let policy = config.server.policy()?;
+    // Before any store or layer is built: they register their metrics once.
+    let metrics = observe::install(&config.observe)?;
     let app = match config
         .server
         .redis_store("tollgate-axum-server", &policy)
@@ -155,6 +168,10 @@ async fn run() -> Result<(), String> {
         config.trusted_proxies.len()
     );
     println!("stack: {}", config.stack.describe());
+    if let Some((addr, handle)) = metrics {
+        let bound = observe::serve_metrics(addr, handle).await?;
+        println!("metrics on http://{bound}/metrics");
+    }
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

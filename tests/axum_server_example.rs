@@ -320,6 +320,8 @@ fn bad_flags_are_clear_errors() {
         &["--trusted-proxy", "10.0.0.0/33"],
         &["--fleet-capacity", "5"],
         &["--no-such-flag"],
+        &["--metrics-addr", "nope"],
+        &["--log", "loud"],
     ] {
         let out = Command::new(example("axum_server"))
             .args(args)

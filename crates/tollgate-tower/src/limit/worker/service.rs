@@ -92,6 +92,7 @@ where
         if state.controller.should_shed(priority) {
             let shed = state.judge.over_limit::<Permit>(
                 mode,
+                0,
                 &format_args!(
                     "{} request shed with {} in flight",
                     priority.as_str(),
@@ -107,7 +108,7 @@ where
                 return refuse(&mut self.inner, rejection, Hold);
             }
         } else {
-            state.judge.admitted();
+            state.judge.admitted_unmetered();
         }
         state.controller.enter();
         let permit = Permit::new(InFlight(state.clone()));
