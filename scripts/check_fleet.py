@@ -2,7 +2,7 @@
 """Checks the fleet simulation's figures (CI): reads `fleet --json` on stdin and fails unless the in-process rows
 admit about instances x limit and the Redis rows about limit, as the README promises.
 
-  cargo run --release --example fleet -- --json ... | python3 scripts/check_fleet.py [--tolerance 0.1]
+  cargo run --release --example fleet -- --json ... | python3 scripts/check_fleet.py [--tolerance 0.15]
 
 A run that cannot show it also fails: Redis rows missing, requests that failed or were never sent, or a baseline
 (no limiter) that did not get the offered load through (then every other row is starved, not limited).
@@ -14,9 +14,10 @@ import sys
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # A release build lands within 2 % (token bucket exactly, the sliding window a request or two under).
-    parser.add_argument("--tolerance", type=float, default=0.1,
-                        help="largest relative deviation from the expected admitted rate (default 0.1)")
+    # A release build on an idle machine lands within 2 % (the token bucket exactly, the sliding window a request or
+    # two under); a loaded one, within 10 %. N x limit and limit are N times apart.
+    parser.add_argument("--tolerance", type=float, default=0.15,
+                        help="largest relative deviation from the expected admitted rate (default 0.15)")
     tolerance = parser.parse_args().tolerance
     try:
         run = json.load(sys.stdin)
