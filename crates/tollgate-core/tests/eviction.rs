@@ -82,8 +82,8 @@ fn a_client_that_keeps_requesting_during_a_flood_keeps_its_state() {
         for i in 0..20_000 {
             store.check_now(&format!("flood-{i}"), &policy, 1).unwrap();
             // Both come back every 25 new keys: always among the most recent 5 % of a shard, never evicted (an
-            // eviction takes the least recently used of 16 sampled entries; for one of them to be evicted, the
-            // other 15 would all have to be more recent: probability below 0.05^15 per eviction).
+            // eviction takes the least recently used of 8 sampled entries; for one of them to be evicted, the
+            // other 7 would all have to be more recent: probability below 0.05^7 < 10^-9 per eviction).
             if i % 25 == 0 {
                 let d = store.check_now("abuser", &policy, 1).unwrap();
                 assert_eq!(

@@ -1,4 +1,4 @@
-//! The eviction order against a model: a store of at most 16 keys (one shard, which an eviction compares whole)
+//! The eviction order against a model: a store of at most 8 keys (one shard, which an eviction compares whole)
 //! decides every request exactly as an unbounded store that forgets, at each insertion past the bound, the least
 //! recently used decayed key if there is one, else the least recently used key. Manual clock; token bucket and
 //! sliding window alike, alone and sharing the store.
@@ -114,7 +114,7 @@ proptest! {
 
     #[test]
     fn evictions_follow_the_model(
-        max_keys in 1usize..=16,
+        max_keys in 1usize..=8,
         only in prop_oneof![Just(None), Just(Some(false)), Just(Some(true))],
         ops in prop::collection::vec(op(), 1..300),
     ) {

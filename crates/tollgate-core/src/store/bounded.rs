@@ -224,7 +224,7 @@ impl<V: Expiry> BoundedTable<V> {
                 && let Some(slot) = table.remove_at(c.index)
             {
                 shard.evictions.add(!c.decayed);
-                self.log.record(!c.decayed, self.max_keys);
+                self.log.record(!c.decayed, &shard.evictions, self.max_keys);
                 evicted = Some(Evicted {
                     key: slot.key,
                     value: slot.value,

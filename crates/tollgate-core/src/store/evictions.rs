@@ -85,11 +85,13 @@ impl EvictionLog {
         &self.name
     }
 
-    pub(crate) fn record(&self, live: bool, max_keys: usize) {
+    /// Counts an eviction; `counts` are its shard's, this one included (a shard reads the time for the warning
+    /// only at its first live eviction and every 256th after it, not for each one of a flood).
+    pub(crate) fn record(&self, live: bool, counts: &EvictionCounts, max_keys: usize) {
         self.counter
             .get_or_init(|| metrics::counter!(EVICTIONS_TOTAL, "limiter" => self.name.clone()))
             .increment(1);
-        if live && self.warning_due() {
+        if live && counts.live % 256 == 1 && self.warning_due() {
             tracing::warn!(
                 limiter = %self.name,
                 max_keys,

@@ -1,4 +1,4 @@
-//! The in-process store: sharded, bounded, self-cleaning.
+//! The in-process store: sharded, bounded (evicting the least recently used at the bound), self-cleaning.
 //!
 //! ```
 //! use tollgate_core::{MemoryStore, Policy, Quota};
@@ -8,6 +8,27 @@
 //! assert!(store.check_now("client-1", &policy, 1)?.is_allowed());
 //! assert!(store.check_now("client-1", &policy, 1)?.is_allowed());
 //! assert!(!store.check_now("client-1", &policy, 1)?.is_allowed());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! At its key bound the store evicts the least recently used key (a decayed one first), so a new client always
+//! gets its own bucket and an active one keeps its state; [`OnFull::Refuse`] refuses new keys instead:
+//!
+//! ```
+//! use tollgate_core::{MemoryStore, OnFull, Policy, Quota, StoreError};
+//!
+//! let policy = Policy::token_bucket(Quota::per_hour(1)?);
+//! let store = MemoryStore::builder().max_keys(2).name("per-client").build();
+//! assert!(store.check_now("old", &policy, 1)?.is_allowed());
+//! assert!(store.check_now("active", &policy, 1)?.is_allowed());
+//! assert!(!store.check_now("active", &policy, 1)?.is_allowed()); // limited, and the most recent
+//! assert!(store.check_now("new", &policy, 1)?.is_allowed()); // evicts "old"
+//! assert!(!store.check_now("active", &policy, 1)?.is_allowed()); // still limited
+//! assert_eq!((store.len(), store.evictions().live), (2, 1));
+//!
+//! let refusing = MemoryStore::builder().max_keys(1).on_full(OnFull::Refuse).build();
+//! assert!(refusing.check_now("a", &policy, 1)?.is_allowed());
+//! assert!(matches!(refusing.check_now("b", &policy, 1), Err(StoreError::KeyCapacity { max_keys: 1 })));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -42,10 +63,11 @@ const MIN_SHARD_KEYS: usize = 256;
 /// default ([`OnFull::EvictLru`]), a key that is not tracked yet takes the place of another: a decayed one if the
 /// eviction's sample holds one (that loses nothing), else the least recently used of the sample. So a new client
 /// is always decided by its own bucket or window, never by the failure policy, and a client that keeps sending
-/// (a limited abuser included) is recent and keeps its state. The sample is 16 entries of the shard from a random
-/// bucket (all of them in a shard of at most 16): the evicted entry is among the least recently used quarter of
-/// its shard with probability 1 − 0.75¹⁶ ≈ 99 %, the least recently used half with 1 − 0.5¹⁶ > 99.998 %. Each
-/// eviction costs O(1), and the steady path (a tracked key) only writes a use stamp beside the state.
+/// (a limited abuser included) is recent and keeps its state. The sample is 8 entries of the shard from a random
+/// bucket (all of them in a shard of at most 8): the evicted entry is among the least recently used quarter of its
+/// shard with probability 1 − 0.75⁸ ≈ 90 %, the least recently used half with 1 − 0.5⁸ ≈ 99.6 %, and a key is
+/// only evicted if the 7 others sampled with it were all used more recently. Each eviction costs O(1) (about 16
+/// buckets read), and the steady path (a tracked key) only writes a use stamp beside the state.
 /// `docs/BENCHMARKS.md` has the measurements against an exact LRU list, and why sampling was chosen.
 ///
 /// Evictions are counted in `tollgate_evictions_total{limiter}` (the label is the store's
@@ -489,7 +511,7 @@ impl Shard {
         };
         if let Some(live) = live {
             self.evictions.add(live);
-            log.record(live, bound.max_keys);
+            log.record(live, &self.evictions, bound.max_keys);
         }
     }
 

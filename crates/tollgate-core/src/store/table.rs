@@ -8,7 +8,7 @@
 use hashbrown::HashTable;
 
 /// How many entries an eviction compares (fewer when the table holds fewer).
-pub(crate) const SAMPLES: usize = 16;
+pub(crate) const SAMPLES: usize = 8;
 
 /// Buckets an eviction scans from one random start before trying another: bounds the work in a sparse table.
 const SCAN: usize = 128;
