@@ -101,31 +101,32 @@ fn a_client_that_keeps_requesting_during_a_flood_keeps_its_state() {
 
 #[test]
 fn decayed_keys_are_evicted_before_live_ones() {
+    // 8 keys: a shard an eviction compares whole (exact).
     for policy in policies() {
         let clock = clock();
         let store = MemoryStore::builder()
             .clock(clock.clone())
-            .max_keys(16)
+            .max_keys(8)
             .build();
-        for i in 0..16 {
+        for i in 0..8 {
             store.check_now(&format!("old-{i}"), &policy, 1).unwrap();
         }
-        // Every old key decays back to fresh after at most two periods; then 8 live ones arrive.
+        // Every old key decays back to fresh after at most two periods; then live ones arrive.
         clock.advance(Duration::from_secs(2));
         while store.check_now("live", &policy, 1).unwrap().is_allowed() {}
-        for i in 0..7 {
+        for i in 0..3 {
             store.check_now(&format!("new-{i}"), &policy, 1).unwrap();
         }
         let e = store.evictions();
-        assert_eq!((e.decayed, e.live), (8, 0), "{policy:?}");
-        // "live" comes back (a peek is a use too), then 9 more: the remaining 8 decayed keys go first, then the
+        assert_eq!((e.decayed, e.live), (4, 0), "{policy:?}");
+        // "live" comes back (a peek is a use too), then 5 more: the remaining 4 decayed keys go first, then the
         // least recently used live one, "new-0".
         store.check_now("live", &policy, 0).unwrap();
-        for i in 7..16 {
+        for i in 3..8 {
             store.check_now(&format!("new-{i}"), &policy, 1).unwrap();
         }
         let e = store.evictions();
-        assert_eq!((e.decayed, e.live), (16, 1), "{policy:?}");
+        assert_eq!((e.decayed, e.live), (8, 1), "{policy:?}");
         assert_eq!(
             store.check_now("live", &policy, 1).unwrap().outcome,
             Outcome::Limited,
@@ -136,6 +137,42 @@ fn decayed_keys_are_evicted_before_live_ones() {
             5,
             "{policy:?}: \"new-0\" was, and starts afresh"
         );
+    }
+}
+
+#[test]
+fn in_a_large_shard_the_sample_finds_decayed_keys_first() {
+    // Short-lived keys (decayed 100 ms on) and long-lived ones, interleaved, fill one shard of 1000 at one instant
+    // (so no sweep while it grows finds any decayed); then the short-lived ones decay.
+    let short = Quota::new(5, Duration::from_millis(50)).unwrap();
+    let long = Quota::per_hour(5).unwrap();
+    for (short, long) in [
+        (Policy::token_bucket(short), Policy::token_bucket(long)),
+        (
+            Policy::sliding_window(short).unwrap(),
+            Policy::sliding_window(long).unwrap(),
+        ),
+    ] {
+        let clock = clock();
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .max_keys(1_000)
+            .shards(1)
+            .build();
+        for i in 0..500 {
+            store.check_now(&format!("short-{i}"), &short, 1).unwrap();
+            store.check_now(&format!("long-{i}"), &long, 1).unwrap();
+        }
+        assert_eq!(store.len(), 1_000);
+        clock.advance(Duration::from_millis(100));
+        // Full: half decayed, half live. 250 new keys: while at least 250 of the 1000 are decayed, a sample of 8
+        // holds none with probability below 0.75^8 = 10 %: about 12 live evictions expected; 60 is far in the tail.
+        for i in 0..250 {
+            store.check_now(&format!("new-{i}"), &long, 1).unwrap();
+        }
+        let e = store.evictions();
+        assert_eq!(e.live + e.decayed, 250, "{long:?}");
+        assert!(e.live <= 60, "{long:?}: {e:?}");
     }
 }
 
@@ -171,8 +208,9 @@ fn a_bucket_and_a_window_share_the_bound() {
         store.check_now(&format!("w{i}"), &window, 1).unwrap();
         assert!(store.len() <= 300);
     }
-    // The most recent keys of both algorithms are still there (the last 50 of each: spent one of five).
-    for i in 950..1_000 {
+    // The most recent keys of both algorithms are still there (the last 25 of each, spent one of five: for one
+    // of them to be evicted, all 16 sampled entries would be among the 50 most recent of 300, (1/6)^16 < 10^-12).
+    for i in 975..1_000 {
         assert_eq!(
             store
                 .check_now(&format!("b{i}"), &bucket, 0)
@@ -208,8 +246,9 @@ fn concurrent_floods_from_threads_stay_bounded_and_keep_the_active_client() {
                         assert!(d.is_allowed());
                         assert!(store.len() <= 2_000);
                         // The abuser keeps requesting, from every thread: whichever threads run, it is among the
-                        // most recent few dozen keys of its shard.
-                        if i % 10 == 0 {
+                        // most recent 16 or so keys of its 500-key shard (for it to be evicted, the 7 others sampled
+                        // with it would all be more recent: below 0.04^7 < 10^-9 per eviction).
+                        if i % 4 == 0 {
                             let d = store.check_now("abuser", policy, 1).unwrap();
                             assert_eq!(d.outcome, Outcome::Limited, "t{t} key {i}");
                         }

@@ -93,53 +93,42 @@ impl<V> Table<V> {
 }
 
 impl<V: Expiry> Table<V> {
-    /// The best entry to evict (by [`Candidate::beats`]) among up to [`SAMPLES`] consecutive occupied buckets from
-    /// a random one. Buckets are placed by the keys' digests, which are independent of when a key was
-    /// used, so a run of them is a random sample of the table's recency stamps. A table of at most `SAMPLES`
-    /// entries (in at most [`SCAN`] buckets) is compared whole: exact LRU.
+    /// The best entry to evict (by [`Candidate::beats`]) among [`SAMPLES`] entries drawn independently: each the
+    /// first occupied bucket from a random one. (One run of consecutive buckets would be cheaper to read, but
+    /// measured biased: the entries beside a recently used one are refilled holes, younger than average, so an
+    /// active key was evicted far more often than an independent sample allows.) A table of at most `SAMPLES`
+    /// entries in at most [`SCAN`] buckets is compared whole: exact LRU.
     pub(crate) fn candidate(&self, rng: &mut Rng, now: u64) -> Option<Candidate> {
         if self.map.is_empty() {
             return None;
         }
         let buckets = self.map.num_buckets();
-        let mut best: Option<Candidate> = None;
-        let mut seen = 0;
-        // A few random starts: a sparse table (grown, then swept) may have long empty runs.
-        for _ in 0..4 {
+        let at = |index: usize| {
+            self.map.get_bucket(index).map(|slot| Candidate {
+                index,
+                stamp: slot.stamp,
+                decayed: slot.value.expires_at() <= now,
+            })
+        };
+        let better = |best: Option<Candidate>, c: Candidate| match best {
+            Some(b) if !c.beats(&b) => Some(b),
+            _ => Some(c),
+        };
+        let mut best = None;
+        if self.map.len() <= SAMPLES && buckets <= SCAN {
+            return (0..buckets).filter_map(at).fold(None, better);
+        }
+        for _ in 0..SAMPLES {
             let start = rng.below(buckets);
-            for step in 0..buckets.min(SCAN) {
-                let index = (start + step) & (buckets - 1);
-                let Some(slot) = self.map.get_bucket(index) else {
-                    continue;
-                };
-                let c = Candidate {
-                    index,
-                    stamp: slot.stamp,
-                    decayed: slot.value.expires_at() <= now,
-                };
-                if best.is_none_or(|b| c.beats(&b)) {
-                    best = Some(c);
-                }
-                seen += 1;
-                if seen == SAMPLES.min(self.map.len()) {
-                    return best;
-                }
-            }
-            if best.is_some() {
-                return best;
+            if let Some(c) =
+                (0..buckets.min(SCAN)).find_map(|step| at((start + step) & (buckets - 1)))
+            {
+                best = better(best, c);
             }
         }
-        // Four runs of SCAN empty buckets: not reached in practice (a full table holds an entry in at least one
+        // Every draw met SCAN empty buckets: not reached in practice (a full table holds an entry in at least one
         // bucket of three); still correct.
-        best.or_else(|| {
-            (0..buckets).find_map(|index| {
-                self.map.get_bucket(index).map(|slot| Candidate {
-                    index,
-                    stamp: slot.stamp,
-                    decayed: slot.value.expires_at() <= now,
-                })
-            })
-        })
+        best.or_else(|| (0..buckets).find_map(at))
     }
 }
 
