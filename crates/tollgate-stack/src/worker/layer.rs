@@ -9,10 +9,11 @@ use tower_layer::Layer;
 use super::WorkerShed;
 use super::controller::{
     Controller, DEFAULT_HYSTERESIS_PERCENT, DEFAULT_INTERVAL, DEFAULT_STEP_PERCENT,
-    DEFAULT_THRESHOLDS, Tuning,
+    DEFAULT_THRESHOLDS, ShedBy, Tuning,
 };
 use crate::ConfigError;
 use crate::concurrency::DEFAULT_RETRY_AFTER;
+use metrics::Counter;
 
 /// The worker shedder's default name (in metrics, logs and rejections).
 pub const DEFAULT_WORKER_NAME: &str = "worker";
@@ -24,8 +25,13 @@ pub(crate) struct WorkerState {
     pub(crate) retry_after: Duration,
     pub(crate) controller: Controller,
     pub(crate) counters: Counters,
+    /// `tollgate_shed_total{limiter, reason}`, indexed by [`ShedBy`]: which decision shed (`gate`, `controller`).
+    pub(crate) shed_by: [Counter; 2],
     pub(crate) log_gate: LogGate,
 }
+
+/// The counter of shed requests by the decision that shed them: `tollgate_shed_total{limiter, reason}`.
+pub const SHED_TOTAL: &str = "tollgate_shed_total";
 
 /// Sheds the lowest priorities first when this instance is busy: see the [module docs](super).
 ///
@@ -87,6 +93,9 @@ impl<P> WorkerShedLayer<P> {
             retry_after,
             controller: Controller::new(tuning),
             counters: Counters::new(name, "shed"),
+            shed_by: [ShedBy::Gate, ShedBy::Controller].map(|by| {
+                metrics::counter!(SHED_TOTAL, "limiter" => name.to_string(), "reason" => by.as_str())
+            }),
             log_gate: LogGate::new(),
         })
     }
@@ -190,7 +199,15 @@ impl<P> WorkerShedLayer<P> {
         self.state.controller.in_flight()
     }
 
-    /// The share of `priority` requests currently shed, in percent.
+    /// The line of `priority`: its requests are admitted only while fewer than this many are in flight
+    /// (`capacity × threshold / 100`, rounded down).
+    #[must_use]
+    pub fn line(&self, priority: Priority) -> u64 {
+        self.state.controller.line(priority)
+    }
+
+    /// The share of `priority` requests the controller currently sheds below the class's line, in percent
+    /// (always 0 for `Critical`).
     #[must_use]
     pub fn shed_percent(&self, priority: Priority) -> u8 {
         self.state.controller.level(priority)

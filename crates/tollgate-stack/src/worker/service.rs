@@ -87,13 +87,17 @@ where
         }
         let priority = self.classifier.classify(&req);
         state.controller.tick();
-        if state.controller.should_shed(priority) {
-            if mode == Mode::Enforce {
+        match state.controller.admit(priority) {
+            Ok(()) => state.counters.allowed.increment(1),
+            Err(by) if mode == Mode::Enforce => {
                 state.counters.rejected.increment(1);
+                state.shed_by[by as usize].increment(1);
                 tracing::debug!(
                     limiter = &*state.name,
                     priority = priority.as_str(),
                     in_flight = state.controller.in_flight(),
+                    line = state.controller.line(priority),
+                    shed_by = by.as_str(),
                     "request shed"
                 );
                 // Release the readiness this request was granted: it will not use it.
@@ -103,18 +107,19 @@ where
                     .with_retry_after(state.retry_after);
                 return ResponseFuture::failed(rejection.into());
             }
-            state.counters.shadow_rejected.increment(1);
-            if state.log_gate.open() {
-                tracing::info!(
-                    limiter = &*state.name,
-                    priority = priority.as_str(),
-                    "shadow mode: request that would be shed admitted"
-                );
+            Err(by) => {
+                state.counters.shadow_rejected.increment(1);
+                if state.log_gate.open() {
+                    tracing::info!(
+                        limiter = &*state.name,
+                        priority = priority.as_str(),
+                        shed_by = by.as_str(),
+                        "shadow mode: request that would be shed admitted"
+                    );
+                }
+                state.controller.enter();
             }
-        } else {
-            state.counters.allowed.increment(1);
         }
-        state.controller.enter();
         let permit = Permit::new(InFlight(state.clone()));
         ResponseFuture::calling(self.inner.call(req), Some(permit))
     }
