@@ -1,5 +1,5 @@
 use tollgate_core::Store;
-use tollgate_stack::{LeaseLimitLayer, StackLayer, WorkerShedLayer};
+use tollgate_stack::{AdaptiveLimitLayer, LeaseLimitLayer, StackLayer, WorkerShedLayer};
 use tollgate_tower::{RateLimit, RateLimitLayer};
 use tower::util::Either;
 use tower_layer::{Identity, Layer, Stack};
@@ -90,7 +90,8 @@ macro_rules! adapt_by_wrapping {
 adapt_by_wrapping!(
     LeaseLimitLayer<R, L>,
     WorkerShedLayer<P>,
-    StackLayer<W, R, C, F>,
+    StackLayer<W, R, C, F, A>,
+    AdaptiveLimitLayer<P>,
     Stack<Inner, Outer>,
     Identity<>,
 );

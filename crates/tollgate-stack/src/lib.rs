@@ -6,7 +6,8 @@
 //! | concurrent requests per key | [`LeaseStore`](tollgate_core::lease::LeaseStore): in process or Redis leases | 429 / `RESOURCE_EXHAUSTED` | [`concurrency`] |
 //! | fleet usage (capacity reserved for `Critical`) | Redis leases on one fleet-wide key | 503 / `UNAVAILABLE` | [`fleet`] |
 //! | worker utilization (lowest priority first) | this instance's in-flight count | 503 / `UNAVAILABLE` | [`worker`] |
-//! | all four, in order | | | [`stack`] ([`StackLayer`]) |
+//! | adaptive concurrency (a limit that follows latency, a share per priority) | this instance's in-flight count | 503 / `UNAVAILABLE` | [`adaptive`] |
+//! | all of them, in order | | | [`stack`] ([`StackLayer`]) |
 //! | holding a permit until the response is finished | | | [`permit`], [`PermitBody`] |
 //!
 //! Priorities ([`Priority`](tollgate_tower::Priority), [`Classify`](tollgate_tower::Classify)) and the typed
@@ -50,6 +51,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod adaptive;
 mod body;
 pub mod concurrency;
 mod error;
@@ -59,6 +61,7 @@ pub mod permit;
 pub mod stack;
 pub mod worker;
 
+pub use adaptive::{AdaptiveLimit, AdaptiveLimitLayer};
 pub use body::PermitBody;
 pub use concurrency::{
     ConcurrencyLimit, ConcurrencyLimitLayer, LeaseLimitLayer, LeaseRule, PerKey,
