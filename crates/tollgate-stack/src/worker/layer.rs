@@ -53,6 +53,10 @@ impl<P> WorkerShedLayer<P> {
     /// shed levels move 25 points per evaluation, at most every 100 ms, and recede only 10 points below the
     /// threshold; shed requests are told to retry after 1 s.
     ///
+    /// A class is admitted while in-flight is below its line, `capacity × threshold` rounded down (see
+    /// [`line`](Self::line)): with the default thresholds a capacity of 1 admits only `Critical` requests (the
+    /// 40 % kept from the lower classes is the whole slot).
+    ///
     /// # Errors
     /// If `capacity` is 0.
     pub fn new(capacity: u64, classifier: P) -> Result<Self, ConfigError> {
