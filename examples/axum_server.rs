@@ -10,6 +10,10 @@
 //! cargo run --example axum_server -- --concurrency 2 --worker-capacity 64 \
 //!     --fleet-capacity 100 --fleet-reserve 20 --redis-url redis://127.0.0.1:6379
 //! curl -i 'http://127.0.0.1:3000/slow?ms=2000' -H 'x-priority: low'
+//!
+//! # An adaptive concurrency limit (Gradient2; or aimd) beside a worker shedder of capacity 10: a burst of Low
+//! # fills 6 of the 10 and no more, so critical requests still get in.
+//! cargo run --example axum_server -- --limit 100000 --adaptive gradient2 --worker-capacity 10
 //! ```
 //!
 //! `GET /` is limited per client IP (the peer address, or the client behind `--trusted-proxy` networks);
