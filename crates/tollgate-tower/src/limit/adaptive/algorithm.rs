@@ -158,8 +158,14 @@ impl Default for Gradient2 {
     }
 }
 
-/// AIMD: the limit grows by one per sample while at least half of it is in use, and is multiplied by
-/// `backoff_ratio` for every request slower than `timeout` or failed; kept within `[min_limit, max_limit]`.
+/// AIMD: additive increase while at least half of the limit is in use, multiplicative decrease (by
+/// `backoff_ratio`) on a request slower than `timeout` or failed; kept within `[min_limit, max_limit]`.
+///
+/// Two departures from Netflix's `AIMDLimit`, both TCP's congestion avoidance: the limit grows by `1 / limit`
+/// per request — one per round trip of a full limit — rather than one per request (which overshoots by a whole
+/// round trip's worth of requests before the first slow one is back), and it backs off at most once per round
+/// trip: a slow request admitted before the last decrease is the same queue that decrease answered, not a new
+/// signal (otherwise one queue cuts the limit once per queued request, down to the minimum).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Aimd {
     /// The limit before any sample (default 20).
@@ -206,6 +212,8 @@ pub(crate) struct LimitState {
     long: f64,
     seen: u32,
     window: Window,
+    /// AIMD: when it last backed off (the requests admitted before then answered to that decrease).
+    backed_off: Option<Duration>,
 }
 
 /// Gradient2's current window of samples.
@@ -233,6 +241,7 @@ impl LimitState {
             long: 0.0,
             seen: 0,
             window: Window::default(),
+            backed_off: None,
         }
     }
 
@@ -256,10 +265,15 @@ impl LimitState {
                 None => return self.limit(),
             },
             Algorithm::Aimd(a) => {
+                let admitted = now.saturating_sub(sample.latency);
                 if sample.dropped || sample.latency > a.timeout {
+                    if self.backed_off.is_some_and(|at| admitted <= at) {
+                        return self.limit();
+                    }
+                    self.backed_off = Some(now);
                     self.limit * a.backoff_ratio
                 } else if sample.in_flight.saturating_mul(2) as f64 >= self.limit {
-                    self.limit + 1.0
+                    self.limit + 1.0 / self.limit
                 } else {
                     self.limit
                 }
@@ -476,6 +490,13 @@ mod tests {
             .into(),
         );
         assert_eq!(state.update(drop, Duration::ZERO), 90);
+        let later = Duration::from_millis(10);
+        assert_eq!(
+            state.update(drop, later),
+            90,
+            "admitted before the decrease: the same congestion"
+        );
+        assert_eq!(state.update(drop, Duration::from_millis(30)), 81);
     }
 
     #[test]

@@ -6,8 +6,8 @@
 //!
 //! - [`Gradient2`]: the limit grows while requests are about as fast as the long-term latency, and shrinks in
 //!   proportion once they are slower than `tolerance` × that (queueing has started);
-//! - [`Aimd`]: the limit grows by one per request while at least half of it is used, and is cut by a factor for
-//!   every request slower than a timeout, or failed.
+//! - [`Aimd`]: the limit grows by one per round trip while at least half of it is used, and is cut by a factor
+//!   (at most once per round trip) when a request is slower than a timeout, or failed.
 //!
 //! A request is admitted while fewer than the limit are in flight — any class may use what the others leave — and,
 //! once the limit is full, only if its class holds less than its guaranteed share of the limit
