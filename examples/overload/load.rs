@@ -63,7 +63,9 @@ pub(crate) async fn offer(
     let client: Client<_, Body> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(4096)
         .build_http();
-    let uri: http::Uri = format!("http://{addr}/work").parse().expect("a loopback URI");
+    let uri: http::Uri = format!("http://{addr}/work")
+        .parse()
+        .expect("a loopback URI");
     let records = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
     let mut limits = Vec::new();
@@ -103,7 +105,9 @@ pub(crate) async fn offer(
                 })
                 .await;
                 let (outcome, latency) = match answer {
-                    Ok(Ok(status)) if status == http::StatusCode::OK => (Outcome::Ok, sent.elapsed()),
+                    Ok(Ok(status)) if status == http::StatusCode::OK => {
+                        (Outcome::Ok, sent.elapsed())
+                    }
                     Ok(Ok(status))
                         if status == http::StatusCode::SERVICE_UNAVAILABLE
                             || status == http::StatusCode::TOO_MANY_REQUESTS =>

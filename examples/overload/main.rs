@@ -97,7 +97,9 @@ fn loads(v: &str) -> Result<Vec<f64>, String> {
     v.split(',')
         .map(|s| match s.trim().parse::<f64>() {
             Ok(l) if l > 0.0 && l <= 10.0 => Ok(l),
-            _ => Err(format!("{s:?}: expected a load above 0 and at most 10 (× capacity)")),
+            _ => Err(format!(
+                "{s:?}: expected a load above 0 and at most 10 (× capacity)"
+            )),
         })
         .collect()
 }
@@ -139,7 +141,15 @@ async fn run(args: &Args) -> Result<(), String> {
     ));
     say(format!(
         "{:<26} {:>5} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10}",
-        "design", "load", "req/s", "goodput", "critical", "admitted", "p50 ms", "p99 ms", "p99/0.5×"
+        "design",
+        "load",
+        "req/s",
+        "goodput",
+        "critical",
+        "admitted",
+        "p50 ms",
+        "p99 ms",
+        "p99/0.5×"
     ));
     let mut rows = Vec::new();
     let mut runs = Vec::new();
@@ -155,7 +165,13 @@ async fn run(args: &Args) -> Result<(), String> {
         )
         .await;
         drop(server);
-        let design_rows = load::rows(design.name(), &run, &args.loads, args.step_duration, capacity);
+        let design_rows = load::rows(
+            design.name(),
+            &run,
+            &args.loads,
+            args.step_duration,
+            capacity,
+        );
         let uncongested = design_rows.first().map_or(0.0, |r| r.p99_ms);
         for r in &design_rows {
             say(format!(
@@ -168,7 +184,11 @@ async fn run(args: &Args) -> Result<(), String> {
                 r.admitted * 100.0,
                 r.p50_ms,
                 r.p99_ms,
-                if uncongested > 0.0 { r.p99_ms / uncongested } else { 0.0 }
+                if uncongested > 0.0 {
+                    r.p99_ms / uncongested
+                } else {
+                    0.0
+                }
             ));
         }
         rows.extend(design_rows);

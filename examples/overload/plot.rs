@@ -47,7 +47,11 @@ pub(crate) fn draw(
         let color = Palette99::pick(i).to_rgba();
         let mut buckets: Vec<Vec<Duration>> =
             vec![Vec::new(); (total / BUCKET.as_secs_f64()).ceil() as usize + 1];
-        for r in run.records.iter().filter(|r| r.outcome != Outcome::Rejected) {
+        for r in run
+            .records
+            .iter()
+            .filter(|r| r.outcome != Outcome::Rejected)
+        {
             let b = (r.sent.as_secs_f64() / BUCKET.as_secs_f64()) as usize;
             if let Some(bucket) = buckets.get_mut(b) {
                 bucket.push(r.latency);
@@ -60,7 +64,9 @@ pub(crate) fn draw(
         latency
             .draw_series(LineSeries::new(points, color.stroke_width(2)))?
             .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
     latency
         .configure_series_labels()
@@ -96,7 +102,9 @@ pub(crate) fn draw(
         limits
             .draw_series(LineSeries::new(points, color.stroke_width(2)))?
             .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
     limits
         .configure_series_labels()
