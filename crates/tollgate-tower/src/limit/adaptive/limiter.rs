@@ -205,3 +205,81 @@ impl Drop for AdaptivePermit {
         self.limiter.release(self);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adaptive::Gradient2;
+    use proptest::prelude::*;
+    use tollgate_core::ManualClock;
+
+    fn limiter(limit: u64, shares: [u8; 4]) -> Arc<Limiter> {
+        let pinned = Gradient2 {
+            min_limit: limit,
+            initial_limit: limit,
+            max_limit: limit,
+            ..Gradient2::default()
+        };
+        Arc::new(Limiter::new(
+            "test".into(),
+            EnforcementSwitch::default(),
+            Duration::from_secs(1),
+            Arc::new(ManualClock::default()),
+            LimitState::new(pinned.into()),
+            shares,
+        ))
+    }
+
+    #[test]
+    fn shares_round_up_and_a_share_of_zero_only_borrows() {
+        assert_eq!(guaranteed(10, 50), 5);
+        assert_eq!(guaranteed(10, 15), 2, "1.5 rounds up");
+        assert_eq!(guaranteed(3, 10), 1, "at least one for a share above zero");
+        assert_eq!(guaranteed(10, 0), 0);
+        assert_eq!(guaranteed(u64::MAX, 100), u64::MAX, "no overflow");
+    }
+
+    proptest! {
+        /// Under any arrival order and finishes: a request is turned away only when the limit is full and its
+        /// class holds its whole guaranteed share; nobody exceeds the limit except within a guaranteed share.
+        #[test]
+        fn rejected_only_when_full_and_over_its_share(
+            limit in 1_u64..30,
+            shares in prop::array::uniform4(0_u8..=25),
+            ops in prop::collection::vec((any::<bool>(), 0_usize..4, any::<usize>()), 1..300),
+        ) {
+            let l = limiter(limit, shares);
+            let mut held: Vec<AdaptivePermit> = Vec::new();
+            for (arrive, class, n) in ops {
+                let priority = Priority::ALL[class];
+                if arrive {
+                    let (full, busy) = (l.in_flight() >= limit, l.busy(priority));
+                    let line = guaranteed(limit, shares[class]);
+                    match l.try_acquire(priority) {
+                        Some(p) => {
+                            prop_assert!(!full || busy < line, "admitted {priority} over its share");
+                            held.push(p);
+                        }
+                        None => prop_assert!(full && busy >= line, "{priority} rejected with room"),
+                    }
+                } else if !held.is_empty() {
+                    // Finished, or cancelled: either way the slot comes back.
+                    let mut p = held.swap_remove(n % held.len());
+                    if n % 2 == 0 {
+                        p.outcome = Outcome::Responded;
+                    }
+                }
+                prop_assert_eq!(l.in_flight(), held.len() as u64);
+                let beyond: u64 = Priority::ALL
+                    .iter()
+                    .map(|&p| guaranteed(limit, shares[p.index()]))
+                    .sum();
+                prop_assert!(l.in_flight() <= limit + beyond);
+                for p in Priority::ALL {
+                    let n = held.iter().filter(|h| h.priority == p).count() as u64;
+                    prop_assert_eq!(l.busy(p), n);
+                }
+            }
+        }
+    }
+}
