@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::observe::{Counters, LogGate};
+use crate::limit::core::Judge;
 use crate::{EnforcementSwitch, Name, Priority};
 use metrics::{Counter, Gauge, Histogram};
 use tollgate_core::{Clock, Timestamp};
@@ -23,8 +23,8 @@ pub const ADAPTIVE_LATENCY: &str = "tollgate_adaptive_latency_seconds";
 pub const DEFAULT_SHARES: [u8; 4] = [50, 20, 20, 10];
 
 pub(crate) struct Limiter {
-    pub(crate) name: Name,
-    pub(crate) switch: EnforcementSwitch,
+    /// Mode, decision metrics and logs: the core every limiter decides through.
+    pub(crate) judge: Judge,
     pub(crate) retry_after: Duration,
     clock: Arc<dyn Clock>,
     started: Timestamp,
@@ -33,9 +33,7 @@ pub(crate) struct Limiter {
     in_flight: AtomicU64,
     busy: [AtomicU64; 4],
     shares: [u8; 4],
-    pub(crate) counters: Counters,
     pub(crate) shed: Counter,
-    pub(crate) log_gate: LogGate,
     limit_gauge: Gauge,
     latency: Histogram,
 }
@@ -53,15 +51,12 @@ impl Limiter {
         let limit_gauge = metrics::gauge!(ADAPTIVE_LIMIT, "limiter" => name.to_string());
         limit_gauge.set(limit as f64);
         Self {
-            counters: Counters::new(&name, "shed"),
             shed: metrics::counter!(crate::limit::worker::SHED_TOTAL, "limiter" => name.to_string(), "reason" => "limit"),
             latency: metrics::histogram!(ADAPTIVE_LATENCY, "limiter" => name.to_string()),
             limit_gauge,
-            log_gate: LogGate::new(),
             started: clock.now(),
             clock,
-            name,
-            switch,
+            judge: Judge::new(name, switch, None, "shed"),
             retry_after,
             state: Mutex::new(state),
             limit: AtomicU64::new(limit),
@@ -166,7 +161,11 @@ impl Limiter {
         if new != old {
             self.limit.store(new, Ordering::Relaxed);
             self.limit_gauge.set(new as f64);
-            tracing::trace!(limiter = &*self.name, limit = new, "adaptive limit changed");
+            tracing::trace!(
+                limiter = &*self.judge.name,
+                limit = new,
+                "adaptive limit changed"
+            );
         }
     }
 }
@@ -209,7 +208,7 @@ impl Drop for AdaptivePermit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adaptive::Gradient2;
+    use crate::limit::adaptive::Gradient2;
     use proptest::prelude::*;
     use tollgate_core::ManualClock;
 

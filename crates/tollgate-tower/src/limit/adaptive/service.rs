@@ -2,6 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::limit::core::Conclusion;
 use crate::{BoxError, Classify, Mode, Rejection, RejectionKind};
 use tower_service::Service;
 
@@ -49,7 +50,7 @@ impl<S: fmt::Debug, P> fmt::Debug for AdaptiveLimit<S, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdaptiveLimit")
             .field("inner", &self.inner)
-            .field("limiter", &self.limiter.name)
+            .field("limiter", &self.limiter.judge.name)
             .field("limit", &self.limiter.limit())
             .field("in_flight", &self.limiter.in_flight())
             .finish_non_exhaustive()
@@ -73,46 +74,39 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let limiter = &self.limiter;
-        let mode = limiter.switch.mode();
+        let mode = limiter.judge.mode();
         if mode == Mode::Off {
             return ResponseFuture::calling(self.inner.call(req), None);
         }
         let priority = self.classifier.classify(&req);
-        let permit = match limiter.try_acquire(priority) {
-            Some(permit) => {
-                limiter.counters.allowed.increment(1);
-                permit
-            }
-            None if mode == Mode::Enforce => {
-                limiter.counters.rejected.increment(1);
+        if let Some(permit) = limiter.try_acquire(priority) {
+            limiter.judge.admitted();
+            return ResponseFuture::calling(self.inner.call(req), Some(permit));
+        }
+        let over = limiter.judge.over_limit(
+            mode,
+            &format_args!(
+                "{} request over the adaptive limit of {} ({} in flight)",
+                priority.as_str(),
+                limiter.limit(),
+                limiter.in_flight()
+            ),
+            // Shadow mode: admitted and counted whatever the limit, so that the limit keeps learning.
+            || Some(limiter.force_acquire(priority)),
+            || {
+                Rejection::new(RejectionKind::Shed, limiter.judge.name.clone())
+                    .with_retry_after(limiter.retry_after)
+            },
+        );
+        match over {
+            Conclusion::Admit(permit) => ResponseFuture::calling(self.inner.call(req), permit),
+            Conclusion::Reject(rejection) => {
                 limiter.shed.increment(1);
-                tracing::debug!(
-                    limiter = &*limiter.name,
-                    priority = priority.as_str(),
-                    limit = limiter.limit(),
-                    in_flight = limiter.in_flight(),
-                    "request over the adaptive concurrency limit rejected"
-                );
                 // Release the readiness this request was granted: it will not use it.
                 let clone = self.inner.clone();
                 drop(std::mem::replace(&mut self.inner, clone));
-                let rejection = Rejection::new(RejectionKind::Shed, limiter.name.clone())
-                    .with_retry_after(limiter.retry_after);
-                return ResponseFuture::failed(rejection.into());
+                ResponseFuture::failed(rejection)
             }
-            None => {
-                limiter.counters.shadow_rejected.increment(1);
-                if limiter.log_gate.open() {
-                    tracing::info!(
-                        limiter = &*limiter.name,
-                        priority = priority.as_str(),
-                        limit = limiter.limit(),
-                        "shadow mode: request over the adaptive concurrency limit admitted"
-                    );
-                }
-                limiter.force_acquire(priority)
-            }
-        };
-        ResponseFuture::calling(self.inner.call(req), Some(permit))
+        }
     }
 }
