@@ -227,7 +227,7 @@ async fn a_burst_of_low_cannot_fill_the_instance_and_critical_is_admitted() {
     assert_eq!(shed.len(), 14);
     for (_, reply) in &shed {
         assert_eq!(reply.status, 503);
-        assert!(reply.body.contains("problems/shed"), "{}", reply.body);
+        assert!(reply.body.contains(r#""kind":"shed""#), "{}", reply.body);
         assert_eq!(reply.header("retry-after"), "1");
     }
 
