@@ -62,8 +62,8 @@ impl Config {
             match flag.as_str() {
                 "-h" | "--help" => return Ok(None),
                 "--api-key-header" => {
-                    let header =
-                        flags.parsed(|v| MetadataKey::new(v).map_err(|e| format!("{v:?}: {e}")))?;
+                    let header = flags
+                        .parsed(|v| MetadataKey::metadata(v).map_err(|e| format!("{v:?}: {e}")))?;
                     config.api_key_header = Some(header);
                 }
                 other if config.server.take(other, &mut flags)? => {}

@@ -11,17 +11,13 @@
 -- Returns {granted (1/0), in_flight}: in_flight counts the new lease when granted, the blocking leases when not.
 -- Integers only: Redis truncates Lua numbers.
 
--- Redis formats a Lua number argument in the shortest float notation ("1.7e+12"): write integers digit by digit.
-local function int(x)
-  return string.format('%d', x)
-end
+-- int, idiv and server_time_us come from prelude.lua, prepended when the script is embedded.
 
 local key = KEYS[1]
 local lease = ARGV[1]
 local limit = tonumber(ARGV[2])
 local ttl_ms = tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms = idiv(server_time_us(), 1000)
 
 -- Leases whose expiry has passed belong to requests whose instance stopped renewing them (a crash); tombstones
 -- whose expiry has passed have no acquire left to stop. Both have scores in [-now, now].

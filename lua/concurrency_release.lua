@@ -12,9 +12,7 @@
 -- Returns the number of leases removed (0 or 1). The key's TTL still matches its longest lease or tombstone
 -- (never shorter than needed); removing the last member deletes the key.
 
-local function int(x)
-  return string.format('%d', x)
-end
+-- int, idiv and server_time_us come from prelude.lua, prepended when the script is embedded.
 
 local key = KEYS[1]
 local lease = ARGV[1]
@@ -26,8 +24,7 @@ end
 if held then
   return 0 -- a tombstone already
 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms = idiv(server_time_us(), 1000)
 local until_ms = now_ms + tombstone_ms
 redis.call('ZADD', key, int(-until_ms), lease)
 local ttl = redis.call('PTTL', key)

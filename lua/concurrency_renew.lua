@@ -7,15 +7,12 @@
 -- Returns 1 when renewed, 0 when the lease is gone (it expired, or was released): the holder then runs without
 -- a lease, and says so in its logs.
 
-local function int(x)
-  return string.format('%d', x)
-end
+-- int, idiv and server_time_us come from prelude.lua, prepended when the script is embedded.
 
 local key = KEYS[1]
 local lease = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms = idiv(server_time_us(), 1000)
 
 local expiry = redis.call('ZSCORE', key, lease)
 if not expiry or tonumber(expiry) < 0 then

@@ -10,34 +10,10 @@
 --
 -- Returns {outcome, remaining, reset_us, retry_after_us, now_us}; outcome 0 allowed, 1 limited,
 -- 2 cost exceeds capacity; retry_after_us is -1 when absent. Integers only: Redis truncates Lua numbers.
---
--- Lua numbers are doubles. Every value here stays at or below 2^53 (Policy guarantees it), where doubles are
--- exact integers, but `/` is a float division: idiv floors it and corrects the last bit, so it equals Rust's `/`.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
+-- idiv, div_ceil, int and decision_time come from prelude.lua, prepended when the script is embedded.
 
 local function imod(a, b)
   return a - idiv(a, b) * b
-end
-
-local function div_ceil(a, b)
-  local q = idiv(a, b)
-  if q * b < a then
-    q = q + 1
-  end
-  return q
-end
-
--- Redis formats a Lua number argument in the shortest float notation ("1.7e+15"): write integers digit by digit.
-local function int(x)
-  return string.format('%d', x)
 end
 
 local key = KEYS[1]
@@ -46,17 +22,7 @@ local period = tonumber(ARGV[2])
 local tick = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local ticks = idiv(period, tick)
--- An injected time says nothing about how long the key must live in the server's time, where the next step
--- of a test may come a moment later than the injected clock says: such keys live at least a minute.
-local min_ttl_ms = 1
-local now
-if ARGV[5] ~= nil and ARGV[5] ~= '' then
-  now = tonumber(ARGV[5])
-  min_ttl_ms = 60000
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now, min_ttl_ms = decision_time(ARGV[5])
 
 -- After a clock step back the window decides as of its stored start, a later instant than the server's time;
 -- retry delays, the decision's instant and the key's TTL still count from the server's time.

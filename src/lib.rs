@@ -13,6 +13,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![forbid(unsafe_code)]
+// On docs.rs (nightly, `--cfg docsrs`), items behind a feature say which one.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The README's examples compile and run with the doctests, so they cannot drift from the API.
 #[cfg(all(doctest, feature = "axum"))]
@@ -34,6 +36,15 @@ pub use tollgate_tower as tower;
 pub use tollgate_grpc as grpc;
 
 /// Stripe's production stack: the concurrent-requests limiter, the fleet-usage and worker-utilization load
-/// shedders, and the layer that stacks them with the rate limiter.
+/// shedders, and the layer that stacks them with the rate limiter (they live in `tollgate-tower`, on the decision
+/// core every tollgate limiter shares).
 #[cfg(any(feature = "axum", feature = "tonic"))]
-pub use tollgate_stack as stack;
+pub mod stack {
+    pub use tollgate_tower::limit::{concurrency, fleet, stack, worker};
+    pub use tollgate_tower::permit;
+    pub use tollgate_tower::{
+        ConcurrencyLimitLayer, ConfigError, FleetRule, FleetShedLayer, HoldPermit, LeaseLimit,
+        LeaseLimitLayer, LeaseRule, PerKey, Permit, PermitBody, StackLayer, WorkerShed,
+        WorkerShedLayer,
+    };
+}

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tollgate_testkit::redis::RedisServer;
 
@@ -118,18 +118,32 @@ fn statuses(server: &Server, path: &str, headers: &[(&str, &str)], n: usize) -> 
 #[test]
 fn token_bucket_in_process_answers_429_with_every_header() {
     let server = Server::start(&["--limit", "2", "--period", "1h"]);
+    let sent = Instant::now();
     assert_eq!(statuses(&server, "/", &[], 2), [200, 200]);
     let denied = server.get("/", &[]);
+    let span = sent.elapsed();
     assert_eq!(denied.status, 429, "{denied:#?}");
     assert_eq!(
         denied.header("ratelimit-policy"),
         Some(r#""per-client";q=2;w=3600"#)
     );
-    assert_eq!(
-        denied.header("ratelimit"),
-        Some(r#""per-client";r=0;t=1800"#)
+    // The first token is back 1800 s after the first decision: `t` (rounded up) and `Retry-After` count down from
+    // there by the time the third decision came later on the server's real clock, less than the span the client
+    // measured: exactly 1800 unless the three requests took a second or more.
+    let t = 1800 - span.as_secs()..=1800;
+    let (field_t, retry) = (
+        denied
+            .header("ratelimit")
+            .and_then(|v| v.strip_prefix(r#""per-client";r=0;t="#))
+            .and_then(|t| t.parse::<u64>().ok()),
+        denied
+            .header("retry-after")
+            .and_then(|s| s.parse::<u64>().ok()),
     );
-    assert_eq!(denied.header("retry-after"), Some("1800"));
+    assert!(
+        field_t.is_some_and(|f| t.contains(&f)) && retry == field_t,
+        "{denied:#?}: t and retry-after should be in {t:?} after {span:?}"
+    );
     assert_eq!(denied.header("x-ratelimit-limit"), Some("2"));
     assert_eq!(denied.header("x-ratelimit-used"), Some("2"));
     assert_eq!(denied.header("x-ratelimit-resource"), Some("per-client"));
@@ -141,16 +155,30 @@ fn token_bucket_in_process_answers_429_with_every_header() {
 
 #[test]
 fn burst_and_sub_second_period() {
-    // 10 per 500 ms with a burst of 1: the second request at once is over. The policy is announced per whole
-    // second: 20 per second.
+    // 10 per 500 ms with a burst of 1: a second request before the token is back (50 ms) is over. The policy is
+    // announced per whole second: 20 per second.
     let server = Server::start(&["--limit", "10", "--period", "500ms", "--burst", "1"]);
-    let first = server.get("/", &[]);
-    assert_eq!(first.status, 200);
-    assert_eq!(
-        first.header("ratelimit-policy"),
-        Some(r#""per-client";q=20;w=1"#)
-    );
-    assert_eq!(server.get("/", &[]).status, 429);
+    let refill = Duration::from_millis(50);
+    // Both decisions fall between the first request's send and the second's reply: within a span shorter than the
+    // refill the second must be refused. A longer span (a stall on a loaded machine) proves nothing unless it was
+    // refused anyway; the pair is tried again once the bucket is full.
+    for _ in 0..100 {
+        let sent = Instant::now();
+        let first = server.get("/", &[]);
+        let second = server.get("/", &[]);
+        let span = sent.elapsed();
+        assert_eq!(first.status, 200, "{first:#?}");
+        assert_eq!(
+            first.header("ratelimit-policy"),
+            Some(r#""per-client";q=20;w=1"#)
+        );
+        if span < refill || second.status == 429 {
+            assert_eq!(second.status, 429, "admitted {span:?} after the first");
+            return;
+        }
+        std::thread::sleep(refill * 2);
+    }
+    panic!("no two requests were answered within {refill:?} in 100 tries");
 }
 
 #[test]
@@ -269,10 +297,24 @@ fn stack_flags_limit_concurrency() {
 }
 
 #[test]
+fn decimal_durations_are_exact() {
+    let server = Server::start(&["--limit", "1", "--period", "0.5h"]);
+    let reply = server.get("/", &[]);
+    assert_eq!(reply.status, 200, "{reply:#?}");
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        Some(r#""per-client";q=1;w=1800"#)
+    );
+}
+
+#[test]
 fn bad_flags_are_clear_errors() {
     for args in [
         &["--limit", "0"][..],
         &["--period", "5x"],
+        &["--period", "1.s"],
+        &["--period", ".5s"],
+        &["--period", "1.2.3s"],
         &["--algorithm", "leaky"],
         &["--on-store-error", "maybe"],
         &["--trusted-proxy", "10.0.0.0/33"],

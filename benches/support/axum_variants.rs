@@ -9,7 +9,7 @@ use axum::extract::{ConnectInfo, Request};
 use axum::routing::get;
 use tollgate_core::{MemoryStore, Policy, Quota};
 use tollgate_http::key::PeerIp;
-use tollgate_http::{HeaderSet, HttpLimitLayer};
+use tollgate_http::{HeaderSet, HttpRateLimitLayer};
 use tollgate_tower::RateLimitLayer;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
@@ -49,7 +49,7 @@ fn hello() -> Router {
 fn tollgate(headers: HeaderSet) -> Router {
     let policy = Policy::token_bucket(Quota::per_second(1_000_000_000).expect("a valid quota"));
     let layer = RateLimitLayer::new("bench", policy, Arc::new(MemoryStore::new()), PeerIp);
-    hello().layer(HttpLimitLayer::new(layer).headers(headers))
+    hello().layer(HttpRateLimitLayer::new(layer).headers(headers))
 }
 
 /// Bare axum plus seven constant fields as long as tollgate's: the floor that sending the header bytes costs.

@@ -322,5 +322,117 @@ mod tests {
             json.contains("\"total\":{\"clients\":500,\"requests\":20000,"),
             "{json}"
         );
+
+        // The figures, recomputed on the same trace by other means: the stores themselves (MemoryStore at each
+        // request's instant) for the counter and the bucket, and a naive exact log.
+        let expected = Figures::recompute(&args);
+        let line = |label: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(label))
+                .unwrap_or_else(|| panic!("no line {label:?} in\n{text}"))
+                .to_owned()
+        };
+        let (log, counter, bucket) = (
+            thousands(expected.log),
+            thousands(expected.counter),
+            thousands(expected.bucket),
+        );
+        assert!(
+            line("admitted, counter vs log").contains(&format!(" {counter} vs {log} ")),
+            "{counter} vs {log}: {text}"
+        );
+        assert!(
+            line("admitted, bucket vs log").contains(&format!(" {bucket} vs {log}")),
+            "{bucket} vs {log}: {text}"
+        );
+        assert!(
+            line("most bucket-admitted requests in one rolling period")
+                .contains(&format!(" {} = ", expected.bucket_peak)),
+            "bucket peak {}: {text}",
+            expected.bucket_peak
+        );
+        let total = &json[json.find("\"total\":").expect("a total")..];
+        for (name, value) in [
+            ("log_allowed", expected.log),
+            ("counter_allowed", expected.counter),
+            ("bucket_allowed", expected.bucket),
+            ("bucket_peak", expected.bucket_peak),
+        ] {
+            assert!(
+                total.contains(&format!("\"{name}\":{value},"))
+                    || total.contains(&format!("\"{name}\":{value}}}")),
+                "{name} = {value} in {total}"
+            );
+        }
+    }
+
+    /// Admissions recomputed independently of `replay`.
+    struct Figures {
+        log: u64,
+        counter: u64,
+        bucket: u64,
+        bucket_peak: u64,
+    }
+
+    impl Figures {
+        fn recompute(args: &Args) -> Self {
+            use tollgate_core::{MemoryStore, Policy, Quota, Timestamp};
+
+            let t = &args.trace;
+            let trace = trace::generate(t);
+            let origin = ORIGIN_US - ORIGIN_US % t.period_us;
+            let quota = Quota::new(t.limit, Duration::from_micros(t.period_us)).unwrap();
+            let (window, bucket) = (
+                Policy::sliding_window(quota).unwrap(),
+                Policy::token_bucket(quota),
+            );
+            let store = MemoryStore::new();
+            let clients = trace.classes.len();
+            let mut logs: Vec<Vec<u64>> = vec![Vec::new(); clients];
+            let mut buckets: Vec<Vec<u64>> = vec![Vec::new(); clients];
+            let mut figures = Self {
+                log: 0,
+                counter: 0,
+                bucket: 0,
+                bucket_peak: 0,
+            };
+            // In the rolling period (now - period, now].
+            let in_period = |times: &[u64], now: u64| {
+                times.iter().filter(|&&at| at + t.period_us > now).count() as u64
+            };
+            for r in &trace.requests {
+                let now = origin + r.at;
+                let at = Timestamp::from_micros(now);
+                let c = r.client as usize;
+                if in_period(&logs[c], now) < t.limit {
+                    logs[c].push(now);
+                    figures.log += 1;
+                }
+                let key = format!("window:{}", r.client);
+                if store.check_at(&key, &window, 1, at).unwrap().is_allowed() {
+                    figures.counter += 1;
+                }
+                let key = format!("bucket:{}", r.client);
+                if store.check_at(&key, &bucket, 1, at).unwrap().is_allowed() {
+                    figures.bucket += 1;
+                    buckets[c].push(now);
+                    figures.bucket_peak = figures.bucket_peak.max(in_period(&buckets[c], now));
+                }
+            }
+            figures
+        }
+    }
+
+    /// `15707` → `15,707`, as the report writes counts.
+    fn thousands(n: u64) -> String {
+        let digits = n.to_string();
+        let mut out = String::new();
+        for (i, d) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(d);
+        }
+        out
     }
 }

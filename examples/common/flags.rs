@@ -158,7 +158,7 @@ pub(crate) fn algorithm(v: &str) -> Result<Algorithm, String> {
     }
 }
 
-/// `500ms`, `1s`, `10s`, `5m`, `1h` (also `us`; a number needs its unit; zero is refused).
+/// `500ms`, `1s`, `0.5s`, `10s`, `5m`, `1h` (also `us`; a number needs its unit; zero is refused).
 pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     let d = duration_or_zero(s)?;
     if d.is_zero() {
@@ -169,23 +169,39 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
 
 /// Like [`duration`], but `0s` (or `0`) is allowed: e.g. "no pause".
 pub(crate) fn duration_or_zero(s: &str) -> Result<Duration, String> {
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a number and a unit, e.g. 500ms, 1s, 1h"))?;
-    match unit {
-        "us" => Ok(Duration::from_micros(n)),
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
-        "h" => Ok(Duration::from_secs(n.saturating_mul(3600))),
-        "" if n == 0 => Ok(Duration::ZERO),
-        "" => Err(format!("{s:?}: add a unit (us, ms, s, m or h)")),
-        other => Err(format!(
-            "{s:?}: unknown unit {other:?} (use us, ms, s, m or h)"
-        )),
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let expected = || format!("{s:?}: expected a number and a unit, e.g. 500ms, 1s, 0.5s, 1h");
+    // A decimal fraction is kept exact in nanoseconds (digits past a nanosecond are dropped).
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() || fraction.contains('.') || (number.contains('.') && fraction.is_empty()) {
+        return Err(expected());
     }
+    let whole: u128 = whole.parse().map_err(|_| expected())?;
+    let scale: u128 = match unit {
+        "us" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        "" if whole == 0 && fraction.bytes().all(|b| b == b'0') => return Ok(Duration::ZERO),
+        "" => return Err(format!("{s:?}: add a unit (us, ms, s, m or h)")),
+        other => {
+            return Err(format!(
+                "{s:?}: unknown unit {other:?} (use us, ms, s, m or h)"
+            ));
+        }
+    };
+    let mut nanos = whole.saturating_mul(scale);
+    let mut place = scale;
+    for digit in fraction.bytes().take(13) {
+        place /= 10;
+        nanos = nanos.saturating_add(u128::from(digit - b'0') * place);
+    }
+    let secs = u64::try_from(nanos / 1_000_000_000).unwrap_or(u64::MAX);
+    Ok(Duration::new(secs, (nanos % 1_000_000_000) as u32))
 }
 
 /// The policy the example servers' `--algorithm`, `--limit`, `--period` and `--burst` describe.
@@ -211,8 +227,8 @@ pub(crate) fn policy(
 // --- Adaptive concurrency (issue 17): `--adaptive gradient2|aimd`. ---
 
 /// `gradient2` or `aimd`: the adaptive limiter's algorithm, with its default settings (limit 20 to 200).
-pub(crate) fn adaptive(v: &str) -> Result<tollgate_stack::adaptive::Algorithm, String> {
-    use tollgate_stack::adaptive::{Aimd, Gradient2};
+pub(crate) fn adaptive(v: &str) -> Result<tollgate_tower::limit::adaptive::Algorithm, String> {
+    use tollgate_tower::limit::adaptive::{Aimd, Gradient2};
     match v {
         "gradient2" => Ok(Gradient2::default().into()),
         "aimd" => Ok(Aimd::default().into()),

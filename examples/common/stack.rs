@@ -12,11 +12,11 @@ use std::time::Duration;
 use tollgate_core::FailurePolicy;
 use tollgate_core::lease::LeaseStore;
 use tollgate_http::priority::HeaderPriority;
-use tollgate_stack::adaptive::Algorithm;
-use tollgate_stack::{
+use tollgate_tower::Mode;
+use tollgate_tower::limit::adaptive::Algorithm;
+use tollgate_tower::{
     AdaptiveLimitLayer, ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer,
 };
-use tollgate_tower::Mode;
 
 /// The usage lines of the stack's flags.
 pub(crate) const USAGE: &str = "  --concurrency N               at most N requests in flight per client on limited routes (429 beyond)
@@ -168,7 +168,7 @@ pub(crate) fn layer<R, K: Clone, L: LeaseStore>(
     let adaptive = AdaptiveLimitLayer::new(
         flags
             .adaptive
-            .unwrap_or_else(|| tollgate_stack::adaptive::Gradient2::default().into()),
+            .unwrap_or_else(|| tollgate_tower::limit::adaptive::Gradient2::default().into()),
         HeaderPriority::new(),
     )
     .map_err(|e| e.to_string())?

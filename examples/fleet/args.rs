@@ -16,6 +16,7 @@ usage: cargo run --release --example fleet -- [flags]
                     enough for that at the offered rate, at least 1s)
   --redis-url URL   Redis for the shared-state rows (default $REDIS_URL, else redis://127.0.0.1:6379)
   --autoscale       grow the fleet from 1 to N instances during the run and print the admitted rate per second
+  --json            print the table's rows as one JSON object instead (for scripts such as CI's check)
   --help            this text";
 
 /// The simulation's settings.
@@ -28,6 +29,7 @@ pub(crate) struct Args {
     pub(crate) warmup: Duration,
     pub(crate) redis_url: String,
     pub(crate) autoscale: bool,
+    pub(crate) json: bool,
 }
 
 impl Args {
@@ -44,6 +46,7 @@ impl Args {
                 .filter(|url| !url.is_empty())
                 .unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
             autoscale: false,
+            json: false,
         };
         let mut flags = Flags::new(argv);
         while let Some(flag) = flags.next_flag() {
@@ -55,6 +58,7 @@ impl Args {
                 "--warmup" => args.warmup = flags.parsed(duration)?,
                 "--redis-url" => args.redis_url = flags.value()?,
                 "--autoscale" => args.autoscale = true,
+                "--json" => args.json = true,
                 "--help" | "-h" => return Err(USAGE.to_owned()),
                 other => return Err(format!("unknown flag {other}\n\n{USAGE}")),
             }
@@ -78,6 +82,9 @@ impl Args {
                 1.0
             };
             args.warmup = Duration::from_secs_f64((spend + 0.5).clamp(1.0, 10.0));
+        }
+        if args.json && args.autoscale {
+            return Err("--json prints the table's rows: it does not go with --autoscale".into());
         }
         if args.duration < Duration::from_millis(500) {
             return Err("--duration must be at least 500ms".into());

@@ -17,7 +17,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tollgate_core::{Policy, Store};
-use tollgate_http::HttpLimitLayer;
+use tollgate_http::HttpRateLimitLayer;
 use tollgate_tower::{ConstKey, RateLimitLayer};
 
 /// One instance: `GET /` answers "ok" behind the instance's own limiter, like every instance of a real service.
@@ -28,7 +28,7 @@ pub(crate) async fn start_instance<St: Store>(
     let app = Router::new().route("/", get(|| async { "ok" }));
     let app = match policy {
         // Every instance limits the same service-wide key: "this service takes L per second".
-        Some(policy) => app.layer(HttpLimitLayer::new(RateLimitLayer::new(
+        Some(policy) => app.layer(HttpRateLimitLayer::new(RateLimitLayer::new(
             "fleet",
             policy,
             store,

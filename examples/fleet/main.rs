@@ -71,10 +71,12 @@ async fn main() {
         autoscale(&args, redis.is_ok()).await;
         return;
     }
-    println!(
-        "tollgate fleet simulation: {} instances, each limited to {} req/s; {} req/s offered for {:?} (after a {:?} warm-up)\n",
-        args.instances, args.limit, args.offered, args.duration, args.warmup
-    );
+    if !args.json {
+        println!(
+            "tollgate fleet simulation: {} instances, each limited to {} req/s; {} req/s offered for {:?} (after a {:?} warm-up)\n",
+            args.instances, args.limit, args.offered, args.duration, args.warmup
+        );
+    }
     let mut designs = vec![Design {
         algorithm: Algorithm::TokenBucket,
         state: State::None,
@@ -93,6 +95,10 @@ async fn main() {
         rows.push((*design, outcome));
     }
     eprint!("\r{:100}\r", "");
+    if args.json {
+        println!("{}", rows_json(&args, &rows, redis.as_ref().err()));
+        return;
+    }
     print_table(&args, &rows);
     match redis {
         Ok(()) => println!(
@@ -292,6 +298,42 @@ fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
             );
         }
     }
+}
+
+/// The table's rows as one JSON object: the settings, why the Redis rows are missing (if they are), and per row
+/// the measured counts (per second of the measured window) and latencies.
+fn rows_json(
+    args: &Args,
+    rows: &[(Design, Outcome)],
+    redis_error: Option<&String>,
+) -> serde_json::Value {
+    let secs = args.duration.as_secs_f64();
+    let rows: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|(design, o)| {
+            let (name, state) = design.label();
+            serde_json::json!({
+                "design": name,
+                "state": state,
+                "limit": (design.state != State::None).then_some(args.limit),
+                "admitted_per_s": o.admitted as f64 / secs,
+                "rejected_per_s": o.rejected as f64 / secs,
+                "failed": o.failed,
+                "not_sent": o.not_sent,
+                "p50_ms": o.percentile(50.0).as_secs_f64() * 1e3,
+                "p99_ms": o.percentile(99.0).as_secs_f64() * 1e3,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "instances": args.instances,
+        "limit": args.limit,
+        "offered_per_s": args.offered,
+        "duration_s": secs,
+        "warmup_s": args.warmup.as_secs_f64(),
+        "redis_error": redis_error,
+        "rows": rows,
+    })
 }
 
 async fn autoscale(args: &Args, with_redis: bool) {

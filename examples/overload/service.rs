@@ -13,9 +13,9 @@ use tokio::sync::Semaphore;
 use tollgate_core::lease::MemoryLeaseStore;
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::priority::HeaderPriority;
-use tollgate_stack::adaptive::{AdaptiveLimitLayer, Aimd, Gradient2};
-use tollgate_stack::{ConcurrencyLimitLayer, WorkerShedLayer};
 use tollgate_tower::KeyFn;
+use tollgate_tower::limit::adaptive::{AdaptiveLimitLayer, Aimd, Gradient2};
+use tollgate_tower::{ConcurrencyLimitLayer, WorkerShedLayer};
 
 /// One way of protecting the service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@
 //!     .body(())?;
 //!
 //! let mut key = String::new();
-//! (MetadataKey::new("x-api-key")?, GrpcMethod).extract(&req, &mut key)?;
+//! (MetadataKey::metadata("x-api-key")?, GrpcMethod).extract(&req, &mut key)?;
 //! assert_eq!(key, "f7e7c36e458e80e6b6a2c67d0a9ec09b|/helloworld.Greeter/SayHello"); // the secret is not stored
 //!
 //! // No peer address: a plain `http::Request` was not served by tonic's transport.
@@ -26,63 +26,15 @@
 use std::hash::DefaultHasher;
 use std::net::IpAddr;
 
-use http::HeaderName;
-use http::header::InvalidHeaderName;
-use tollgate_tower::digest::push_hex_digest;
-use tollgate_tower::key::{
-    IPV6_CLIENT_PREFIX, client_network, hash_bytes, hash_ip, push_client_ip,
-};
+use tollgate_tower::key::{IPV6_CLIENT_PREFIX, client_network, hash_ip, push_client_ip};
 use tollgate_tower::{KeyError, KeyExtractor};
 use tonic::transport::server::TcpConnectInfo;
 
-/// The value of one metadata entry, hashed (SHA-256, 128 bits, hex): an API key or token is never stored raw,
-/// and a long or binary value costs the same as a short one.
-///
-/// Works for ASCII and binary (`-bin`) entries alike: the bytes as received are hashed.
-#[derive(Debug, Clone)]
-pub struct MetadataKey {
-    name: HeaderName,
-    missing: String,
-}
-
-impl MetadataKey {
-    /// Keys calls by the metadata entry `name` (e.g. `x-api-key`); an invalid name is an error, not a panic.
-    pub fn new(name: &str) -> Result<Self, InvalidHeaderName> {
-        let name = HeaderName::try_from(name.to_ascii_lowercase())?;
-        let missing = format!("the {name} metadata");
-        Ok(Self { name, missing })
-    }
-
-    /// The metadata entry's name.
-    #[must_use]
-    pub fn name(&self) -> &str {
-        self.name.as_str()
-    }
-}
-
-impl MetadataKey {
-    fn value<'r, B>(&self, req: &'r http::Request<B>) -> Result<&'r [u8], KeyError> {
-        let value = req.headers().get(&self.name).ok_or_else(|| {
-            KeyError::missing(self.missing.clone()).with_hint(
-                "the client must send it, or limit by another key such as the peer address",
-            )
-        })?;
-        Ok(value.as_bytes())
-    }
-}
-
-impl<B> KeyExtractor<http::Request<B>> for MetadataKey {
-    fn extract(&self, req: &http::Request<B>, key: &mut String) -> Result<(), KeyError> {
-        push_hex_digest(self.value(req)?, key);
-        Ok(())
-    }
-
-    /// The in-process store digests the value itself (keyed, never kept raw): no SHA-256 on its way.
-    fn hash_key(&self, req: &http::Request<B>, state: &mut DefaultHasher) -> Result<(), KeyError> {
-        hash_bytes(state, self.value(req)?);
-        Ok(())
-    }
-}
+/// The value of one metadata entry, hashed (SHA-256, 128 bits, hex): an API key or token is never stored raw, and
+/// a long or binary (`-bin`) value costs the same as a short one. Built by [`MetadataKey::metadata`]; an empty value
+/// is missing, never a bucket shared by every client sending one. The same extractor as the HTTP adapter's
+/// `HeaderKey` (gRPC metadata travels as HTTP/2 headers), so both follow one rule.
+pub use tollgate_tower::key::HeaderKey as MetadataKey;
 
 /// The peer's IP address, from the [`TcpConnectInfo`] that tonic's `transport::Server` records on each request.
 ///
@@ -239,7 +191,7 @@ mod tests {
 
     #[test]
     fn metadata_keys_are_hashed_and_missing_ones_are_errors() {
-        let extractor = MetadataKey::new("X-Api-Key").unwrap();
+        let extractor = MetadataKey::metadata("X-Api-Key").unwrap();
         assert_eq!(extractor.name(), "x-api-key");
         let mut req = http::Request::new(());
         let err = extractor.extract(&req, &mut String::new()).unwrap_err();
@@ -264,7 +216,7 @@ mod tests {
         assert_eq!(a, digest(&PeerIp, &request_from("[::ffff:10.1.2.3]:6000")));
         assert_ne!(a, digest(&PeerIp, &request_from("10.1.2.4:5000")));
 
-        let api_key = MetadataKey::new("x-api-key").unwrap();
+        let api_key = MetadataKey::metadata("x-api-key").unwrap();
         let mut req = http::Request::new(());
         let err = api_key
             .hash_key(&req, &mut DefaultHasher::new())
@@ -278,6 +230,6 @@ mod tests {
 
     #[test]
     fn invalid_metadata_names_are_errors() {
-        assert!(MetadataKey::new("bad name").is_err());
+        assert!(MetadataKey::metadata("bad name").is_err());
     }
 }

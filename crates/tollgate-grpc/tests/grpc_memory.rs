@@ -232,7 +232,7 @@ async fn api_keys_in_metadata_have_their_own_buckets_and_a_missing_key_is_an_err
         "per-key",
         policy,
         store,
-        MetadataKey::new("x-api-key")?,
+        MetadataKey::metadata("x-api-key")?,
     ));
     let (addr, _) = serve(layer).await;
     let mut client = greeter(addr).await;

@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tollgate_core::{MemoryStore, Policy, Quota};
 use tollgate_grpc::key::GrpcMethod;
@@ -26,7 +27,37 @@ fn status_of(response: &http::Response<tonic::body::Body>) -> Code {
     tonic::Status::from_header_map(response.headers()).map_or(Code::Ok, |s| s.code())
 }
 
-#[tokio::test]
+/// How long a call may wait for the inner service's one slot: paused time (the runtime skips ahead when every task
+/// waits), so a leaked readiness permit fails the test at once instead of hanging it, and a loaded machine cannot.
+const LEAKED: Duration = Duration::from_secs(60);
+
+/// Calls `path` on a fresh clone of `base`, readied within [`LEAKED`]. The clone is kept alive afterwards (in
+/// `kept`), so a permit it held on to would still be held when the next case asks for the slot.
+async fn call_fresh<S>(
+    base: &S,
+    kept: &mut Vec<S>,
+    path: &str,
+) -> Result<http::Response<tonic::body::Body>, Box<dyn std::error::Error>>
+where
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>>
+        + Clone,
+    S::Error: Into<BoxError>,
+{
+    let mut svc = base.clone();
+    let response = tokio::time::timeout(LEAKED, async {
+        let ready = svc.ready().await.map_err(Into::into)?;
+        ready.call(call(path)).await.map_err(Into::into)
+    })
+    .await
+    .map_err(|_| {
+        format!("{path}: the inner service's one slot was never free again (a leaked permit)")
+    })?
+    .map_err(|e: BoxError| e.to_string())?;
+    kept.push(svc);
+    Ok(response)
+}
+
+#[tokio::test(start_paused = true)]
 async fn rejected_calls_release_the_inner_services_readiness() -> TestResult {
     let store = Arc::new(MemoryStore::new());
     let one_a_minute = RateLimitLayer::new(
@@ -35,8 +66,9 @@ async fn rejected_calls_release_the_inner_services_readiness() -> TestResult {
         store,
         GrpcMethod,
     );
-    // The inner service admits one call at a time: a leaked readiness permit would block every later call.
-    let mut svc = ServiceBuilder::new()
+    // The inner service admits one call at a time (its clones share the slot): a leaked readiness permit would
+    // keep every later call from being ready.
+    let base = ServiceBuilder::new()
         .layer(GrpcLimitLayer::new(
             MethodLimitLayer::new().method("/a.B/Limited", one_a_minute)?,
         ))
@@ -44,12 +76,13 @@ async fn rejected_calls_release_the_inner_services_readiness() -> TestResult {
         .service_fn(|_req: http::Request<tonic::body::Body>| async {
             Ok::<_, Infallible>(http::Response::new(tonic::body::Body::empty()))
         });
+    let mut kept = Vec::new();
     assert_eq!(
-        status_of(&svc.ready().await?.call(call("/a.B/Limited")).await?),
+        status_of(&call_fresh(&base, &mut kept, "/a.B/Limited").await?),
         Code::Ok
     );
     for _ in 0..5 {
-        let response = svc.ready().await?.call(call("/a.B/Limited")).await?;
+        let response = call_fresh(&base, &mut kept, "/a.B/Limited").await?;
         assert_eq!(status_of(&response), Code::ResourceExhausted);
         assert_eq!(
             response.status(),
@@ -60,7 +93,7 @@ async fn rejected_calls_release_the_inner_services_readiness() -> TestResult {
     }
     // An unlimited method still gets the inner service's one slot.
     assert_eq!(
-        status_of(&svc.ready().await?.call(call("/a.B/Other")).await?),
+        status_of(&call_fresh(&base, &mut kept, "/a.B/Other").await?),
         Code::Ok
     );
     Ok(())

@@ -1,16 +1,19 @@
-use tollgate_core::Store;
-use tollgate_stack::{AdaptiveLimitLayer, LeaseLimitLayer, StackLayer, WorkerShedLayer};
-use tollgate_tower::{RateLimit, RateLimitLayer};
-use tower::util::Either;
-use tower_layer::{Identity, Layer, Stack};
+use std::fmt;
 
+use tollgate_core::Store;
+use tollgate_tower::{RateLimit, RateLimitLayer};
+use tower_layer::Layer;
+
+use crate::problem::ProblemTypes;
 use crate::{HeaderSet, HttpLimit, HttpResponder};
 
-/// Wraps a tollgate layer (e.g. a [`RateLimitLayer`]) so that the service stays `Infallible` for axum: rejections
-/// become 429/503 responses and every response gets the rate-limit headers.
+/// Wraps any tower layer whose services fail with tollgate rejections (a tollgate limiter, a `StackLayer`, a
+/// `tower::ServiceBuilder` stack of them, or a foreign layer around one) so that the service stays `Infallible`
+/// for axum: rejections become 429/503 responses and every response gets the rate-limit headers of the limiters
+/// it passed.
 ///
-/// Stack one per limit; each adds its own entry to the `RateLimit` fields. A [`RateLimitLayer`] answers in place
-/// (one service, see [`HttpAdapt`]); the Stripe-stack layers are wrapped in an [`HttpLimit`].
+/// Stack one per limit, or one around several; each limiter adds its own entry to the `RateLimit` fields. For a
+/// single [`RateLimitLayer`], [`HttpRateLimitLayer`] does the same in one service.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct HttpLimitLayer<L> {
@@ -29,7 +32,14 @@ impl<L> HttpLimitLayer<L> {
 
     /// Chooses the header families to write.
     pub fn headers(mut self, headers: HeaderSet) -> Self {
-        self.responder = HttpResponder::new(headers);
+        self.responder = self.responder.with_headers(headers);
+        self
+    }
+
+    /// Chooses the problem types of the rejections' bodies (default: [`ProblemTypes::IETF`], the IETF draft's
+    /// registered types). Build yours in a `const` or `static`: `.problem_types(&MY_TYPES)`.
+    pub fn problem_types(mut self, types: &'static ProblemTypes) -> Self {
+        self.responder = self.responder.with_problem_types(types);
         self
     }
 
@@ -39,72 +49,83 @@ impl<L> HttpLimitLayer<L> {
     }
 }
 
-impl<S, L: HttpAdapt<S>> Layer<S> for HttpLimitLayer<L> {
-    type Service = L::Service;
+impl<S, L: Layer<S>> Layer<S> for HttpLimitLayer<L> {
+    type Service = HttpLimit<L::Service>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        self.inner.adapt(inner, self.responder)
+        HttpLimit::new(self.inner.layer(inner), self.responder)
     }
 }
 
-/// A tollgate layer that [`HttpLimitLayer`] can adapt to HTTP.
+/// A [`RateLimitLayer`] adapted to HTTP in place: the limiter answers through the [`HttpResponder`] itself, so
+/// its verdict goes straight from the decision to the headers — one service instead of two, and no verdict stored
+/// in the response's extensions on the way (the figures are in `docs/BENCHMARKS.md`). It answers exactly as
+/// [`HttpLimitLayer`] around the same limiter does, and stacks with it.
 ///
-/// A [`RateLimitLayer`] builds a [`RateLimit`] that answers through the [`HttpResponder`] itself: one service
-/// instead of two, and a single limiter's verdict goes straight from the decision to the headers. Every other
-/// tollgate layer (the Stripe-stack layers, their [`StackLayer`], `tower::ServiceBuilder` stacks of them) is
-/// wrapped in an [`HttpLimit`], which reads the verdicts the wrapped limiters leave on the response; the `Either`
-/// of `tower::util::option_layer` adapts whichever side it holds. Implement it for a layer of your own by
-/// wrapping it the same way: `HttpLimit::new(self.layer(inner), responder)`.
-pub trait HttpAdapt<S> {
-    /// The adapted service.
-    type Service;
+/// ```
+/// use std::sync::Arc;
+/// use axum::{Router, routing::get};
+/// use tollgate_core::{MemoryStore, Policy, Quota};
+/// use tollgate_http::HttpRateLimitLayer;
+/// use tollgate_http::key::PeerIp;
+/// use tollgate_tower::RateLimitLayer;
+///
+/// let per_client = RateLimitLayer::new(
+///     "per-client",
+///     Policy::token_bucket(Quota::per_second(10)?),
+///     Arc::new(MemoryStore::new()),
+///     PeerIp,
+/// );
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(HttpRateLimitLayer::new(per_client));
+/// # let _ = app;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use]
+pub struct HttpRateLimitLayer<K, St, C>(HttpLimitLayer<RateLimitLayer<K, St, C>>);
 
-    /// Wraps `inner`, answering through `responder`.
-    fn adapt(&self, inner: S, responder: HttpResponder) -> Self::Service;
+impl<K, St, C> HttpRateLimitLayer<K, St, C> {
+    /// Adapts `inner`, writing every header family.
+    pub fn new(inner: RateLimitLayer<K, St, C>) -> Self {
+        Self(HttpLimitLayer::new(inner))
+    }
+
+    /// Chooses the header families to write.
+    pub fn headers(self, headers: HeaderSet) -> Self {
+        Self(self.0.headers(headers))
+    }
+
+    /// Chooses the problem types of the rejections' bodies (see [`HttpLimitLayer::problem_types`]).
+    pub fn problem_types(self, types: &'static ProblemTypes) -> Self {
+        Self(self.0.problem_types(types))
+    }
+
+    /// The wrapped layer.
+    pub fn get_ref(&self) -> &RateLimitLayer<K, St, C> {
+        self.0.get_ref()
+    }
 }
 
-impl<S, K: Clone, St: Store, C: Clone> HttpAdapt<S> for RateLimitLayer<K, St, C> {
+impl<K: Clone, St, C: Clone> Clone for HttpRateLimitLayer<K, St, C> {
+    fn clone(&self) -> Self {
+        Self(HttpLimitLayer {
+            inner: self.0.inner.clone(),
+            responder: self.0.responder,
+        })
+    }
+}
+
+impl<K, St, C> fmt::Debug for HttpRateLimitLayer<K, St, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("HttpRateLimitLayer").field(&self.0).finish()
+    }
+}
+
+impl<S, K: Clone, St: Store, C: Clone> Layer<S> for HttpRateLimitLayer<K, St, C> {
     type Service = RateLimit<S, K, St, C, HttpResponder>;
 
-    fn adapt(&self, inner: S, responder: HttpResponder) -> Self::Service {
-        self.layer_with(inner, responder)
-    }
-}
-
-/// Layers whose services leave their verdicts on the response: adapted by an [`HttpLimit`] around them.
-macro_rules! adapt_by_wrapping {
-    ($($layer:ident<$($param:ident),*>),* $(,)?) => {$(
-        impl<S, $($param),*> HttpAdapt<S> for $layer<$($param),*>
-        where
-            $layer<$($param),*>: Layer<S>,
-        {
-            type Service = HttpLimit<<Self as Layer<S>>::Service>;
-
-            fn adapt(&self, inner: S, responder: HttpResponder) -> Self::Service {
-                HttpLimit::new(self.layer(inner), responder)
-            }
-        }
-    )*};
-}
-
-adapt_by_wrapping!(
-    LeaseLimitLayer<R, L>,
-    WorkerShedLayer<P>,
-    StackLayer<W, R, C, F, A>,
-    AdaptiveLimitLayer<P>,
-    Stack<Inner, Outer>,
-    Identity<>,
-);
-
-/// `tower::util::option_layer`'s layer: each side adapted on its own, so that both answer `Infallible` and
-/// `Either` (which wants one error type on both sides) serves either.
-impl<S, A: HttpAdapt<S>, B: HttpAdapt<S>> HttpAdapt<S> for Either<A, B> {
-    type Service = Either<A::Service, B::Service>;
-
-    fn adapt(&self, inner: S, responder: HttpResponder) -> Self::Service {
-        match self {
-            Either::Left(layer) => Either::Left(layer.adapt(inner, responder)),
-            Either::Right(layer) => Either::Right(layer.adapt(inner, responder)),
-        }
+    fn layer(&self, inner: S) -> Self::Service {
+        self.0.inner.layer_with(inner, self.0.responder)
     }
 }

@@ -7,7 +7,7 @@ use tollgate_tower::respond::Respond;
 use tollgate_tower::{BoxError, Rejection, Verdict, Verdicts};
 
 use crate::HeaderSet;
-use crate::problem::error_response;
+use crate::problem::ProblemTypes;
 
 /// The HTTP [`Respond`]er: a [`RateLimit`](tollgate_tower::RateLimit) answering through it stays `Infallible`,
 /// writes the rate-limit headers itself and turns its rejections into 429/503 responses. Built by
@@ -15,6 +15,7 @@ use crate::problem::error_response;
 #[derive(Debug, Clone, Copy)]
 pub struct HttpResponder {
     headers: HeaderSet,
+    problems: &'static ProblemTypes,
 }
 
 /// Left in the request's extensions by every tollgate HTTP layer: an inner one that finds it knows an outer one
@@ -24,7 +25,18 @@ struct AdapterAbove;
 
 impl HttpResponder {
     pub(crate) const fn new(headers: HeaderSet) -> Self {
-        Self { headers }
+        Self {
+            headers,
+            problems: &ProblemTypes::IETF,
+        }
+    }
+
+    pub(crate) const fn with_headers(self, headers: HeaderSet) -> Self {
+        Self { headers, ..self }
+    }
+
+    pub(crate) const fn with_problem_types(self, problems: &'static ProblemTypes) -> Self {
+        Self { problems, ..self }
     }
 
     /// Marks `req` for inner layers; whether an outer layer had marked it already. A layer that renders no
@@ -78,7 +90,7 @@ impl HttpResponder {
         err: &BoxError,
         own: Option<Verdict>,
     ) -> Response<B> {
-        let mut response = error_response(err);
+        let mut response = self.problems.error_response(err);
         let Some(rejection) = err.downcast_ref::<Rejection>() else {
             self.gather(outer, &mut response, own);
             return response;

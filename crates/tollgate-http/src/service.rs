@@ -2,15 +2,15 @@ use std::convert::Infallible;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
+use tollgate_tower::__private::DeferredReadiness;
 use tollgate_tower::BoxError;
-use tollgate_tower::respond::DeferredReadiness;
 use tower_service::Service;
 
 use crate::{HttpResponder, ResponseFuture};
 
 /// An `Infallible` HTTP service around tollgate limiters that leave their verdicts on the response (the
 /// Stripe-stack layers): answers their rejections itself and renders the headers. Built by
-/// [`HttpLimitLayer`](crate::HttpLimitLayer) through [`HttpAdapt`](crate::HttpAdapt).
+/// [`HttpLimitLayer`](crate::HttpLimitLayer).
 #[derive(Debug, Clone)]
 pub struct HttpLimit<S> {
     inner: S,

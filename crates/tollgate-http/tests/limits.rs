@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
-use tollgate_core::{FailurePolicy, Policy, Quota, Store};
+use tollgate_core::{Clock, FailurePolicy, ManualClock, Policy, Quota, Store};
 use tollgate_http::key::{ClientIp, HeaderKey, PeerIp, RouteKey};
-use tollgate_http::{HeaderSet, HttpLimitLayer};
-use tollgate_tower::{Mode, RateLimitLayer};
+use tollgate_http::problem::{ProblemType, ProblemTypes};
+use tollgate_http::{HeaderSet, HttpLimitLayer, HttpRateLimitLayer};
+use tollgate_tower::{Mode, RateLimitLayer, RejectionKind};
 
 use support::{Reply, get as http_get, limited_app as app, serve, serve_with};
 
@@ -35,14 +36,7 @@ fn assert_allowed(reply: &Reply, name: &str, limit: u64, window: u64, remaining:
     assert!(!reply.has("retry-after"));
 }
 
-fn epoch_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
+async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>, clock: ManualClock) {
     let addr = serve(app(RateLimitLayer::new(
         "per-client",
         per_hour(3),
@@ -62,12 +56,8 @@ async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
     // The stored reset moves by exactly one token per request: consecutive responses agree to the second.
     assert_eq!(resets[1] - resets[0], 1200);
     assert_eq!(resets[2] - resets[1], 1200);
-    let now = epoch_secs();
-    assert!(
-        (now + 3598..=now + 3602).contains(&resets[2]),
-        "reset {} vs now {now}",
-        resets[2]
-    );
+    // The clock stands still: three tokens are back exactly an hour after it.
+    assert_eq!(resets[2], clock.now().as_secs_ceil() + 3600);
 
     let denied = http_get(addr, "/", &[]).await;
     assert_eq!(denied.status, 429, "{denied:#?}");
@@ -86,7 +76,7 @@ async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
     assert_eq!(denied.num("retry-after"), 1200);
     assert_eq!(
         denied.body,
-        r#"{"type":"https://tollgate.invalid/problems/rate_limited","title":"Too Many Requests","status":429,"detail":"rate limit \"per-client\" exceeded; retry after 1200 s","limiter":"per-client"}"#
+        r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"rate limit \"per-client\" exceeded; retry after 1200 s","violated-policies":["per-client"],"limiter":"per-client","kind":"rate_limited"}"#
     );
 
     let health = http_get(addr, "/health", &[]).await;
@@ -96,7 +86,35 @@ async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>) {
         "{health:#?}"
     );
 }
-both_stores!(limit_then_429, limit_then_429_with_every_header);
+both_clocked_stores!(limit_then_429, limit_then_429_with_every_header);
+
+/// A user's own problem type for rate limits, installed on the layer; the other kinds keep the IETF ones.
+const OUR_TYPES: ProblemTypes = ProblemTypes::IETF.with(
+    RejectionKind::RateLimited,
+    ProblemType::new("https://example.com/problems/slow-down", "Slow \"down\""),
+);
+
+async fn problem_types_are_the_users_choice<St: Store>(store: Arc<St>) {
+    let layer = RateLimitLayer::new("api", per_hour(1), store, PeerIp);
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(HttpLimitLayer::new(layer).problem_types(&OUR_TYPES));
+    let addr = serve(app).await;
+    assert_eq!(http_get(addr, "/", &[]).await.status, 200);
+    let denied = http_get(addr, "/", &[]).await;
+    assert_eq!(denied.status, 429, "{denied:#?}");
+    assert_eq!(denied.header("content-type"), "application/problem+json");
+    assert_eq!(denied.num("retry-after"), 3600);
+    assert_eq!(
+        denied.body,
+        r#"{"type":"https://example.com/problems/slow-down","title":"Slow \"down\"","status":429,"detail":"rate limit \"api\" exceeded; retry after 3600 s","violated-policies":["api"],"limiter":"api","kind":"rate_limited"}"#
+    );
+    assert_eq!(
+        OUR_TYPES.of(RejectionKind::Shed),
+        ProblemType::TEMPORARY_REDUCED_CAPACITY
+    );
+}
+both_stores!(own_problem_types, problem_types_are_the_users_choice);
 
 async fn a_burst_is_announced_as_the_limit_over_its_refill_time<St: Store>(store: Arc<St>) {
     // 2 per hour with bursts of 4: a token every 1800 s, and the full bucket of 4 accrues in 7200 s. Told "4 per
@@ -172,9 +190,9 @@ async fn route_layer_stacks_with_router_layer<St: Store>(store: Arc<St>) {
         .route("/", get(|| async { "hello" }))
         .route(
             "/report",
-            get(|| async { "report" }).layer(HttpLimitLayer::new(report)),
+            get(|| async { "report" }).layer(HttpRateLimitLayer::new(report)),
         )
-        .layer(HttpLimitLayer::new(per_client));
+        .layer(HttpRateLimitLayer::new(per_client));
     let addr = serve(router).await;
 
     let first = http_get(addr, "/report", &[]).await;
@@ -224,11 +242,11 @@ async fn wrapped_and_in_place_layers_nest_either_way<St: Store>(store: Arc<St>) 
             "/",
             get(|| async { "hello" }).layer(HttpLimitLayer::new(pair())),
         )
-        .layer(HttpLimitLayer::new(limit("router", 8)));
+        .layer(HttpRateLimitLayer::new(limit("router", 8)));
     let wrapped_outside: Router = Router::new()
         .route(
             "/",
-            get(|| async { "hello" }).layer(HttpLimitLayer::new(limit("route", 7))),
+            get(|| async { "hello" }).layer(HttpRateLimitLayer::new(limit("route", 7))),
         )
         .layer(HttpLimitLayer::new(pair()));
 
@@ -303,15 +321,15 @@ both_stores!(
 async fn header_less_layer_reports_to_the_outer_one<St: Store>(store: Arc<St>) {
     let limit =
         |name: &'static str, n| RateLimitLayer::new(name, per_hour(n), store.clone(), PeerIp);
-    let quiet = |name| HttpLimitLayer::new(limit(name, 2)).headers(HeaderSet::NONE);
+    let quiet = |name| HttpRateLimitLayer::new(limit(name, 2)).headers(HeaderSet::NONE);
     let nested: Router = Router::new()
         .route("/", get(|| async { "hello" }).layer(quiet("quiet")))
-        .layer(HttpLimitLayer::new(limit("router", 8)));
+        .layer(HttpRateLimitLayer::new(limit("router", 8)));
     let alone: Router = Router::new().route("/", get(|| async { "hello" }).layer(quiet("alone")));
     let quiet_outside: Router = Router::new()
         .route(
             "/",
-            get(|| async { "hello" }).layer(HttpLimitLayer::new(limit("loud", 4))),
+            get(|| async { "hello" }).layer(HttpRateLimitLayer::new(limit("loud", 4))),
         )
         .layer(quiet("quiet-outside"));
 
@@ -348,12 +366,13 @@ both_stores!(
     header_less_layer_reports_to_the_outer_one
 );
 
-/// A limit switched on or off by configuration (`tower::util::option_layer`) is adapted like any other.
+/// A limit switched on or off by configuration (`tower::util::option_layer` of the adapted layer: both sides of
+/// the `Either` then answer `Infallible`).
 async fn optional_layer_limits_only_when_present<St: Store>(store: Arc<St>) {
     let app = |layer: Option<RateLimitLayer<PeerIp, St>>| {
         Router::new()
             .route("/", get(|| async { "hello" }))
-            .layer(HttpLimitLayer::new(tower::util::option_layer(layer)))
+            .layer(tower::util::option_layer(layer.map(HttpLimitLayer::new)))
     };
     let on = serve(app(Some(RateLimitLayer::new(
         "optional",
@@ -468,7 +487,7 @@ async fn unmatched_paths_are_limited_as_one_route<St: Store>(store: Arc<St>) {
     let layer = RateLimitLayer::new("route", per_hour(2), store, (PeerIp, RouteKey));
     let app = Router::new()
         .route("/users/{id}", get(|| async { "user" }))
-        .layer(HttpLimitLayer::new(layer));
+        .layer(HttpRateLimitLayer::new(layer));
     let addr = serve(app).await;
     for (path, status, remaining) in [("/nope", 404, 1), ("/users/", 404, 0), ("/a/b/c", 429, 0)] {
         let reply = http_get(addr, path, &[]).await;
@@ -487,7 +506,7 @@ async fn stacked_layers_asking_for_different_fields_agree<St: Store>(store: Arc<
     // The outermost layer renders every family any layer asked for, over every verdict: the GitHub fields name the
     // binding limit of both, whichever layer asked for them.
     let limit = |name: &'static str, n, headers| {
-        HttpLimitLayer::new(RateLimitLayer::new(
+        HttpRateLimitLayer::new(RateLimitLayer::new(
             name,
             per_hour(n),
             store.clone(),
@@ -632,6 +651,52 @@ async fn api_keys_are_separate_buckets_and_required<St: Store>(store: Arc<St>) {
     );
 }
 both_stores!(api_keys, api_keys_are_separate_buckets_and_required);
+
+/// The adapter takes any tower layer: here a foreign one (`MapRequestLayer`) around a limiter, which keys on the
+/// header the foreign layer sets (so its running is what the answers show), and a foreign layer alone.
+async fn foreign_layers_are_adapted_like_tollgate_ones<St: Store>(store: Arc<St>) {
+    let tenant = HeaderKey::new(http::HeaderName::from_static("x-tenant"));
+    let limiter = RateLimitLayer::new("per-tenant", per_hour(2), store, tenant);
+    let set_tenant = tower::util::MapRequestLayer::new(|mut req: axum::extract::Request| {
+        let tenant = if req.uri().path() == "/b" { "b" } else { "a" };
+        req.headers_mut()
+            .insert("x-tenant", http::HeaderValue::from_static(tenant));
+        req
+    });
+    let stack = tower::ServiceBuilder::new()
+        .layer(set_tenant)
+        .layer(limiter)
+        .into_inner();
+    let app = Router::new()
+        .route("/a", get(|| async { "a" }))
+        .route("/b", get(|| async { "b" }))
+        .layer(HttpLimitLayer::new(stack))
+        .route(
+            "/plain",
+            get(|| async { "plain" }).layer(HttpLimitLayer::new(
+                tower::util::MapRequestLayer::new(|req: axum::extract::Request| req),
+            )),
+        );
+    let addr = serve_with(app, false).await;
+    for remaining in [1, 0] {
+        let reply = http_get(addr, "/a", &[]).await;
+        assert_eq!(reply.status, 200, "{reply:#?}");
+        assert_eq!(reply.num("x-ratelimit-remaining"), remaining);
+    }
+    let denied = http_get(addr, "/a", &[]).await;
+    assert_eq!(denied.status, 429, "{denied:#?}");
+    assert_eq!(denied.num("x-ratelimit-limit"), 2);
+    assert!(denied.has("retry-after"), "{denied:#?}");
+    // The foreign layer gave /b another tenant: a bucket of its own.
+    assert_eq!(http_get(addr, "/b", &[]).await.status, 200);
+    let plain = http_get(addr, "/plain", &[]).await;
+    assert_eq!(plain.status, 200);
+    assert!(!plain.has("ratelimit"), "no limiter, no fields: {plain:#?}");
+}
+both_stores!(
+    foreign_layers,
+    foreign_layers_are_adapted_like_tollgate_ones
+);
 
 async fn missing_peer_address_is_a_configuration_error<St: Store>(store: Arc<St>) {
     let addr = serve_with(

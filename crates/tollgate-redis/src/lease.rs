@@ -17,12 +17,21 @@ use tollgate_core::lease::{Admission, LeaseId, LeaseStore};
 use crate::script::Script;
 use crate::{BackendError, RedisStore, keys};
 
-/// `lua/concurrency_acquire.lua`, embedded at compile time.
-pub const CONCURRENCY_ACQUIRE_LUA: &str = include_str!("../lua/concurrency_acquire.lua");
-/// `lua/concurrency_renew.lua`, embedded at compile time.
-pub const CONCURRENCY_RENEW_LUA: &str = include_str!("../lua/concurrency_renew.lua");
-/// `lua/concurrency_release.lua`, embedded at compile time.
-pub const CONCURRENCY_RELEASE_LUA: &str = include_str!("../lua/concurrency_release.lua");
+/// `lua/concurrency_acquire.lua` after `lua/prelude.lua`, embedded at compile time.
+pub const CONCURRENCY_ACQUIRE_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/concurrency_acquire.lua")
+);
+/// `lua/concurrency_renew.lua` after `lua/prelude.lua`, embedded at compile time.
+pub const CONCURRENCY_RENEW_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/concurrency_renew.lua")
+);
+/// `lua/concurrency_release.lua` after `lua/prelude.lua`, embedded at compile time.
+pub const CONCURRENCY_RELEASE_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/concurrency_release.lua")
+);
 
 struct LeaseScripts {
     acquire: Script,

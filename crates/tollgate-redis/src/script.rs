@@ -6,10 +6,17 @@ use tollgate_core::{Algorithm, Decision, Outcome, Policy, Timestamp};
 
 use crate::BackendError;
 
-/// `lua/token_bucket.lua`, embedded at compile time.
-pub const TOKEN_BUCKET_LUA: &str = include_str!("../lua/token_bucket.lua");
-/// `lua/sliding_window.lua`, embedded at compile time.
-pub const SLIDING_WINDOW_LUA: &str = include_str!("../lua/sliding_window.lua");
+/// `lua/token_bucket.lua` after `lua/prelude.lua` (the shared integer arithmetic and time prologue), embedded at
+/// compile time.
+pub const TOKEN_BUCKET_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/token_bucket.lua")
+);
+/// `lua/sliding_window.lua` after `lua/prelude.lua`, embedded at compile time.
+pub const SLIDING_WINDOW_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/sliding_window.lua")
+);
 
 /// A script's source and SHA-1, as `EVALSHA` wants it.
 #[derive(Debug)]
@@ -126,6 +133,26 @@ mod tests {
             tb.sha,
             scripts.for_algorithm(Algorithm::SlidingWindowCounter).sha
         );
+    }
+
+    #[test]
+    fn every_script_starts_with_the_one_prelude() {
+        let prelude = include_str!("../lua/prelude.lua");
+        for source in [
+            TOKEN_BUCKET_LUA,
+            SLIDING_WINDOW_LUA,
+            crate::CONCURRENCY_ACQUIRE_LUA,
+            crate::CONCURRENCY_RENEW_LUA,
+            crate::CONCURRENCY_RELEASE_LUA,
+        ] {
+            assert!(source.starts_with(prelude));
+            // Defined once: a script repeating a helper would shadow the prelude's copy.
+            for helper in ["idiv", "div_ceil", "int", "server_time_us", "decision_time"] {
+                let definition = format!("local function {helper}(");
+                assert_eq!(source.matches(&definition).count(), 1, "{helper}");
+            }
+            assert_eq!(source.matches("redis.call('TIME')").count(), 1);
+        }
     }
 
     #[test]

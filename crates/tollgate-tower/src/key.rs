@@ -73,8 +73,12 @@
 //! ```
 
 mod addr;
+#[cfg(feature = "http")]
+mod header;
 
 pub use addr::{IPV6_CLIENT_PREFIX, client_network, push_client_ip, push_ipv4};
+#[cfg(feature = "http")]
+pub use header::HeaderKey;
 
 use std::borrow::Cow;
 use std::cell::RefCell;

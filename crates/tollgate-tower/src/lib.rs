@@ -1,12 +1,14 @@
-//! Tower middleware for tollgate: the request-rate limiter, key extraction, costs, enforcement modes and the
-//! typed rejections every tollgate limiter shares.
+//! Tower middleware for tollgate: the request-rate limiter and (feature `stack`) Stripe's stack — the
+//! concurrent-requests limiter and the fleet-usage and worker-utilization load shedders — all on one decision core,
+//! with key extraction, costs, enforcement modes and the typed rejections every tollgate limiter shares.
 //!
 //! The layers are generic over the request type; the `tollgate-http` and `tollgate-grpc` adapters turn
 //! [`Rejection`]s into HTTP and gRPC responses and render each [`Verdict`] as headers or metadata.
 //!
 //! | concept | where |
 //! |---|---|
-//! | the rate limiter (layer, service, future) | [`rate_limit`] |
+//! | every limiter and the core they share | [`limit`]: [`limit::rate`], and with `stack` `limit::concurrency`, `limit::fleet`, `limit::worker`, `limit::stack` |
+//! | what an admitted request holds until its response is finished (`stack`) | `permit` (`Permit`, `HoldPermit`, `PermitBody`) |
 //! | which bucket a request belongs to | [`key`] ([`KeyExtractor`]), [`digest`] for secret keys |
 //! | how many tokens it takes | [`cost`] ([`Cost`]) |
 //! | request classes for load shedding | [`priority`] ([`Priority`], [`Classify`]) |
@@ -17,31 +19,65 @@
 //! | the rate-limit header fields (`http` feature), shared by the HTTP and gRPC adapters | `headers` (`HeaderSet`) |
 //! | how a limiter answers (the adapters' seam) | [`respond`] ([`Respond`](respond::Respond), [`Forward`](respond::Forward)) |
 //!
-//! See [`rate_limit`] for a complete example.
+//! These layers **reject** a request over the limit at once (an error the adapters answer with 429/503); tower's own
+//! `tower::limit::RateLimitLayer` and `ConcurrencyLimitLayer` of the same names instead make callers *wait* for
+//! capacity. See [`limit::rate`] for a complete example.
 #![forbid(unsafe_code)]
+// On docs.rs (nightly, `--cfg docsrs`), items behind a feature say which one.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod cost;
 pub mod digest;
+mod error;
 #[cfg(feature = "http")]
 pub mod headers;
 pub mod key;
+pub mod limit;
+mod log_gate;
 pub mod mode;
 mod name;
 pub mod observe;
+#[cfg(feature = "stack")]
+pub mod permit;
+#[cfg(feature = "stack")]
+mod permit_body;
 pub mod priority;
-pub mod rate_limit;
+mod readiness;
 pub mod rejection;
 pub mod respond;
 pub mod verdict;
 
 pub use cost::{Cost, CostFn, UnitCost};
+pub use error::ConfigError;
 pub use key::{ConstKey, KeyError, KeyExtractor, KeyFn};
+pub use limit::rate::{RateLimit, RateLimitLayer};
+#[cfg(feature = "stack")]
+pub use limit::{
+    adaptive::{AdaptiveLimit, AdaptiveLimitLayer},
+    concurrency::{
+        ConcurrencyLimit, ConcurrencyLimitLayer, LeaseLimit, LeaseLimitLayer, LeaseRule, PerKey,
+    },
+    fleet::{FleetRule, FleetShedLayer},
+    stack::StackLayer,
+    worker::{WorkerShed, WorkerShedLayer},
+};
 pub use mode::{EnforcementSwitch, Mode};
 pub use name::Name;
+#[cfg(feature = "stack")]
+pub use permit::{HoldPermit, Permit};
+#[cfg(feature = "stack")]
+pub use permit_body::PermitBody;
 pub use priority::{Classify, ClassifyFn, ConstPriority, Priority};
-pub use rate_limit::{RateLimit, RateLimitLayer};
 pub use rejection::{Rejection, RejectionKind};
 pub use verdict::{Verdict, VerdictSink, Verdicts};
+
+/// Not public API: what the tollgate adapter crates (`tollgate-http`, `tollgate-grpc`) share with the limiters.
+/// Exempt from semver; may change in any release.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::log_gate::LogGate;
+    pub use crate::readiness::DeferredReadiness;
+}
 
 /// The boxed error type of tower services, from which [`Rejection`] and [`KeyError`] are downcast.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -1,59 +1,56 @@
-//! Metrics and rate-limited logs, shared by every tollgate limiter (this crate's rate limiter and the
-//! `tollgate-stack` limiters) and adapter, so that they count and log alike.
+//! The metrics every tollgate limiter reports, under the same names and labels whichever limiter it is:
+//!
+//! - `tollgate_decisions_total{limiter, outcome}` ([`DECISIONS_TOTAL`]): one count per decision, with outcome
+//!   `allowed`, `limited` or `shed` (the limiter's refusal), `shadow_limited` / `shadow_shed` (over the limit,
+//!   admitted by shadow mode), `store_error_open`, `store_error_closed`, `shadow_store_error_closed` or
+//!   `store_error_local` (the store failed and the failure policy decided);
+//! - `tollgate_store_errors_total{limiter, kind, failure_policy}` ([`STORE_ERRORS_TOTAL`]): every store error, by
+//!   [`StoreError::kind`](tollgate_core::StoreError::kind).
+//!
+//! Each limiter registers its series once, when its layer is first applied, so that deciding does no label work;
+//! install the `metrics` recorder before building layers. Logs about every request (a failing store, shadow
+//! refusals, a misconfiguration) go through a gate that lets one line through per second.
 //!
 //! ```
-//! use tollgate_tower::Name;
-//! use tollgate_tower::observe::{Counters, LogGate};
-//!
-//! static GATE: LogGate = LogGate::new();
-//! let counters = Counters::new(&Name::from("per-client"), "limited");
-//! counters.allowed.increment(1);
-//!
-//! use tollgate_core::{FailurePolicy, StoreError};
-//! use tollgate_tower::observe::StoreErrors;
-//! let errors = StoreErrors::new(&Name::from("per-client"), FailurePolicy::Open);
-//! errors.count(&StoreError::CircuitOpen); // tollgate_store_errors_total{kind="circuit_open", ..} + 1
-//! assert!(GATE.open()); // the first line goes through
-//! assert!(!GATE.open()); // the next one within a second does not
+//! use tollgate_tower::observe::{DECISIONS_TOTAL, STORE_ERRORS_TOTAL};
+//! assert_eq!(DECISIONS_TOTAL, "tollgate_decisions_total");
+//! assert_eq!(STORE_ERRORS_TOTAL, "tollgate_store_errors_total");
 //! ```
-
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use metrics::Counter;
 use tollgate_core::{FailurePolicy, StoreError};
 
 use crate::Name;
+pub(crate) use crate::log_gate::LogGate;
 
 /// The counter every limiter reports its decisions to: `tollgate_decisions_total{limiter, outcome}`.
 pub const DECISIONS_TOTAL: &str = "tollgate_decisions_total";
 
 /// A limiter's decision counters, registered once (per layer) so that deciding does no label work.
 #[derive(Debug)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// `outcome="allowed"`.
-    pub allowed: Counter,
+    pub(crate) allowed: Counter,
     /// The rejection outcome given to [`new`](Self::new) (`limited`, `shed`).
-    pub rejected: Counter,
+    pub(crate) rejected: Counter,
     /// The same in shadow mode (`shadow_limited`, `shadow_shed`): over the limit, admitted anyway.
-    pub shadow_rejected: Counter,
+    pub(crate) shadow_rejected: Counter,
     /// `store_error_open`: the store failed and the request was admitted.
-    pub failed_open: Counter,
+    pub(crate) failed_open: Counter,
     /// `store_error_closed`: the store failed and the request was rejected.
-    pub failed_closed: Counter,
+    pub(crate) failed_closed: Counter,
     /// `shadow_store_error_closed`: the store failed, the closed policy would have rejected the request, and shadow
     /// mode admitted it.
-    pub shadow_failed_closed: Counter,
+    pub(crate) shadow_failed_closed: Counter,
     /// `store_error_local`: the store failed and the local fallback admitted the request (a request the fallback
     /// refuses counts as the limiter's rejection outcome, so that each decision counts once).
-    pub failed_local: Counter,
+    pub(crate) failed_local: Counter,
 }
 
 impl Counters {
     /// The counters of the limiter `name`, whose rejections count as `rejected` (`limited` or `shed`).
     #[must_use]
-    pub fn new(name: &Name, rejected: &'static str) -> Self {
+    pub(crate) fn new(name: &Name, rejected: &'static str) -> Self {
         let c = |outcome: &'static str| metrics::counter!(DECISIONS_TOTAL, "limiter" => name.to_string(), "outcome" => outcome);
         Self {
             allowed: c("allowed"),
@@ -80,7 +77,7 @@ const STORE_ERROR_KINDS: [&str; 4] = ["key_capacity", "timeout", "circuit_open",
 /// A limiter's store-error counters, registered once (per layer): while a store is down every request fails
 /// through them, so counting one does no label work and allocates nothing.
 #[derive(Debug)]
-pub struct StoreErrors {
+pub(crate) struct StoreErrors {
     limiter: Name,
     failure_policy: &'static str,
     by_kind: [Counter; STORE_ERROR_KINDS.len()],
@@ -89,7 +86,7 @@ pub struct StoreErrors {
 impl StoreErrors {
     /// The store-error counters of the limiter `name`, whose failure policy is `policy`.
     #[must_use]
-    pub fn new(name: &Name, policy: FailurePolicy) -> Self {
+    pub(crate) fn new(name: &Name, policy: FailurePolicy) -> Self {
         let failure_policy = policy.as_str();
         Self {
             limiter: name.clone(),
@@ -101,7 +98,7 @@ impl StoreErrors {
     }
 
     /// Counts `err`.
-    pub fn count(&self, err: &StoreError) {
+    pub(crate) fn count(&self, err: &StoreError) {
         match STORE_ERROR_KINDS
             .iter()
             .position(|&kind| kind == err.kind())
@@ -117,45 +114,4 @@ impl StoreErrors {
             .increment(1),
         }
     }
-}
-
-/// Lets one log line through per second, so that a failing store, a shadow limit or a misconfiguration — each of
-/// which concerns every request — cannot flood the logs.
-#[derive(Debug)]
-pub struct LogGate {
-    /// Milliseconds since [`epoch`] before which the gate stays shut.
-    next_ms: AtomicU64,
-}
-
-impl Default for LogGate {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl LogGate {
-    /// An open gate; `const`, so it can be a `static`.
-    #[must_use]
-    pub const fn new() -> Self {
-        Self {
-            next_ms: AtomicU64::new(0),
-        }
-    }
-
-    /// Whether a line may be logged now; if so, the gate shuts for a second.
-    pub fn open(&self) -> bool {
-        let now = u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX);
-        let next = self.next_ms.load(Ordering::Relaxed);
-        now >= next
-            && self
-                .next_ms
-                .compare_exchange(next, now + 1_000, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-    }
-}
-
-/// The instant every gate measures from (the first use of any).
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
 }

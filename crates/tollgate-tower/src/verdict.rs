@@ -219,13 +219,7 @@ impl<B> VerdictSink for http::Request<B> {
 
 /// Appends `s` as a structured-field string (RFC 8941): quoted, `"` and `\` escaped, characters outside printable
 /// ASCII replaced by `?`. Limiter names are rendered this way in the HTTP headers and the gRPC metadata alike.
-///
-/// ```
-/// let mut out = String::new();
-/// tollgate_tower::verdict::push_sf_string(&mut out, "per \"client\" é");
-/// assert_eq!(out, r#""per \"client\" ?""#);
-/// ```
-pub fn push_sf_string(out: &mut String, s: &str) {
+pub(crate) fn push_sf_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars().map(visible_char) {
         if c == '"' || c == '\\' {
@@ -238,7 +232,7 @@ pub fn push_sf_string(out: &mut String, s: &str) {
 
 /// `c` if a header or metadata value may carry it as is (space and visible ASCII), `?` otherwise.
 #[must_use]
-pub const fn visible_char(c: char) -> char {
+pub(crate) const fn visible_char(c: char) -> char {
     if c == ' ' || c.is_ascii_graphic() {
         c
     } else {
@@ -248,6 +242,13 @@ pub const fn visible_char(c: char) -> char {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sf_strings_are_quoted_escaped_and_visible() {
+        let mut out = String::new();
+        super::push_sf_string(&mut out, "per \"client\" é");
+        assert_eq!(out, r#""per \"client\" ?""#);
+    }
+
     use std::time::Duration;
 
     use tollgate_core::{Decision, Outcome, Timestamp};

@@ -10,7 +10,7 @@
 //! - an admitted call's response carries the rate-limit metadata of every enforced verdict
 //!   ([`insert_verdicts`](crate::status::insert_verdicts)), and its body is passed through untouched, so a
 //!   guard living in the body (a concurrency permit) is held until a stream ends or is dropped. A guard must ride
-//!   in the body, as `tollgate-stack`'s permits do: hyper drops the response's extensions once the headers are
+//!   in the body, as the stack's permits do: hyper drops the response's extensions once the headers are
 //!   written, long before a stream ends.
 //!
 //! The service's error type is [`Infallible`](std::convert::Infallible): no `HandleErrorLayer` is needed.
@@ -25,7 +25,7 @@
 //!     "per-api-key",
 //!     Policy::sliding_window(Quota::per_minute(600)?)?,
 //!     Arc::new(MemoryStore::new()),
-//!     MetadataKey::new("x-api-key")?,
+//!     MetadataKey::metadata("x-api-key")?,
 //! );
 //! let layer = GrpcLimitLayer::new(per_api_key);
 //! // tonic::transport::Server::builder().layer(layer).add_service(GreeterServer::new(greeter))

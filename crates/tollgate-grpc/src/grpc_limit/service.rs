@@ -3,8 +3,8 @@ use std::fmt;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use tollgate_tower::__private::DeferredReadiness;
 use tollgate_tower::BoxError;
-use tollgate_tower::respond::DeferredReadiness;
 use tower_service::Service;
 
 use super::ResponseFuture;

@@ -16,10 +16,9 @@
 
 mod cidr;
 mod client_ip;
-mod header;
 mod route;
 
 pub use cidr::{Cidr, CidrError};
 pub use client_ip::{ClientIp, ForwardedHeader, PeerIp};
-pub use header::HeaderKey;
 pub use route::RouteKey;
+pub use tollgate_tower::key::HeaderKey;

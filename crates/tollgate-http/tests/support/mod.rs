@@ -11,23 +11,29 @@ use axum::extract::Request;
 use axum::response::Response;
 use axum::routing::{self, Route};
 use std::convert::Infallible;
+use std::future::Future;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tollgate_core::{MemoryStore, Policy};
 
-use tollgate_http::{HttpAdapt, HttpLimitLayer};
+use tollgate_core::{
+    Clock, Decision, ManualClock, MemoryStore, Policy, Store, StoreError, Timestamp,
+};
+
+use tollgate_http::HttpLimitLayer;
 use tollgate_redis::RedisStore;
 
 /// `GET /` limited by `layer` (through the HTTP adapter), `GET /health` never limited.
 pub fn limited_app<L>(layer: L) -> Router
 where
-    L: HttpAdapt<Route> + Clone + Send + Sync + 'static,
-    L::Service: tower::Service<Request, Response = Response, Error = Infallible>
+    L: tower::Layer<Route> + Clone + Send + Sync + 'static,
+    HttpLimitLayer<L>: tower::Layer<Route>,
+    <HttpLimitLayer<L> as tower::Layer<Route>>::Service: tower::Service<Request, Response = Response, Error = Infallible>
         + Clone
         + Send
         + Sync
         + 'static,
-    <L::Service as tower::Service<Request>>::Future: Send + 'static,
+    <<HttpLimitLayer<L> as tower::Layer<Route>>::Service as tower::Service<Request>>::Future:
+        Send + 'static,
 {
     Router::new()
         .route("/", routing::get(|| async { "hello" }))
@@ -153,8 +159,10 @@ fn namespace() -> String {
 /// A Redis store on `REDIS_URL`, checked to be reachable (a test fails, never skips, without Redis).
 pub async fn redis_store() -> Arc<RedisStore> {
     let url = redis_url();
+    // A healthy server: a generous timeout (the production 50 ms is a race on a loaded machine).
     let store = RedisStore::builder(url.clone())
         .namespace(namespace())
+        .timeout(std::time::Duration::from_secs(5))
         .build()
         .await
         .unwrap_or_else(|e| panic!("cannot build a Redis store for {url}: {e} (set REDIS_URL)"));
@@ -165,24 +173,89 @@ pub async fn redis_store() -> Arc<RedisStore> {
     Arc::new(store)
 }
 
+/// Redis deciding at the instants of a [`ManualClock`] (`RedisStore::check_at`) instead of its own `TIME`.
+pub struct ClockedRedis {
+    redis: Arc<RedisStore>,
+    clock: ManualClock,
+}
+
+impl Store for ClockedRedis {
+    fn check(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.redis.check_at(key, policy, cost, self.clock.now())
+    }
+}
+
+/// A clock standing still at the start of the current wall-clock second (reset instants then stay near now), until
+/// a test advances it.
+pub fn frozen_clock() -> ManualClock {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    ManualClock::new(Timestamp::from_micros(secs * 1_000_000))
+}
+
+/// The in-process store on `clock`.
+pub fn clocked_memory_store(clock: &ManualClock) -> Arc<MemoryStore<ManualClock>> {
+    Arc::new(MemoryStore::builder().clock(clock.clone()).build())
+}
+
+/// Redis on `REDIS_URL` deciding at `clock`'s instants.
+pub async fn clocked_redis_store(clock: &ManualClock) -> Arc<ClockedRedis> {
+    Arc::new(ClockedRedis {
+        redis: redis_store().await,
+        clock: clock.clone(),
+    })
+}
+
 /// A fresh in-process store.
 pub fn memory_store() -> Arc<MemoryStore> {
     Arc::new(MemoryStore::new())
 }
 
-/// Runs an async test body once per store: `both!(name, body_fn)` defines `name::memory` and `name::redis`.
+/// Runs an async test body once per store, both on one frozen clock (exact times, whatever the machine's load):
+/// `both_clocked_stores!(name, body_fn)` calls `body_fn(store, clock)` in `name::memory` and `name::redis`.
+#[macro_export]
+macro_rules! both_clocked_stores {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn memory() {
+                let clock = super::support::frozen_clock();
+                super::$body(super::support::clocked_memory_store(&clock), clock).await;
+            }
+
+            #[tokio::test]
+            async fn redis() {
+                let clock = super::support::frozen_clock();
+                super::$body(super::support::clocked_redis_store(&clock).await, clock).await;
+            }
+        }
+    };
+}
+
+/// Runs an async test body once per store: `both!(name, body_fn)` defines `name::memory` and `name::redis`. Both
+/// stores decide on a frozen clock ([`frozen_clock`]), so that every `t=`, reset and retry figure is exact however
+/// long the requests take on a loaded machine.
 #[macro_export]
 macro_rules! both_stores {
     ($name:ident, $body:ident) => {
         mod $name {
             #[tokio::test]
             async fn memory() {
-                super::$body(super::support::memory_store()).await;
+                let clock = super::support::frozen_clock();
+                super::$body(super::support::clocked_memory_store(&clock)).await;
             }
 
             #[tokio::test]
             async fn redis() {
-                super::$body(super::support::redis_store().await).await;
+                let clock = super::support::frozen_clock();
+                super::$body(super::support::clocked_redis_store(&clock).await).await;
             }
         }
     };

@@ -1,0 +1,127 @@
+//! The lease limiters' decision, shared by every clone of a lease-limited service: the acquire, and the conclusion
+//! the [`Judge`] draws from the store's answer (mode, metrics, failure policy).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::lease::{LeaseId, LeaseStore, MemoryLeaseStore, block_on_ready};
+use tollgate_core::{FailurePolicy, StoreError};
+
+use crate::limit::core::{self, Judge};
+use crate::limit::lease_guard::LeaseGuard;
+use crate::{EnforcementSwitch, Mode, Name, Permit, Rejection, RejectionKind};
+
+/// What a lease limiter concludes: an admission grants the permit its response holds.
+pub(crate) type Conclusion = core::Conclusion<Permit>;
+
+/// Settings common to the concurrency limiter and the fleet shedder.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) name: Name,
+    pub(crate) lease_ttl: Duration,
+    pub(crate) retry_after: Duration,
+    pub(crate) on_error: FailurePolicy,
+}
+
+pub(crate) struct Shared<R, L> {
+    pub(crate) judge: Judge,
+    pub(crate) rule: R,
+    lease_ttl: Duration,
+    retry_after: Duration,
+    store: Arc<L>,
+    kind: RejectionKind,
+    fallback: Option<Arc<MemoryLeaseStore>>,
+}
+
+impl<R, L: LeaseStore> Shared<R, L> {
+    pub(crate) fn new(
+        settings: Settings,
+        switch: EnforcementSwitch,
+        rule: R,
+        store: Arc<L>,
+        kind: RejectionKind,
+        fallback: Option<Arc<MemoryLeaseStore>>,
+    ) -> Self {
+        let refused = if kind.is_overload() {
+            "shed"
+        } else {
+            "limited"
+        };
+        Self {
+            judge: Judge::new(settings.name, switch, Some(settings.on_error), refused),
+            rule,
+            lease_ttl: settings.lease_ttl,
+            retry_after: settings.retry_after,
+            store,
+            kind,
+            fallback,
+        }
+    }
+
+    /// Decides one request against `limit` leases on `key`, in `mode` (`Enforce` or `Shadow`).
+    pub(crate) async fn decide(self: Arc<Self>, key: String, limit: u64, mode: Mode) -> Conclusion {
+        let lease = LeaseId::new();
+        let ttl = self.lease_ttl;
+        // A shared store's acquire may land even if this future is dropped while waiting for the reply (the
+        // client went away): this guard then gives the lease back instead of letting it count until it expires.
+        let in_doubt = self
+            .store
+            .leases_expire()
+            .then(|| LeaseGuard::unrenewed(self.store.clone(), key.clone(), lease));
+        let result = self.store.acquire(&key, lease, limit, ttl).await;
+        match (&result, in_doubt) {
+            // The reply was lost (a timeout, a dropped connection), not necessarily the request: the lease may be
+            // held, or be granted once a stalled server wakes, so release it (the store refuses a lease released
+            // before it was acquired). Only a skipped call (an open circuit) surely sent nothing.
+            (Err(StoreError::CircuitOpen), Some(guard)) => guard.disarm(),
+            (Err(_), Some(guard)) => drop(guard),
+            (_, Some(guard)) => guard.disarm(),
+            (_, None) => {}
+        }
+        match result {
+            Ok(admission) if admission.granted => {
+                self.judge.admitted();
+                let guard = LeaseGuard::new(self.store.clone(), key, lease, ttl);
+                Conclusion::Admit(Some(Permit::new(guard)))
+            }
+            Ok(admission) => self.over_limit(mode, admission.in_flight, limit),
+            Err(err) => self.store_failed(key, lease, limit, mode, &err),
+        }
+    }
+
+    fn over_limit(&self, mode: Mode, in_flight: u64, limit: u64) -> Conclusion {
+        self.judge.over_limit(
+            mode,
+            &format_args!("{in_flight} in flight, limit {limit}: {}", self.kind),
+            || None,
+            || {
+                Rejection::new(self.kind, self.judge.name.clone())
+                    .with_retry_after(self.retry_after)
+            },
+        )
+    }
+
+    /// The failure policy after a store error, applied by the judge; the local fallback counts in process with
+    /// the same ceilings.
+    fn store_failed(
+        &self,
+        key: String,
+        lease: LeaseId,
+        limit: u64,
+        mode: Mode,
+        err: &StoreError,
+    ) -> Conclusion {
+        self.judge
+            .store_failed(err, mode, Some(self.retry_after), || {
+                let local = self.fallback.as_ref()?;
+                let admission =
+                    block_on_ready(local.acquire(&key, lease, limit, self.lease_ttl)).ok()?;
+                if !admission.granted {
+                    return Some(self.over_limit(mode, admission.in_flight, limit));
+                }
+                self.judge.admitted_locally();
+                let guard = LeaseGuard::new(local.clone(), key, lease, self.lease_ttl);
+                Some(Conclusion::Admit(Some(Permit::new(guard))))
+            })
+    }
+}

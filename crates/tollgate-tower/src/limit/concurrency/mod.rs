@@ -1,0 +1,97 @@
+//! The concurrent-requests limiter: at most N requests in flight per key, the next rejected at once.
+//!
+//! [`ConcurrencyLimitLayer`] asks a [`LeaseStore`](tollgate_core::lease::LeaseStore) for a lease in `call`:
+//!
+//! - granted: the inner service runs, and the response holds the lease ([`HoldPermit`](crate::HoldPermit)) — for
+//!   HTTP in its body, so the lease is held until the body is done or dropped (a stream until it ends), and given
+//!   back on client disconnect, cancellation (the future dropped) and a panicking handler alike;
+//! - over the limit: the call fails at once with a [`Rejection`](crate::Rejection) of kind
+//!   [`ConcurrencyLimited`](crate::RejectionKind::ConcurrencyLimited) (HTTP 429, gRPC
+//!   `RESOURCE_EXHAUSTED`); nothing is queued, and the inner service's readiness is released;
+//! - the store fails: the layer's failure policy answers (admit, reject with
+//!   [`StoreUnavailable`](crate::RejectionKind::StoreUnavailable), or count in process).
+//!
+//! With [`MemoryLeaseStore`](tollgate_core::lease::MemoryLeaseStore) the limit holds per instance; with the Redis
+//! store for the whole fleet. Shared leases expire after the lease time unless renewed, which the holder does
+//! every third of it while the request runs, so a crashed instance's requests stop counting after one lease time.
+//! A lease is released from `Drop` by a spawned task (best effort; the expiry is the backstop).
+//!
+//! Metrics: `tollgate_decisions_total{limiter, outcome}` with outcome `allowed`, `limited`, `shadow_limited`,
+//! `store_error_open`, `store_error_closed`, `shadow_store_error_closed` or `store_error_local` (one outcome per
+//! decision); `tollgate_store_errors_total{limiter, kind,
+//! failure_policy}`.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tollgate_core::lease::MemoryLeaseStore;
+//! use tollgate_tower::ConcurrencyLimitLayer;
+//! use tollgate_tower::{BoxError, KeyFn, Rejection, RejectionKind};
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), BoxError> {
+//! let by_user = KeyFn::new(|req: &http::Request<&'static str>, key: &mut String| {
+//!     key.push_str(req.body());
+//!     Ok(())
+//! });
+//! let layer = ConcurrencyLimitLayer::new("per-user", 1, Arc::new(MemoryLeaseStore::new()), by_user)?;
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service_fn(|_| async { Ok::<_, BoxError>(http::Response::new("streaming…")) });
+//!
+//! let first = svc.ready().await?.call(http::Request::new("ann")).await?;
+//! // ann's first response is still being sent: her next request is rejected at once.
+//! let err = svc.ready().await?.call(http::Request::new("ann")).await.unwrap_err();
+//! let rejection = err.downcast_ref::<Rejection>().expect("a tollgate rejection");
+//! assert_eq!(rejection.kind(), RejectionKind::ConcurrencyLimited);
+//! assert!(svc.ready().await?.call(http::Request::new("bob")).await.is_ok()); // another key
+//!
+//! drop(first); // the body is dropped: the permit goes back
+//! assert!(svc.ready().await?.call(http::Request::new("ann")).await.is_ok());
+//! # Ok(())
+//! # }
+//! ```
+
+mod decide;
+mod layer;
+mod service;
+
+pub use layer::{
+    ConcurrencyLimitLayer, DEFAULT_LEASE_TTL, DEFAULT_RETRY_AFTER, LeaseLimitLayer, MAX_LEASE_TTL,
+};
+pub use service::LeaseLimit;
+
+/// The service a [`ConcurrencyLimitLayer`] builds: a [`LeaseLimit`] with one lease set per key.
+pub type ConcurrencyLimit<S, K, L> = LeaseLimit<S, PerKey<K>, L>;
+
+pub(crate) use decide::Settings;
+
+use crate::{KeyError, KeyExtractor};
+
+/// Which lease set a request counts against, and its ceiling there.
+///
+/// [`PerKey`] (the concurrency limiter: one set per client key, one limit) and
+/// [`FleetRule`](crate::limit::fleet::FleetRule) (the fleet shedder: one fleet-wide set, a ceiling per priority)
+/// implement it.
+pub trait LeaseRule<Req>: Send + Sync + 'static {
+    /// Appends the request's key (after the limiter's name) to `key` and returns its ceiling.
+    ///
+    /// # Errors
+    /// When the key's source is missing from the request (a configuration error).
+    fn rule(&self, req: &Req, key: &mut String) -> Result<u64, KeyError>;
+}
+
+/// One lease set per key from a [`KeyExtractor`], the same limit for all.
+#[derive(Debug, Clone)]
+pub struct PerKey<K> {
+    key: K,
+    limit: u64,
+}
+
+impl<Req, K: KeyExtractor<Req>> LeaseRule<Req> for PerKey<K> {
+    fn rule(&self, req: &Req, key: &mut String) -> Result<u64, KeyError> {
+        key.push(':');
+        self.key.extract(req, key)?;
+        Ok(self.limit)
+    }
+}

@@ -1,0 +1,205 @@
+//! The judge every limiter decides through: the enforcement mode, the decision metrics, the rate-limited logs,
+//! and the one place where a store error meets the layer's failure policy. A limiter's own code only says what
+//! its store or rule answered; what happens next is decided here, alike for every limiter.
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tollgate_core::{FailurePolicy, StoreError};
+
+use crate::observe::{Counters, LogGate, StoreErrors};
+use crate::{BoxError, EnforcementSwitch, Mode, Name, Rejection, RejectionKind};
+
+/// What a limiter concluded about one request.
+pub(crate) enum Conclusion<G> {
+    /// Pass the request on with what the admission grants (a verdict for the headers, a permit to hold), if any.
+    Admit(Option<G>),
+    /// Refuse it: a [`Rejection`] (or a configuration error), boxed already, as it will be answered.
+    Reject(BoxError),
+}
+
+/// A limiter's identity and everything around its decisions; one per layer, shared by every service it builds.
+pub(crate) struct Judge {
+    pub(crate) name: Name,
+    pub(crate) switch: EnforcementSwitch,
+    on_error: FailurePolicy,
+    counters: Counters,
+    /// `None` for a limiter without a store (the worker shedder): no store-error series to register.
+    store_errors: Option<StoreErrors>,
+    log_gate: LogGate,
+}
+
+impl Judge {
+    /// The judge of the limiter `name`, whose refusals count as `refused` (`limited` or `shed`), and whose store
+    /// errors (if it has a store) meet `on_error`.
+    pub(crate) fn new(
+        name: Name,
+        switch: EnforcementSwitch,
+        on_error: Option<FailurePolicy>,
+        refused: &'static str,
+    ) -> Self {
+        Self {
+            counters: Counters::new(&name, refused),
+            store_errors: on_error.map(|policy| StoreErrors::new(&name, policy)),
+            name,
+            switch,
+            on_error: on_error.unwrap_or_default(),
+            log_gate: LogGate::new(),
+        }
+    }
+
+    /// The mode to decide the next request in.
+    #[inline(always)]
+    pub(crate) fn mode(&self) -> Mode {
+        self.switch.mode()
+    }
+
+    /// Counts an admission by the limiter's own store or rule.
+    #[inline(always)]
+    pub(crate) fn admitted(&self) {
+        self.counters.allowed.increment(1);
+    }
+
+    /// Counts an admission by the local fallback (the shared store failed).
+    #[cold]
+    pub(crate) fn admitted_locally(&self) {
+        self.counters.failed_local.increment(1);
+    }
+
+    /// A request over the limit: refused with `rejection`, or in shadow mode admitted with `shadow_grant` and
+    /// counted apart. `detail` says why, for the logs.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn over_limit<G>(
+        &self,
+        mode: Mode,
+        detail: &dyn fmt::Display,
+        shadow_grant: impl FnOnce() -> Option<G>,
+        rejection: impl FnOnce() -> Rejection,
+    ) -> Conclusion<G> {
+        if mode == Mode::Shadow {
+            self.counters.shadow_rejected.increment(1);
+            if self.log_gate.open() {
+                tracing::info!(
+                    limiter = &*self.name,
+                    detail = %detail,
+                    "shadow mode: request over the limit admitted"
+                );
+            }
+            return Conclusion::Admit(shadow_grant());
+        }
+        self.counters.rejected.increment(1);
+        tracing::debug!(limiter = &*self.name, detail = %detail, "request refused");
+        Conclusion::Reject(rejection().into())
+    }
+
+    /// The failure policy after a store error: admit (`Open`), decide on the local fallback (`Local`: `local`
+    /// answers, `None` when it cannot decide either), or refuse with 503 (`Closed`), announcing `retry_after`.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn store_failed<G>(
+        &self,
+        err: &StoreError,
+        mode: Mode,
+        retry_after: Option<Duration>,
+        local: impl FnOnce() -> Option<Conclusion<G>>,
+    ) -> Conclusion<G> {
+        if let Some(errors) = &self.store_errors {
+            errors.count(err);
+        }
+        if self.log_gate.open() {
+            tracing::warn!(
+                limiter = &*self.name,
+                error = %err,
+                failure_policy = self.on_error.as_str(),
+                "limiter store failed; applying the failure policy"
+            );
+        }
+        match self.on_error {
+            FailurePolicy::Open => {
+                self.counters.failed_open.increment(1);
+                Conclusion::Admit(None)
+            }
+            // The local store is full or failing too: nothing left to decide with.
+            FailurePolicy::Local => local().unwrap_or_else(|| self.fail_closed(mode, retry_after)),
+            FailurePolicy::Closed => self.fail_closed(mode, retry_after),
+        }
+    }
+
+    fn fail_closed<G>(&self, mode: Mode, retry_after: Option<Duration>) -> Conclusion<G> {
+        if mode == Mode::Shadow {
+            // Refused by the closed policy, admitted by shadow mode: counted apart, or a dark launch's dashboards
+            // would show 503s no client got.
+            self.counters.shadow_failed_closed.increment(1);
+            return Conclusion::Admit(None);
+        }
+        self.counters.failed_closed.increment(1);
+        let rejection = Rejection::new(RejectionKind::StoreUnavailable, self.name.clone());
+        Conclusion::Reject(
+            match retry_after {
+                Some(retry) => rejection.with_retry_after(retry),
+                None => rejection,
+            }
+            .into(),
+        )
+    }
+}
+
+/// A layer's shared state, built on its first `layer` call and shared by every service from then on: axum calls
+/// `layer` once per route (and again per connection for routers with handlers), which must neither re-register
+/// metrics nor split the state. Clones share it; a builder method that changes a setting starts a fresh one.
+pub(crate) struct Built<T>(Arc<OnceLock<Arc<T>>>);
+
+impl<T> Built<T> {
+    /// The shared state, built by `build` if this is the first call.
+    pub(crate) fn get_or_init(&self, build: impl FnOnce() -> T) -> Arc<T> {
+        self.0.get_or_init(|| Arc::new(build())).clone()
+    }
+}
+
+impl<T> Default for Built<T> {
+    fn default() -> Self {
+        Self(Arc::default())
+    }
+}
+
+impl<T> Clone for Built<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+/// The enforcement builder methods every limiter layer shares, written once: `mode`, `shadow`, `switch` and
+/// `enforcement`, for a layer with fields `switch: EnforcementSwitch` and `built: Built<_>`.
+macro_rules! enforcement_methods {
+    () => {
+        /// Sets the mode the layer starts in. The mode lives in the layer's switch: after
+        /// [`switch`](Self::switch) this sets the mode of every layer sharing that switch (dark-launch one limiter
+        /// with a switch of its own), and a `switch` given afterwards brings its own mode instead.
+        pub fn mode(self, mode: $crate::Mode) -> Self {
+            self.switch.set(mode);
+            self
+        }
+
+        /// Starts in shadow mode: decide, count and log what would be refused, refuse nothing.
+        pub fn shadow(self) -> Self {
+            self.mode($crate::Mode::Shadow)
+        }
+
+        /// Uses `switch` (e.g. one shared by several layers) for the enforcement mode, in the mode the switch is
+        /// in: a mode set on this layer before is the old switch's, and is not carried over.
+        pub fn switch(mut self, switch: $crate::EnforcementSwitch) -> Self {
+            self.switch = switch;
+            self.built = Default::default();
+            self
+        }
+
+        /// A handle on the enforcement mode, to flip it at run time (the kill switch).
+        #[must_use]
+        pub fn enforcement(&self) -> $crate::EnforcementSwitch {
+            self.switch.clone()
+        }
+    };
+}
+pub(crate) use enforcement_methods;

@@ -1,0 +1,323 @@
+//! The one response future every limiter returns, and the service-side steps every limiter's `call` shares: give
+//! back the inner service's readiness when a request is not passed on, and wait for a store that cannot answer
+//! at once.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker, ready};
+
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::core::Conclusion;
+use crate::BoxError;
+use crate::respond::Respond;
+
+const POLLED_AFTER_COMPLETION: &str = "limiter response future polled after completion";
+
+/// A store's decision still being made (a Redis round trip): boxed, as it is the rare state.
+pub(crate) type Deciding<G> = Pin<Box<dyn Future<Output = Conclusion<G>> + Send>>;
+
+/// How a limiter's [`ResponseFuture`] turns the inner service's result, and what the admission granted, into its
+/// output. Implemented by [`Responder`] (the rate limiter: a [`Respond`]er renders the verdict) and [`Hold`]
+/// (the lease limiters and shedders: the response holds the permit until it is finished).
+pub trait Answer<Req, T>: Grants {
+    /// The limited service's output, `Result<Response, Error>`.
+    type Output;
+
+    /// Writes this answer's part of an admitted response in place (the path nearly every request takes); returns
+    /// what [`finish_ok`](Self::finish_ok) still needs of the grant.
+    fn amend_ok(&self, response: &mut T, grant: Option<Self::Grant>) -> Option<Self::Grant>;
+
+    /// The output for an admitted response, after [`amend_ok`](Self::amend_ok).
+    fn finish_ok(&self, response: T, grant: Option<Self::Grant>) -> Self::Output;
+
+    /// The output for everything else: the inner service's error (with the grant of the admission), or the
+    /// limiter's refusal (no grant).
+    fn respond(&self, result: Result<T, BoxError>, grant: Option<Self::Grant>) -> Self::Output;
+}
+
+/// What an admission grants a request under an [`Answer`].
+pub trait Grants {
+    /// What an admission grants the request (a verdict for the headers, a permit to hold).
+    type Grant;
+}
+
+/// The rate limiter's [`Answer`]: its [`Respond`]er and the ticket it took from the request.
+#[derive(Debug, Clone, Copy)]
+pub struct Responder<R, Tk> {
+    respond: R,
+    ticket: Tk,
+}
+
+impl<R, Tk> Responder<R, Tk> {
+    pub(crate) fn new(respond: R, ticket: Tk) -> Self {
+        Self { respond, ticket }
+    }
+}
+
+impl<R, Tk> Grants for Responder<R, Tk> {
+    type Grant = Box<crate::Verdict>;
+}
+
+impl<Req, T, R: Respond<Req, T, Ticket = Tk>, Tk: Copy> Answer<Req, T> for Responder<R, Tk> {
+    type Output = Result<R::Response, R::Error>;
+
+    #[inline(always)]
+    fn amend_ok(&self, response: &mut T, grant: Option<Self::Grant>) -> Option<Self::Grant> {
+        self.respond.amend_ok(&self.ticket, response, grant)
+    }
+
+    #[inline(always)]
+    fn finish_ok(&self, response: T, grant: Option<Self::Grant>) -> Self::Output {
+        self.respond.finish_ok(self.ticket, response, grant)
+    }
+
+    fn respond(&self, result: Result<T, BoxError>, grant: Option<Self::Grant>) -> Self::Output {
+        self.respond.respond(self.ticket, result, grant.map(|v| *v))
+    }
+}
+
+pin_project! {
+    /// The response future of every tollgate limiter: waits for a store that could not decide at once, runs the
+    /// inner service with what the admission granted, or answers a refusal.
+    ///
+    /// Dropping it (a cancelled request) drops what it holds: a permit given back, a pending decision abandoned.
+    pub struct ResponseFuture<F, S, Req, A: Grants> {
+        #[pin]
+        state: State<F, S, Req, A::Grant>,
+        // Beside the state rather than in it: the admitted future is then the inner future plus a few words,
+        // built in place.
+        grant: Option<A::Grant>,
+        // Set once this future has answered; polling again answers "polled after completion". The state is left as
+        // it was (a finished inner future is dropped with this one: dropping it early costs a call per request and
+        // buys nothing).
+        answered: bool,
+        answer: A,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, S, Req, G> {
+        // The store is still deciding; the ready inner service and the request wait for it (boxed: this state is
+        // rare, and keeping it small keeps the whole future small to move).
+        Deciding { decide: Deciding<G>, waiting: Option<Box<(S, Req)>> },
+        // Admitted: the inner service is running; its result and the grant go to the answer.
+        Calling { #[pin] fut: F },
+        // Refused, the key could not be found, or the inner service failed to become ready.
+        Failed { error: Option<BoxError> },
+    }
+}
+
+impl<F, S, Req, A: Grants> ResponseFuture<F, S, Req, A> {
+    // Inlined: the inner future is large, and building it in place saves a copy per request.
+    #[inline(always)]
+    pub(crate) fn calling(fut: F, grant: Option<A::Grant>, answer: A) -> Self {
+        Self {
+            state: State::Calling { fut },
+            grant,
+            answered: false,
+            answer,
+        }
+    }
+
+    pub(crate) fn failed(error: BoxError, answer: A) -> Self {
+        Self {
+            state: State::Failed { error: Some(error) },
+            grant: None,
+            answered: false,
+            answer,
+        }
+    }
+
+    fn deciding(decide: Deciding<A::Grant>, inner: S, req: Req, answer: A) -> Self {
+        Self {
+            state: State::Deciding {
+                decide,
+                waiting: Some(Box::new((inner, req))),
+            },
+            grant: None,
+            answered: false,
+            answer,
+        }
+    }
+}
+
+impl<F, S, Req, A: Grants> fmt::Debug for ResponseFuture<F, S, Req, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Deciding { .. } => "deciding",
+            State::Calling { .. } => "calling",
+            State::Failed { .. } => "failed",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, S, Req, A, T, E> Future for ResponseFuture<F, S, Req, A>
+where
+    S: Service<Req, Future = F, Response = T, Error = E>,
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+    A: Answer<Req, T>,
+{
+    type Output = A::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.as_mut().project();
+        // The common end: the inner service's response, answered in place where the inner future left it, so that
+        // it moves once, into the output.
+        if let (false, StateProj::Calling { fut }) = (*this.answered, this.state.as_mut().project())
+        {
+            let mut polled = fut.poll(cx);
+            let Poll::Ready(result) = &mut polled else {
+                return Poll::Pending;
+            };
+            *this.answered = true;
+            let mut grant = this.grant.take();
+            if let Ok(response) = result {
+                grant = this.answer.amend_ok(response, grant);
+            }
+            return polled.map(|result| match result {
+                Ok(response) => this.answer.finish_ok(response, grant),
+                Err(err) => answer_error(this.answer, err.into(), grant),
+            });
+        }
+        let result = match this.state.as_mut().project() {
+            StateProj::Deciding { .. } if !*this.answered => {
+                match ready!(decided(this.state.as_mut(), this.grant, cx)) {
+                    // Admitted: the state is now `Calling`.
+                    None => return self.poll(cx),
+                    Some(refused) => Err(refused),
+                }
+            }
+            StateProj::Failed { error } if !*this.answered => Err(failure(error)),
+            // Answered already (a `Calling` state that had not was answered above).
+            _ => Err(POLLED_AFTER_COMPLETION.into()),
+        };
+        *this.answered = true;
+        Poll::Ready(this.answer.respond(result, this.grant.take()))
+    }
+}
+
+/// Answers an error of the inner service (out of line: the admitted path is what `poll` keeps small).
+#[cold]
+#[inline(never)]
+fn answer_error<Req, T, A: Answer<Req, T>>(
+    answer: &A,
+    error: BoxError,
+    grant: Option<A::Grant>,
+) -> A::Output {
+    answer.respond(Err(error), grant)
+}
+
+// The states an admitted request through the in-process store never visits, out of `poll`'s body.
+
+/// Polls a store's decision: `None` once admitted (the inner service called and the state moved on to calling
+/// it), or the error to answer with.
+#[inline(never)]
+fn decided<F, S, Req, G>(
+    mut state: Pin<&mut State<F, S, Req, G>>,
+    own: &mut Option<G>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<BoxError>>
+where
+    S: Service<Req, Future = F>,
+{
+    let StateProj::Deciding { decide, waiting } = state.as_mut().project() else {
+        return Poll::Ready(Some(POLLED_AFTER_COMPLETION.into()));
+    };
+    let conclusion = ready!(decide.as_mut().poll(cx));
+    Poll::Ready(match (waiting.take(), conclusion) {
+        (Some(waiting), Conclusion::Admit(grant)) => {
+            let (mut inner, req) = *waiting;
+            let fut = inner.call(req);
+            state.set(State::Calling { fut });
+            *own = grant;
+            None
+        }
+        (Some(_), Conclusion::Reject(refused)) => Some(refused),
+        (None, _) => Some(POLLED_AFTER_COMPLETION.into()),
+    })
+}
+
+/// The error a failed future answers with (taken by its one answer).
+#[cold]
+#[inline(never)]
+fn failure(error: &mut Option<BoxError>) -> BoxError {
+    error
+        .take()
+        .unwrap_or_else(|| POLLED_AFTER_COMPLETION.into())
+}
+
+/// Passes the request straight on, undecided: enforcement is off.
+#[inline(always)]
+pub(crate) fn pass<S, Req, A>(
+    inner: &mut S,
+    req: Req,
+    answer: A,
+) -> ResponseFuture<S::Future, S, Req, A>
+where
+    S: Service<Req>,
+    A: Grants,
+{
+    ResponseFuture::calling(inner.call(req), None, answer)
+}
+
+/// Takes the inner service that `poll_ready` made ready, leaving a clone (not yet ready) in its place: a refused or
+/// deferred request must not hold on to (or leak) the readiness it was granted.
+pub(crate) fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
+}
+
+/// Answers with `error` (a rejection, or a key that could not be found) without calling the inner service, whose
+/// granted readiness is given back.
+#[cold]
+#[inline(never)]
+pub(crate) fn refuse<S, Req, A>(
+    inner: &mut S,
+    error: BoxError,
+    answer: A,
+) -> ResponseFuture<S::Future, S, Req, A>
+where
+    S: Service<Req> + Clone,
+    A: Answer<Req, S::Response>,
+{
+    drop(take_ready(inner));
+    ResponseFuture::failed(error, answer)
+}
+
+/// Runs a decision that may have to wait (a shared store). It may still answer at once (a cache, an open
+/// circuit, an in-process store): an admitted request then calls the ready inner service directly, without
+/// cloning it. Otherwise the response future polls it again with the real waker (every future re-registers its
+/// waker on each poll).
+#[inline(never)]
+pub(crate) fn decide_later<S, Req, A>(
+    inner: &mut S,
+    mut decide: Deciding<A::Grant>,
+    req: Req,
+    answer: A,
+) -> ResponseFuture<S::Future, S, Req, A>
+where
+    S: Service<Req> + Clone,
+    A: Answer<Req, S::Response>,
+{
+    match decide
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(Conclusion::Admit(grant)) => {
+            ResponseFuture::calling(inner.call(req), grant, answer)
+        }
+        Poll::Ready(Conclusion::Reject(refused)) => refuse(inner, refused, answer),
+        Poll::Pending => {
+            let ready = take_ready(inner);
+            ResponseFuture::deciding(decide, ready, req, answer)
+        }
+    }
+}

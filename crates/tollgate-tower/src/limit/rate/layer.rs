@@ -1,0 +1,148 @@
+use std::fmt;
+use std::sync::Arc;
+
+use tollgate_core::{FailurePolicy, MemoryStore, Policy, Store};
+use tower_layer::Layer;
+
+use super::RateLimit;
+use super::decide::Shared;
+use crate::limit::core::{Built, enforcement_methods};
+use crate::respond::Forward;
+use crate::{EnforcementSwitch, Name, UnitCost};
+
+/// Applies a request-rate limit to a service: see the [module docs](super).
+///
+/// A request over the limit is **rejected** at once (429 through the adapters); tower's
+/// `tower::limit::RateLimitLayer` of the same name makes callers wait instead.
+///
+/// Cheap to clone; every service it builds shares the store, the enforcement switch and the local fallback.
+#[must_use]
+pub struct RateLimitLayer<K, St, C = UnitCost> {
+    name: Name,
+    policy: Policy,
+    store: Arc<St>,
+    key: K,
+    cost: C,
+    switch: EnforcementSwitch,
+    on_error: FailurePolicy,
+    fallback: Option<Arc<MemoryStore>>,
+    built: Built<Shared<K, St, C>>,
+}
+
+impl<K, St: Store> RateLimitLayer<K, St> {
+    /// A limit named `name` (the policy name clients see in headers) enforcing `policy` on `store`, one bucket per
+    /// key from `key`. Requests cost 1, enforcement is on, and a failing store rejects (fails closed).
+    ///
+    /// Layers with the same name on the same store share buckets (e.g. the copies axum makes per route).
+    pub fn new(name: impl Into<Name>, policy: Policy, store: Arc<St>, key: K) -> Self {
+        Self {
+            name: name.into(),
+            policy,
+            store,
+            key,
+            cost: UnitCost,
+            switch: EnforcementSwitch::default(),
+            on_error: FailurePolicy::default(),
+            fallback: None,
+            built: Built::default(),
+        }
+    }
+}
+
+impl<K, St: Store, C> RateLimitLayer<K, St, C> {
+    /// Computes each request's cost with `cost` instead of charging 1.
+    pub fn cost<C2>(self, cost: C2) -> RateLimitLayer<K, St, C2> {
+        RateLimitLayer {
+            name: self.name,
+            policy: self.policy,
+            store: self.store,
+            key: self.key,
+            cost,
+            switch: self.switch,
+            on_error: self.on_error,
+            fallback: self.fallback,
+            built: Built::default(),
+        }
+    }
+
+    enforcement_methods!();
+
+    /// What to do when the store fails: admit (`Open`), reject with 503 (`Closed`, the default), or decide on an
+    /// in-process store with the same policy (`Local`: a per-instance limit while the shared one is down).
+    pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
+        self.on_error = policy;
+        self.fallback = match policy {
+            FailurePolicy::Local => Some(self.fallback.unwrap_or_default()),
+            _ => None,
+        };
+        self.built = Built::default();
+        self
+    }
+
+    /// The limit's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The limit's policy.
+    #[must_use]
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+}
+
+impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            policy: self.policy,
+            store: self.store.clone(),
+            key: self.key.clone(),
+            cost: self.cost.clone(),
+            switch: self.switch.clone(),
+            on_error: self.on_error,
+            fallback: self.fallback.clone(),
+            built: self.built.clone(),
+        }
+    }
+}
+
+impl<K, St, C> fmt::Debug for RateLimitLayer<K, St, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("name", &self.name)
+            .field("policy", &self.policy)
+            .field("mode", &self.switch.mode())
+            .field("on_store_error", &self.on_error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
+    /// Wraps `inner`, answering every request through `respond` instead of [`Forward`]: how protocol adapters
+    /// (`tollgate-http`) answer in place, without a service layer of their own.
+    pub fn layer_with<S, R>(&self, inner: S, respond: R) -> RateLimit<S, K, St, C, R> {
+        let shared = self.built.get_or_init(|| {
+            Shared::new(
+                self.name.clone(),
+                self.policy,
+                self.store.clone(),
+                self.key.clone(),
+                self.cost.clone(),
+                self.switch.clone(),
+                self.on_error,
+                self.fallback.clone(),
+            )
+        });
+        RateLimit::from_shared(inner, shared, respond)
+    }
+}
+
+impl<S, K: Clone, St: Store, C: Clone> Layer<S> for RateLimitLayer<K, St, C> {
+    type Service = RateLimit<S, K, St, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        self.layer_with(inner, Forward)
+    }
+}

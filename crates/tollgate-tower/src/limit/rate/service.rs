@@ -1,0 +1,174 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tollgate_core::Store;
+use tower_service::Service;
+
+use super::decide::{Conclusion, Shared};
+use crate::key::with_key_buffer;
+use crate::limit::future::{Deciding, decide_later, pass, refuse};
+use crate::limit::{Responder, ResponseFuture};
+use crate::readiness::DeferredReadiness;
+use crate::respond::{Forward, Respond};
+use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode};
+
+/// A service limited by a [`RateLimitLayer`](super::RateLimitLayer), answering through the [`Respond`]er `R`.
+///
+/// With the default [`Forward`], errors are the inner service's, boxed, plus [`Rejection`](crate::Rejection) (over
+/// the limit, or the store failed closed) and [`KeyError`](crate::KeyError) (the key's source is missing: a
+/// configuration error). An inner service that fails to become ready is reported by the next call, not by
+/// `poll_ready`, so that a responder that never fails (an HTTP adapter) can answer it.
+pub struct RateLimit<S, K, St, C, R = Forward> {
+    inner: S,
+    shared: Arc<Shared<K, St, C>>,
+    respond: R,
+    not_ready: DeferredReadiness,
+}
+
+impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
+    pub(super) fn from_shared(inner: S, shared: Arc<Shared<K, St, C>>, respond: R) -> Self {
+        Self {
+            inner,
+            shared,
+            respond,
+            not_ready: DeferredReadiness::default(),
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The enforcement switch shared with the layer that built this service.
+    #[must_use]
+    pub fn enforcement(&self) -> crate::EnforcementSwitch {
+        self.shared.judge.switch.clone()
+    }
+}
+
+impl<S: Clone, K, St, C, R: Clone> Clone for RateLimit<S, K, St, C, R> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+            respond: self.respond.clone(),
+            not_ready: self.not_ready.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, St, C, R> fmt::Debug for RateLimit<S, K, St, C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("limiter", &self.shared.judge.name)
+            .field("policy", &self.shared.policy)
+            .field("mode", &self.shared.judge.mode())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, St, C, R, Req> Service<Req> for RateLimit<S, K, St, C, R>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    K: KeyExtractor<Req>,
+    St: Store,
+    C: Cost<Req>,
+    R: Respond<Req, S::Response> + Clone,
+    R::Ticket: Copy,
+{
+    type Response = R::Response;
+    type Error = R::Error;
+    type Future = ResponseFuture<S::Future, S, Req, Responder<R, R::Ticket>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.not_ready.poll_ready(&mut self.inner, cx).map(Ok)
+    }
+
+    fn call(&mut self, mut req: Req) -> Self::Future {
+        let ticket = self.respond.prepare(&mut req);
+        let keep = self.respond.wants_verdict(&ticket);
+        let answer = Responder::new(self.respond.clone(), ticket);
+        if let Some(err) = self.not_ready.take() {
+            return ResponseFuture::failed(err, answer);
+        }
+        let shared = &self.shared;
+        let mode = shared.judge.mode();
+        if mode == Mode::Off {
+            return pass(&mut self.inner, req, answer);
+        }
+        // A store that keeps only digests of its keys (the in-process one) is fed the key's parts: no text is built
+        // and no future is boxed. A store that needs the text but answers at once only borrows it, built in a reused
+        // buffer. Any other store gets an owned key and a boxed decision. The closure is forced inline: the helper
+        // calls it from two places (the fallback buffer is the other), which otherwise keeps it a function of its
+        // own, a frame per request.
+        //
+        // Every outcome but an admission returns early, so the request moves once, straight into the inner call,
+        // and the admitted future is built in one place (each extra move of a request or future is a memcpy per
+        // request); each path matches its own conclusion rather than funnelling it through a shared `Result`.
+        let verdict = match shared.decide_digested(&req, mode, keep) {
+            Some(Ok(Conclusion::Admit(verdict))) => verdict,
+            Some(Ok(Conclusion::Reject(rejection))) => {
+                return refuse(&mut self.inner, rejection, answer);
+            }
+            Some(Err(err)) => return refuse(&mut self.inner, err.into(), answer),
+            None => {
+                let decided = with_key_buffer(
+                    #[inline(always)]
+                    |key| {
+                        shared.write_key(&req, key)?;
+                        let cost = shared.cost.cost(&req);
+                        Ok::<_, KeyError>(match shared.decide_now(key, cost, mode, keep) {
+                            Some(conclusion) => Ok(conclusion),
+                            None => Err((key.clone(), cost)),
+                        })
+                    },
+                );
+                match decided {
+                    Ok(Ok(Conclusion::Admit(verdict))) => verdict,
+                    Ok(Ok(Conclusion::Reject(rejection))) => {
+                        return refuse(&mut self.inner, rejection, answer);
+                    }
+                    Ok(Err((key, cost))) => {
+                        return self.decide_later(key, cost, mode, keep, req, answer);
+                    }
+                    Err(err) => return refuse(&mut self.inner, err.into(), answer),
+                }
+            }
+        };
+        ResponseFuture::calling(self.inner.call(req), verdict, answer)
+    }
+}
+
+// The path a request through the in-process store never takes stays out of `call`'s body: a hot path that is
+// short in code, not only in instructions, leaves more of the instruction cache to the service it protects.
+impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
+    /// Decides through a store that cannot answer at once (Redis): with an owned key and a boxed decision.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn decide_later<Req, Tk>(
+        &mut self,
+        key: String,
+        cost: u64,
+        mode: Mode,
+        keep: bool,
+        req: Req,
+        answer: Responder<R, Tk>,
+    ) -> ResponseFuture<S::Future, S, Req, Responder<R, Tk>>
+    where
+        S: Service<Req> + Clone,
+        K: Send + Sync + 'static,
+        St: Store,
+        C: Send + Sync + 'static,
+        R: crate::respond::Respond<Req, S::Response, Ticket = Tk>,
+        Tk: Copy,
+    {
+        let shared = self.shared.clone();
+        let decide: Deciding<Box<crate::Verdict>> =
+            Box::pin(async move { shared.decide(key, cost, mode, keep).await });
+        decide_later(&mut self.inner, decide, req, answer)
+    }
+}

@@ -1,0 +1,214 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::WorkerShed;
+use super::controller::{
+    Controller, DEFAULT_HYSTERESIS_PERCENT, DEFAULT_INTERVAL, DEFAULT_STEP_PERCENT,
+    DEFAULT_THRESHOLDS, ShedBy, Tuning,
+};
+use crate::limit::concurrency::DEFAULT_RETRY_AFTER;
+use crate::limit::core::{Built, Judge, enforcement_methods};
+use crate::{ConfigError, EnforcementSwitch, Name, Priority};
+use metrics::Counter;
+
+/// The worker shedder's default name (in metrics, logs and rejections).
+pub const DEFAULT_WORKER_NAME: &str = "worker";
+
+/// State shared by every service the layer builds: one instance, one in-flight count.
+pub(crate) struct WorkerState {
+    pub(crate) judge: Judge,
+    pub(crate) retry_after: Duration,
+    pub(crate) controller: Controller,
+    /// `tollgate_shed_total{limiter, reason}`, indexed by [`ShedBy`]: which decision shed (`gate`, `controller`).
+    pub(crate) shed_by: [Counter; 2],
+}
+
+/// The counter of shed requests by the decision that shed them: `tollgate_shed_total{limiter, reason}`.
+pub const SHED_TOTAL: &str = "tollgate_shed_total";
+
+/// Sheds the lowest priorities first when this instance is busy: see the [module docs](super).
+///
+/// Every service the layer builds (e.g. axum's copy per route) shares one in-flight count and one controller:
+/// configure the layer before applying it.
+#[must_use]
+pub struct WorkerShedLayer<P> {
+    name: Name,
+    switch: EnforcementSwitch,
+    retry_after: Duration,
+    tuning: Tuning,
+    classifier: Arc<P>,
+    built: Built<WorkerState>,
+}
+
+impl<P> WorkerShedLayer<P> {
+    /// Sheds when this instance has close to `capacity` requests in flight, classifying requests with
+    /// `classifier`. Defaults: thresholds `Low` 60 %, `Normal` 75 %, `High` 90 %, `Critical` 100 % of capacity;
+    /// shed levels move 25 points per evaluation, at most every 100 ms, and recede only 10 points below the
+    /// threshold; shed requests are told to retry after 1 s.
+    ///
+    /// A class is admitted while in-flight is below its line, `capacity × threshold` rounded down (see
+    /// [`line`](Self::line)): with the default thresholds a capacity of 1 admits only `Critical` requests (the
+    /// 40 % kept from the lower classes is the whole slot).
+    ///
+    /// # Errors
+    /// If `capacity` is 0.
+    pub fn new(capacity: u64, classifier: P) -> Result<Self, ConfigError> {
+        if capacity == 0 {
+            return Err(ConfigError::new(
+                "worker shedder: the capacity must be at least 1 request in flight",
+            ));
+        }
+        let tuning = Tuning {
+            capacity,
+            thresholds: DEFAULT_THRESHOLDS,
+            step: DEFAULT_STEP_PERCENT,
+            hysteresis: DEFAULT_HYSTERESIS_PERCENT,
+            interval: DEFAULT_INTERVAL,
+        };
+        Ok(Self {
+            name: DEFAULT_WORKER_NAME.into(),
+            switch: EnforcementSwitch::default(),
+            retry_after: DEFAULT_RETRY_AFTER,
+            tuning,
+            classifier: Arc::new(classifier),
+            built: Built::default(),
+        })
+    }
+
+    /// The state every service built from now on shares (built by the first call).
+    fn state(&self) -> Arc<WorkerState> {
+        self.built.get_or_init(|| WorkerState {
+            judge: Judge::new(self.name.clone(), self.switch.clone(), None, "shed"),
+            retry_after: self.retry_after,
+            controller: Controller::new(self.tuning),
+            shed_by: [ShedBy::Gate, ShedBy::Controller].map(|by| {
+                metrics::counter!(SHED_TOTAL, "limiter" => self.name.to_string(), "reason" => by.as_str())
+            }),
+        })
+    }
+
+    /// After a setting changed: the services built from now on share a new state.
+    fn rebuilt(mut self) -> Self {
+        self.built = Built::default();
+        self
+    }
+
+    /// The utilization (percent of capacity) at which each class starts being shed.
+    ///
+    /// # Errors
+    /// Unless `low ≤ normal ≤ high ≤ critical` (a class is never shed before a lower one), from 1 up to
+    /// 255.
+    pub fn thresholds(
+        mut self,
+        low: u16,
+        normal: u16,
+        high: u16,
+        critical: u16,
+    ) -> Result<Self, ConfigError> {
+        let ordered = low <= normal && normal <= high && high <= critical;
+        if !ordered || low == 0 || critical > 255 {
+            return Err(ConfigError::new(format!(
+                "worker shedder: thresholds low {low} %, normal {normal} %, high {high} %, critical {critical} % \
+                 must satisfy 1 ≤ low ≤ normal ≤ high ≤ critical ≤ 255"
+            )));
+        }
+        let pct = |v: u16| u8::try_from(v).unwrap_or(u8::MAX);
+        self.tuning.thresholds = [pct(critical), pct(high), pct(normal), pct(low)];
+        Ok(self.rebuilt())
+    }
+
+    /// How many percentage points a class's shed level moves per evaluation (1 to 100; 100 switches at once).
+    ///
+    /// # Errors
+    /// If `step` is 0 or over 100.
+    pub fn step_percent(mut self, step: u8) -> Result<Self, ConfigError> {
+        if step == 0 || step > 100 {
+            return Err(ConfigError::new(format!(
+                "worker shedder: a step of {step} points is impossible (1 to 100)"
+            )));
+        }
+        self.tuning.step = step;
+        Ok(self.rebuilt())
+    }
+
+    /// How far (percentage points) below its threshold utilization must fall before a class's shedding recedes.
+    pub fn hysteresis_percent(mut self, points: u8) -> Self {
+        self.tuning.hysteresis = points;
+        self.rebuilt()
+    }
+
+    /// The minimum time between two evaluations of the shed levels.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.tuning.interval = interval;
+        self.rebuilt()
+    }
+
+    /// The retry delay a shed request announces.
+    pub fn retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = retry_after;
+        self.rebuilt()
+    }
+
+    /// Renames the shedder (metrics, logs, rejections).
+    pub fn name(mut self, name: impl Into<Name>) -> Self {
+        self.name = name.into();
+        self.rebuilt()
+    }
+
+    enforcement_methods!();
+
+    /// Requests in flight through this layer now.
+    #[must_use]
+    pub fn in_flight(&self) -> u64 {
+        self.state().controller.in_flight()
+    }
+
+    /// The line of `priority`: its requests are admitted only while fewer than this many are in flight
+    /// (`capacity × threshold / 100`, rounded down).
+    #[must_use]
+    pub fn line(&self, priority: Priority) -> u64 {
+        self.state().controller.line(priority)
+    }
+
+    /// The share of `priority` requests the controller currently sheds below the class's line, in percent
+    /// (always 0 for `Critical`).
+    #[must_use]
+    pub fn shed_percent(&self, priority: Priority) -> u8 {
+        self.state().controller.level(priority)
+    }
+}
+
+impl<P> Clone for WorkerShedLayer<P> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            switch: self.switch.clone(),
+            retry_after: self.retry_after,
+            tuning: self.tuning,
+            classifier: self.classifier.clone(),
+            built: self.built.clone(),
+        }
+    }
+}
+
+impl<P> fmt::Debug for WorkerShedLayer<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerShedLayer")
+            .field("name", &self.name)
+            .field("tuning", &self.tuning)
+            .field("mode", &self.switch.mode())
+            .field("in_flight", &self.in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, P> Layer<S> for WorkerShedLayer<P> {
+    type Service = WorkerShed<S, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        WorkerShed::new(inner, self.state(), self.classifier.clone())
+    }
+}

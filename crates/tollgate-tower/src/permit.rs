@@ -1,0 +1,95 @@
+//! Permits: what an admitted request holds until its response is finished.
+//!
+//! A concurrency lease or a worker's in-flight slot is a guard whose `Drop` gives it back. The layers put it in a
+//! [`Permit`] and hand it to the response through [`HoldPermit`]: for `http::Response`, the permit moves into the
+//! body ([`PermitBody`]), so it lives until the body is done or dropped (client disconnect,
+//! cancellation, a panicking handler: every path drops it). A failed call drops its permit at once.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicBool, Ordering};
+//! use tollgate_tower::{HoldPermit, Permit};
+//!
+//! struct Flag(Arc<AtomicBool>);
+//! impl Drop for Flag {
+//!     fn drop(&mut self) { self.0.store(true, Ordering::SeqCst); }
+//! }
+//!
+//! let released = Arc::new(AtomicBool::new(false));
+//! let response = http::Response::new("body").hold(Some(Permit::new(Flag(released.clone()))));
+//! assert!(!released.load(Ordering::SeqCst), "held while the body lives");
+//! drop(response);
+//! assert!(released.load(Ordering::SeqCst));
+//! ```
+
+use std::any::Any;
+use std::fmt;
+
+use crate::PermitBody;
+
+/// A type-erased guard: dropping the permit gives back whatever it holds.
+pub struct Permit {
+    _guard: Box<dyn Any + Send + Sync>,
+}
+
+impl Permit {
+    /// Wraps a guard whose `Drop` releases the capacity it holds.
+    pub fn new<G: Any + Send + Sync>(guard: G) -> Self {
+        Self {
+            _guard: Box::new(guard),
+        }
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Permit")
+    }
+}
+
+/// A response that can keep a [`Permit`] alive until it is finished.
+///
+/// Implemented for `http::Response` (the body holds it); implement it for your own response type to use the
+/// layers of this crate elsewhere (e.g. keep the permit inside a stream).
+pub trait HoldPermit: Sized {
+    /// The response type holding the permit.
+    type Held;
+
+    /// Attaches `permit` (none when the limiter is off, in shadow mode over its limit, or failed open).
+    fn hold(self, permit: Option<Permit>) -> Self::Held;
+}
+
+impl<B> HoldPermit for http::Response<B> {
+    type Held = http::Response<PermitBody<B>>;
+
+    fn hold(self, permit: Option<Permit>) -> Self::Held {
+        self.map(|body| PermitBody::new(body, permit))
+    }
+}
+
+/// The [`Answer`](crate::limit::Answer) of the lease limiters and shedders: an admitted response holds its
+/// [`Permit`] (through [`HoldPermit`]); errors pass on, and a failed call's permit is dropped at once.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Hold;
+
+impl crate::limit::Grants for Hold {
+    type Grant = Permit;
+}
+
+impl<Req, T: HoldPermit> crate::limit::Answer<Req, T> for Hold {
+    type Output = Result<T::Held, crate::BoxError>;
+
+    #[inline(always)]
+    fn amend_ok(&self, _: &mut T, grant: Option<Permit>) -> Option<Permit> {
+        grant
+    }
+
+    #[inline(always)]
+    fn finish_ok(&self, response: T, grant: Option<Permit>) -> Self::Output {
+        Ok(response.hold(grant))
+    }
+
+    fn respond(&self, result: Result<T, crate::BoxError>, grant: Option<Permit>) -> Self::Output {
+        result.map(|response| response.hold(grant))
+    }
+}
