@@ -12,6 +12,11 @@
 //! machine would show if the kernel's share (the socket calls, which valgrind does not count and which every
 //! variant pays alike) were nothing — so it understates the ratio `axum_overhead` measures, never overstates it.
 //! `ONLY=<row index>` counts one row.
+//!
+//! The last rows are tollgate without header fields in a process that also listens: with a Prometheus
+//! recorder installed (every decision counted in it), and with a `tracing` subscriber at `INFO` (decision events are
+//! at `DEBUG`: filtered out by the global level) or at `DEBUG` (every decision formatted, into a sink). Their peer
+//! is that row, the same limiter with nobody listening: what listening costs a request.
 
 use std::net::SocketAddr;
 use std::process::Command;
@@ -27,11 +32,53 @@ fn child(v: usize, requests: u64) {
         .enable_all()
         .build()
         .expect("a runtime");
+    let plain = axum_variants::variants().len();
+    // A listener is installed before the router is built: layers register their counters once, when built.
+    let v = match v.checked_sub(plain) {
+        Some(observed) => {
+            (OBSERVED[observed].1)();
+            tollgate_row()
+        }
+        None => v,
+    };
     let router = axum_variants::variants().swap_remove(v).router;
     let addr = runtime.block_on(http_load::serve(router));
     // Connections, buckets, caches and lazily built statics: none of it counts.
     load(&runtime, addr, 1_000);
     measured_requests(&runtime, addr, requests);
+}
+
+/// The row the observed rows repeat with a listener installed: tollgate without header fields.
+fn tollgate_row() -> usize {
+    axum_variants::variants()
+        .iter()
+        .position(|v| v.name == "tollgate (no fields)")
+        .expect("the tollgate row")
+}
+
+/// The observed rows after the plain ones: a name and what it installs.
+const OBSERVED: [(&str, fn()); 3] = [
+    ("tollgate + Prometheus", install_prometheus),
+    ("tollgate + tracing INFO", || {
+        install_tracing(tracing::Level::INFO)
+    }),
+    ("tollgate + tracing DEBUG", || {
+        install_tracing(tracing::Level::DEBUG)
+    }),
+];
+
+fn install_prometheus() {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the only recorder");
+}
+
+/// A formatting subscriber at `level`, writing into nothing (the formatting is the cost measured, not a terminal).
+fn install_tracing(level: tracing::Level) {
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::sink)
+        .init();
 }
 
 /// The only code callgrind counts (`--toggle-collect`): everything the runtime runs while this is on the stack,
@@ -115,12 +162,17 @@ fn main() {
         }
     }
     let only: Option<usize> = std::env::var("ONLY").ok().and_then(|v| v.parse().ok());
-    let variants = axum_variants::variants();
+    // Every row's name and peer: the plain variants, then the observed ones (peer: tollgate without fields).
+    let variants: Vec<(&str, usize)> = axum_variants::variants()
+        .iter()
+        .map(|v| (v.name, v.peer))
+        .chain(OBSERVED.iter().map(|(name, _)| (*name, tollgate_row())))
+        .collect();
     println!(
         "instructions per HTTP request (callgrind; client + server, one thread, one keep-alive connection, {requests} requests per variant)"
     );
     // The selected row, bare axum and the row's peer (or every row).
-    let wanted = |v: usize| only.is_none_or(|o| v == o || v == 0 || v == variants[o].peer);
+    let wanted = |v: usize| only.is_none_or(|o| v == o || v == 0 || v == variants[o].1);
     let per_request: Vec<f64> = (0..variants.len())
         .map(|v| {
             if !wanted(v) {
@@ -136,19 +188,19 @@ fn main() {
         "{:<26} {:>12} {:>8} {:>12} {:>8}  peer",
         "variant", "instr/req", "vs bare", "added (peer)", "vs peer"
     );
-    for (i, v) in variants.iter().enumerate() {
+    for (i, &(name, peer_row)) in variants.iter().enumerate() {
         if per_request[i].is_nan() {
             continue;
         }
-        let peer = per_request[v.peer];
+        let peer = per_request[peer_row];
         println!(
             "{:<26} {:>12.0} {:>7.3}x {:>+12.0} {:>7.3}x  {}",
-            v.name,
+            name,
             per_request[i],
             per_request[0] / per_request[i],
             per_request[i] - peer,
             peer / per_request[i],
-            variants[v.peer].name
+            variants[peer_row].0
         );
     }
 }

@@ -14,6 +14,11 @@
 //! # An adaptive concurrency limit (Gradient2; or aimd) beside a worker shedder of capacity 10: a burst of Low
 //! # fills 6 of the 10 and no more, so critical requests still get in.
 //! cargo run --example axum_server -- --limit 100000 --adaptive gradient2 --worker-capacity 10
+//!
+//! # Prometheus metrics (decisions by limiter and outcome, near-limit, store latency, circuit) and a log line
+//! # per decision; `docs/grafana/tollgate.json` is a dashboard over these series.
+//! cargo run --example axum_server -- --metrics-addr 127.0.0.1:9090 --log debug
+//! curl http://127.0.0.1:9090/metrics
 //! ```
 //!
 //! `GET /` is limited per client IP (the peer address, or the client behind `--trusted-proxy` networks);
@@ -34,6 +39,8 @@ use tollgate_tower::RateLimitLayer;
 
 #[path = "common/flags.rs"]
 mod flags;
+#[path = "common/observe.rs"]
+mod observe;
 #[path = "common/stack.rs"]
 mod stack;
 
@@ -56,6 +63,7 @@ routes: GET / and GET /slow?ms=N (limited per client IP), GET /health (never lim
 #[derive(Debug)]
 struct Config {
     server: flags::ServerFlags,
+    observe: flags::ObserveFlags,
     trusted_proxies: Vec<Cidr>,
     stack: stack::StackFlags,
 }
@@ -63,6 +71,7 @@ struct Config {
 impl Config {
     fn parse(args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
         let mut config = Self {
+            observe: flags::ObserveFlags::default(),
             server: flags::ServerFlags::new(3000),
             trusted_proxies: Vec::new(),
             stack: stack::StackFlags::default(),
@@ -79,6 +88,7 @@ impl Config {
                     config.stack.set(other, &flags.value()?)?;
                 }
                 other if config.server.take(other, &mut flags)? => {}
+                other if config.observe.take(other, &mut flags)? => {}
                 other => return Err(format!("unknown argument {other:?} (try --help)")),
             }
         }
@@ -125,12 +135,15 @@ async fn run() -> Result<(), String> {
         // Ignore a closed pipe (`--help | head`).
         let _ = writeln!(
             std::io::stdout(),
-            "{USAGE}\n\nthe Stripe stack:\n{}",
-            stack::USAGE
+            "{USAGE}\n\nthe Stripe stack:\n{}\n\nobservability:\n{}",
+            stack::USAGE,
+            flags::ObserveFlags::USAGE
         );
         return Ok(());
     };
     let policy = config.server.policy()?;
+    // Before any store or layer is built: they register their metrics once.
+    let metrics = observe::install(&config.observe)?;
     let app = match config
         .server
         .redis_store("tollgate-axum-server", &policy)
@@ -159,6 +172,10 @@ async fn run() -> Result<(), String> {
         config.trusted_proxies.len()
     );
     println!("stack: {}", config.stack.describe());
+    if let Some((addr, handle)) = metrics {
+        let bound = observe::serve_metrics(addr, handle).await?;
+        println!("metrics on http://{bound}/metrics");
+    }
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --example grpc_server -- --limit 3 --period 10s
 //! cargo run --example grpc_client -- --count 5
+//! cargo run --example grpc_server -- --metrics-addr 127.0.0.1:9091   # then: curl 127.0.0.1:9091/metrics
 //! ```
 //!
 //! `/helloworld.Greeter/SayHello` is limited per client: the peer's IP address, or with `--api-key-header NAME`
@@ -12,6 +13,8 @@
 
 #[path = "common/flags.rs"]
 mod flags;
+#[path = "common/observe.rs"]
+mod observe;
 
 use std::sync::Arc;
 
@@ -48,12 +51,14 @@ service: helloworld.Greeter/SayHello, limited per client";
 #[derive(Debug)]
 struct Config {
     server: flags::ServerFlags,
+    observe: flags::ObserveFlags,
     api_key_header: Option<MetadataKey>,
 }
 
 impl Config {
     fn parse(args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
         let mut config = Self {
+            observe: flags::ObserveFlags::default(),
             server: flags::ServerFlags::new(50051),
             api_key_header: None,
         };
@@ -67,6 +72,7 @@ impl Config {
                     config.api_key_header = Some(header);
                 }
                 other if config.server.take(other, &mut flags)? => {}
+                other if config.observe.take(other, &mut flags)? => {}
                 other => return Err(format!("unknown argument {other:?} (try --help)")),
             }
         }
@@ -101,7 +107,15 @@ impl Greeter for Hello {
     }
 }
 
-async fn serve<St: Store>(config: &Config, policy: Policy, store: Arc<St>) -> Result<(), String> {
+async fn serve<St: Store>(
+    config: &Config,
+    policy: Policy,
+    store: Arc<St>,
+    metrics: Option<(
+        std::net::SocketAddr,
+        metrics_exporter_prometheus::PrometheusHandle,
+    )>,
+) -> Result<(), String> {
     let key = config
         .api_key_header
         .clone()
@@ -130,6 +144,10 @@ async fn serve<St: Store>(config: &Config, policy: Policy, store: Arc<St>) -> Re
             .as_ref()
             .map_or("peer ip", |k| k.name()),
     );
+    if let Some((addr, handle)) = metrics {
+        let bound = observe::serve_metrics(addr, handle).await?;
+        println!("metrics on http://{bound}/metrics");
+    }
     tonic::transport::Server::builder()
         .layer(layer)
         .add_service(GreeterServer::new(Hello))
@@ -148,16 +166,18 @@ async fn main() {
 
 async fn run() -> Result<(), String> {
     let Some(config) = Config::parse(std::env::args().skip(1))? else {
-        println!("{USAGE}");
+        println!("{USAGE}\n\nobservability:\n{}", flags::ObserveFlags::USAGE);
         return Ok(());
     };
     let policy = config.server.policy()?;
+    // Before any store or layer is built: they register their metrics once.
+    let metrics = observe::install(&config.observe)?;
     match config
         .server
         .redis_store("tollgate-grpc-server", &policy)
         .await?
     {
-        None => serve(&config, policy, Arc::new(MemoryStore::new())).await,
-        Some(store) => serve(&config, policy, Arc::new(store)).await,
+        None => serve(&config, policy, Arc::new(MemoryStore::new()), metrics).await,
+        Some(store) => serve(&config, policy, Arc::new(store), metrics).await,
     }
 }

@@ -14,6 +14,8 @@ import sys
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # A release build on an idle machine lands within 2 % (the token bucket exactly, the sliding window a request or
+    # two under); a loaded one, within 10 %. N x limit and limit are N times apart.
     parser.add_argument("--tolerance", type=float, default=0.15,
                         help="largest relative deviation from the expected admitted rate (default 0.15)")
     tolerance = parser.parse_args().tolerance
@@ -43,6 +45,7 @@ def main():
     for state in expected:
         if state not in seen:
             problems.append(f"no {state} row")
+    sys.stdout.flush()
     if problems:
         sys.exit("check_fleet: FAILED\n  " + "\n  ".join(problems))
     print(f"check_fleet: in-process ~ {n} x {limit}, Redis ~ {limit}: as promised")

@@ -61,3 +61,8 @@ elif ! answers -u "$REDIS_URL"; then
 fi
 
 cargo test --workspace --all-features "$@"
+
+# CI (.ci/run) also runs the fleet simulation on the same Redis, the README's main command, and checks its figures.
+if [ -n "${TOLLGATE_FLEET_CHECK:-}" ]; then
+  ./scripts/check-fleet.sh
+fi

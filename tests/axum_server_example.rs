@@ -321,6 +321,8 @@ fn bad_flags_are_clear_errors() {
         &["--fleet-capacity", "5"],
         &["--adaptive", "fast"],
         &["--no-such-flag"],
+        &["--metrics-addr", "nope"],
+        &["--log", "loud"],
     ] {
         let out = Command::new(example("axum_server"))
             .args(args)

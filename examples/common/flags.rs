@@ -224,6 +224,46 @@ pub(crate) fn policy(
     Policy::new(algorithm, quota).map_err(|e| e.to_string())
 }
 
+// ---- Observability flags, taken by both example servers: `--metrics-addr`, `--log` (see `observe.rs`). ----
+
+/// `--metrics-addr HOST:PORT` (serve Prometheus metrics at `/metrics` there) and `--log LEVEL` (a `tracing`
+/// subscriber on stderr; `debug` shows one event per decision).
+#[derive(Debug, Default)]
+pub(crate) struct ObserveFlags {
+    pub(crate) metrics_addr: Option<SocketAddr>,
+    pub(crate) log: Option<tracing::Level>,
+}
+
+impl ObserveFlags {
+    /// Their usage lines.
+    pub(crate) const USAGE: &str = "  --metrics-addr HOST:PORT      serve Prometheus metrics at http://HOST:PORT/metrics
+  --log LEVEL                   log to stderr: error | warn | info | debug (one line per decision) | trace";
+
+    /// Takes `flag` and its value from `flags` if it is one of these; whether it was.
+    pub(crate) fn take<I: Iterator<Item = String>>(
+        &mut self,
+        flag: &str,
+        flags: &mut Flags<I>,
+    ) -> Result<bool, String> {
+        match flag {
+            "--metrics-addr" => {
+                self.metrics_addr = Some(flags.parsed(|v| {
+                    v.parse()
+                        .map_err(|_| format!("{v:?}: expected HOST:PORT, e.g. 127.0.0.1:9090"))
+                })?);
+            }
+            "--log" => {
+                self.log = Some(flags.parsed(|v| {
+                    v.parse()
+                        .map_err(|_| format!("{v:?}: expected error, warn, info, debug or trace"))
+                })?);
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
 // --- Adaptive concurrency (issue 17): `--adaptive gradient2|aimd`. ---
 
 /// `gradient2` or `aimd`: the adaptive limiter's algorithm, with its default settings (limit 20 to 200).

@@ -17,6 +17,7 @@ usage: cargo run --release --example fleet -- [flags]
   --redis-url URL   Redis for the shared-state rows (default $REDIS_URL, else redis://127.0.0.1:6379)
   --autoscale       grow the fleet from 1 to N instances during the run and print the admitted rate per second
   --json            print the table's rows as one JSON object instead (for scripts such as CI's check)
+  --plot FILE.svg   also draw admitted req/s per second of every design (and the instances under --autoscale)
   --help            this text";
 
 /// The simulation's settings.
@@ -30,6 +31,7 @@ pub(crate) struct Args {
     pub(crate) redis_url: String,
     pub(crate) autoscale: bool,
     pub(crate) json: bool,
+    pub(crate) plot: Option<std::path::PathBuf>,
 }
 
 impl Args {
@@ -47,6 +49,7 @@ impl Args {
                 .unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
             autoscale: false,
             json: false,
+            plot: None,
         };
         let mut flags = Flags::new(argv);
         while let Some(flag) = flags.next_flag() {
@@ -59,6 +62,7 @@ impl Args {
                 "--redis-url" => args.redis_url = flags.value()?,
                 "--autoscale" => args.autoscale = true,
                 "--json" => args.json = true,
+                "--plot" => args.plot = Some(flags.value()?.into()),
                 "--help" | "-h" => return Err(USAGE.to_owned()),
                 other => return Err(format!("unknown flag {other}\n\n{USAGE}")),
             }
@@ -85,6 +89,13 @@ impl Args {
         }
         if args.json && args.autoscale {
             return Err("--json prints the table's rows: it does not go with --autoscale".into());
+        }
+        if let Some(dir) = args.plot.as_deref().and_then(std::path::Path::parent)
+            && !dir.as_os_str().is_empty()
+            && !dir.is_dir()
+        {
+            // Found out now, not after a minute of measuring.
+            return Err(format!("--plot: {} is not a directory", dir.display()));
         }
         if args.duration < Duration::from_millis(500) {
             return Err("--duration must be at least 500ms".into());

@@ -11,8 +11,9 @@ mod args;
 mod flags;
 mod fleet;
 mod load;
+mod plot;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -42,6 +43,17 @@ struct Design {
 }
 
 impl Design {
+    /// The design's colour in the chart (`plot::PALETTE`): grey baseline, blue in-process, red Redis.
+    fn colour(&self) -> usize {
+        match (self.state, self.algorithm) {
+            (State::None, _) => 0,
+            (State::InProcess, Algorithm::TokenBucket) => 1,
+            (State::InProcess, Algorithm::SlidingWindowCounter) => 2,
+            (State::Redis, Algorithm::TokenBucket) => 3,
+            (State::Redis, Algorithm::SlidingWindowCounter) => 4,
+        }
+    }
+
     fn label(&self) -> (&'static str, &'static str) {
         let algorithm = match (self.state, self.algorithm) {
             (State::None, _) => "no limiter (baseline)",
@@ -94,7 +106,16 @@ async fn main() {
         let outcome = run(&args, *design, args.instances, i, designs.len()).await;
         rows.push((*design, outcome));
     }
-    eprint!("\r{:100}\r", "");
+    clear_progress();
+    plot_if_asked(
+        &args,
+        format!(
+            "{} instances, each limited to {} req/s, {} req/s offered",
+            args.instances, args.limit, args.offered
+        ),
+        &rows,
+        None,
+    );
     if args.json {
         println!("{}", rows_json(&args, &rows, redis.as_ref().err()));
         return;
@@ -155,7 +176,8 @@ async fn run(args: &Args, design: Design, instances: usize, index: usize, total:
 
     let progress = Arc::new(Progress::default());
     let (name, state) = design.label();
-    let ticker = {
+    // The progress line redraws in place on a terminal; into a file or a pipe it would only be noise.
+    let ticker = std::io::stderr().is_terminal().then(|| {
         let progress = progress.clone();
         let total_time = args.warmup + args.duration;
         tokio::spawn(async move {
@@ -174,7 +196,7 @@ async fn run(args: &Args, design: Design, instances: usize, index: usize, total:
                 let _ = std::io::stderr().flush();
             }
         })
-    };
+    });
     let outcome = if args.autoscale {
         // Grow from one instance to `args.instances`, evenly over the measured window.
         let grow = {
@@ -201,7 +223,9 @@ async fn run(args: &Args, design: Design, instances: usize, index: usize, total:
     } else {
         load::offer(lb_addr, args.offered, args.warmup, args.duration, progress).await
     };
-    ticker.abort();
+    if let Some(ticker) = ticker {
+        ticker.abort();
+    }
     for task in tasks {
         task.abort();
     }
@@ -354,17 +378,15 @@ async fn autoscale(args: &Args, with_redis: bool) {
         };
         columns.push((design, run(args, design, 1, i, states.len()).await));
     }
-    eprint!("\r{:100}\r", "");
+    clear_progress();
     print!("{:>6} {:>10}", "second", "instances");
     for (design, _) in &columns {
         let (name, state) = design.label();
         print!(" {:>26}", format!("{name}, {state}"));
     }
     println!();
-    let step = args.duration.as_secs_f64() / args.instances as f64;
     for second in 0..args.duration.as_secs() as usize {
-        let instances = ((second as f64 + 0.5) / step).floor() as usize + 1;
-        print!("{:>6} {:>10}", second + 1, instances.min(args.instances));
+        print!("{:>6} {:>10}", second + 1, instances_at(args, second));
         for (_, outcome) in &columns {
             print!(
                 " {:>21} req/s",
@@ -377,6 +399,18 @@ async fn autoscale(args: &Args, with_redis: bool) {
         }
         println!();
     }
+    let instances = (0..args.duration.as_secs() as usize)
+        .map(|second| instances_at(args, second) as u64)
+        .collect();
+    plot_if_asked(
+        args,
+        format!(
+            "autoscaling from 1 to {} instances, each limited to {} req/s, {} req/s offered",
+            args.instances, args.limit, args.offered
+        ),
+        &columns,
+        Some(instances),
+    );
     if with_redis {
         println!(
             "\nThe in-process limit grows with every instance added; the Redis limit holds at {} req/s.",
@@ -387,5 +421,58 @@ async fn autoscale(args: &Args, with_redis: bool) {
             "\nRedis column skipped: no Redis at {}; pass --redis-url to add it.",
             args.redis_url
         );
+    }
+}
+
+/// Instances serving during measured second `second` of an `--autoscale` run (at its middle): one more every
+/// `duration / instances`.
+fn instances_at(args: &Args, second: usize) -> usize {
+    let step = args.duration.as_secs_f64() / args.instances as f64;
+    (((second as f64 + 0.5) / step).floor() as usize + 1).min(args.instances)
+}
+
+/// Clears the progress line (drawn on a terminal only).
+fn clear_progress() {
+    if std::io::stderr().is_terminal() {
+        eprint!("\r{:100}\r", "");
+    }
+}
+
+/// Writes `--plot`'s chart, if asked: a line per design (`rows`), the instances under `--autoscale`.
+fn plot_if_asked(
+    args: &Args,
+    title: String,
+    rows: &[(Design, Outcome)],
+    instances: Option<Vec<u64>>,
+) {
+    let Some(path) = &args.plot else {
+        return;
+    };
+    let chart = plot::Chart {
+        title: format!("tollgate fleet simulation: {title}"),
+        limit: args.limit,
+        series: rows
+            .iter()
+            .map(|(design, outcome)| {
+                let (name, state) = design.label();
+                plot::Series {
+                    colour: design.colour(),
+                    label: if design.state == State::None {
+                        name.to_owned()
+                    } else {
+                        format!("{name}, {state}")
+                    },
+                    per_second: outcome.admitted_per_second.clone(),
+                }
+            })
+            .collect(),
+        instances,
+    };
+    match plot::write(path, &chart) {
+        Ok(()) => println!("\nchart: {}", path.display()),
+        Err(e) => {
+            eprintln!("fleet: {e}");
+            std::process::exit(1);
+        }
     }
 }

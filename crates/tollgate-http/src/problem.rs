@@ -2,7 +2,7 @@
 //!
 //! Rejections carry the problem types the IETF RateLimit draft (draft-ietf-httpapi-ratelimit-headers) registers:
 //! a client over its quota (429) gets `https://iana.org/assignments/http-problem-types#quota-exceeded` with a
-//! `violated-policies` member naming the limit (the policy name of the `RateLimit-Policy` field); a server
+//! `violated-policies` member naming the limit (for a rate limit, the name its `RateLimit-Policy` entry has); a server
 //! protecting itself (503) gets `…#temporary-reduced-capacity`. Every body also names the rejecting `limiter` and
 //! the rejection's `kind`. Other failures (500) are `about:blank`. [`ProblemTypes`] replaces the types with your
 //! own, per rejection kind, and [`HttpLimitLayer::problem_types`](crate::HttpLimitLayer::problem_types) installs

@@ -65,6 +65,8 @@ impl RedisStore {
         failure_threshold: u32,
         cool_down: Duration,
     ) -> Self {
+        // Registered at once (unchanged), so dashboards and alerts see the gauge before any circuit opens.
+        metrics::gauge!(CIRCUIT_OPEN).increment(0.0);
         Self {
             inner: Arc::new(Inner {
                 backend,

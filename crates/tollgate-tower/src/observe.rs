@@ -5,7 +5,13 @@
 //!   admitted by shadow mode), `store_error_open`, `store_error_closed`, `shadow_store_error_closed` or
 //!   `store_error_local` (the store failed and the failure policy decided);
 //! - `tollgate_store_errors_total{limiter, kind, failure_policy}` ([`STORE_ERRORS_TOTAL`]): every store error, by
-//!   [`StoreError::kind`](tollgate_core::StoreError::kind).
+//!   [`StoreError::kind`](tollgate_core::StoreError::kind);
+//! - `tollgate_near_limit_total{limiter}` ([`NEAR_LIMIT_TOTAL`]): admissions that left less than the limiter's
+//!   [`NearLimitShare`] of its limit (default 20 %), the alerting signal before clients see 429s.
+//!
+//! Every decision is also one `tracing` event at DEBUG on the target [`DECISION_TARGET`] (`tollgate::decision`),
+//! with the fields `limiter`, `algorithm`, `store`, `outcome`, `remaining` and `store_latency_us`; with no
+//! subscriber listening at DEBUG nothing is timed, evaluated or formatted.
 //!
 //! Each limiter registers its series once, when its layer is first applied, so that deciding does no label work;
 //! install the `metrics` recorder before building layers. Logs about every request (a failing store, shadow
@@ -22,6 +28,10 @@ use tollgate_core::{FailurePolicy, StoreError};
 
 use crate::Name;
 pub(crate) use crate::log_gate::LogGate;
+
+mod signal;
+pub use signal::{DECISION_TARGET, NEAR_LIMIT_TOTAL, NearLimitShare, ShareError};
+pub(crate) use signal::{Signals, store_name, timed, timed_async};
 
 /// The counter every limiter reports its decisions to: `tollgate_decisions_total{limiter, outcome}`.
 pub const DECISIONS_TOTAL: &str = "tollgate_decisions_total";

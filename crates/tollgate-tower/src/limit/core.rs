@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tollgate_core::{FailurePolicy, StoreError};
 
-use crate::observe::{Counters, LogGate, StoreErrors};
+use crate::observe::{Counters, LogGate, Signals, StoreErrors};
 use crate::{BoxError, EnforcementSwitch, Mode, Name, Rejection, RejectionKind};
 
 /// What a limiter concluded about one request.
@@ -27,17 +27,20 @@ pub(crate) struct Judge {
     counters: Counters,
     /// `None` for a limiter without a store (the worker shedder): no store-error series to register.
     store_errors: Option<StoreErrors>,
+    /// The near-limit counter and the per-decision `tracing` events.
+    signals: Signals,
     log_gate: LogGate,
 }
 
 impl Judge {
-    /// The judge of the limiter `name`, whose refusals count as `refused` (`limited` or `shed`), and whose store
-    /// errors (if it has a store) meet `on_error`.
+    /// The judge of the limiter `name`, whose refusals count as `refused` (`limited` or `shed`), whose store
+    /// errors (if it has a store) meet `on_error`, and whose decisions `signals` reports.
     pub(crate) fn new(
         name: Name,
         switch: EnforcementSwitch,
         on_error: Option<FailurePolicy>,
         refused: &'static str,
+        signals: Signals,
     ) -> Self {
         Self {
             counters: Counters::new(&name, refused),
@@ -45,6 +48,7 @@ impl Judge {
             name,
             switch,
             on_error: on_error.unwrap_or_default(),
+            signals,
             log_gate: LogGate::new(),
         }
     }
@@ -55,29 +59,40 @@ impl Judge {
         self.switch.mode()
     }
 
-    /// Counts an admission by the limiter's own store or rule.
+    /// Counts an admission by the limiter's own store or rule, which left `remaining` of `limit`.
     #[inline(always)]
-    pub(crate) fn admitted(&self) {
+    pub(crate) fn admitted(&self, remaining: u64, limit: u64) {
         self.counters.allowed.increment(1);
+        self.signals.admitted("allowed", remaining, limit);
     }
 
-    /// Counts an admission by the local fallback (the shared store failed).
+    /// Counts an admission of a limiter without a quota to report (the worker shedder).
+    #[inline(always)]
+    pub(crate) fn admitted_unmetered(&self) {
+        self.counters.allowed.increment(1);
+        self.signals.decided("allowed", None);
+    }
+
+    /// Counts an admission by the local fallback (the shared store failed), which left `remaining` of `limit`.
     #[cold]
-    pub(crate) fn admitted_locally(&self) {
+    pub(crate) fn admitted_locally(&self, remaining: u64, limit: u64) {
         self.counters.failed_local.increment(1);
+        self.signals.admitted("store_error_local", remaining, limit);
     }
 
-    /// A request over the limit: refused with `rejection`, or in shadow mode admitted with `shadow_grant` and
-    /// counted apart. `detail` says why, for the logs.
+    /// A request over the limit (`remaining` left): refused with `rejection`, or in shadow mode admitted with
+    /// `shadow_grant` and counted apart. `detail` says why, for the logs.
     #[cold]
     #[inline(never)]
     pub(crate) fn over_limit<G>(
         &self,
         mode: Mode,
+        remaining: u64,
         detail: &dyn fmt::Display,
         shadow_grant: impl FnOnce() -> Option<G>,
         rejection: impl FnOnce() -> Rejection,
     ) -> Conclusion<G> {
+        self.signals.over_limit(mode, remaining);
         if mode == Mode::Shadow {
             self.counters.shadow_rejected.increment(1);
             if self.log_gate.open() {
@@ -119,6 +134,7 @@ impl Judge {
         match self.on_error {
             FailurePolicy::Open => {
                 self.counters.failed_open.increment(1);
+                self.signals.decided("store_error_open", None);
                 Conclusion::Admit(None)
             }
             // The local store is full or failing too: nothing left to decide with.
@@ -132,9 +148,11 @@ impl Judge {
             // Refused by the closed policy, admitted by shadow mode: counted apart, or a dark launch's dashboards
             // would show 503s no client got.
             self.counters.shadow_failed_closed.increment(1);
+            self.signals.decided("shadow_store_error_closed", None);
             return Conclusion::Admit(None);
         }
         self.counters.failed_closed.increment(1);
+        self.signals.decided("store_error_closed", None);
         let rejection = Rejection::new(RejectionKind::StoreUnavailable, self.name.clone());
         Conclusion::Reject(
             match retry_after {

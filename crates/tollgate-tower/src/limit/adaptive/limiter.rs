@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::limit::core::Judge;
+use crate::observe::{NearLimitShare, Signals};
 use crate::{EnforcementSwitch, Name, Priority};
 use metrics::{Counter, Gauge, Histogram};
 use tollgate_core::{Clock, Timestamp};
@@ -56,7 +57,19 @@ impl Limiter {
             limit_gauge,
             started: clock.now(),
             clock,
-            judge: Judge::new(name, switch, None, "shed"),
+            judge: Judge::new(
+                name.clone(),
+                switch,
+                None,
+                "shed",
+                Signals::new(
+                    &name,
+                    "shed",
+                    "adaptive",
+                    "in_process",
+                    NearLimitShare::DEFAULT,
+                ),
+            ),
             retry_after,
             state: Mutex::new(state),
             limit: AtomicU64::new(limit),

@@ -80,11 +80,15 @@ where
         }
         let priority = self.classifier.classify(&req);
         if let Some(permit) = limiter.try_acquire(priority) {
-            limiter.judge.admitted();
+            limiter.judge.admitted(
+                limiter.limit().saturating_sub(limiter.in_flight()),
+                limiter.limit(),
+            );
             return ResponseFuture::calling(self.inner.call(req), Some(permit));
         }
         let over = limiter.judge.over_limit(
             mode,
+            0,
             &format_args!(
                 "{} request over the adaptive limit of {} ({} in flight)",
                 priority.as_str(),

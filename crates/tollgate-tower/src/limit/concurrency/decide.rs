@@ -9,6 +9,7 @@ use tollgate_core::{FailurePolicy, StoreError};
 
 use crate::limit::core::{self, Judge};
 use crate::limit::lease_guard::LeaseGuard;
+use crate::observe::{NearLimitShare, Signals, store_name, timed_async};
 use crate::{EnforcementSwitch, Mode, Name, Permit, Rejection, RejectionKind};
 
 /// What a lease limiter concludes: an admission grants the permit its response holds.
@@ -21,6 +22,7 @@ pub(crate) struct Settings {
     pub(crate) lease_ttl: Duration,
     pub(crate) retry_after: Duration,
     pub(crate) on_error: FailurePolicy,
+    pub(crate) near_limit: NearLimitShare,
 }
 
 pub(crate) struct Shared<R, L> {
@@ -47,8 +49,26 @@ impl<R, L: LeaseStore> Shared<R, L> {
         } else {
             "limited"
         };
+        let algorithm = if kind.is_overload() {
+            "fleet_shed"
+        } else {
+            "concurrency"
+        };
+        let signals = Signals::new(
+            &settings.name,
+            refused,
+            algorithm,
+            store_name::<L>(),
+            settings.near_limit,
+        );
         Self {
-            judge: Judge::new(settings.name, switch, Some(settings.on_error), refused),
+            judge: Judge::new(
+                settings.name,
+                switch,
+                Some(settings.on_error),
+                refused,
+                signals,
+            ),
             rule,
             lease_ttl: settings.lease_ttl,
             retry_after: settings.retry_after,
@@ -68,7 +88,7 @@ impl<R, L: LeaseStore> Shared<R, L> {
             .store
             .leases_expire()
             .then(|| LeaseGuard::unrenewed(self.store.clone(), key.clone(), lease));
-        let result = self.store.acquire(&key, lease, limit, ttl).await;
+        let result = timed_async(self.store.acquire(&key, lease, limit, ttl)).await;
         match (&result, in_doubt) {
             // The reply was lost (a timeout, a dropped connection), not necessarily the request: the lease may be
             // held, or be granted once a stalled server wakes, so release it (the store refuses a lease released
@@ -80,7 +100,8 @@ impl<R, L: LeaseStore> Shared<R, L> {
         }
         match result {
             Ok(admission) if admission.granted => {
-                self.judge.admitted();
+                self.judge
+                    .admitted(limit.saturating_sub(admission.in_flight), limit);
                 let guard = LeaseGuard::new(self.store.clone(), key, lease, ttl);
                 Conclusion::Admit(Some(Permit::new(guard)))
             }
@@ -92,6 +113,7 @@ impl<R, L: LeaseStore> Shared<R, L> {
     fn over_limit(&self, mode: Mode, in_flight: u64, limit: u64) -> Conclusion {
         self.judge.over_limit(
             mode,
+            limit.saturating_sub(in_flight),
             &format_args!("{in_flight} in flight, limit {limit}: {}", self.kind),
             || None,
             || {
@@ -119,7 +141,8 @@ impl<R, L: LeaseStore> Shared<R, L> {
                 if !admission.granted {
                     return Some(self.over_limit(mode, admission.in_flight, limit));
                 }
-                self.judge.admitted_locally();
+                self.judge
+                    .admitted_locally(limit.saturating_sub(admission.in_flight), limit);
                 let guard = LeaseGuard::new(local.clone(), key, lease, self.lease_ttl);
                 Some(Conclusion::Admit(Some(Permit::new(guard))))
             })

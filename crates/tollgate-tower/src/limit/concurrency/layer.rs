@@ -9,6 +9,7 @@ use tower_layer::Layer;
 use super::decide::{Settings, Shared};
 use super::{LeaseLimit, PerKey};
 use crate::limit::core::{Built, enforcement_methods};
+use crate::observe::NearLimitShare;
 use crate::{ConfigError, EnforcementSwitch, Name, RejectionKind};
 
 /// How long a shared lease lives unless renewed (default): a crashed instance's requests stop counting after it.
@@ -69,6 +70,7 @@ impl<K, L: LeaseStore> ConcurrencyLimitLayer<K, L> {
             lease_ttl: DEFAULT_LEASE_TTL,
             retry_after: DEFAULT_RETRY_AFTER,
             on_error: FailurePolicy::Closed,
+            near_limit: NearLimitShare::DEFAULT,
         };
         let rule = PerKey { key, limit };
         Ok(Self::with_rule(
@@ -141,6 +143,17 @@ impl<R, L> LeaseLimitLayer<R, L> {
     pub fn retry_after(mut self, retry_after: Duration) -> Self {
         self.settings.retry_after = retry_after;
         self.rebuilt()
+    }
+
+    /// Counts an admission in `tollgate_near_limit_total{limiter}` when it leaves fewer than `share` of the
+    /// ceiling's slots free (0.0 to 1.0; default 0.2, i.e. 20 %; 0.0 counts nothing).
+    ///
+    /// # Errors
+    /// If `share` is not a number from 0.0 to 1.0.
+    pub fn near_limit(mut self, share: f64) -> Result<Self, ConfigError> {
+        self.settings.near_limit = NearLimitShare::new(share)
+            .map_err(|e| ConfigError::new(format!("{:?}: {e}", self.settings.name)))?;
+        Ok(self.rebuilt())
     }
 
     /// What to do when the store fails: admit (`Open`, the fleet shedder's default), reject with 503 (`Closed`, the

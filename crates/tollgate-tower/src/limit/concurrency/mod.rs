@@ -19,7 +19,9 @@
 //! Metrics: `tollgate_decisions_total{limiter, outcome}` with outcome `allowed`, `limited`, `shadow_limited`,
 //! `store_error_open`, `store_error_closed`, `shadow_store_error_closed` or `store_error_local` (one outcome per
 //! decision); `tollgate_store_errors_total{limiter, kind,
-//! failure_policy}`.
+//! failure_policy}`; `tollgate_near_limit_total{limiter}` for admissions that leave fewer than
+//! [`near_limit`](LeaseLimitLayer::near_limit)'s share of the ceiling free (20 % by default). Each decision is a
+//! `tracing` event at `DEBUG` on the target `tollgate::decision`.
 //!
 //! ```
 //! use std::sync::Arc;

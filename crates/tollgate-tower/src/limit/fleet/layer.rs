@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use crate::observe::NearLimitShare;
 use crate::{Name, Priority, RejectionKind};
 use tollgate_core::FailurePolicy;
 use tollgate_core::lease::LeaseStore;
@@ -41,6 +42,7 @@ impl<P, L: LeaseStore> FleetShedLayer<P, L> {
             lease_ttl: DEFAULT_LEASE_TTL,
             retry_after: DEFAULT_RETRY_AFTER,
             on_error: FailurePolicy::Open,
+            near_limit: NearLimitShare::DEFAULT,
         };
         let rule = FleetRule {
             classifier,

@@ -8,6 +8,7 @@ use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreEr
 
 use crate::key::{hash_bytes, with_key_buffer};
 use crate::limit::core::{self, Judge};
+use crate::observe::{NearLimitShare, Signals, store_name, timed, timed_async};
 use crate::{Cost, KeyError, KeyExtractor, Mode, Name, Rejection, Verdict};
 
 /// What the rate limiter concludes: an admission grants the verdict the headers are rendered from.
@@ -37,7 +38,10 @@ impl<K, St: Store, C> Shared<K, St, C> {
         switch: crate::EnforcementSwitch,
         on_error: FailurePolicy,
         fallback: Option<Arc<MemoryStore>>,
+        near_limit: NearLimitShare,
     ) -> Self {
+        let algorithm = policy.algorithm().as_str();
+        let signals = Signals::new(&name, "limited", algorithm, store_name::<St>(), near_limit);
         // The name, length first (two limiters on one store never share a bucket, whatever their names hold),
         // then zeros up to a multiple of SipHash's 8-byte block: each request's key then starts on a block of its
         // own (an address is one block) instead of being spliced onto the name's leftover bytes.
@@ -47,7 +51,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             state
         });
         Self {
-            judge: Judge::new(name, switch, Some(on_error), "limited"),
+            judge: Judge::new(name, switch, Some(on_error), "limited", signals),
             policy,
             window: policy.quota().window(),
             store,
@@ -67,7 +71,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         mode: Mode,
         keep: bool,
     ) -> Conclusion {
-        let result = self.store.check(&key, &self.policy, cost).await;
+        let result = timed_async(self.store.check(&key, &self.policy, cost)).await;
         self.conclude(result, &key, cost, mode, keep)
     }
 
@@ -79,7 +83,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         mode: Mode,
         keep: bool,
     ) -> Option<Conclusion> {
-        let result = self.store.check_immediate(key, &self.policy, cost)?;
+        let result = timed(|| self.store.check_immediate(key, &self.policy, cost))?;
         Some(self.conclude(result, key, cost, mode, keep))
     }
 
@@ -113,10 +117,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         }
         let cost = self.cost.cost(req);
         Some(
-            match self
-                .store
-                .check_digest(state.finish(), &self.policy, cost)?
-            {
+            match timed(|| self.store.check_digest(state.finish(), &self.policy, cost))? {
                 Ok(decision) => Ok(self.judge(decision, mode, keep)),
                 Err(err) => self.digest_failed(req, &err, cost, mode, keep),
             },
@@ -165,7 +166,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         if !decision.is_allowed() {
             return self.over_limit(decision, mode, keep);
         }
-        self.judge.admitted();
+        self.judge.admitted(decision.remaining, decision.limit);
         Conclusion::Admit(keep.then(|| Box::new(self.verdict(decision, mode))))
     }
 
@@ -177,7 +178,8 @@ impl<K, St: Store, C> Shared<K, St, C> {
         if !decision.is_allowed() {
             return self.over_limit(decision, mode, keep);
         }
-        self.judge.admitted_locally();
+        self.judge
+            .admitted_locally(decision.remaining, decision.limit);
         Conclusion::Admit(keep.then(|| Box::new(self.verdict(decision, mode))))
     }
 
@@ -197,6 +199,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     fn over_limit(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
         self.judge.over_limit(
             mode,
+            decision.remaining,
             &decision.outcome.as_str(),
             || keep.then(|| Box::new(self.verdict(decision, mode))),
             || Rejection::rate_limited(self.verdict(decision, mode)),

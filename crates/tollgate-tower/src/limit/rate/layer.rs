@@ -7,6 +7,7 @@ use tower_layer::Layer;
 use super::RateLimit;
 use super::decide::Shared;
 use crate::limit::core::{Built, enforcement_methods};
+use crate::observe::{NearLimitShare, ShareError};
 use crate::respond::Forward;
 use crate::{EnforcementSwitch, Name, UnitCost};
 
@@ -26,6 +27,7 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     switch: EnforcementSwitch,
     on_error: FailurePolicy,
     fallback: Option<Arc<MemoryStore>>,
+    near_limit: NearLimitShare,
     built: Built<Shared<K, St, C>>,
 }
 
@@ -44,6 +46,7 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             switch: EnforcementSwitch::default(),
             on_error: FailurePolicy::default(),
             fallback: None,
+            near_limit: NearLimitShare::DEFAULT,
             built: Built::default(),
         }
     }
@@ -61,11 +64,23 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             switch: self.switch,
             on_error: self.on_error,
             fallback: self.fallback,
+            near_limit: self.near_limit,
             built: Built::default(),
         }
     }
 
     enforcement_methods!();
+
+    /// Counts an admission in `tollgate_near_limit_total{limiter}` when it leaves less than `share` of the limit
+    /// (0.0 to 1.0; default 0.2, i.e. 20 %; 0.0 counts nothing): the alerting signal before clients see 429s.
+    ///
+    /// # Errors
+    /// If `share` is not a number from 0.0 to 1.0.
+    pub fn near_limit(mut self, share: f64) -> Result<Self, ShareError> {
+        self.near_limit = NearLimitShare::new(share)?;
+        self.built = Built::default();
+        Ok(self)
+    }
 
     /// What to do when the store fails: admit (`Open`), reject with 503 (`Closed`, the default), or decide on an
     /// in-process store with the same policy (`Local`: a per-instance limit while the shared one is down).
@@ -103,6 +118,7 @@ impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
             switch: self.switch.clone(),
             on_error: self.on_error,
             fallback: self.fallback.clone(),
+            near_limit: self.near_limit,
             built: self.built.clone(),
         }
     }
@@ -115,6 +131,7 @@ impl<K, St, C> fmt::Debug for RateLimitLayer<K, St, C> {
             .field("policy", &self.policy)
             .field("mode", &self.switch.mode())
             .field("on_store_error", &self.on_error)
+            .field("near_limit", &self.near_limit.get())
             .finish_non_exhaustive()
     }
 }
@@ -133,6 +150,7 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                 self.switch.clone(),
                 self.on_error,
                 self.fallback.clone(),
+                self.near_limit,
             )
         });
         RateLimit::from_shared(inner, shared, respond)

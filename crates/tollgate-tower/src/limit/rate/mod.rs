@@ -24,7 +24,10 @@
 //! registered once): `tollgate_decisions_total{limiter, outcome}` with outcome `allowed`, `limited`,
 //! `shadow_limited`, `store_error_open`, `store_error_closed`, `shadow_store_error_closed` or `store_error_local`
 //! (a request the local fallback refuses counts as `limited`: one outcome per decision), and
-//! `tollgate_store_errors_total{limiter, kind, failure_policy}`.
+//! `tollgate_store_errors_total{limiter, kind, failure_policy}`, and `tollgate_near_limit_total{limiter}` for
+//! admissions that leave less than [`RateLimitLayer::near_limit`]'s share of the limit (20 % by default). Each
+//! decision is also a `tracing` event at `DEBUG` on the target `tollgate::decision` (see
+//! [`observe::Signals`](crate::observe::Signals)), which costs one atomic load when no subscriber lets it through.
 //!
 //! ```
 //! use std::sync::Arc;

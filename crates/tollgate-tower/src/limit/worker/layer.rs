@@ -11,6 +11,7 @@ use super::controller::{
 };
 use crate::limit::concurrency::DEFAULT_RETRY_AFTER;
 use crate::limit::core::{Built, Judge, enforcement_methods};
+use crate::observe::{NearLimitShare, Signals};
 use crate::{ConfigError, EnforcementSwitch, Name, Priority};
 use metrics::Counter;
 
@@ -81,7 +82,20 @@ impl<P> WorkerShedLayer<P> {
     /// The state every service built from now on shares (built by the first call).
     fn state(&self) -> Arc<WorkerState> {
         self.built.get_or_init(|| WorkerState {
-            judge: Judge::new(self.name.clone(), self.switch.clone(), None, "shed"),
+            judge: Judge::new(
+                self.name.clone(),
+                self.switch.clone(),
+                None,
+                "shed",
+                // No quota to be near: the shedder's level is its signal (`tollgate_worker_shed_percent`).
+                Signals::new(
+                    &self.name,
+                    "shed",
+                    "worker_shed",
+                    "in_process",
+                    NearLimitShare::OFF,
+                ),
+            ),
             retry_after: self.retry_after,
             controller: Controller::new(self.tuning),
             shed_by: [ShedBy::Gate, ShedBy::Controller].map(|by| {

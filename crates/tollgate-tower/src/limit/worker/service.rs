@@ -90,10 +90,11 @@ where
         let priority = self.classifier.classify(&req);
         state.controller.tick();
         match state.controller.admit(priority) {
-            Ok(()) => state.judge.admitted(),
+            Ok(()) => state.judge.admitted_unmetered(),
             Err(by) => {
                 let shed = state.judge.over_limit::<Permit>(
                     mode,
+                    0,
                     &format_args!(
                         "{} request shed by the {} with {} in flight (line {})",
                         priority.as_str(),

@@ -1,0 +1,109 @@
+//! `examples/fleet --plot FILE.svg` as a black box: a short real run (on a private Redis, so every design is
+//! measured), its chart parsed as XML: one line per design, with a point for every measured second.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use tollgate_testkit::redis::RedisServer;
+
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("examples").join(name))
+        .expect("target/<profile>/examples");
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test` (it builds the examples)",
+        path.display()
+    );
+    path
+}
+
+/// Runs the fleet with `args` and `--plot`; the chart's polylines as point counts, and the run's stdout.
+fn plotted(name: &str, args: &[&str]) -> (Vec<usize>, String) {
+    let redis = RedisServer::start();
+    let svg =
+        std::env::temp_dir().join(format!("tollgate-fleet-{}-{name}.svg", std::process::id()));
+    let out = Command::new(example("fleet"))
+        .args(args)
+        .args(["--redis-url", &redis.url(), "--plot"])
+        .arg(&svg)
+        .output()
+        .expect("run the fleet");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "no progress line when stderr is not a terminal: {:?}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&svg).expect("the chart was written");
+    let _ = std::fs::remove_file(&svg);
+    let doc = roxmltree::Document::parse(&text).expect("the chart is well-formed XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let lines = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .map(|n| {
+            n.attribute("points")
+                .unwrap_or("")
+                .split_whitespace()
+                .count()
+        })
+        .collect();
+    (lines, stdout)
+}
+
+#[test]
+fn the_chart_has_a_line_per_design_and_a_point_per_second() {
+    let (lines, stdout) = plotted(
+        "fixed",
+        &[
+            "--instances",
+            "2",
+            "--limit",
+            "20",
+            "--duration",
+            "3s",
+            "--warmup",
+            "1s",
+        ],
+    );
+    // Baseline, then both algorithms on both stores; the limit and the legend's samples are two-point lines.
+    assert_eq!(
+        lines.iter().filter(|&&points| points == 3).count(),
+        5,
+        "{lines:?}\n{stdout}"
+    );
+    assert!(stdout.contains("chart: "), "{stdout}");
+}
+
+#[test]
+fn the_autoscale_chart_adds_the_instances() {
+    let (lines, stdout) = plotted(
+        "autoscale",
+        &[
+            "--autoscale",
+            "--instances",
+            "3",
+            "--limit",
+            "20",
+            "--duration",
+            "3s",
+            "--warmup",
+            "1s",
+        ],
+    );
+    // In-process and Redis, and the instance count.
+    assert_eq!(
+        lines.iter().filter(|&&points| points == 3).count(),
+        3,
+        "{lines:?}\n{stdout}"
+    );
+}
