@@ -11,6 +11,10 @@
 //!     --fleet-capacity 100 --fleet-reserve 20 --redis-url redis://127.0.0.1:6379
 //! curl -i 'http://127.0.0.1:3000/slow?ms=2000' -H 'x-priority: low'
 //!
+//! # An adaptive concurrency limit (Gradient2; or aimd) beside a worker shedder of capacity 10: a burst of Low
+//! # fills 6 of the 10 and no more, so critical requests still get in.
+//! cargo run --example axum_server -- --limit 100000 --adaptive gradient2 --worker-capacity 10
+//!
 //! # Prometheus metrics (decisions by limiter and outcome, near-limit, store latency, circuit) and a log line
 //! # per decision; `docs/grafana/tollgate.json` is a dashboard over these series.
 //! cargo run --example axum_server -- --metrics-addr 127.0.0.1:9090 --log debug

@@ -319,6 +319,7 @@ fn bad_flags_are_clear_errors() {
         &["--on-store-error", "maybe"],
         &["--trusted-proxy", "10.0.0.0/33"],
         &["--fleet-capacity", "5"],
+        &["--adaptive", "fast"],
         &["--no-such-flag"],
         &["--metrics-addr", "nope"],
         &["--log", "loud"],
@@ -332,6 +333,69 @@ fn bad_flags_are_clear_errors() {
         assert!(
             stderr.starts_with("axum_server: ") && stderr.len() > "axum_server: ".len() + 10,
             "{args:?}: {stderr:?}"
+        );
+    }
+}
+
+/// Issue 17's defect as it was found: `--worker-capacity 10`, 20 `Low` requests at once, then `Critical` ones. The
+/// server let all 20 `Low` in and shed `Critical`; now `Low` stops at its line (6) at arrival and `Critical` passes.
+#[test]
+fn a_burst_of_low_leaves_the_capacity_to_critical() {
+    let server = Server::start(&[
+        "--limit",
+        "100000",
+        "--period",
+        "1s",
+        "--worker-capacity",
+        "10",
+    ]);
+    let addr = server.addr;
+    let (tx, answers) = std::sync::mpsc::channel();
+    for _ in 0..20 {
+        let tx = tx.clone();
+        // Held for a minute (until the server is killed): the admitted ones never answer during the test.
+        std::thread::spawn(move || {
+            let _ = tx.send(get(addr, "/slow?ms=60000", &[("x-priority", "low")]).status);
+        });
+    }
+    let mut shed = Vec::new();
+    while shed.len() < 14 {
+        match answers.recv_timeout(Duration::from_secs(10)) {
+            Ok(status) => shed.push(status),
+            Err(_) => panic!(
+                "only {} of 20 Low requests answered: {shed:?} (the rest were admitted)",
+                shed.len()
+            ),
+        }
+    }
+    assert_eq!(shed, [503; 14]);
+    assert!(
+        answers.recv_timeout(Duration::from_millis(300)).is_err(),
+        "more than 14 Low requests shed"
+    );
+    // Six Low are in flight: Critical has the other four, and Low still meets its line.
+    for _ in 0..4 {
+        assert_eq!(
+            server
+                .get("/slow?ms=1", &[("x-priority", "critical")])
+                .status,
+            200
+        );
+    }
+    assert_eq!(
+        server.get("/slow?ms=1", &[("x-priority", "low")]).status,
+        503
+    );
+}
+
+#[test]
+fn adaptive_flag_builds_the_limit() {
+    for algorithm in ["gradient2", "aimd"] {
+        let server = Server::start(&["--limit", "1000", "--adaptive", algorithm]);
+        assert_eq!(server.get("/", &[]).status, 200, "{algorithm}");
+        assert_eq!(
+            server.get("/slow?ms=1", &[("x-priority", "low")]).status,
+            200
         );
     }
 }

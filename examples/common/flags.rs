@@ -285,3 +285,15 @@ impl ObserveFlags {
         Ok(true)
     }
 }
+
+// --- Adaptive concurrency (issue 17): `--adaptive gradient2|aimd`. ---
+
+/// `gradient2` or `aimd`: the adaptive limiter's algorithm, with its default settings (limit 20 to 200).
+pub(crate) fn adaptive(v: &str) -> Result<tollgate_tower::limit::adaptive::Algorithm, String> {
+    use tollgate_tower::limit::adaptive::{Aimd, Gradient2};
+    match v {
+        "gradient2" => Ok(Gradient2::default().into()),
+        "aimd" => Ok(Aimd::default().into()),
+        other => Err(format!("{other:?}: expected gradient2 or aimd")),
+    }
+}

@@ -1,5 +1,6 @@
 //! The Stripe-stack part of the example servers: the flags `--concurrency`, `--worker-capacity`,
-//! `--fleet-capacity`, `--fleet-reserve`, the `GET /slow?ms=N` handler, and the [`StackLayer`] they configure.
+//! `--fleet-capacity`, `--fleet-reserve`, `--adaptive`, the `GET /slow?ms=N` handler, and the [`StackLayer`] they
+//! configure.
 //!
 //! Included with `#[path = "common/stack.rs"] mod stack;`. A limiter whose flag is absent is built switched off
 //! (`Mode::Off`: no store call, no rejection), so the stack has one type whatever the flags.
@@ -12,15 +13,22 @@ use tollgate_core::FailurePolicy;
 use tollgate_core::lease::LeaseStore;
 use tollgate_http::priority::HeaderPriority;
 use tollgate_tower::Mode;
-use tollgate_tower::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
+use tollgate_tower::limit::adaptive::Algorithm;
+use tollgate_tower::{
+    AdaptiveLimitLayer, ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer,
+};
 
 /// The usage lines of the stack's flags.
 pub(crate) const USAGE: &str = "  --concurrency N               at most N requests in flight per client on limited routes (429 beyond)
-  --worker-capacity N           this instance's capacity in requests in flight: sheds Low first, then Normal,
-                                then High, Critical last (503)
+  --worker-capacity N           this instance's capacity in requests in flight (503 beyond): each class is
+                                admitted only below its share of it (Low 60 %, Normal 75 %, High 90 %,
+                                Critical 100 %), and sheds more below those lines while utilization stays high
   --fleet-capacity N            requests in flight across every instance sharing --redis-url (503 beyond the
                                 non-reserved share for non-critical requests)
   --fleet-reserve PERCENT       share of --fleet-capacity reserved for critical requests (default 20)
+  --adaptive ALG                gradient2 | aimd: this instance's concurrency limit follows the latency of its
+                                requests (from 20 to 200 in flight; 503 beyond), each class guaranteed a share
+                                of it (Critical 50 %, High 20 %, Normal 20 %, Low 10 %)
 
 priorities: the x-priority header (critical, high, normal, low), else by method (writes High, reads Normal)";
 
@@ -34,6 +42,7 @@ pub(crate) struct StackFlags {
     pub(crate) worker_capacity: Option<u64>,
     pub(crate) fleet_capacity: Option<u64>,
     pub(crate) fleet_reserve: Option<u8>,
+    pub(crate) adaptive: Option<Algorithm>,
 }
 
 impl StackFlags {
@@ -41,7 +50,11 @@ impl StackFlags {
     pub(crate) fn is_flag(flag: &str) -> bool {
         matches!(
             flag,
-            "--concurrency" | "--worker-capacity" | "--fleet-capacity" | "--fleet-reserve"
+            "--concurrency"
+                | "--worker-capacity"
+                | "--fleet-capacity"
+                | "--fleet-reserve"
+                | "--adaptive"
         )
     }
 
@@ -65,6 +78,10 @@ impl StackFlags {
                         format!("{flag} {value:?}: expected a percentage from 0 to 100")
                     })?;
                 self.fleet_reserve = Some(percent);
+            }
+            "--adaptive" => {
+                self.adaptive =
+                    Some(super::flags::adaptive(value).map_err(|e| format!("{flag}: {e}"))?);
             }
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -90,24 +107,27 @@ impl StackFlags {
     pub(crate) fn describe(&self) -> String {
         let show = |v: Option<u64>| v.map_or_else(|| "off".to_owned(), |n| n.to_string());
         format!(
-            "concurrency {}, worker capacity {}, fleet capacity {} (reserve {} %)",
+            "concurrency {}, worker capacity {}, fleet capacity {} (reserve {} %), adaptive limit {}",
             show(self.concurrency),
             show(self.worker_capacity),
             show(self.fleet_capacity),
-            self.fleet_reserve.unwrap_or(20)
+            self.fleet_reserve.unwrap_or(20),
+            self.adaptive.as_ref().map_or("off", Algorithm::as_str)
         )
     }
 }
 
-/// The layer [`layer`] builds: worker shedder, rate limiter `R`, concurrency limiter, fleet shedder.
+/// The layer [`layer`] builds: worker shedder, adaptive limiter, rate limiter `R`, concurrency limiter, fleet
+/// shedder.
 pub(crate) type Stack<R, K, L> = StackLayer<
     WorkerShedLayer<HeaderPriority>,
     R,
     ConcurrencyLimitLayer<K, L>,
     FleetShedLayer<HeaderPriority, L>,
+    AdaptiveLimitLayer<HeaderPriority>,
 >;
 
-/// The stack of the limited routes: worker shedder → `rate` → concurrency limiter (per client `key`) → fleet
+/// The stack of the limited routes: worker shedder → adaptive limiter → `rate` → concurrency limiter (per client `key`) → fleet
 /// shedder, the leases counted in `leases` (Redis with `--redis-url`, else in process). The concurrency limiter
 /// answers a failing store with `on_store_error`; the fleet shedder fails open (shedding protects the service:
 /// rejecting everything while Redis is down would cause the outage it is there to prevent).
@@ -145,8 +165,21 @@ pub(crate) fn layer<R, K: Clone, L: LeaseStore>(
     .and_then(|f| f.reserve_percent(flags.fleet_reserve.unwrap_or(20)))
     .map_err(|e| e.to_string())?
     .mode(on(flags.fleet_capacity));
+    let adaptive = AdaptiveLimitLayer::new(
+        flags
+            .adaptive
+            .unwrap_or_else(|| tollgate_tower::limit::adaptive::Gradient2::default().into()),
+        HeaderPriority::new(),
+    )
+    .map_err(|e| e.to_string())?
+    .mode(if flags.adaptive.is_some() {
+        Mode::Enforce
+    } else {
+        Mode::Off
+    });
     Ok(StackLayer::new()
         .worker_shedder(worker)
+        .adaptive_limit(adaptive)
         .rate_limit(rate)
         .concurrency_limit(concurrency)
         .fleet_shedder(fleet))

@@ -53,6 +53,7 @@ pub use key::{ConstKey, KeyError, KeyExtractor, KeyFn};
 pub use limit::rate::{RateLimit, RateLimitLayer};
 #[cfg(feature = "stack")]
 pub use limit::{
+    adaptive::{AdaptiveLimit, AdaptiveLimitLayer},
     concurrency::{
         ConcurrencyLimit, ConcurrencyLimitLayer, LeaseLimit, LeaseLimitLayer, LeaseRule, PerKey,
     },

@@ -59,7 +59,8 @@ async fn a_concurrency_rejection_releases_the_inner_readiness() -> Result<(), Bo
 
 #[tokio::test]
 async fn a_shed_request_releases_the_inner_readiness() -> Result<(), BoxError> {
-    let shedder = WorkerShedLayer::new(1, ConstPriority(Priority::Low))?
+    // Capacity 2: Low's line (60 %) is 1 in flight, so the held request fills it and the next one is shed.
+    let shedder = WorkerShedLayer::new(2, ConstPriority(Priority::Low))?
         .interval(Duration::from_millis(1))
         .step_percent(100)?;
     let mut a = ServiceBuilder::new().layer(shedder).service(inner());

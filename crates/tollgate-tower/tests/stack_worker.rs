@@ -4,6 +4,7 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tollgate_http::HttpLimitLayer;
@@ -171,5 +172,95 @@ async fn lowest_class_shed_first_critical_passes_and_shedding_recedes() {
         assert_eq!(levels.shed_percent(p), 0);
     }
     all_pass(addr, Priority::Low, 3).await;
+    assert_eq!(levels.in_flight(), 0, "every request was counted out");
+}
+
+/// Issue 17's defect, black-box: capacity 10, 20 `Low` requests at once, then 4 `Critical`. The controller alone
+/// (levels moved once per interval) let all 20 `Low` in and then shed `Critical`; the gate caps `Low` at its line
+/// (60 %: 6) at arrival, and `Critical` gets the capacity kept for it, however long the instance stays full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_low_cannot_fill_the_instance_and_critical_is_admitted() {
+    // An evaluation at (almost) every request: the controller gets every chance to shed Critical.
+    let shedder = WorkerShedLayer::new(10, HeaderPriority::new())
+        .unwrap()
+        .interval(Duration::from_millis(1));
+    let levels = shedder.clone();
+    let gate = Gate::new();
+    let addr = serve(app(&gate, |r| r.layer(HttpLimitLayer::new(shedder)))).await;
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    let burst = |priority: &'static str, n: usize| {
+        for _ in 0..n {
+            let done_tx = done_tx.clone();
+            tokio::spawn(async move {
+                let reply = get(addr, "/hold", &[("x-priority", priority)]).await;
+                done_tx.send((priority, reply)).unwrap();
+            });
+        }
+    };
+    // Waits until the requests that entered the handler and those answered since the last call make `total`;
+    // returns those answers.
+    let settle = async |done: &mut tokio::sync::mpsc::UnboundedReceiver<_>, total: usize| {
+        let mut answered = Vec::new();
+        for _ in 0..2000 {
+            while let Ok(reply) = done.try_recv() {
+                answered.push(reply);
+            }
+            if gate.entered.load(Ordering::SeqCst) + answered.len() >= total {
+                return answered;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!(
+            "of {total} requests {} entered and {} were answered",
+            gate.entered.load(Ordering::SeqCst),
+            answered.len()
+        );
+    };
+
+    burst("low", 20);
+    let shed = settle(&mut done, 20).await;
+    assert_eq!(
+        gate.entered.load(Ordering::SeqCst),
+        6,
+        "Low admitted beyond its line (60 % of 10)"
+    );
+    assert_eq!(shed.len(), 14);
+    for (_, reply) in &shed {
+        assert_eq!(reply.status, 503);
+        assert!(reply.body.contains(r#""kind":"shed""#), "{}", reply.body);
+        assert_eq!(reply.header("retry-after"), "1");
+    }
+
+    burst("critical", 4);
+    let answered = settle(&mut done, 10).await;
+    assert!(answered.is_empty(), "Critical shed: {answered:#?}");
+    gate.wait_entered(10).await;
+    assert_eq!(levels.in_flight(), 10);
+
+    // Full (100 %) for many evaluations: only the gate turns Critical away, the controller never ramps it.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let reply = get(addr, "/fast", &[("x-priority", "critical")]).await;
+        assert_eq!(reply.status, 503, "no capacity left");
+    }
+    assert_eq!(levels.shed_percent(Priority::Critical), 0);
+    assert_eq!(levels.shed_percent(Priority::Low), 100);
+
+    // One Low finishes (the semaphore is fair: the first held are the Low ones): Critical takes the slot.
+    gate.release(1);
+    let (priority, reply) = done.recv().await.unwrap();
+    assert_eq!((priority, reply.status.as_u16()), ("low", 200));
+    let reply = get(addr, "/fast", &[("x-priority", "critical")]).await;
+    assert_eq!(reply.status, 200, "capacity left, Critical admitted");
+    assert_eq!(
+        get(addr, "/fast", &[("x-priority", "low")]).await.status,
+        503,
+        "Low still at its line"
+    );
+
+    gate.release(9);
+    for _ in 0..9 {
+        assert_eq!(done.recv().await.unwrap().1.status, 200);
+    }
     assert_eq!(levels.in_flight(), 0, "every request was counted out");
 }

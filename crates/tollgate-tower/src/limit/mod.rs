@@ -6,7 +6,8 @@
 //! | concurrent requests per key (`stack`) | a [`LeaseStore`](tollgate_core::lease::LeaseStore): in process or Redis leases | 429 / `RESOURCE_EXHAUSTED` | `concurrency` |
 //! | fleet usage, capacity reserved for `Critical` (`stack`) | Redis leases on one fleet-wide key | 503 / `UNAVAILABLE` | `fleet` |
 //! | worker utilization, lowest priority first (`stack`) | this instance's in-flight count | 503 / `UNAVAILABLE` | `worker` |
-//! | all four, in order (`stack`) | | | `stack` (`StackLayer`) |
+//! | adaptive concurrency: a limit that follows latency, a share per priority (`stack`) | this instance's in-flight count | 503 / `UNAVAILABLE` | `adaptive` |
+//! | all of them, in order (`stack`) | | | `stack` (`StackLayer`) |
 //!
 //! Each limiter's `call` decides (its store, its rule); everything around the decision is shared, so every
 //! limiter behaves alike:
@@ -55,6 +56,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "stack")]
+pub mod adaptive;
 #[cfg(feature = "stack")]
 pub mod concurrency;
 mod core;

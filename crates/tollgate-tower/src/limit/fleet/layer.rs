@@ -48,13 +48,15 @@ impl<P, L: LeaseStore> FleetShedLayer<P, L> {
             classifier,
             capacity,
             reserve_percent: DEFAULT_RESERVE_PERCENT,
+            thresholds: None,
         };
         Ok(Self::with_rule(settings, rule, store, RejectionKind::Shed))
     }
 }
 
 impl<P, L> FleetShedLayer<P, L> {
-    /// Reserves `percent` of the capacity for `Critical` requests (rounded up to whole requests).
+    /// Reserves `percent` of the capacity for `Critical` requests (rounded up to whole requests); per-class
+    /// [`thresholds`](Self::thresholds), when set, take its place.
     ///
     /// # Errors
     /// If `percent` is over 100.
@@ -66,6 +68,24 @@ impl<P, L> FleetShedLayer<P, L> {
         }
         self.rule.reserve_percent = percent;
         Ok(self.rebuilt())
+    }
+
+    /// Gives each non-critical class its own line instead of the one reserve, as the worker shedder does: requests
+    /// of a class are admitted while fewer than `capacity × percent / 100` (rounded down) are in flight fleet-wide;
+    /// `Critical` may use the whole capacity. E.g. `thresholds(60, 75, 90)`: `Low` stops at 60 %, `Normal` at
+    /// 75 %, `High` at 90 %.
+    ///
+    /// # Errors
+    /// Unless `low ≤ normal ≤ high ≤ 100`.
+    pub fn thresholds(mut self, low: u8, normal: u8, high: u8) -> Result<Self, ConfigError> {
+        if !(low <= normal && normal <= high && high <= 100) {
+            return Err(ConfigError::new(format!(
+                "fleet shedder: thresholds low {low} %, normal {normal} %, high {high} % must satisfy \
+                 low ≤ normal ≤ high ≤ 100"
+            )));
+        }
+        self.rule.thresholds = Some([100, high, normal, low]);
+        Ok(self)
     }
 
     /// Renames the shedder, and with it the fleet-wide key (e.g. one fleet per service sharing a Redis).

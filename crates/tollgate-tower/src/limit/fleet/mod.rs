@@ -8,6 +8,9 @@
 //! shed with a [`Rejection`](crate::Rejection) of kind [`Shed`](crate::RejectionKind::Shed)
 //! (HTTP 503, gRPC `UNAVAILABLE`, with a retry delay), while critical requests still pass.
 //!
+//! [`thresholds`](FleetShedLayer::thresholds) gives each non-critical class a line of its own instead (e.g. `Low`
+//! 60 %, `Normal` 75 %, `High` 90 %), as the worker shedder's gate does per instance.
+//!
 //! The ceilings are checked by the acquire script itself (it gets the request's ceiling as its limit), so the
 //! count and the admission are one atomic step across the fleet.
 //!
@@ -39,6 +42,8 @@ pub struct FleetRule<P> {
     classifier: P,
     capacity: u64,
     reserve_percent: u8,
+    /// Per-class lines (percent of capacity, indexed like [`Priority::ALL`]) replacing the one reserve.
+    thresholds: Option<[u8; 4]>,
 }
 
 impl<P> FleetRule<P> {
@@ -47,6 +52,11 @@ impl<P> FleetRule<P> {
     pub fn ceiling(&self, priority: Priority) -> u64 {
         if priority == Priority::Critical {
             return self.capacity;
+        }
+        if let Some(thresholds) = self.thresholds {
+            // Rounded down: a lower class never takes any of the share kept for the classes above it.
+            let line = u128::from(self.capacity) * u128::from(thresholds[priority.index()]) / 100;
+            return u64::try_from(line).unwrap_or(u64::MAX);
         }
         // Reserve rounded up: the critical share is never smaller than asked.
         let reserved = (u128::from(self.capacity) * u128::from(self.reserve_percent)).div_ceil(100);
@@ -71,6 +81,7 @@ mod tests {
             classifier: ConstPriority(Priority::Normal),
             capacity,
             reserve_percent,
+            thresholds: None,
         }
     }
 
@@ -95,5 +106,17 @@ mod tests {
             u64::MAX / 2,
             "no overflow"
         );
+    }
+
+    #[test]
+    fn per_class_lines_replace_the_one_reserve() {
+        let rule = FleetRule {
+            thresholds: Some([100, 90, 75, 60]),
+            ..rule(10, 20)
+        };
+        assert_eq!(rule.ceiling(Priority::Critical), 10);
+        assert_eq!(rule.ceiling(Priority::High), 9);
+        assert_eq!(rule.ceiling(Priority::Normal), 7, "7.5 rounds down");
+        assert_eq!(rule.ceiling(Priority::Low), 6);
     }
 }

@@ -1,5 +1,7 @@
-//! The shedding controller: per-class shed levels that move in steps, at most once per interval, with
-//! hysteresis, so shedding ramps up and down gradually instead of flapping.
+//! The worker shedder's two decisions: the **gate** (at arrival, a class is admitted only while in-flight is below
+//! its line, its threshold share of capacity) and the **controller** (per-class shed levels that move in steps,
+//! at most once per interval, with hysteresis, so shedding below those lines ramps up and down gradually instead
+//! of flapping).
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -50,9 +52,39 @@ pub(crate) fn sheds(n: u64, level: u8) -> bool {
     (n + 1) * level / 100 > n * level / 100
 }
 
+/// Which of the worker shedder's two decisions turned a request away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShedBy {
+    /// In-flight had reached the class's line (its threshold share of capacity) when it arrived.
+    Gate,
+    /// The controller's shed level for the class (shedding below the line while utilization stays high).
+    Controller,
+}
+
+impl ShedBy {
+    /// The `reason` label of `tollgate_shed_total`.
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::Gate => "gate",
+            Self::Controller => "controller",
+        }
+    }
+}
+
+/// The line of each class (indexed like [`Priority::ALL`]): requests of the class are admitted while fewer than
+/// this many are in flight, `capacity × threshold / 100` rounded down, so that a lower class never takes any of
+/// the share reserved for the classes above it.
+pub(crate) fn lines(tuning: &Tuning) -> [u64; 4] {
+    tuning.thresholds.map(|t| {
+        let line = u128::from(tuning.capacity) * u128::from(t) / 100;
+        u64::try_from(line).unwrap_or(u64::MAX)
+    })
+}
+
 /// The live controller of one worker (instance): in-flight count, its peak, the shed levels.
 pub(crate) struct Controller {
     pub(crate) tuning: Tuning,
+    lines: [u64; 4],
     start: Instant,
     in_flight: AtomicU64,
     peak: AtomicU64,
@@ -64,6 +96,7 @@ pub(crate) struct Controller {
 impl Controller {
     pub(crate) fn new(tuning: Tuning) -> Self {
         Self {
+            lines: lines(&tuning),
             tuning,
             start: Instant::now(),
             in_flight: AtomicU64::new(0),
@@ -111,6 +144,9 @@ impl Controller {
         let utilization = peak.saturating_mul(100) / self.tuning.capacity;
         let current = std::array::from_fn(|i| self.levels[i].load(Ordering::Relaxed));
         let mut next = next_levels(current, utilization, &self.tuning);
+        // Critical is the class the capacity is kept for: the controller never sheds it (its only line is the gate),
+        // or at 100 % it would turn critical traffic away while the lower classes that filled the instance run on.
+        next[Priority::Critical.index()] = 0;
         // Evaluations run on the request path, so none ran in the intervals after `due` in which no request came:
         // they are caught up now, or a quiet spell after a burst would keep its shedding until traffic returned
         // (and a stale peak would raise it further). The first of them saw the peak; in the rest nothing new was
@@ -122,6 +158,7 @@ impl Controller {
         for _ in 0..missed.min(enough) {
             next = next_levels(next, now_utilization, &self.tuning);
         }
+        next[Priority::Critical.index()] = 0;
         let utilization = if missed > 0 {
             now_utilization
         } else {
@@ -148,7 +185,34 @@ impl Controller {
         true
     }
 
-    /// Whether the next request of `priority` is shed.
+    /// The line of `priority`: its requests are admitted while fewer than this many are in flight.
+    pub(crate) fn line(&self, priority: Priority) -> u64 {
+        self.lines[priority.index()]
+    }
+
+    /// Decides one request of `priority` at arrival and, when admitted, counts it in flight: first the gate (is
+    /// in-flight below the class's line?), then the controller's shed level. The gate's check and the count are
+    /// one atomic step, so concurrent arrivals can never push a class past its line.
+    pub(crate) fn admit(&self, priority: Priority) -> Result<(), ShedBy> {
+        let line = self.line(priority);
+        if self.in_flight() >= line {
+            return Err(ShedBy::Gate);
+        }
+        if self.should_shed(priority) {
+            return Err(ShedBy::Controller);
+        }
+        let now = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < line).then_some(n + 1)
+            })
+            .map_err(|_| ShedBy::Gate)?
+            + 1;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether the next request of `priority` is shed by the controller.
     pub(crate) fn should_shed(&self, priority: Priority) -> bool {
         let level = self.level(priority);
         if level == 0 {
@@ -158,7 +222,7 @@ impl Controller {
         sheds(n, level)
     }
 
-    /// Counts one more request in flight.
+    /// Counts one more request in flight, whatever the lines (shadow mode admits what it would shed).
     pub(crate) fn enter(&self) {
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak.fetch_max(now, Ordering::Relaxed);
@@ -253,7 +317,8 @@ mod tests {
             c.enter();
         }
         assert!(c.tick_at(0));
-        assert_eq!(levels(&c), [25; 4]);
+        // Critical is never shed by the controller (its line is the gate's): the others ramp.
+        assert_eq!(levels(&c), [0, 25, 25, 25]);
         for _ in 0..12 {
             c.leave();
         }
@@ -269,7 +334,7 @@ mod tests {
         }
         assert!(c.tick_at(0));
         assert!(c.tick_at(2_000));
-        assert_eq!(levels(&c), [100; 4]);
+        assert_eq!(levels(&c), [0, 100, 100, 100]);
 
         // Requests that keep coming evaluate on time (or less than an interval late): nothing to catch up.
         let c = Controller::new(tuning());
@@ -282,5 +347,122 @@ mod tests {
         assert_eq!(levels(&c), [0, 0, 50, 50]);
         assert!(c.tick_at(250));
         assert_eq!(levels(&c), [0, 0, 75, 75]);
+    }
+
+    #[test]
+    fn lines_round_down_so_lower_classes_never_take_reserved_capacity() {
+        let t = tuning();
+        // Capacity 10: Critical 10, High 9, Normal 7 (7.5 rounded down), Low 6.
+        assert_eq!(lines(&t), [10, 9, 7, 6]);
+        let one = Tuning { capacity: 1, ..t };
+        assert_eq!(lines(&one), [1, 0, 0, 0], "one slot: only Critical gets it");
+        let huge = Tuning {
+            capacity: u64::MAX,
+            ..t
+        };
+        assert_eq!(lines(&huge)[0], u64::MAX, "no overflow");
+    }
+
+    #[test]
+    fn the_gate_caps_a_burst_of_low_and_critical_still_gets_in() {
+        // The defect of issue 17 in the model: 20 Low at once, then 4 Critical, capacity 10.
+        let c = Controller::new(tuning());
+        assert!(c.tick_at(0));
+        let low: Vec<_> = (0..20).map(|_| c.admit(Priority::Low)).collect();
+        assert_eq!(low.iter().filter(|r| r.is_ok()).count(), 6);
+        assert!(low[6..].iter().all(|r| *r == Err(ShedBy::Gate)));
+        for _ in 0..4 {
+            assert_eq!(c.admit(Priority::Critical), Ok(()));
+        }
+        assert_eq!(c.admit(Priority::Critical), Err(ShedBy::Gate), "full");
+        // At 100 % for a long time: the controller ramps the lower classes, never Critical.
+        for t in 1..=20 {
+            c.tick_at(t * 100);
+        }
+        assert_eq!(c.level(Priority::Critical), 0);
+        assert_eq!(c.level(Priority::Low), 100);
+        c.leave();
+        assert_eq!(
+            c.admit(Priority::Critical),
+            Ok(()),
+            "a slot freed: Critical takes it"
+        );
+        c.leave();
+        c.leave();
+        assert_eq!(
+            c.admit(Priority::High),
+            Err(ShedBy::Controller),
+            "below High's line, but the controller sheds it"
+        );
+    }
+
+    mod model {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Arrive(Priority),
+            /// The `n`-th (modulo) request in flight finishes.
+            Finish(usize),
+            /// Milliseconds pass (the controller evaluates at the next arrival).
+            Advance(u64),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => prop::sample::select(Priority::ALL.to_vec()).prop_map(Op::Arrive),
+                3 => any::<usize>().prop_map(Op::Finish),
+                1 => (1_u64..300).prop_map(Op::Advance),
+            ]
+        }
+
+        proptest! {
+            /// Under any arrival order, with any finishes and any passage of time (a manual clock): the requests
+            /// of a class and the classes below it never exceed that class's line, and a Critical request is
+            /// admitted whenever capacity remains.
+            #[test]
+            fn lower_classes_never_exceed_their_share(
+                capacity in 1_u64..40,
+                step in 1_u8..=100,
+                ops in prop::collection::vec(op(), 1..400),
+            ) {
+                let t = Tuning { capacity, step, ..tuning() };
+                let c = Controller::new(t);
+                let lines = lines(&t);
+                let mut now = 0;
+                let mut held: Vec<Priority> = Vec::new();
+                for op in ops {
+                    match op {
+                        Op::Arrive(p) => {
+                            c.tick_at(now);
+                            let room = (held.len() as u64) < capacity;
+                            match c.admit(p) {
+                                Ok(()) => held.push(p),
+                                Err(by) => prop_assert!(
+                                    p != Priority::Critical || !room,
+                                    "Critical shed by the {} with {} of {capacity} in flight",
+                                    by.as_str(), held.len()
+                                ),
+                            }
+                        }
+                        Op::Finish(n) if !held.is_empty() => {
+                            held.swap_remove(n % held.len());
+                            c.leave();
+                        }
+                        Op::Finish(_) => {}
+                        Op::Advance(ms) => now += ms,
+                    }
+                    prop_assert_eq!(c.in_flight(), held.len() as u64);
+                    for class in Priority::ALL {
+                        let at_or_below = held.iter().filter(|p| !p.outranks(class)).count() as u64;
+                        prop_assert!(
+                            at_or_below <= lines[class.index()],
+                            "{} {class} and below in flight, line {}", at_or_below, lines[class.index()]
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -7,12 +7,13 @@ use tower_layer::Layer;
 use super::WorkerShed;
 use super::controller::{
     Controller, DEFAULT_HYSTERESIS_PERCENT, DEFAULT_INTERVAL, DEFAULT_STEP_PERCENT,
-    DEFAULT_THRESHOLDS, Tuning,
+    DEFAULT_THRESHOLDS, ShedBy, Tuning,
 };
 use crate::limit::concurrency::DEFAULT_RETRY_AFTER;
 use crate::limit::core::{Built, Judge, enforcement_methods};
 use crate::observe::{NearLimitShare, Signals};
 use crate::{ConfigError, EnforcementSwitch, Name, Priority};
+use metrics::Counter;
 
 /// The worker shedder's default name (in metrics, logs and rejections).
 pub const DEFAULT_WORKER_NAME: &str = "worker";
@@ -22,7 +23,12 @@ pub(crate) struct WorkerState {
     pub(crate) judge: Judge,
     pub(crate) retry_after: Duration,
     pub(crate) controller: Controller,
+    /// `tollgate_shed_total{limiter, reason}`, indexed by [`ShedBy`]: which decision shed (`gate`, `controller`).
+    pub(crate) shed_by: [Counter; 2],
 }
+
+/// The counter of shed requests by the decision that shed them: `tollgate_shed_total{limiter, reason}`.
+pub const SHED_TOTAL: &str = "tollgate_shed_total";
 
 /// Sheds the lowest priorities first when this instance is busy: see the [module docs](super).
 ///
@@ -43,6 +49,10 @@ impl<P> WorkerShedLayer<P> {
     /// `classifier`. Defaults: thresholds `Low` 60 %, `Normal` 75 %, `High` 90 %, `Critical` 100 % of capacity;
     /// shed levels move 25 points per evaluation, at most every 100 ms, and recede only 10 points below the
     /// threshold; shed requests are told to retry after 1 s.
+    ///
+    /// A class is admitted while in-flight is below its line, `capacity × threshold` rounded down (see
+    /// [`line`](Self::line)): with the default thresholds a capacity of 1 admits only `Critical` requests (the
+    /// 40 % kept from the lower classes is the whole slot).
     ///
     /// # Errors
     /// If `capacity` is 0.
@@ -88,6 +98,9 @@ impl<P> WorkerShedLayer<P> {
             ),
             retry_after: self.retry_after,
             controller: Controller::new(self.tuning),
+            shed_by: [ShedBy::Gate, ShedBy::Controller].map(|by| {
+                metrics::counter!(SHED_TOTAL, "limiter" => self.name.to_string(), "reason" => by.as_str())
+            }),
         })
     }
 
@@ -167,7 +180,15 @@ impl<P> WorkerShedLayer<P> {
         self.state().controller.in_flight()
     }
 
-    /// The share of `priority` requests currently shed, in percent.
+    /// The line of `priority`: its requests are admitted only while fewer than this many are in flight
+    /// (`capacity × threshold / 100`, rounded down).
+    #[must_use]
+    pub fn line(&self, priority: Priority) -> u64 {
+        self.state().controller.line(priority)
+    }
+
+    /// The share of `priority` requests the controller currently sheds below the class's line, in percent
+    /// (always 0 for `Critical`).
     #[must_use]
     pub fn shed_percent(&self, priority: Priority) -> u8 {
         self.state().controller.level(priority)

@@ -89,28 +89,33 @@ where
         }
         let priority = self.classifier.classify(&req);
         state.controller.tick();
-        if state.controller.should_shed(priority) {
-            let shed = state.judge.over_limit::<Permit>(
-                mode,
-                0,
-                &format_args!(
-                    "{} request shed with {} in flight",
-                    priority.as_str(),
-                    state.controller.in_flight()
-                ),
-                || None,
-                || {
-                    Rejection::new(RejectionKind::Shed, state.judge.name.clone())
-                        .with_retry_after(state.retry_after)
-                },
-            );
-            if let Conclusion::Reject(rejection) = shed {
-                return refuse(&mut self.inner, rejection, Hold);
+        match state.controller.admit(priority) {
+            Ok(()) => state.judge.admitted_unmetered(),
+            Err(by) => {
+                let shed = state.judge.over_limit::<Permit>(
+                    mode,
+                    0,
+                    &format_args!(
+                        "{} request shed by the {} with {} in flight (line {})",
+                        priority.as_str(),
+                        by.as_str(),
+                        state.controller.in_flight(),
+                        state.controller.line(priority)
+                    ),
+                    || None,
+                    || {
+                        Rejection::new(RejectionKind::Shed, state.judge.name.clone())
+                            .with_retry_after(state.retry_after)
+                    },
+                );
+                if let Conclusion::Reject(rejection) = shed {
+                    state.shed_by[by as usize].increment(1);
+                    return refuse(&mut self.inner, rejection, Hold);
+                }
+                // Shadow mode: admitted whatever the lines.
+                state.controller.enter();
             }
-        } else {
-            state.judge.admitted_unmetered();
         }
-        state.controller.enter();
         let permit = Permit::new(InFlight(state.clone()));
         ResponseFuture::calling(self.inner.call(req), Some(permit), Hold)
     }
