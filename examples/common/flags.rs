@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, FailurePolicy, Policy, Quota};
+use tollgate_core::{Algorithm, FailurePolicy, Policy, Quota, Store};
 use tollgate_redis::RedisStore;
 
 /// Walks the arguments: yields each flag, and hands out its value on request.
@@ -129,7 +129,7 @@ impl ServerFlags {
             .build()
             .await
             .map_err(|e| format!("--redis-url {url:?}: {e}"))?;
-        if let Err(e) = store.try_check("startup-probe", policy, 0).await {
+        if let Err(e) = store.check("startup-probe", policy, 0).await {
             eprintln!(
                 "warning: Redis at {url} is not answering ({e}); --on-store-error {} applies",
                 self.on_store_error

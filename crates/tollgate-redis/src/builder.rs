@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use tollgate_core::FailurePolicy;
-
 use crate::backend::{self, Backend};
 use crate::{BuildError, RedisStore};
 
@@ -35,7 +33,6 @@ pub struct RedisStoreBuilder {
     namespace: String,
     timeout: Duration,
     pool_size: usize,
-    failure_policy: Option<FailurePolicy>,
     failure_threshold: u32,
     cool_down: Duration,
 }
@@ -55,7 +52,6 @@ impl RedisStoreBuilder {
             namespace: DEFAULT_NAMESPACE.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             pool_size: DEFAULT_POOL_SIZE,
-            failure_policy: None,
             failure_threshold: DEFAULT_FAILURE_THRESHOLD,
             cool_down: DEFAULT_COOL_DOWN,
         }
@@ -67,7 +63,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Longest wait for any Redis call, connecting included (default 50 ms). Past it the failure policy decides.
+    /// Longest wait for any Redis call, connecting included (default 50 ms). Past it the call fails (with
+    /// [`StoreError::Timeout`](tollgate_core::StoreError::Timeout)) and the limiter's failure policy decides.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -78,17 +75,6 @@ impl RedisStoreBuilder {
     /// Cluster, whose client multiplexes one connection per node.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
-        self
-    }
-
-    /// Makes the store itself answer with `policy` when Redis cannot (counted and logged), so
-    /// [`Store::check`](tollgate_core::Store::check) never fails.
-    ///
-    /// Unset by default: the error is returned, and the limiter that asked (e.g. a tollgate tower layer, with its
-    /// own `on_store_error` policy, metrics and rejection types) decides. Set it when the store is used on its own.
-    /// [`RedisStore::try_check`] always returns the error.
-    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.failure_policy = Some(policy);
         self
     }
 
@@ -144,7 +130,6 @@ impl RedisStoreBuilder {
             backend,
             self.namespace,
             self.timeout,
-            self.failure_policy,
             self.failure_threshold,
             self.cool_down,
         );

@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// Why Redis could not decide. Wrapped in [`StoreError::Backend`](tollgate_core::StoreError::Backend); callers
-/// of [`RedisStore::try_check`](crate::RedisStore::try_check) can downcast the source to this type.
+/// can downcast the source to this type.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum BackendError {

@@ -1,21 +1,23 @@
-//! [`RedisStore`]: one `EVALSHA` per decision, bounded by a timeout, guarded by a circuit breaker, and a failure
-//! policy for when Redis cannot answer.
+//! [`RedisStore`]: one `EVALSHA` per decision, bounded by a timeout and guarded by a circuit breaker. What to do
+//! when Redis cannot answer is the limiter's failure policy: the store returns the error.
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use tollgate_core::{
-    Algorithm, Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp,
-};
+use tollgate_core::{Algorithm, Decision, Policy, Store, StoreError, Timestamp};
 
 use crate::backend::Backend;
 use crate::circuit::{Admission, Circuit, CircuitState};
-use crate::degraded::{CIRCUIT_OPEN, DegradedLog, LATENCY_SECONDS};
+use crate::observe::{CIRCUIT_OPEN, LATENCY_SECONDS};
 use crate::eviction::{self, EvictionCheck};
 use crate::script::{self, Scripts};
 use crate::{RedisStoreBuilder, keys};
 
-/// Limiter state in Redis: the same decisions as [`MemoryStore`], for a whole fleet.
+/// Limiter state in Redis: the same decisions as [`MemoryStore`](tollgate_core::MemoryStore), for a whole fleet.
+///
+/// Two entry points: [`Store::check`] decides on Redis's clock, [`check_at`](Self::check_at) at an instant the
+/// caller gives. Both return Redis's failures (a timeout, an open circuit, a `READONLY` replica) as errors, for the
+/// limiter's failure policy to answer.
 ///
 /// Cheap to clone (the pool and circuit are shared). See the [crate docs](crate) for an example.
 #[derive(Debug, Clone)]
@@ -29,10 +31,7 @@ struct Inner {
     scripts: Scripts,
     namespace: String,
     timeout: Duration,
-    failure_policy: Option<FailurePolicy>,
     circuit: Circuit,
-    local: MemoryStore,
-    log: DegradedLog,
     eviction: OnceLock<EvictionCheck>,
 }
 
@@ -51,8 +50,7 @@ impl RedisStore {
         RedisStoreBuilder::cluster(nodes.into_iter().map(Into::into).collect())
     }
 
-    /// A store on one server with every default (namespace `tollgate`, 50 ms timeout, errors returned to the
-    /// limiter).
+    /// A store on one server with every default (namespace `tollgate`, 50 ms timeout).
     pub async fn connect(url: impl Into<String>) -> Result<Self, crate::BuildError> {
         Self::builder(url).build().await
     }
@@ -61,7 +59,6 @@ impl RedisStore {
         backend: Backend,
         namespace: String,
         timeout: Duration,
-        failure_policy: Option<FailurePolicy>,
         failure_threshold: u32,
         cool_down: Duration,
     ) -> Self {
@@ -71,10 +68,7 @@ impl RedisStore {
                 scripts: Scripts::new(),
                 namespace,
                 timeout,
-                failure_policy,
                 circuit: Circuit::new(failure_threshold, cool_down),
-                local: MemoryStore::new(),
-                log: DegradedLog::new(),
                 eviction: OnceLock::new(),
             }),
         }
@@ -85,33 +79,11 @@ impl RedisStore {
         self
     }
 
-    /// Decides at `now` instead of the server's time (the shared vectors and tests), applying the store's failure
-    /// policy, if it has one, like [`Store::check`].
+    /// Decides at `now` instead of the server's time (the shared vectors, tests, replays). Like [`Store::check`],
+    /// it is bounded by the timeout, skipped while the circuit is open, and returns Redis's failure as an error: a
+    /// `READONLY` reply (a replica) is a [`StoreError::Backend`] whose source downcasts to
+    /// [`BackendError::ReadOnly`](crate::BackendError::ReadOnly).
     pub async fn check_at(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        let result = self.decide(key, policy, cost, Some(now)).await;
-        self.or_degrade(result, key, policy, cost, Some(now))
-    }
-
-    /// Decides on Redis's clock and returns Redis's failure as an error instead of applying the failure policy
-    /// (still bounded by the timeout and skipped while the circuit is open). A `READONLY` reply (a replica) is a
-    /// [`StoreError::Backend`] whose source downcasts to [`BackendError::ReadOnly`](crate::BackendError::ReadOnly).
-    pub async fn try_check(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> Result<Decision, StoreError> {
-        self.decide(key, policy, cost, None).await
-    }
-
-    /// [`try_check`](Self::try_check) at an injected instant.
-    pub async fn try_check_at(
         &self,
         key: &str,
         policy: &Policy,
@@ -156,13 +128,7 @@ impl RedisStore {
     /// The circuit breaker's state.
     #[must_use]
     pub fn circuit_state(&self) -> CircuitState {
-        self.inner.circuit.state()
-    }
-
-    /// The store's own failure policy (`None`: errors go to the caller).
-    #[must_use]
-    pub fn failure_policy(&self) -> Option<FailurePolicy> {
-        self.inner.failure_policy
+        self.inner.circuit.state(Instant::now())
     }
 
     /// The timeout of every Redis call.
@@ -201,7 +167,7 @@ impl RedisStore {
         parse: impl FnOnce(&redis::Value) -> Result<T, crate::BackendError>,
     ) -> Result<T, StoreError> {
         let inner = &*self.inner;
-        let admission = inner.circuit.admit();
+        let admission = inner.circuit.admit(Instant::now());
         if admission == Admission::Skip {
             return Err(StoreError::CircuitOpen);
         }
@@ -230,7 +196,7 @@ impl RedisStore {
             }
             Err(e) => {
                 metrics::histogram!(LATENCY_SECONDS, "outcome" => "error").record(elapsed);
-                if inner.circuit.failed(admission) {
+                if inner.circuit.failed(admission, Instant::now()) {
                     metrics::gauge!(CIRCUIT_OPEN).set(1.0);
                     tracing::warn!(error = %e, "Redis keeps failing: rate-limiter circuit open, skipping Redis");
                 }
@@ -243,45 +209,13 @@ impl RedisStore {
     pub(crate) fn namespace(&self) -> &str {
         &self.inner.namespace
     }
-
-    /// Applies the failure policy to a failed decision.
-    fn or_degrade(
-        &self,
-        result: Result<Decision, StoreError>,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-        now: Option<Timestamp>,
-    ) -> Result<Decision, StoreError> {
-        let error = match result {
-            Ok(decision) => return Ok(decision),
-            Err(e) => e,
-        };
-        let inner = &*self.inner;
-        let Some(failure_policy) = inner.failure_policy else {
-            return Err(error);
-        };
-        inner.log.record(&error, failure_policy);
-        let now = now.unwrap_or_else(|| Timestamp::from(SystemTime::now()));
-        if let Some(decision) = failure_policy.synthesize(policy, now) {
-            return Ok(decision);
-        }
-        // A full local table cannot track this key: protect rather than admit blindly.
-        inner.local.check_at(key, policy, cost, now).or_else(|_| {
-            FailurePolicy::Closed
-                .synthesize(policy, now)
-                .ok_or(StoreError::CircuitOpen)
-        })
-    }
 }
 
 impl Store for RedisStore {
-    /// Decides on Redis's clock. If Redis fails, times out or the circuit is open: with a store failure policy,
-    /// answers with it (counted and logged; a local fallback that cannot track one more key answers as if failing
-    /// closed); without one, returns the error for the limiter's own policy.
+    /// Decides on Redis's clock. If Redis fails, times out or the circuit is open, returns the error: the
+    /// limiter's failure policy answers (and counts and logs it).
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        let result = self.decide(key, policy, cost, None).await;
-        self.or_degrade(result, key, policy, cost, None)
+        self.decide(key, policy, cost, None).await
     }
 }
 

@@ -30,7 +30,7 @@ async fn shared_vectors_are_bit_identical_to_memory_store_and_expected() {
             // A key per case: cases must not see each other's state.
             let key = format!("case{i}:{}", step.key);
             let from_redis = redis
-                .try_check_at(&key, &policy, step.cost, step.at())
+                .check_at(&key, &policy, step.cost, step.at())
                 .await
                 .expect("redis decides");
             let from_memory = memory
@@ -123,7 +123,7 @@ async fn lua_agrees_with_rust_on_random_policies_and_traffic() {
             let key = format!("p{i}");
             let at = Timestamp::from_micros(now);
             let r = redis
-                .try_check_at(&key, policy, cost, at)
+                .check_at(&key, policy, cost, at)
                 .await
                 .expect("redis decides");
             let m = memory
@@ -186,7 +186,7 @@ fn sixty_four_concurrent_tasks_admit_exactly_the_limit_and_a_naive_client_does_n
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..PER_TASK {
                         if store
-                            .try_check("hot", &policy, 1)
+                            .check("hot", &policy, 1)
                             .await
                             .expect("redis decides")
                             .is_allowed()
@@ -299,7 +299,7 @@ async fn every_key_has_the_policy_derived_ttl() {
     for (policy, requests) in [(bucket, 2), (window, 3)] {
         let mut last = None;
         for _ in 0..requests {
-            last = Some(store.try_check("client", &policy, 1).await.unwrap());
+            last = Some(store.check("client", &policy, 1).await.unwrap());
         }
         let decision = last.unwrap();
         let key = store.redis_key("client", policy.algorithm());
@@ -321,13 +321,13 @@ async fn every_key_has_the_policy_derived_ttl() {
     // A denied request writes nothing: the TTL is not extended.
     let tiny = Policy::token_bucket(Quota::per_hour(1).unwrap());
     assert_eq!(
-        store.try_check("once", &tiny, 1).await.unwrap().outcome,
+        store.check("once", &tiny, 1).await.unwrap().outcome,
         Outcome::Allowed
     );
     let once = store.redis_key("once", Algorithm::TokenBucket);
     let before: i64 = conn.pttl(&once).await.unwrap();
     assert_eq!(
-        store.try_check("once", &tiny, 1).await.unwrap().outcome,
+        store.check("once", &tiny, 1).await.unwrap().outcome,
         Outcome::Limited
     );
     let after: i64 = conn.pttl(&once).await.unwrap();
@@ -385,7 +385,7 @@ async fn state_left_by_another_quota_is_decided_alike_by_lua_and_rust() {
             .await
             .unwrap();
         let _: () = conn.expire(&redis_key, 3_600).await.unwrap();
-        let from_redis = store.try_check_at(&key, &policy, 1, now).await.unwrap();
+        let from_redis = store.check_at(&key, &policy, 1, now).await.unwrap();
         let expected = token_bucket::decide(Some(state), &policy.quota(), 1, now).decision;
         assert_eq!(from_redis, expected, "state {state:?}");
         assert!(from_redis.remaining <= from_redis.limit, "{from_redis:?}");
@@ -407,13 +407,13 @@ async fn a_window_decided_after_a_clock_step_back_lives_until_its_reset() {
         Timestamp::from_micros(window_start.as_micros().checked_add_signed(offset).unwrap())
     };
     let first = store
-        .try_check_at("c", &window, 1, at(10_000_000))
+        .check_at("c", &window, 1, at(10_000_000))
         .await
         .unwrap();
     assert!(first.is_allowed());
     // An hour back: into the previous window.
     let stepped = store
-        .try_check_at("c", &window, 1, at(10_000_000 - 3_600_000_000))
+        .check_at("c", &window, 1, at(10_000_000 - 3_600_000_000))
         .await
         .unwrap();
     assert!(stepped.is_allowed());
@@ -460,8 +460,8 @@ async fn hostile_keys_are_hashed_and_still_limited() {
             redis_key.len() < 120 && !redis_key.contains(key),
             "{redis_key}"
         );
-        assert!(store.try_check(key, &policy, 1).await.unwrap().is_allowed());
-        assert!(store.try_check(key, &policy, 1).await.unwrap().is_allowed());
-        assert!(!store.try_check(key, &policy, 1).await.unwrap().is_allowed());
+        assert!(store.check(key, &policy, 1).await.unwrap().is_allowed());
+        assert!(store.check(key, &policy, 1).await.unwrap().is_allowed());
+        assert!(!store.check(key, &policy, 1).await.unwrap().is_allowed());
     }
 }

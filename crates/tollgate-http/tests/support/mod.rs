@@ -13,7 +13,7 @@ use axum::routing::{self, Route};
 use std::convert::Infallible;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tollgate_core::{MemoryStore, Policy};
+use tollgate_core::{MemoryStore, Policy, Store};
 
 use tollgate_http::{HttpAdapt, HttpLimitLayer};
 use tollgate_redis::RedisStore;
@@ -159,7 +159,7 @@ pub async fn redis_store() -> Arc<RedisStore> {
         .await
         .unwrap_or_else(|e| panic!("cannot build a Redis store for {url}: {e} (set REDIS_URL)"));
     let probe = Policy::token_bucket(tollgate_core::Quota::per_second(1).unwrap());
-    if let Err(e) = store.try_check("probe", &probe, 0).await {
+    if let Err(e) = store.check("probe", &probe, 0).await {
         panic!("Redis at {url} is not reachable: {e} (start redis-server or set REDIS_URL)");
     }
     Arc::new(store)
