@@ -1,9 +1,13 @@
 //! Configuring a [`RedisStore`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backend::{self, Backend};
-use crate::{BuildError, RedisStore};
+use tollgate_core::{Policy, Quota};
+
+use crate::backend::{self, Backend, Connector};
+use crate::connect::{self, Pem, Secret, Security};
+use crate::{BackendError, BuildError, RedisStore};
 
 /// Default timeout of every Redis call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -16,16 +20,20 @@ pub const DEFAULT_NAMESPACE: &str = "tollgate";
 /// Default maximum number of pooled connections (standalone).
 pub const DEFAULT_POOL_SIZE: usize = 8;
 
-/// The start-up check gets longer than a decision: it runs once and may have to connect first.
+/// The start-up checks get longer than a decision: they run once and may have to connect first.
 const MIN_STARTUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 enum Target {
     Standalone(String),
     Cluster(Vec<String>),
+    Sentinel { sentinels: Vec<String>, master: String },
+    #[cfg(feature = "deadpool-redis")]
+    Deadpool(deadpool_redis::Pool),
 }
 
-/// Configures a [`RedisStore`]; made by [`RedisStore::builder`] or [`RedisStore::cluster_builder`].
+/// Configures a [`RedisStore`]; made by [`RedisStore::builder`], [`RedisStore::cluster_builder`],
+/// [`RedisStore::sentinel_builder`] or `RedisStore::from_deadpool`.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RedisStoreBuilder {
@@ -35,6 +43,7 @@ pub struct RedisStoreBuilder {
     pool_size: usize,
     failure_threshold: u32,
     cool_down: Duration,
+    security: Security,
 }
 
 impl RedisStoreBuilder {
@@ -46,6 +55,15 @@ impl RedisStoreBuilder {
         Self::new(Target::Cluster(nodes))
     }
 
+    pub(crate) fn sentinel(sentinels: Vec<String>, master: String) -> Self {
+        Self::new(Target::Sentinel { sentinels, master })
+    }
+
+    #[cfg(feature = "deadpool-redis")]
+    pub(crate) fn deadpool(pool: deadpool_redis::Pool) -> Self {
+        Self::new(Target::Deadpool(pool))
+    }
+
     fn new(target: Target) -> Self {
         Self {
             target,
@@ -54,6 +72,7 @@ impl RedisStoreBuilder {
             pool_size: DEFAULT_POOL_SIZE,
             failure_threshold: DEFAULT_FAILURE_THRESHOLD,
             cool_down: DEFAULT_COOL_DOWN,
+            security: Security::default(),
         }
     }
 
@@ -70,9 +89,10 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Maximum pooled connections to a standalone server (default 8). Each is multiplexed: a decision borrows
-    /// one only to send its command, so concurrent decisions share connections and are pipelined. Ignored for a
-    /// Cluster, whose client multiplexes one connection per node.
+    /// Maximum pooled connections to a standalone server or Sentinel's primary (default 8). Each is multiplexed:
+    /// a decision borrows one only to send its command, so concurrent decisions share connections and are
+    /// pipelined. Ignored for a Cluster, whose client multiplexes one connection per node, and for a deadpool-redis
+    /// pool, which has its own size.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
         self
@@ -86,13 +106,126 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Builds the store and checks `maxmemory-policy` (see [`RedisStore::eviction_check`]).
+    /// Trusts the CA certificates in this PEM (a private CA) instead of the system's roots. Needs `rediss://`.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.security.ca = Some(Pem::Bytes(pem.into()));
+        self
+    }
+
+    /// Trusts the CA certificates in this PEM file (read when the store is built) instead of the system's roots.
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.security.ca = Some(Pem::File(path.into()));
+        self
+    }
+
+    /// Presents this client certificate (chain) and private key, both PEM, for mutual TLS.
+    pub fn tls_client_cert_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.security.client_cert = Some((Pem::Bytes(cert.into()), Pem::Bytes(key.into())));
+        self
+    }
+
+    /// Presents the client certificate and key in these PEM files (read when the store is built).
+    pub fn tls_client_cert_files(
+        mut self,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> Self {
+        self.security.client_cert = Some((Pem::File(cert.into()), Pem::File(key.into())));
+        self
+    }
+
+    /// The ACL user (overrides one in the URL).
+    pub fn username(mut self, user: impl Into<String>) -> Self {
+        self.security.username = Some(user.into());
+        self
+    }
+
+    /// The password (overrides one in the URL). Prefer [`password_file`](Self::password_file) or
+    /// [`password_env`](Self::password_env) over a literal taken from a command line.
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.security.password = Some(Secret::Value(password.into()));
+        self
+    }
+
+    /// Reads the password from the environment variable `var` when the store is built.
+    pub fn password_env(mut self, var: impl Into<String>) -> Self {
+        self.security.password = Some(Secret::Env(var.into()));
+        self
+    }
+
+    /// Reads the password from a file when the store is built (a trailing newline is dropped).
+    pub fn password_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.security.password = Some(Secret::File(path.into()));
+        self
+    }
+
+    /// Builds the store, connects, loads the scripts, runs one probe decision and checks `maxmemory-policy`
+    /// (see [`RedisStore::eviction_check`]).
     ///
-    /// A standalone store connects lazily: an unreachable server is not an error here (decisions follow the
-    /// failure policy until it is reachable). A Cluster store must reach a node to learn the slot map.
+    /// Configuration errors are returned, each typed: an unparsable URL, an unreadable file, a wrong password or
+    /// unknown user, an untrusted, expired or wrong-host certificate, a plaintext URL against a TLS port, a
+    /// `NOPERM` reply. An unreachable Redis is not an error (except for a Cluster, which must answer once to give
+    /// its slot map): it is logged, the store is built, its calls fail until Redis answers (the limiter's failure
+    /// policy decides meanwhile), and it connects, loading the scripts, when Redis comes up.
     pub async fn build(self) -> Result<RedisStore, BuildError> {
+        self.validate()?;
+        let security = self.security.resolve()?;
+        connect::install_crypto_provider();
+        let startup = self.timeout.max(MIN_STARTUP_TIMEOUT);
+        let (backend, generation, tls_probe) = match &self.target {
+            Target::Standalone(url) => {
+                let client = connect::client(url, &security)?;
+                let probe = plaintext_target(url, &client);
+                let pool = backend::pool(Connector::Client(client), self.pool_size, self.timeout)
+                    .map_err(BuildError::Connect)?;
+                (Backend::Pooled(pool), None, probe)
+            }
+            Target::Sentinel { sentinels, master } => {
+                let (sentinel, tls) = crate::sentinel::client(sentinels, master, &security)?;
+                let connector = Connector::Sentinel(tokio::sync::Mutex::new(sentinel));
+                let pool = backend::pool(connector, self.pool_size, self.timeout)
+                    .map_err(BuildError::Connect)?;
+                let generation = pool.manager().generation();
+                let watcher = crate::sentinel::watch(sentinels, tls, &security, &generation)?;
+                (Backend::Pooled(pool), Some(watcher), None)
+            }
+            Target::Cluster(nodes) => {
+                let builder = crate::sentinel::cluster_builder(nodes, &security)?;
+                let conn = match tokio::time::timeout(startup, backend::cluster(builder, self.timeout))
+                    .await
+                {
+                    Err(_) => {
+                        return Err(BuildError::Connect(BackendError::Pool(format!(
+                            "no Cluster node answered within {startup:?}"
+                        ))));
+                    }
+                    Ok(Err(e)) => {
+                        return Err(connect::config_error(&e)
+                            .unwrap_or(BuildError::Connect(BackendError::Redis(e))));
+                    }
+                    Ok(Ok(conn)) => conn,
+                };
+                (Backend::Cluster(conn), None, None)
+            }
+            #[cfg(feature = "deadpool-redis")]
+            Target::Deadpool(pool) => (Backend::Deadpool(pool.clone()), None, None),
+        };
+        let store = RedisStore::assemble(
+            backend,
+            self.namespace,
+            self.timeout,
+            self.failure_threshold,
+            self.cool_down,
+            generation,
+        );
+        store.verify(startup, tls_probe).await?;
+        let check = store.check_eviction_policy_within(startup).await;
+        Ok(store.with_eviction_check(check))
+    }
+
+    fn validate(&self) -> Result<(), BuildError> {
         if !crate::keys::valid_namespace(&self.namespace) {
-            return Err(BuildError::InvalidNamespace(self.namespace));
+            return Err(BuildError::InvalidNamespace(self.namespace.clone()));
         }
         if self.timeout.is_zero() {
             return Err(BuildError::InvalidSetting(
@@ -109,32 +242,53 @@ impl RedisStoreBuilder {
                 "the circuit breaker's failure threshold must be at least 1",
             ));
         }
-        let backend = match &self.target {
-            Target::Standalone(url) => Backend::Standalone(
-                backend::pool(url, self.pool_size, self.timeout).map_err(BuildError::Connect)?,
-            ),
-            Target::Cluster(nodes) => {
-                let startup = self.timeout.max(MIN_STARTUP_TIMEOUT);
-                let conn = tokio::time::timeout(startup, backend::cluster(nodes, self.timeout))
-                    .await
-                    .map_err(|_| {
-                        BuildError::Connect(crate::BackendError::Pool(format!(
-                            "no Cluster node answered within {startup:?}"
-                        )))
-                    })?
-                    .map_err(BuildError::Connect)?;
-                Backend::Cluster(conn)
-            }
-        };
-        let store = RedisStore::assemble(
-            backend,
-            self.namespace,
-            self.timeout,
-            self.failure_threshold,
-            self.cool_down,
-        );
-        let startup = self.timeout.max(MIN_STARTUP_TIMEOUT);
-        let check = store.check_eviction_policy_within(startup).await;
-        Ok(store.with_eviction_check(check))
+        #[cfg(feature = "deadpool-redis")]
+        if matches!(self.target, Target::Deadpool(_))
+            && (self.security.ca.is_some()
+                || self.security.client_cert.is_some()
+                || self.security.username.is_some()
+                || self.security.password.is_some())
+        {
+            return Err(BuildError::InvalidSetting(
+                "a deadpool-redis pool brings its own TLS and credentials: configure them on the pool",
+            ));
+        }
+        Ok(())
     }
+}
+
+/// The host and port of a plaintext URL, to tell a TLS-only port from an outage when the first connection drops.
+fn plaintext_target(url: &str, client: &redis::Client) -> Option<(String, u16)> {
+    if connect::is_tls(url) {
+        return None;
+    }
+    match client.get_connection_info().addr() {
+        redis::ConnectionAddr::Tcp(host, port) => Some((host.clone(), *port)),
+        _ => None,
+    }
+}
+
+/// The policy of the start-up probe decision: one per second, so its key lives a second at most.
+pub(crate) fn probe_policy() -> Policy {
+    Policy::token_bucket(Quota::per_second(1).expect("1 per second is a valid quota"))
+}
+
+/// Whether a start-up failure is a configuration error; an outage is logged and ridden out.
+pub(crate) async fn judge_startup_failure(
+    error: &BackendError,
+    tls_probe: Option<&(String, u16)>,
+) -> Result<(), BuildError> {
+    let Some(redis) = error.redis_error() else {
+        return Ok(());
+    };
+    if let Some(config) = connect::config_error(redis) {
+        return Err(config);
+    }
+    if let Some((host, port)) = tls_probe
+        && connect::dropped_after_accept(redis)
+        && connect::is_tls_port(host, *port, MIN_STARTUP_TIMEOUT).await == Some(true)
+    {
+        return Err(BuildError::TlsRequired(redis.to_string()));
+    }
+    Ok(())
 }

@@ -79,12 +79,14 @@
 mod backend;
 mod builder;
 mod circuit;
+mod connect;
 mod error;
 mod eviction;
 mod keys;
 mod lease;
 mod observe;
 mod script;
+mod sentinel;
 mod store;
 
 pub use builder::{

@@ -28,7 +28,9 @@ pub struct RedisStore {
 #[derive(Debug)]
 struct Inner {
     backend: Backend,
-    scripts: Scripts,
+    scripts: &'static Scripts,
+    /// Follows Sentinel's `+switch-master` while the store lives.
+    _watcher: Option<crate::sentinel::Watcher>,
     namespace: String,
     timeout: Duration,
     circuit: Circuit,
@@ -39,6 +41,30 @@ impl RedisStore {
     /// A builder for a store on one Redis server (a primary), e.g. `redis://127.0.0.1:6379`.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder::standalone(url.into())
+    }
+
+    /// A builder for a store on the primary that Redis Sentinel names `master`, given some Sentinels as
+    /// `host:port` or `redis://` / `rediss://` URLs (bare addresses use TLS when a CA or client certificate is
+    /// configured). Limiter calls only ever go to the primary; a failover is followed (see the crate docs).
+    pub fn sentinel_builder<I, S>(sentinels: I, master: impl Into<String>) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder::sentinel(
+            sentinels.into_iter().map(Into::into).collect(),
+            master.into(),
+        )
+    }
+
+    /// A builder for a store on a user's existing deadpool-redis pool (feature `deadpool-redis`). Its TLS and
+    /// credentials are the pool's. deadpool-redis's manager sends `PING` (pipelined with `UNWATCH`) on every
+    /// checkout, so each decision costs two round trips instead of one: the built-in pool is faster (figures in
+    /// `docs/BENCHMARKS.md`). Its connections do not load the scripts when made, so after a server restart the
+    /// first call of each script is answered by `EVAL` after `NOSCRIPT`.
+    #[cfg(feature = "deadpool-redis")]
+    pub fn from_deadpool(pool: deadpool_redis::Pool) -> RedisStoreBuilder {
+        RedisStoreBuilder::deadpool(pool)
     }
 
     /// A builder for a store on a Redis Cluster, given some of its nodes' URLs.
@@ -61,16 +87,62 @@ impl RedisStore {
         timeout: Duration,
         failure_threshold: u32,
         cool_down: Duration,
+        watcher: Option<crate::sentinel::Watcher>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 backend,
-                scripts: Scripts::new(),
+                scripts: Scripts::shared(),
+                _watcher: watcher,
                 namespace,
                 timeout,
                 circuit: Circuit::new(failure_threshold, cool_down),
                 eviction: OnceLock::new(),
             }),
+        }
+    }
+
+    /// The start-up check: connect (loading the scripts) and run one decision that spends nothing, so that a
+    /// configuration error (credentials, certificates, permissions) stops start-up instead of failing every
+    /// request. An outage is logged, and the store is built.
+    pub(crate) async fn verify(
+        &self,
+        limit: Duration,
+        tls_probe: Option<(String, u16)>,
+    ) -> Result<(), crate::BuildError> {
+        let policy = crate::builder::probe_policy();
+        let script = self.inner.scripts.for_algorithm(policy.algorithm());
+        let key = keys::redis_key(&self.inner.namespace, "tollgate-startup-probe", policy.algorithm());
+        let args = script::args(&policy, 0, None);
+        let backend = &self.inner.backend;
+        let attempt = async {
+            backend.pin_scripts().await?;
+            backend.run(script, &key, &args).await
+        };
+        match tokio::time::timeout(limit, attempt).await {
+            Ok(Ok(reply)) => match script::parse_reply(&policy, &reply) {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    tracing::warn!("the start-up probe decision came back unreadable: {e}");
+                    Ok(())
+                }
+            },
+            Ok(Err(e)) => {
+                crate::builder::judge_startup_failure(&e, tls_probe.as_ref()).await?;
+                tracing::warn!(
+                    error = %e,
+                    "Redis is not answering at start-up ({e}): the store is built, its calls fail until Redis \
+                     answers (the limiter's failure policy decides meanwhile), and it connects when Redis is up"
+                );
+                Ok(())
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "Redis did not answer within {limit:?} at start-up: the store is built, its calls fail until \
+                     Redis answers, and it connects when Redis is up"
+                );
+                Ok(())
+            }
         }
     }
 
