@@ -38,7 +38,8 @@ usage: grpc_server [options]
   --period DUR                  the period: 500ms, 1s, 10s, 5m, 1h (default 1s)
   --burst N                     token bucket size (default: the limit; token bucket only)
   --algorithm ALG               token-bucket | sliding-window (default token-bucket)
-  --redis-url URL               share the limit through Redis (default: in-process store)
+  --redis-url URL               share the limit through Redis: redis:// or rediss:// (TLS), user:pass@ allowed
+                                (default: in-process store)
   --on-store-error POLICY       open | closed | local: when Redis fails (default closed)
   --api-key-header NAME         key clients by this metadata entry, hashed (default: the peer IP)
   -h, --help                    this text
@@ -123,7 +124,7 @@ async fn serve<St: Store>(config: &Config, policy: Policy, store: Arc<St>) -> Re
         policy.quota().limit(),
         policy.quota().period(),
         policy.quota().burst(),
-        config.server.redis_url.as_deref().unwrap_or("in-process"),
+        config.server.store_name(),
         config.server.on_store_error,
         config
             .api_key_header
@@ -148,7 +149,7 @@ async fn main() {
 
 async fn run() -> Result<(), String> {
     let Some(config) = Config::parse(std::env::args().skip(1))? else {
-        println!("{USAGE}");
+        println!("{USAGE}\n\nRedis connection:\n{}", flags::REDIS_USAGE);
         return Ok(());
     };
     let policy = config.server.policy()?;

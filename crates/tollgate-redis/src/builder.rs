@@ -159,7 +159,7 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Builds the store, connects, loads the scripts, runs one probe decision and checks `maxmemory-policy`
+    /// Builds the store, connects, loads the scripts, runs one probe decision (on a key of its own) and checks `maxmemory-policy`
     /// (see [`RedisStore::eviction_check`]).
     ///
     /// Configuration errors are returned, each typed: an unparsable URL, an unreadable file, a wrong password or
@@ -257,15 +257,30 @@ impl RedisStoreBuilder {
     }
 }
 
-/// The host and port of a plaintext URL, to tell a TLS-only port from an outage when the first connection drops.
-fn plaintext_target(url: &str, client: &redis::Client) -> Option<(String, u16)> {
-    if connect::is_tls(url) {
-        return None;
-    }
+/// Where a standalone store connects and whether with TLS, to tell a port speaking the other protocol from an
+/// outage when the first connection fails.
+fn plaintext_target(_url: &str, client: &redis::Client) -> Option<ProbeTarget> {
     match client.get_connection_info().addr() {
-        redis::ConnectionAddr::Tcp(host, port) => Some((host.clone(), *port)),
+        redis::ConnectionAddr::Tcp(host, port) => Some(ProbeTarget {
+            host: host.clone(),
+            port: *port,
+            tls: false,
+        }),
+        redis::ConnectionAddr::TcpTls { host, port, .. } => Some(ProbeTarget {
+            host: host.clone(),
+            port: *port,
+            tls: true,
+        }),
         _ => None,
     }
+}
+
+/// A host and port the start-up check may probe with a bare socket.
+#[derive(Debug)]
+pub(crate) struct ProbeTarget {
+    host: String,
+    port: u16,
+    tls: bool,
 }
 
 /// The policy of the start-up probe decision: one per second, so its key lives a second at most.
@@ -273,22 +288,35 @@ pub(crate) fn probe_policy() -> Policy {
     Policy::token_bucket(Quota::per_second(1).expect("1 per second is a valid quota"))
 }
 
-/// Whether a start-up failure is a configuration error; an outage is logged and ridden out.
+/// Whether a start-up failure is a configuration error; an outage is logged and ridden out. `error` is `None`
+/// when the check timed out.
 pub(crate) async fn judge_startup_failure(
-    error: &BackendError,
-    tls_probe: Option<&(String, u16)>,
+    error: Option<&BackendError>,
+    target: Option<&ProbeTarget>,
 ) -> Result<(), BuildError> {
-    let Some(redis) = error.redis_error() else {
-        return Ok(());
-    };
-    if let Some(config) = connect::config_error(redis) {
+    let redis = error.and_then(BackendError::redis_error);
+    if let Some(config) = redis.and_then(connect::config_error) {
         return Err(config);
     }
-    if let Some((host, port)) = tls_probe
-        && connect::dropped_after_accept(redis)
-        && connect::is_tls_port(host, *port, MIN_STARTUP_TIMEOUT).await == Some(true)
-    {
-        return Err(BuildError::TlsRequired(redis.to_string()));
+    let Some(target) = target else {
+        return Ok(());
+    };
+    let refused = redis.is_some_and(redis::RedisError::is_connection_refusal);
+    if refused || (error.is_some() && redis.is_none()) {
+        return Ok(());
     }
-    Ok(())
+    let dropped = redis.is_none_or(|e| connect::dropped_after_accept(e) || e.is_timeout());
+    if !dropped {
+        return Ok(());
+    }
+    let text = redis.map_or_else(|| "no answer".to_owned(), ToString::to_string);
+    // A plaintext URL on a TLS port: the server drops the connection. A TLS URL on a plaintext port: the server
+    // waits for a command line that the handshake never sends. A bare PING tells which protocol the port speaks.
+    match (target.tls, connect::speaks_resp(&target.host, target.port, MIN_STARTUP_TIMEOUT).await) {
+        (false, Some(false)) => Err(BuildError::TlsRequired(text)),
+        (true, Some(true)) => Err(BuildError::Tls(format!(
+            "the port answers plaintext Redis ({text}): use a redis:// URL or the server's TLS port"
+        ))),
+        _ => Ok(()),
+    }
 }

@@ -154,10 +154,15 @@ pub(crate) fn invalid_tls_material(e: redis::RedisError) -> BuildError {
     BuildError::Tls(format!("unusable TLS certificate or key: {e}"))
 }
 
-/// The rustls error somewhere in `e`'s chain (an `io::Error` hides its inner error from `source()`).
+/// The rustls error somewhere in `e`'s chain. redis-rs keeps it as an `Arc<dyn Error>` around an `io::Error`, and
+/// both hide their inner error from `source()`, so each is unwrapped by hand.
 fn rustls_error(e: &redis::RedisError) -> Option<rustls::Error> {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = next {
+    while let Some(mut err) = next {
+        if let Some(shared) = err.downcast_ref::<Shared>() {
+            err = &**shared;
+        }
         if let Some(tls) = err.downcast_ref::<rustls::Error>() {
             return Some(tls.clone());
         }
@@ -211,8 +216,12 @@ pub(crate) fn config_error(e: &redis::RedisError) -> Option<BuildError> {
         _ => {}
     }
     let text = e.to_string();
-    // A script that calls a command the user may not run fails with the script error wrapping Redis's NOPERM.
-    if text.contains("NOPERM") || text.contains("no permissions") {
+    // A script that calls a command the user may not run fails with a plain ERR saying so (Redis 7).
+    if text.contains("NOPERM")
+        || text.contains("no permissions")
+        || text.contains("can't run this command")
+        || text.contains("No permissions to access")
+    {
         return Some(BuildError::NoPermission(text));
     }
     if text.contains("WRONGPASS") || text.contains("NOAUTH") {
@@ -226,17 +235,18 @@ pub(crate) fn dropped_after_accept(e: &redis::RedisError) -> bool {
     !e.is_connection_refusal() && (e.is_connection_dropped() || is_eof(e))
 }
 
-/// Asks `host:port` a plaintext `PING` over a bare socket: a Redis speaking RESP answers `+` or `-`; a TLS port
-/// sends a TLS alert (`0x15`) or closes. `Some(true)`: a TLS port; `None`: no answer either way.
-pub(crate) async fn is_tls_port(host: &str, port: u16, limit: std::time::Duration) -> Option<bool> {
+/// Asks `host:port` a plaintext `PING` over a bare socket: `Some(true)` when it answers in RESP (`+` or `-`: a
+/// plaintext Redis), `Some(false)` when it closes or answers something else (a TLS port sends an alert or
+/// closes), `None` without an answer either way.
+pub(crate) async fn speaks_resp(host: &str, port: u16, limit: std::time::Duration) -> Option<bool> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let probe = async {
         let mut socket = tokio::net::TcpStream::connect((host, port)).await.ok()?;
         socket.write_all(b"PING\r\n").await.ok()?;
         let mut first = [0_u8; 1];
         match socket.read(&mut first).await {
-            Ok(0) | Err(_) => Some(true),
-            Ok(_) => Some(!matches!(first[0], b'+' | b'-')),
+            Ok(0) | Err(_) => Some(false),
+            Ok(_) => Some(matches!(first[0], b'+' | b'-')),
         }
     };
     tokio::time::timeout(limit, probe).await.ok().flatten()

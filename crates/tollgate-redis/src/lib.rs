@@ -33,6 +33,34 @@
 //!   trips are recorded in the histogram `tollgate_store_latency_seconds{outcome}`, the circuit in the gauge
 //!   `tollgate_store_circuit_open`.
 //!
+//! - **Production Redis**: `rediss://` URLs use TLS through rustls with the system's roots, or a private CA
+//!   ([`tls_ca_file`](RedisStoreBuilder::tls_ca_file)) and a client certificate for mutual TLS
+//!   ([`tls_client_cert_files`](RedisStoreBuilder::tls_client_cert_files)), for a server, a Cluster and Sentinel
+//!   alike. The ACL user and password come from the URL (`rediss://user:pass@host:6380`) or the builder, the
+//!   password also from an environment variable or a file ([`password_file`](RedisStoreBuilder::password_file)),
+//!   so it need not sit in argv. [`RedisStore::sentinel_builder`] finds the primary through Sentinel.
+//! - **Fail fast on configuration, ride out outages**: [`build`](RedisStoreBuilder::build) connects, loads the
+//!   scripts and runs one decision on a probe key of its own. A wrong password or unknown user, an untrusted, expired
+//!   or wrong-host certificate, a plaintext URL against a TLS port or a `NOPERM` reply is a typed [`BuildError`];
+//!   an unreachable Redis is an outage: the store is built, its calls fail (the limiter's failure policy decides),
+//!   and it connects when Redis comes up.
+//! - **Pinned scripts**: every new connection (at start, after a reconnect, after a failover) loads the scripts
+//!   with `SCRIPT LOAD` before its first decision, so a decision stays one `EVALSHA` even on Redis 7.4+, which may
+//!   evict scripts that `EVAL` loaded.
+//!
+//! ## Least privilege
+//!
+//! The store needs exactly these permissions (keys under its namespace, here `tollgate`; the commands it sends and
+//! those its scripts call; `role` for Sentinel's check of the primary, `cluster|slots` for a Cluster's slot map):
+//!
+//! ```text
+//! ACL SETUSER tollgate on >PASSWORD resetkeys ~tollgate:* resetchannels -@all +evalsha +eval +script|load +time +hmget +hset +pexpire +pexpireat +pttl +zadd +zcount +zrange +zrem +zremrangebyscore +zscore +role +cluster|slots
+//! ```
+//!
+//! (also [`LEAST_PRIVILEGE_ACL`]). Without `+config|get` (which that line leaves out, since `CONFIG GET` can
+//! read secrets) the start-up eviction check cannot read `maxmemory-policy`: it logs a warning saying so and
+//! reports [`EvictionCheck::Unknown`]; it never fails and never passes silently.
+//!
 //! ```
 //! use std::time::Duration;
 //! use tollgate_core::{Outcome, Policy, Quota, Store};
@@ -100,3 +128,9 @@ pub use lease::{CONCURRENCY_ACQUIRE_LUA, CONCURRENCY_RELEASE_LUA, CONCURRENCY_RE
 pub use observe::{CIRCUIT_OPEN, LATENCY_SECONDS};
 pub use script::{SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA};
 pub use store::RedisStore;
+
+/// The least-privilege ACL rule the store works under, for the namespace `tollgate` (replace `PASSWORD`, and
+/// `tollgate:*` with `<your namespace>:*`).
+pub const LEAST_PRIVILEGE_ACL: &str = "ACL SETUSER tollgate on >PASSWORD resetkeys ~tollgate:* resetchannels -@all \
+    +evalsha +eval +script|load +time +hmget +hset +pexpire +pexpireat +pttl +zadd +zcount +zrange +zrem \
+    +zremrangebyscore +zscore +role +cluster|slots";

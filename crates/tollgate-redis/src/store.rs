@@ -102,18 +102,19 @@ impl RedisStore {
         }
     }
 
-    /// The start-up check: connect (loading the scripts) and run one decision that spends nothing, so that a
+    /// The start-up check: connect (loading the scripts) and run one decision on a probe key of its own (one token
+    /// of a 1-per-second bucket, so the script writes and the key lives a second), so that a
     /// configuration error (credentials, certificates, permissions) stops start-up instead of failing every
     /// request. An outage is logged, and the store is built.
     pub(crate) async fn verify(
         &self,
         limit: Duration,
-        tls_probe: Option<(String, u16)>,
+        target: Option<crate::builder::ProbeTarget>,
     ) -> Result<(), crate::BuildError> {
         let policy = crate::builder::probe_policy();
         let script = self.inner.scripts.for_algorithm(policy.algorithm());
         let key = keys::redis_key(&self.inner.namespace, "tollgate-startup-probe", policy.algorithm());
-        let args = script::args(&policy, 0, None);
+        let args = script::args(&policy, 1, None);
         let backend = &self.inner.backend;
         let attempt = async {
             backend.pin_scripts().await?;
@@ -128,7 +129,7 @@ impl RedisStore {
                 }
             },
             Ok(Err(e)) => {
-                crate::builder::judge_startup_failure(&e, tls_probe.as_ref()).await?;
+                crate::builder::judge_startup_failure(Some(&e), target.as_ref()).await?;
                 tracing::warn!(
                     error = %e,
                     "Redis is not answering at start-up ({e}): the store is built, its calls fail until Redis \
@@ -137,6 +138,7 @@ impl RedisStore {
                 Ok(())
             }
             Err(_) => {
+                crate::builder::judge_startup_failure(None, target.as_ref()).await?;
                 tracing::warn!(
                     "Redis did not answer within {limit:?} at start-up: the store is built, its calls fail until \
                      Redis answers, and it connects when Redis is up"

@@ -198,15 +198,16 @@ async fn script_flush_is_survived_transparently_and_state_is_kept() {
     let info = server.cli(&["INFO", "commandstats"]);
     let calls = common::command_calls(&info, &["info", "config", "script", "client", "hello"]);
     let get = |name: &str| calls.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
-    // Each script's first call and each call after a flush: NOSCRIPT (a failed call, not counted in `calls`),
-    // then one EVAL that runs and reloads the script. Every other call: one EVALSHA.
-    assert_eq!(get("eval"), 4, "{calls:?}");
+    // The connection loaded both scripts when it was made, so each script's first call is one EVALSHA. Each call
+    // after a flush: NOSCRIPT (a failed call, not counted in `calls`), then one EVAL that runs and reloads the
+    // script. Every other call: one EVALSHA.
+    assert_eq!(get("eval"), 2, "{calls:?}");
     assert_eq!(get("evalsha"), 6, "{calls:?}");
     let evalsha = info
         .lines()
         .find(|l| l.starts_with("cmdstat_evalsha:"))
         .unwrap_or_default();
-    assert!(evalsha.contains("failed_calls=4"), "{info}");
+    assert!(evalsha.contains("failed_calls=2"), "{info}");
 }
 
 #[tokio::test]
@@ -238,6 +239,63 @@ async fn exactly_one_command_per_decision() {
         ],
     );
     assert_eq!(calls, [("evalsha".to_owned(), decisions)], "{info}");
+}
+
+/// `calls=` and `failed_calls=` of one `INFO commandstats` line (0 when the command was not run).
+fn calls_of(server: &RedisServer, command: &str) -> (u64, u64) {
+    let info = server.cli(&["INFO", "commandstats"]);
+    let Some(line) = info
+        .lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+    else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        line.split([':', ','])
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls="), field("failed_calls="))
+}
+
+#[tokio::test]
+async fn scripts_are_loaded_at_start_and_after_a_reconnect_so_a_decision_is_one_evalsha() {
+    let mut server = RedisServer::start();
+    let store = healthy_store(&server).await;
+    // Start-up: one connection, which loaded all five scripts, then the probe decision.
+    assert_eq!(calls_of(&server, "script|load"), (5, 0));
+    assert_eq!(calls_of(&server, "evalsha"), (1, 0));
+    let bucket = common::hourly_bucket(5);
+    let window = common::hourly_window(5);
+    let four_decisions = |prefix: &'static str| {
+        let store = store.clone();
+        let (bucket, window) = (bucket.clone(), window.clone());
+        async move {
+            for policy in [&bucket, &window] {
+                for remaining in [4, 3] {
+                    let d = store.check(prefix, policy, 1).await.unwrap();
+                    assert_eq!(d.remaining, remaining);
+                }
+            }
+        }
+    };
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]), "OK");
+    four_decisions("before").await;
+    assert_eq!(calls_of(&server, "evalsha"), (4, 0), "one EVALSHA per decision");
+    assert_eq!(calls_of(&server, "eval"), (0, 0));
+
+    // A restarted server is empty, scripts included: the store's new connection loads them before deciding.
+    server.restart();
+    let _ = until_redis_decides(&store, "reconnect", &bucket).await;
+    let (loads, failed) = calls_of(&server, "script|load");
+    assert!(loads >= 5 && loads % 5 == 0 && failed == 0, "{loads} loads");
+    assert_eq!(calls_of(&server, "evalsha").1, 0, "no NOSCRIPT after the reconnect");
+    assert_eq!(calls_of(&server, "eval"), (0, 0), "no EVAL fallback needed");
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]), "OK");
+    four_decisions("after").await;
+    assert_eq!(calls_of(&server, "evalsha"), (4, 0), "one EVALSHA per decision");
+    assert_eq!(calls_of(&server, "eval"), (0, 0));
 }
 
 #[tokio::test]

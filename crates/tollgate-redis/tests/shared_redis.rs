@@ -11,17 +11,17 @@ use redis::AsyncCommands;
 use tollgate_core::algorithm::token_bucket::{self, TokenBucketState};
 use tollgate_core::{Algorithm, MemoryStore, Outcome, Policy, Quota, Store, Timestamp};
 use tollgate_redis::RedisStore;
-use tollgate_testkit::redis::redis_url;
 use tollgate_testkit::vectors::Vectors;
 
 #[tokio::test]
 async fn shared_vectors_are_bit_identical_to_memory_store_and_expected() {
+    let redis = common::AclRedis::start();
     let vectors = Vectors::load();
     assert!(
         vectors.cases.len() >= 10,
         "the vector file holds too few cases"
     );
-    let redis = common::store(&redis_url(), "vectors").await;
+    let redis = redis.store("vectors").await;
     let mut steps = 0;
     for (i, case) in vectors.cases.iter().enumerate() {
         let policy = case.policy();
@@ -72,7 +72,8 @@ impl Rng {
 /// microsecond periods, products close to 2^52, costs above the burst, and a clock that steps back.
 #[tokio::test]
 async fn lua_agrees_with_rust_on_random_policies_and_traffic() {
-    let redis = common::store(&redis_url(), "agree").await;
+    let redis = common::AclRedis::start();
+    let redis = redis.store("agree").await;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let quotas: Vec<Quota> = [
         (3, 7),
@@ -172,13 +173,14 @@ async fn naive_check(
 
 #[test]
 fn sixty_four_concurrent_tasks_admit_exactly_the_limit_and_a_naive_client_does_not() {
+    let redis = common::AclRedis::start();
     let rt = common::runtime();
     rt.block_on(async {
         const TASKS: usize = 64;
         const PER_TASK: usize = 8;
         let limit = 100;
         for policy in [common::hourly_bucket(limit), common::hourly_window(limit)] {
-            let store = Arc::new(common::store(&redis_url(), "atomic").await);
+            let store = Arc::new(redis.store("atomic").await);
             let admitted = Arc::new(AtomicU64::new(0));
             let mut tasks = Vec::new();
             for _ in 0..TASKS {
@@ -210,7 +212,7 @@ fn sixty_four_concurrent_tasks_admit_exactly_the_limit_and_a_naive_client_does_n
         // The same load through the naive client over-admits: the race is real.
         let policy = common::hourly_bucket(limit);
         let key = format!("{}:naive", tollgate_testkit::redis::unique_prefix("naive"));
-        let client = redis::Client::open(redis_url()).unwrap();
+        let client = redis::Client::open(redis.url()).unwrap();
         let admitted = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
         for _ in 0..TASKS {
@@ -237,15 +239,15 @@ fn sixty_four_concurrent_tasks_admit_exactly_the_limit_and_a_naive_client_does_n
 
 #[test]
 fn four_instances_with_their_own_pools_share_one_global_limit() {
+    let redis = common::AclRedis::start();
     let rt = common::runtime();
     rt.block_on(async {
         let namespace = tollgate_testkit::redis::unique_prefix("fleet");
         for policy in [common::hourly_bucket(40), common::hourly_window(40)] {
             let mut instances = Vec::new();
             for _ in 0..4 {
-                let store = RedisStore::builder(redis_url())
-                    .namespace(namespace.clone())
-                    .timeout(Duration::from_secs(5))
+                let store = redis
+                    .builder_in(namespace.clone())
                     .pool_size(8)
                     .build()
                     .await
@@ -288,8 +290,9 @@ fn four_instances_with_their_own_pools_share_one_global_limit() {
 
 #[tokio::test]
 async fn every_key_has_the_policy_derived_ttl() {
-    let store = common::store(&redis_url(), "ttl").await;
-    let client = redis::Client::open(redis_url()).unwrap();
+    let redis = common::AclRedis::start();
+    let store = redis.store("ttl").await;
+    let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
 
     // 5 per hour: each token is 720 s, so after two requests the bucket is full again in 1440 s.
@@ -352,11 +355,12 @@ async fn every_key_has_the_policy_derived_ttl() {
 
 #[tokio::test]
 async fn state_left_by_another_quota_is_decided_alike_by_lua_and_rust() {
+    let redis = common::AclRedis::start();
     // A limit changed under a running key (a redeploy) leaves a bucket written in the old quota's units: a
     // remainder above what the new quota owes, or a refill instant far beyond its bucket. Both stores must read it
     // the same way, and neither may fail on it.
-    let store = common::store(&redis_url(), "foreign").await;
-    let client = redis::Client::open(redis_url()).unwrap();
+    let store = redis.store("foreign").await;
+    let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let now = Timestamp::from_micros(1_700_000_000_000_000);
     let policy = Policy::token_bucket(Quota::per_second(1_000).unwrap());
@@ -394,11 +398,12 @@ async fn state_left_by_another_quota_is_decided_alike_by_lua_and_rust() {
 
 #[tokio::test]
 async fn a_window_decided_after_a_clock_step_back_lives_until_its_reset() {
+    let redis = common::AclRedis::start();
     // After a step back the window decides as of its stored start, a later instant than the server's; its key
     // must still live until the reset in the server's time, as the in-process store keeps it, not expire as
     // much earlier as the clock stepped back.
-    let store = common::store(&redis_url(), "step-back").await;
-    let client = redis::Client::open(redis_url()).unwrap();
+    let store = redis.store("step-back").await;
+    let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let window = Policy::sliding_window(Quota::per_hour(10).unwrap()).unwrap();
     let hour = 3_600_000_000_u64;
@@ -431,15 +436,16 @@ async fn a_window_decided_after_a_clock_step_back_lives_until_its_reset() {
 
 #[tokio::test]
 async fn bad_builder_settings_are_errors() {
+    let redis = common::AclRedis::start();
     for ns in ["", "has space", "{tag}", &"n".repeat(65)] {
-        let err = RedisStore::builder(redis_url())
+        let err = RedisStore::builder(redis.url())
             .namespace(ns)
             .build()
             .await
             .unwrap_err();
         assert!(err.to_string().contains("namespace"), "{err}");
     }
-    let err = RedisStore::builder(redis_url())
+    let err = RedisStore::builder(redis.url())
         .timeout(Duration::ZERO)
         .build()
         .await
@@ -451,7 +457,8 @@ async fn bad_builder_settings_are_errors() {
 
 #[tokio::test]
 async fn hostile_keys_are_hashed_and_still_limited() {
-    let store = common::store(&redis_url(), "hostile").await;
+    let redis = common::AclRedis::start();
+    let store = redis.store("hostile").await;
     let policy = common::hourly_bucket(2);
     let long = "k".repeat(10_000);
     for key in [long.as_str(), "{slot}", "caf\u{e9} \u{0}\n"] {

@@ -49,7 +49,7 @@ fn ca(name: &str) -> (CertificateParams, KeyPair, String) {
 fn leaf(
     names: &[&str],
     issuer: &Issuer<'_, KeyPair>,
-    purpose: ExtendedKeyUsagePurpose,
+    purposes: Vec<ExtendedKeyUsagePurpose>,
     expired: bool,
 ) -> (String, String) {
     let key = KeyPair::generate().expect("a leaf key");
@@ -59,7 +59,7 @@ fn leaf(
     params
         .distinguished_name
         .push(DnType::CommonName, names.first().copied().unwrap_or("client"));
-    params.extended_key_usages = vec![purpose];
+    params.extended_key_usages = purposes;
     if expired {
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
         params.not_after = rcgen::date_time_ymd(2021, 1, 1);
@@ -82,10 +82,22 @@ impl TlsFiles {
         std::fs::create_dir_all(dir).expect("a directory for certificates");
         let (params, key, ca_pem) = ca("tollgate test CA");
         let issuer = Issuer::new(params, key);
-        let (server_cert, server_key) =
-            leaf(server_names, &issuer, ExtendedKeyUsagePurpose::ServerAuth, expired);
-        let (client_cert, client_key) =
-            leaf(&["tollgate-client"], &issuer, ExtendedKeyUsagePurpose::ClientAuth, false);
+        // A server is also a client: of its primary (replication) and of its peers (the Cluster bus).
+        let (server_cert, server_key) = leaf(
+            server_names,
+            &issuer,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            expired,
+        );
+        let (client_cert, client_key) = leaf(
+            &["tollgate-client"],
+            &issuer,
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+            false,
+        );
         let files = Self {
             ca: dir.join("ca.pem"),
             server_cert: dir.join("server.pem"),
