@@ -185,14 +185,24 @@ impl ServerFlags {
             (Some(_), false, _) => {
                 return Err("give --redis-url or --redis-sentinel, not both".into());
             }
-            (Some(url), true, _) => (RedisStore::builder(url.clone()), format!("--redis-url {}", redact(url))),
+            (Some(url), true, _) => (
+                RedisStore::builder(url.clone()),
+                format!("--redis-url {}", redact(url)),
+            ),
             (None, false, Some(master)) => (
                 RedisStore::sentinel_builder(r.sentinels.clone(), master.clone()),
-                format!("--redis-sentinel {} --redis-master {master}", r.sentinels.join(",")),
+                format!(
+                    "--redis-sentinel {} --redis-master {master}",
+                    r.sentinels.join(",")
+                ),
             ),
             (None, false, None) => return Err("--redis-sentinel needs --redis-master NAME".into()),
             (None, true, _) => {
-                if r.ca.is_some() || r.cert.is_some() || r.key.is_some() || r.password_file.is_some() {
+                if r.ca.is_some()
+                    || r.cert.is_some()
+                    || r.key.is_some()
+                    || r.password_file.is_some()
+                {
                     return Err(
                         "--redis-ca, --redis-cert, --redis-key and --redis-password-file need --redis-url or \
                          --redis-sentinel"

@@ -42,10 +42,16 @@ impl Connector {
         config: &AsyncConnectionConfig,
     ) -> redis::RedisResult<MultiplexedConnection> {
         match self {
-            Self::Client(client) => client.get_multiplexed_async_connection_with_config(config).await,
+            Self::Client(client) => {
+                client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+            }
             Self::Sentinel(sentinel) => {
                 let client = sentinel.lock().await.async_get_client().await?;
-                client.get_multiplexed_async_connection_with_config(config).await
+                client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
             }
         }
     }
@@ -134,7 +140,11 @@ impl std::fmt::Debug for Backend {
     }
 }
 
-pub(crate) fn pool(connector: Connector, size: usize, timeout: Duration) -> Result<Pool, BackendError> {
+pub(crate) fn pool(
+    connector: Connector,
+    size: usize,
+    timeout: Duration,
+) -> Result<Pool, BackendError> {
     managed::Pool::builder(Manager::new(connector, timeout))
         .max_size(size.max(1))
         .build()

@@ -27,7 +27,10 @@ const MIN_STARTUP_TIMEOUT: Duration = Duration::from_secs(2);
 enum Target {
     Standalone(String),
     Cluster(Vec<String>),
-    Sentinel { sentinels: Vec<String>, master: String },
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+    },
     #[cfg(feature = "deadpool-redis")]
     Deadpool(deadpool_redis::Pool),
 }
@@ -119,7 +122,11 @@ impl RedisStoreBuilder {
     }
 
     /// Presents this client certificate (chain) and private key, both PEM, for mutual TLS.
-    pub fn tls_client_cert_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+    pub fn tls_client_cert_pem(
+        mut self,
+        cert: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
         self.security.client_cert = Some((Pem::Bytes(cert.into()), Pem::Bytes(key.into())));
         self
     }
@@ -191,20 +198,21 @@ impl RedisStoreBuilder {
             }
             Target::Cluster(nodes) => {
                 let builder = crate::sentinel::cluster_builder(nodes, &security)?;
-                let conn = match tokio::time::timeout(startup, backend::cluster(builder, self.timeout))
-                    .await
-                {
-                    Err(_) => {
-                        return Err(BuildError::Connect(BackendError::Pool(format!(
-                            "no Cluster node answered within {startup:?}"
-                        ))));
-                    }
-                    Ok(Err(e)) => {
-                        return Err(connect::config_error(&e)
-                            .unwrap_or(BuildError::Connect(BackendError::Redis(e))));
-                    }
-                    Ok(Ok(conn)) => conn,
-                };
+                let conn =
+                    match tokio::time::timeout(startup, backend::cluster(builder, self.timeout))
+                        .await
+                    {
+                        Err(_) => {
+                            return Err(BuildError::Connect(BackendError::Pool(format!(
+                                "no Cluster node answered within {startup:?}"
+                            ))));
+                        }
+                        Ok(Err(e)) => {
+                            return Err(connect::config_error(&e)
+                                .unwrap_or(BuildError::Connect(BackendError::Redis(e))));
+                        }
+                        Ok(Ok(conn)) => conn,
+                    };
                 (Backend::Cluster(conn), None, None)
             }
             #[cfg(feature = "deadpool-redis")]
@@ -312,7 +320,10 @@ pub(crate) async fn judge_startup_failure(
     let text = redis.map_or_else(|| "no answer".to_owned(), ToString::to_string);
     // A plaintext URL on a TLS port: the server drops the connection. A TLS URL on a plaintext port: the server
     // waits for a command line that the handshake never sends. A bare PING tells which protocol the port speaks.
-    match (target.tls, connect::speaks_resp(&target.host, target.port, MIN_STARTUP_TIMEOUT).await) {
+    match (
+        target.tls,
+        connect::speaks_resp(&target.host, target.port, MIN_STARTUP_TIMEOUT).await,
+    ) {
         (false, Some(false)) => Err(BuildError::TlsRequired(text)),
         (true, Some(true)) => Err(BuildError::Tls(format!(
             "the port answers plaintext Redis ({text}): use a redis:// URL or the server's TLS port"

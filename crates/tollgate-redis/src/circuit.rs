@@ -142,7 +142,11 @@ mod tests {
         assert_eq!(c.admit(t1), Admission::Probe);
         assert_eq!(c.admit(t1), Admission::Skip, "only one probe at a time");
         assert!(c.failed(Admission::Probe, t1));
-        assert_eq!(c.admit(t1), Admission::Skip, "a failed probe reopens the circuit");
+        assert_eq!(
+            c.admit(t1),
+            Admission::Skip,
+            "a failed probe reopens the circuit"
+        );
         assert_eq!(c.admit(t1 + cool_down / 2), Admission::Skip);
         let t2 = t1 + cool_down;
         assert_eq!(c.admit(t2), Admission::Probe);

@@ -90,10 +90,11 @@ impl Security {
             }),
             None => None,
         };
-        let certificates = (root_cert.is_some() || client_tls.is_some()).then_some(TlsCertificates {
-            client_tls,
-            root_cert,
-        });
+        let certificates =
+            (root_cert.is_some() || client_tls.is_some()).then_some(TlsCertificates {
+                client_tls,
+                root_cert,
+            });
         Ok(Resolved {
             certificates,
             username: self.username.clone(),
@@ -112,7 +113,9 @@ pub(crate) fn install_crypto_provider() {
 
 /// Whether a URL asks for TLS.
 pub(crate) fn is_tls(url: &str) -> bool {
-    url.trim_start().to_ascii_lowercase().starts_with("rediss://")
+    url.trim_start()
+        .to_ascii_lowercase()
+        .starts_with("rediss://")
 }
 
 /// A client for one server: the URL's own credentials unless the builder set others, and the TLS material.
@@ -191,9 +194,9 @@ pub(crate) fn config_error(e: &redis::RedisError) -> Option<BuildError> {
             rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
                 BuildError::CertificateExpired(tls.to_string())
             }
-            rustls::Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
-                BuildError::CertificateHostMismatch(tls.to_string())
-            }
+            rustls::Error::InvalidCertificate(
+                C::NotValidForName | C::NotValidForNameContext { .. },
+            ) => BuildError::CertificateHostMismatch(tls.to_string()),
             rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
                 BuildError::Tls(format!(
                     "the server does not speak TLS ({tls}): use a redis:// URL, or the server's TLS port"

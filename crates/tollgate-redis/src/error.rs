@@ -116,7 +116,10 @@ impl fmt::Display for BuildError {
                 write!(f, "cannot read the {what} {}: {source}", path.display())
             }
             Self::MissingEnv(var) => {
-                write!(f, "the environment variable {var} (the Redis password) is not set")
+                write!(
+                    f,
+                    "the environment variable {var} (the Redis password) is not set"
+                )
             }
             Self::CertificateUntrusted(e) => write!(
                 f,

@@ -32,7 +32,10 @@ fn address(spec: &str, tls: bool) -> Result<ConnectionAddr, BuildError> {
         .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
         .filter(|(h, _)| !h.is_empty())
         .ok_or_else(|| BuildError::InvalidUrl(format!("Sentinel {spec:?}: expected host:port")))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
     Ok(if tls {
         ConnectionAddr::TcpTls {
             host,
@@ -121,7 +124,9 @@ pub(crate) fn watch(
         clients.push(client);
     }
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!("no tokio runtime: Sentinel's +switch-master is not watched (READONLY still is)");
+        tracing::warn!(
+            "no tokio runtime: Sentinel's +switch-master is not watched (READONLY still is)"
+        );
         return Ok(Watcher(None));
     };
     let generation = Arc::downgrade(generation);

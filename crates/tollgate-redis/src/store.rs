@@ -8,8 +8,8 @@ use tollgate_core::{Algorithm, Decision, Policy, Store, StoreError, Timestamp};
 
 use crate::backend::Backend;
 use crate::circuit::{Admission, Circuit, CircuitState};
-use crate::observe::{CIRCUIT_OPEN, LATENCY_SECONDS};
 use crate::eviction::{self, EvictionCheck};
+use crate::observe::{CIRCUIT_OPEN, LATENCY_SECONDS};
 use crate::script::{self, Scripts};
 use crate::{RedisStoreBuilder, keys};
 
@@ -113,7 +113,11 @@ impl RedisStore {
     ) -> Result<(), crate::BuildError> {
         let policy = crate::builder::probe_policy();
         let script = self.inner.scripts.for_algorithm(policy.algorithm());
-        let key = keys::redis_key(&self.inner.namespace, "tollgate-startup-probe", policy.algorithm());
+        let key = keys::redis_key(
+            &self.inner.namespace,
+            "tollgate-startup-probe",
+            policy.algorithm(),
+        );
         let args = script::args(&policy, 1, None);
         let backend = &self.inner.backend;
         let attempt = async {

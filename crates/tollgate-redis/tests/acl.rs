@@ -33,7 +33,9 @@ fn the_documented_line_is_the_one_in_the_docs_and_the_readme() {
 async fn the_least_privilege_user_decides_and_holds_leases() {
     let server = RedisServer::start();
     let namespace = unique_prefix("acl");
-    server.acl_setuser(&common::least_privilege_rule("limiter", "s3cret", &namespace));
+    server.acl_setuser(&common::least_privilege_rule(
+        "limiter", "s3cret", &namespace,
+    ));
     let store = RedisStore::builder(server.url_as("limiter", "s3cret"))
         .namespace(&namespace)
         .timeout(TIMEOUT)
@@ -90,7 +92,11 @@ async fn the_eviction_check_without_config_permission_warns_and_says_why() {
 async fn credentials_from_the_builder_and_a_password_file() {
     let server = RedisServer::start();
     let namespace = unique_prefix("acl-file");
-    server.acl_setuser(&common::least_privilege_rule("filed", "from-a-file", &namespace));
+    server.acl_setuser(&common::least_privilege_rule(
+        "filed",
+        "from-a-file",
+        &namespace,
+    ));
     let dir = std::env::temp_dir().join(unique_prefix("password"));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("redis-password");
@@ -145,7 +151,9 @@ async fn credentials_from_the_builder_and_a_password_file() {
 async fn a_wrong_password_or_an_unknown_user_stops_start_up() {
     let server = RedisServer::start();
     let namespace = unique_prefix("acl-auth");
-    server.acl_setuser(&common::least_privilege_rule("limiter", "right", &namespace));
+    server.acl_setuser(&common::least_privilege_rule(
+        "limiter", "right", &namespace,
+    ));
     for url in [
         server.url_as("limiter", "wrong"),
         server.url_as("nobody", "right"),
@@ -197,7 +205,10 @@ async fn a_user_lacking_one_needed_permission_gets_noperm_at_start_up() {
         else {
             panic!("{user} ({rule}) built a store");
         };
-        assert!(matches!(err, BuildError::NoPermission(_)), "{user}: {err:?}");
+        assert!(
+            matches!(err, BuildError::NoPermission(_)),
+            "{user}: {err:?}"
+        );
         assert!(err.to_string().contains("ACL SETUSER"), "{err}");
     }
 }

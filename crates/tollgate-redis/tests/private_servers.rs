@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use tollgate_core::{FailurePolicy, Outcome, Policy, Quota, Store, StoreError};
 use tollgate_redis::{BackendError, CircuitState, EvictionCheck, RedisStore};
-use tollgate_tower::RejectionKind;
 use tollgate_testkit::redis::RedisServer;
+use tollgate_tower::RejectionKind;
 
 /// The timeout of the stores that meet a paused server (what those tests exercise).
 const TIMEOUT: Duration = Duration::from_millis(100);
@@ -97,7 +97,10 @@ async fn sigstop_hang_times_out_opens_the_circuit_and_recovers() {
     let started = Instant::now();
     let reply = common::call(&mut open, "k").await.unwrap();
     assert_bounded(started);
-    assert!(reply.0.is_empty(), "a failed-open admission carries no decision");
+    assert!(
+        reply.0.is_empty(),
+        "a failed-open admission carries no decision"
+    );
 
     server.resume();
     let d = until_redis_decides(&store, "fresh", &policy).await;
@@ -198,16 +201,17 @@ async fn script_flush_is_survived_transparently_and_state_is_kept() {
     let info = server.cli(&["INFO", "commandstats"]);
     let calls = common::command_calls(&info, &["info", "config", "script", "client", "hello"]);
     let get = |name: &str| calls.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
-    // The connection loaded both scripts when it was made, so each script's first call is one EVALSHA. Each call
-    // after a flush: NOSCRIPT (a failed call, not counted in `calls`), then one EVAL that runs and reloads the
-    // script. Every other call: one EVALSHA.
-    assert_eq!(get("eval"), 2, "{calls:?}");
-    assert_eq!(get("evalsha"), 6, "{calls:?}");
+    // The connection loaded every script when it was made, and the start-up probe ran one EVALSHA. Then: the
+    // bucket's first call is one EVALSHA; after the flush, NOSCRIPT (a failed call, counted in `calls` and
+    // `failed_calls`) and one EVAL that runs and reloads the script; then EVALSHA. The flush removed the window's
+    // script too, so its first call is NOSCRIPT + EVAL, as is its call after its own flush; then EVALSHA.
+    assert_eq!(get("eval"), 3, "{calls:?}");
+    assert_eq!(get("evalsha"), 7, "{calls:?}");
     let evalsha = info
         .lines()
         .find(|l| l.starts_with("cmdstat_evalsha:"))
         .unwrap_or_default();
-    assert!(evalsha.contains("failed_calls=2"), "{info}");
+    assert!(evalsha.contains("failed_calls=3"), "{info}");
 }
 
 #[tokio::test]
@@ -270,7 +274,6 @@ async fn scripts_are_loaded_at_start_and_after_a_reconnect_so_a_decision_is_one_
     let window = common::hourly_window(5);
     let four_decisions = |prefix: &'static str| {
         let store = store.clone();
-        let (bucket, window) = (bucket.clone(), window.clone());
         async move {
             for policy in [&bucket, &window] {
                 for remaining in [4, 3] {
@@ -282,7 +285,11 @@ async fn scripts_are_loaded_at_start_and_after_a_reconnect_so_a_decision_is_one_
     };
     assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]), "OK");
     four_decisions("before").await;
-    assert_eq!(calls_of(&server, "evalsha"), (4, 0), "one EVALSHA per decision");
+    assert_eq!(
+        calls_of(&server, "evalsha"),
+        (4, 0),
+        "one EVALSHA per decision"
+    );
     assert_eq!(calls_of(&server, "eval"), (0, 0));
 
     // A restarted server is empty, scripts included: the store's new connection loads them before deciding.
@@ -290,11 +297,19 @@ async fn scripts_are_loaded_at_start_and_after_a_reconnect_so_a_decision_is_one_
     let _ = until_redis_decides(&store, "reconnect", &bucket).await;
     let (loads, failed) = calls_of(&server, "script|load");
     assert!(loads >= 5 && loads % 5 == 0 && failed == 0, "{loads} loads");
-    assert_eq!(calls_of(&server, "evalsha").1, 0, "no NOSCRIPT after the reconnect");
+    assert_eq!(
+        calls_of(&server, "evalsha").1,
+        0,
+        "no NOSCRIPT after the reconnect"
+    );
     assert_eq!(calls_of(&server, "eval"), (0, 0), "no EVAL fallback needed");
     assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]), "OK");
     four_decisions("after").await;
-    assert_eq!(calls_of(&server, "evalsha"), (4, 0), "one EVALSHA per decision");
+    assert_eq!(
+        calls_of(&server, "evalsha"),
+        (4, 0),
+        "one EVALSHA per decision"
+    );
     assert_eq!(calls_of(&server, "eval"), (0, 0));
 }
 
@@ -422,7 +437,10 @@ async fn the_store_returns_its_errors_to_the_limiter() {
     let started = Instant::now();
     let err = store.check("k", &policy, 1).await.unwrap_err();
     assert_bounded(started);
-    assert!(matches!(err, StoreError::Backend(_)), "refused at once: {err:?}");
+    assert!(
+        matches!(err, StoreError::Backend(_)),
+        "refused at once: {err:?}"
+    );
     let err = store
         .check_at("k", &policy, 1, tollgate_core::Timestamp::from_micros(1))
         .await

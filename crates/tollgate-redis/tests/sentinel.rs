@@ -35,15 +35,17 @@ impl Store for Recording {
 }
 
 impl Recording {
-    /// The first success after `since` that follows every failure after `since` (Redis deciding again).
-    fn resumed_after(&self, since: Instant) -> Option<Instant> {
+    /// Redis deciding again: the first success after the new primary was named (`switched`) and after every
+    /// failure since the failover began (`since`).
+    fn resumed_after(&self, since: Instant, switched: Instant) -> Option<Instant> {
         let log = self.log.lock().unwrap();
         let last_failure = log
             .iter()
             .filter(|(at, ok)| *at >= since && !ok)
             .map(|(at, _)| *at)
             .max()
-            .unwrap_or(since);
+            .unwrap_or(since)
+            .max(switched);
         log.iter()
             .find(|(at, ok)| *ok && *at > last_failure)
             .map(|(at, _)| *at)
@@ -92,7 +94,7 @@ async fn failover_while_requests_flow(kill: bool) {
             inner: sentinel_store(&setup, &namespace).await,
             log: Arc::default(),
         };
-        let mut svc = common::limited(recording.clone(), plenty.clone(), on_error);
+        let mut svc = common::limited(recording.clone(), plenty, on_error);
         recordings.push(recording);
         let stop = Arc::clone(&stop);
         flows.push(tokio::spawn(async move {
@@ -127,9 +129,7 @@ async fn failover_while_requests_flow(kill: bool) {
     let mut resumed = Vec::new();
     for (r, policy) in recordings.iter().zip(policies) {
         loop {
-            if let Some(at) = r.resumed_after(started)
-                && at > started + switched
-            {
+            if let Some(at) = r.resumed_after(started, started + switched) {
                 resumed.push((policy, at - started));
                 break;
             }
@@ -160,12 +160,19 @@ async fn failover_while_requests_flow(kill: bool) {
     let store = &recordings[1].inner;
     let limit = common::hourly_bucket(3);
     for remaining in [2, 1, 0] {
-        assert_eq!(store.check("after", &limit, 1).await.unwrap().remaining, remaining);
+        assert_eq!(
+            store.check("after", &limit, 1).await.unwrap().remaining,
+            remaining
+        );
     }
     assert!(!store.check("after", &limit, 1).await.unwrap().is_allowed());
     let key = store.redis_key("after", limit.algorithm());
     let primary = setup.server(new_primary);
-    assert_eq!(primary.cli(&["EXISTS", &key]), "1", "the state is on the new primary");
+    assert_eq!(
+        primary.cli(&["EXISTS", &key]),
+        "1",
+        "the state is on the new primary"
+    );
     if let Some(port) = demoted {
         assert_eq!(
             script_calls(setup.server(port)),
@@ -175,7 +182,11 @@ async fn failover_while_requests_flow(kill: bool) {
     }
     eprintln!(
         "failover ({}): Sentinel named the new primary after {switched:?}; decisions resumed after {resumed:?}",
-        if kill { "SIGKILL of the primary" } else { "SENTINEL FAILOVER" }
+        if kill {
+            "SIGKILL of the primary"
+        } else {
+            "SENTINEL FAILOVER"
+        }
     );
 }
 
@@ -195,10 +206,16 @@ async fn an_unknown_master_name_or_no_sentinel_is_reported() {
         .build()
         .await
         .unwrap_err();
-    assert!(matches!(err, tollgate_redis::BuildError::InvalidSetting(_)), "{err:?}");
+    assert!(
+        matches!(err, tollgate_redis::BuildError::InvalidSetting(_)),
+        "{err:?}"
+    );
     let err = RedisStore::sentinel_builder(["127.0.0.1"], SENTINEL_MASTER)
         .build()
         .await
         .unwrap_err();
-    assert!(matches!(err, tollgate_redis::BuildError::InvalidUrl(_)), "{err:?}");
+    assert!(
+        matches!(err, tollgate_redis::BuildError::InvalidUrl(_)),
+        "{err:?}"
+    );
 }

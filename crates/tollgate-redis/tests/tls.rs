@@ -69,7 +69,10 @@ async fn a_certificate_from_another_ca_is_untrusted() {
         .await
         .unwrap_err();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(matches!(err, BuildError::CertificateUntrusted(_)), "{err:?}");
+    assert!(
+        matches!(err, BuildError::CertificateUntrusted(_)),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("not trusted"), "{err}");
     // The system's roots do not know the test CA either.
     let err = RedisStore::builder(server.url())
@@ -77,7 +80,10 @@ async fn a_certificate_from_another_ca_is_untrusted() {
         .build()
         .await
         .unwrap_err();
-    assert!(matches!(err, BuildError::CertificateUntrusted(_)), "{err:?}");
+    assert!(
+        matches!(err, BuildError::CertificateUntrusted(_)),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -92,7 +98,10 @@ async fn an_expired_certificate_is_its_own_error() {
 async fn a_certificate_for_another_host_is_its_own_error() {
     let server = RedisServer::start_tls_for(&["redis.elsewhere.example"], false, false, &[]);
     let err = builder(&server, &server.url()).build().await.unwrap_err();
-    assert!(matches!(err, BuildError::CertificateHostMismatch(_)), "{err:?}");
+    assert!(
+        matches!(err, BuildError::CertificateHostMismatch(_)),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -122,7 +131,10 @@ async fn a_tls_url_against_a_plaintext_port_is_a_tls_error() {
 #[tokio::test]
 async fn a_ca_without_rediss_is_a_setting_error() {
     let server = RedisServer::start_tls(false);
-    let err = builder(&server, &server.plain_url()).build().await.unwrap_err();
+    let err = builder(&server, &server.plain_url())
+        .build()
+        .await
+        .unwrap_err();
     assert!(matches!(err, BuildError::InvalidSetting(_)), "{err:?}");
     let err = RedisStore::builder(server.url())
         .tls_ca_file("/nonexistent/ca.pem")
@@ -153,7 +165,10 @@ async fn an_unreachable_server_at_start_up_is_an_outage_and_the_store_connects_w
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!((decision.outcome, decision.remaining), (Outcome::Allowed, 2));
+    assert_eq!(
+        (decision.outcome, decision.remaining),
+        (Outcome::Allowed, 2)
+    );
 }
 
 #[tokio::test]

@@ -212,7 +212,12 @@ impl RedisServer {
     /// # Panics
     /// When `redis-server` is missing, built without TLS, or does not start.
     #[must_use]
-    pub fn start_tls_for(names: &[&str], expired: bool, auth_clients: bool, extra: &[&str]) -> Self {
+    pub fn start_tls_for(
+        names: &[&str],
+        expired: bool,
+        auth_clients: bool,
+        extra: &[&str],
+    ) -> Self {
         let files = TlsFiles::generate(&fresh_dir("certs"), names, expired);
         Self::start_inner(
             extra,
@@ -312,14 +317,7 @@ impl RedisServer {
         let log = self.dir.join("redis.log");
         let child = Command::new(binary("redis-server"))
             .args(self.port_args())
-            .args([
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -372,7 +370,11 @@ impl RedisServer {
     /// `redis://127.0.0.1:<port>`, or `rediss://127.0.0.1:<port>` for a TLS server.
     #[must_use]
     pub fn url(&self) -> String {
-        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
@@ -385,7 +387,11 @@ impl RedisServer {
     /// `redis://<user>:<password>@127.0.0.1:<port>` (`rediss` for a TLS server).
     #[must_use]
     pub fn url_as(&self, user: &str, password: &str) -> String {
-        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         format!("{scheme}://{user}:{password}@127.0.0.1:{}", self.port)
     }
 
@@ -545,7 +551,10 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let tool_args = tls.as_ref().map(|t| tls_cli_args(&t.files)).unwrap_or_default();
+        let tool_args = tls
+            .as_ref()
+            .map(|t| tls_cli_args(&t.files))
+            .unwrap_or_default();
         let out = Command::new(binary("redis-cli"))
             .args(&tool_args)
             .args(["--cluster", "create"])
@@ -739,7 +748,12 @@ impl SentinelProcess {
 
     fn cli(&self, args: &[&str]) -> String {
         run_cli(
-            &["-h".into(), "127.0.0.1".into(), "-p".into(), self.port.to_string()],
+            &[
+                "-h".into(),
+                "127.0.0.1".into(),
+                "-p".into(),
+                self.port.to_string(),
+            ],
             args,
         )
     }
@@ -776,8 +790,13 @@ impl RedisSentinels {
         let primary = RedisServer::start_with(&["--replica-read-only", "no"]);
         let _ = primary.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
         let port = primary.port().to_string();
-        let replica =
-            RedisServer::start_with(&["--replicaof", "127.0.0.1", &port, "--replica-read-only", "no"]);
+        let replica = RedisServer::start_with(&[
+            "--replicaof",
+            "127.0.0.1",
+            &port,
+            "--replica-read-only",
+            "no",
+        ]);
         let _ = replica.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
         replica.wait_until("replication link up", || {
             replica

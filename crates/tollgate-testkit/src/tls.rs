@@ -56,9 +56,10 @@ fn leaf(
     let mut params =
         CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
             .expect("leaf parameters");
-    params
-        .distinguished_name
-        .push(DnType::CommonName, names.first().copied().unwrap_or("client"));
+    params.distinguished_name.push(
+        DnType::CommonName,
+        names.first().copied().unwrap_or("client"),
+    );
     params.extended_key_usages = purposes;
     if expired {
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);

@@ -21,7 +21,10 @@ pub async fn store(url: &str, test: &str) -> RedisStore {
 /// docs, with only the user, password and namespace substituted.
 pub fn least_privilege_rule(user: &str, password: &str, namespace: &str) -> String {
     let line = tollgate_redis::LEAST_PRIVILEGE_ACL;
-    assert!(line.starts_with("ACL SETUSER tollgate on >PASSWORD "), "{line}");
+    assert!(
+        line.starts_with("ACL SETUSER tollgate on >PASSWORD "),
+        "{line}"
+    );
     assert!(line.contains(" ~tollgate:* "), "{line}");
     line.trim_start_matches("ACL SETUSER ")
         .replacen("tollgate on", &format!("{user} on"), 1)
@@ -89,12 +92,8 @@ pub fn limited<St: tollgate_core::Store>(
     store: St,
     policy: Policy,
     on_error: tollgate_core::FailurePolicy,
-) -> impl tower::Service<
-    Req,
-    Response = Reply,
-    Error = tollgate_tower::BoxError,
-    Future: Send,
-> + Clone {
+) -> impl tower::Service<Req, Response = Reply, Error = tollgate_tower::BoxError, Future: Send> + Clone
+{
     let key = tollgate_tower::KeyFn::new(|req: &Req, key: &mut String| {
         key.push_str(req.0);
         Ok::<(), tollgate_tower::KeyError>(())
