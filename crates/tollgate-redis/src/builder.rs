@@ -20,7 +20,10 @@ pub const DEFAULT_NAMESPACE: &str = "tollgate";
 /// Default maximum number of pooled connections (standalone).
 pub const DEFAULT_POOL_SIZE: usize = 8;
 
-/// The start-up checks get longer than a decision: they run once and may have to connect first.
+/// The start-up checks get longer than a decision: they run once and may have to connect first. It is also the
+/// connection's own limit for connecting (a TLS handshake and `AUTH` on a loaded machine may take longer than a
+/// decision's budget, and a start-up check cut short would report a wrong password as an outage); every call is
+/// still bounded by the store's timeout.
 const MIN_STARTUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
@@ -183,14 +186,14 @@ impl RedisStoreBuilder {
             Target::Standalone(url) => {
                 let client = connect::client(url, &security)?;
                 let probe = plaintext_target(url, &client);
-                let pool = backend::pool(Connector::Client(client), self.pool_size, self.timeout)
+                let pool = backend::pool(Connector::Client(client), self.pool_size, startup)
                     .map_err(BuildError::Connect)?;
                 (Backend::Pooled(pool), None, probe)
             }
             Target::Sentinel { sentinels, master } => {
                 let (sentinel, tls) = crate::sentinel::client(sentinels, master, &security)?;
                 let connector = Connector::Sentinel(tokio::sync::Mutex::new(sentinel));
-                let pool = backend::pool(connector, self.pool_size, self.timeout)
+                let pool = backend::pool(connector, self.pool_size, startup)
                     .map_err(BuildError::Connect)?;
                 let generation = pool.manager().generation();
                 let watcher = crate::sentinel::watch(sentinels, tls, &security, &generation)?;
