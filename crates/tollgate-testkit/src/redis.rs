@@ -166,6 +166,8 @@ pub struct RedisServer {
     dir: PathBuf,
     extra: Vec<String>,
     tls: Option<ServerTls>,
+    /// The certificates' directory when this server generated them (removed with the server).
+    cert_dir: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -243,6 +245,7 @@ impl RedisServer {
                 dir,
                 extra: extra.iter().map(|s| (*s).to_owned()).collect(),
                 tls: tls.clone(),
+                cert_dir: None,
                 child: None,
             };
             match server.spawn() {
@@ -492,6 +495,9 @@ impl Drop for RedisServer {
         // server and its directory would outlive the test.
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(dir) = &self.cert_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -499,6 +505,17 @@ impl Drop for RedisServer {
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// The certificates' directory of a TLS cluster (removed with the cluster).
+    cert_dir: Option<PathBuf>,
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        self.nodes.clear();
+        if let Some(dir) = &self.cert_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl RedisCluster {
@@ -517,14 +534,17 @@ impl RedisCluster {
     /// When the servers do not start or the cluster does not form within 20 s.
     #[must_use]
     pub fn start_tls(masters: usize) -> Self {
-        let files = TlsFiles::generate(&fresh_dir("cluster-certs"), &TlsFiles::LOCAL_NAMES, false);
-        Self::start_inner(
+        let dir = fresh_dir("cluster-certs");
+        let files = TlsFiles::generate(&dir, &TlsFiles::LOCAL_NAMES, false);
+        let mut cluster = Self::start_inner(
             masters,
             Some(ServerTls {
                 files,
                 auth_clients: false,
             }),
-        )
+        );
+        cluster.cert_dir = Some(dir);
+        cluster
     }
 
     fn start_inner(masters: usize, tls: Option<ServerTls>) -> Self {
@@ -567,7 +587,10 @@ impl RedisCluster {
             "redis-cli --cluster create failed: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let cluster = Self { nodes };
+        let cluster = Self {
+            nodes,
+            cert_dir: None,
+        };
         cluster.wait_settled();
         cluster
     }
