@@ -182,10 +182,10 @@ impl RedisStoreBuilder {
         let security = self.security.resolve()?;
         connect::install_crypto_provider();
         let startup = self.timeout.max(MIN_STARTUP_TIMEOUT);
-        let (backend, generation, tls_probe) = match &self.target {
+        let (backend, watcher, probe) = match &self.target {
             Target::Standalone(url) => {
                 let client = connect::client(url, &security)?;
-                let probe = plaintext_target(url, &client);
+                let probe = probe_target(&client);
                 let pool = backend::pool(Connector::Client(client), self.pool_size, startup)
                     .map_err(BuildError::Connect)?;
                 (Backend::Pooled(pool), None, probe)
@@ -227,9 +227,9 @@ impl RedisStoreBuilder {
             self.timeout,
             self.failure_threshold,
             self.cool_down,
-            generation,
+            watcher,
         );
-        store.verify(startup, tls_probe).await?;
+        store.verify(startup, probe).await?;
         let check = store.check_eviction_policy_within(startup).await;
         Ok(store.with_eviction_check(check))
     }
@@ -270,7 +270,7 @@ impl RedisStoreBuilder {
 
 /// Where a standalone store connects and whether with TLS, to tell a port speaking the other protocol from an
 /// outage when the first connection fails.
-fn plaintext_target(_url: &str, client: &redis::Client) -> Option<ProbeTarget> {
+fn probe_target(client: &redis::Client) -> Option<ProbeTarget> {
     match client.get_connection_info().addr() {
         redis::ConnectionAddr::Tcp(host, port) => Some(ProbeTarget {
             host: host.clone(),
@@ -294,9 +294,13 @@ pub(crate) struct ProbeTarget {
     tls: bool,
 }
 
-/// The policy of the start-up probe decision: one per second, so its key lives a second at most.
+/// The policy of the start-up probe decision: a million per second, so one token refills in a microsecond and the
+/// key the probe writes (so that the script's writes are checked for permission) expires after 1 ms, before
+/// anything can list it.
 pub(crate) fn probe_policy() -> Policy {
-    Policy::token_bucket(Quota::per_second(1).expect("1 per second is a valid quota"))
+    Policy::token_bucket(
+        Quota::per_second(1_000_000).expect("a million per second is a valid quota"),
+    )
 }
 
 /// Whether a start-up failure is a configuration error; an outage is logged and ridden out. `error` is `None`

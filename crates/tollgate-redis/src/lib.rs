@@ -38,7 +38,9 @@
 //!   ([`tls_client_cert_files`](RedisStoreBuilder::tls_client_cert_files)), for a server, a Cluster and Sentinel
 //!   alike. The ACL user and password come from the URL (`rediss://user:pass@host:6380`) or the builder, the
 //!   password also from an environment variable or a file ([`password_file`](RedisStoreBuilder::password_file)),
-//!   so it need not sit in argv. [`RedisStore::sentinel_builder`] finds the primary through Sentinel.
+//!   so it need not sit in argv. [`RedisStore::sentinel_builder`] finds the primary through Sentinel;
+//!   `RedisStore::from_deadpool` (feature `deadpool-redis`) builds the store on an application's existing
+//!   deadpool-redis pool, at the cost of its checkout `PING` (figures in `docs/BENCHMARKS.md`).
 //! - **Fail fast on configuration, ride out outages**: [`build`](RedisStoreBuilder::build) connects, loads the
 //!   scripts and runs one decision on a probe key of its own. A wrong password or unknown user, an untrusted, expired
 //!   or wrong-host certificate, a plaintext URL against a TLS port or a `NOPERM` reply is a typed [`BuildError`];

@@ -103,7 +103,7 @@ impl RedisStore {
     }
 
     /// The start-up check: connect (loading the scripts) and run one decision on a probe key of its own (one token
-    /// of a 1-per-second bucket, so the script writes and the key lives a second), so that a
+    /// of a million-per-second bucket: the script writes, and the key expires after 1 ms), so that a
     /// configuration error (credentials, certificates, permissions) stops start-up instead of failing every
     /// request. An outage is logged, and the store is built.
     pub(crate) async fn verify(
