@@ -52,7 +52,8 @@ usage: axum_server [options]
   --period DUR                  the period: 500ms, 1s, 10s, 5m, 1h (default 1s)
   --burst N                     token bucket size (default: the limit; token bucket only)
   --algorithm ALG               token-bucket | sliding-window (default token-bucket)
-  --redis-url URL               share the limit through Redis (default: in-process store)
+  --redis-url URL               share the limit through Redis: redis:// or rediss:// (TLS), user:pass@ allowed
+                                (default: in-process store)
   --on-store-error POLICY       open | closed | local: when Redis fails (default closed)
   --max-keys N                  keys the in-process store tracks; a new key past them evicts the least
                                 recently used (default 1048576)
@@ -94,7 +95,7 @@ impl Config {
                 other => return Err(format!("unknown argument {other:?} (try --help)")),
             }
         }
-        config.stack.validate(config.server.redis_url.is_some())?;
+        config.stack.validate(config.server.uses_redis())?;
         Ok(Some(config))
     }
 }
@@ -137,7 +138,8 @@ async fn run() -> Result<(), String> {
         // Ignore a closed pipe (`--help | head`).
         let _ = writeln!(
             std::io::stdout(),
-            "{USAGE}\n\nthe Stripe stack:\n{}\n\nobservability:\n{}",
+            "{USAGE}\n\nRedis connection:\n{}\n\nthe Stripe stack:\n{}\n\nobservability:\n{}",
+            flags::REDIS_USAGE,
             stack::USAGE,
             flags::ObserveFlags::USAGE
         );
@@ -163,7 +165,7 @@ async fn run() -> Result<(), String> {
         .await
         .map_err(|e| format!("--addr {}: {e}", config.server.addr))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let store = config.server.redis_url.as_deref().unwrap_or("in-process");
+    let store = config.server.store_name();
     println!(
         "listening on http://{addr}  ({} {} per {:?}, burst {}, store {store}, on store error {}, {} trusted proxies)",
         policy.algorithm(),

@@ -41,7 +41,8 @@ usage: grpc_server [options]
   --period DUR                  the period: 500ms, 1s, 10s, 5m, 1h (default 1s)
   --burst N                     token bucket size (default: the limit; token bucket only)
   --algorithm ALG               token-bucket | sliding-window (default token-bucket)
-  --redis-url URL               share the limit through Redis (default: in-process store)
+  --redis-url URL               share the limit through Redis: redis:// or rediss:// (TLS), user:pass@ allowed
+                                (default: in-process store)
   --on-store-error POLICY       open | closed | local: when Redis fails (default closed)
   --max-keys N                  keys the in-process store tracks; a new key past them evicts the least
                                 recently used (default 1048576)
@@ -139,7 +140,7 @@ async fn serve<St: Store>(
         policy.quota().limit(),
         policy.quota().period(),
         policy.quota().burst(),
-        config.server.redis_url.as_deref().unwrap_or("in-process"),
+        config.server.store_name(),
         config.server.on_store_error,
         config
             .api_key_header
@@ -168,7 +169,11 @@ async fn main() {
 
 async fn run() -> Result<(), String> {
     let Some(config) = Config::parse(std::env::args().skip(1))? else {
-        println!("{USAGE}\n\nobservability:\n{}", flags::ObserveFlags::USAGE);
+        println!(
+            "{USAGE}\n\nRedis connection:\n{}\n\nobservability:\n{}",
+            flags::REDIS_USAGE,
+            flags::ObserveFlags::USAGE
+        );
         return Ok(());
     };
     let policy = config.server.policy()?;

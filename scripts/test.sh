@@ -5,20 +5,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# What the tests run besides cargo: redis-server and redis-cli, and the `kill` program (procps) that pauses and
-# resumes private servers (minimal images have only the shell's builtin).
+# What the tests run besides cargo: redis-server and redis-cli, redis-sentinel (the Sentinel failover tests), and
+# the `kill` program (procps) that pauses and resumes private servers (minimal images have only the shell's
+# builtin).
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1 \
-  || ! type -P kill >/dev/null 2>&1; then
+  || ! command -v redis-sentinel >/dev/null 2>&1 || ! type -P kill >/dev/null 2>&1; then
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "test.sh: redis-server, redis-cli and procps's kill are needed; install them (e.g. brew install redis," \
-      "dnf install redis procps-ng) and run again" >&2
+    echo "test.sh: redis-server, redis-cli, redis-sentinel and procps's kill are needed; install them (e.g." \
+      "brew install redis, dnf install redis procps-ng) and run again" >&2
     exit 1
   fi
-  echo "test.sh: installing redis-server, redis-tools and procps with apt-get" >&2
+  echo "test.sh: installing redis-server, redis-sentinel, redis-tools and procps with apt-get" >&2
   sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools procps >/dev/null
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-sentinel redis-tools procps \
+    >/dev/null
 fi
 
 # PONG within 5 s, or not a usable Redis (a silent port would hang redis-cli; one needing a password says NOAUTH).

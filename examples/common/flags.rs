@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, DEFAULT_MAX_KEYS, FailurePolicy, MemoryStore, Policy, Quota};
+use tollgate_core::{Algorithm, DEFAULT_MAX_KEYS, FailurePolicy, MemoryStore, Policy, Quota, Store};
 use tollgate_redis::RedisStore;
 
 /// Walks the arguments: yields each flag, and hands out its value on request.
@@ -67,7 +67,27 @@ pub(crate) struct ServerFlags {
     pub(crate) on_store_error: FailurePolicy,
     /// `--max-keys`: the in-process store's bound.
     pub(crate) max_keys: usize,
+    pub(crate) redis: RedisFlags,
 }
+
+/// The Redis connection flags: TLS material, the password file, Sentinel (see [`REDIS_USAGE`]).
+#[derive(Debug, Default)]
+pub(crate) struct RedisFlags {
+    pub(crate) ca: Option<String>,
+    pub(crate) cert: Option<String>,
+    pub(crate) key: Option<String>,
+    pub(crate) password_file: Option<String>,
+    pub(crate) sentinels: Vec<String>,
+    pub(crate) master: Option<String>,
+}
+
+/// The help lines of the Redis connection flags, for the servers' usage texts.
+pub(crate) const REDIS_USAGE: &str = "  --redis-ca FILE               trust this CA (PEM) for rediss:// (default: the system's roots)
+  --redis-cert FILE             client certificate (PEM) for mutual TLS, with --redis-key
+  --redis-key FILE              the client certificate's private key (PEM)
+  --redis-password-file FILE    read the Redis password from FILE (the user comes from the URL)
+  --redis-sentinel HOST:PORT,.. find the primary through these Sentinels (instead of --redis-url)
+  --redis-master NAME           the master name the Sentinels monitor";
 
 impl ServerFlags {
     /// The defaults: 127.0.0.1:`port`, a token bucket of 10 per second, the in-process store, closed on errors.
@@ -81,6 +101,7 @@ impl ServerFlags {
             redis_url: None,
             on_store_error: FailurePolicy::Closed,
             max_keys: DEFAULT_MAX_KEYS,
+            redis: RedisFlags::default(),
         }
     }
 
@@ -103,6 +124,26 @@ impl ServerFlags {
             "--burst" => self.burst = Some(flags.parsed(positive)?),
             "--algorithm" => self.algorithm = flags.parsed(algorithm)?,
             "--redis-url" => self.redis_url = Some(flags.value()?),
+            "--redis-ca" => self.redis.ca = Some(flags.value()?),
+            "--redis-cert" => self.redis.cert = Some(flags.value()?),
+            "--redis-key" => self.redis.key = Some(flags.value()?),
+            "--redis-password-file" => self.redis.password_file = Some(flags.value()?),
+            "--redis-sentinel" => {
+                self.redis.sentinels = flags.parsed(|v| {
+                    let addrs: Vec<String> = v
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|a| !a.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                    if addrs.is_empty() {
+                        Err("expected HOST:PORT,HOST:PORT".to_owned())
+                    } else {
+                        Ok(addrs)
+                    }
+                })?;
+            }
+            "--redis-master" => self.redis.master = Some(flags.value()?),
             "--on-store-error" => {
                 self.on_store_error = flags.parsed(|v| v.parse().map_err(|e| format!("{e}")))?;
             }
@@ -117,25 +158,83 @@ impl ServerFlags {
         policy(self.algorithm, self.limit, self.period, self.burst)
     }
 
-    /// The Redis store `--redis-url` names (keys under `namespace`), or `None` for the in-process store. A Redis
-    /// that does not answer yet is a warning, not an error: the store is built without a failure policy of its
-    /// own, so its errors reach the layer, whose `--on-store-error` answers them.
+    /// Whether a Redis store is configured (`--redis-url` or `--redis-sentinel`).
+    pub(crate) fn uses_redis(&self) -> bool {
+        self.redis_url.is_some() || !self.redis.sentinels.is_empty()
+    }
+
+    /// What the store is, for the start-up line.
+    pub(crate) fn store_name(&self) -> String {
+        match (&self.redis_url, &self.redis.master) {
+            (Some(url), _) => redact(url),
+            (None, Some(master)) if !self.redis.sentinels.is_empty() => {
+                format!("sentinel {master} via {}", self.redis.sentinels.join(","))
+            }
+            _ => "in-process".to_owned(),
+        }
+    }
+
+    /// The Redis store the flags describe (keys under `namespace`), or `None` for the in-process store.
+    ///
+    /// A configuration error (a wrong password, an untrusted certificate, `NOPERM`, …) is an `Err` with one line
+    /// naming the cause, which the servers print before exiting non-zero. A Redis that does not answer yet is a
+    /// warning: the store is built and its errors reach the layer, whose `--on-store-error` answers them.
     pub(crate) async fn redis_store(
         &self,
         namespace: &str,
         policy: &Policy,
     ) -> Result<Option<RedisStore>, String> {
-        let Some(url) = &self.redis_url else {
-            return Ok(None);
+        let r = &self.redis;
+        let (builder, what) = match (&self.redis_url, r.sentinels.is_empty(), &r.master) {
+            (Some(_), false, _) => {
+                return Err("give --redis-url or --redis-sentinel, not both".into());
+            }
+            (Some(url), true, _) => (
+                RedisStore::builder(url.clone()),
+                format!("--redis-url {}", redact(url)),
+            ),
+            (None, false, Some(master)) => (
+                RedisStore::sentinel_builder(r.sentinels.clone(), master.clone()),
+                format!(
+                    "--redis-sentinel {} --redis-master {master}",
+                    r.sentinels.join(",")
+                ),
+            ),
+            (None, false, None) => return Err("--redis-sentinel needs --redis-master NAME".into()),
+            (None, true, _) => {
+                if r.ca.is_some()
+                    || r.cert.is_some()
+                    || r.key.is_some()
+                    || r.password_file.is_some()
+                {
+                    return Err(
+                        "--redis-ca, --redis-cert, --redis-key and --redis-password-file need --redis-url or \
+                         --redis-sentinel"
+                            .into(),
+                    );
+                }
+                return Ok(None);
+            }
         };
-        let store = RedisStore::builder(url.clone())
-            .namespace(namespace)
+        let mut builder = builder.namespace(namespace);
+        if let Some(ca) = &r.ca {
+            builder = builder.tls_ca_file(ca);
+        }
+        match (&r.cert, &r.key) {
+            (Some(cert), Some(key)) => builder = builder.tls_client_cert_files(cert, key),
+            (None, None) => {}
+            _ => return Err("--redis-cert and --redis-key go together".into()),
+        }
+        if let Some(file) = &r.password_file {
+            builder = builder.password_file(file);
+        }
+        let store = builder
             .build()
             .await
-            .map_err(|e| format!("--redis-url {url:?}: {e}"))?;
-        if let Err(e) = store.try_check("startup-probe", policy, 0).await {
+            .map_err(|e| format!("{what}: {e}").replace(['\n', '\r'], " "))?;
+        if let Err(e) = store.check("startup-probe", policy, 0).await {
             eprintln!(
-                "warning: Redis at {url} is not answering ({e}); --on-store-error {} applies",
+                "warning: Redis ({what}) is not answering ({e}); --on-store-error {} applies until it does",
                 self.on_store_error
             );
         }
@@ -159,6 +258,20 @@ impl ServerFlags {
 /// `--max-keys`: a whole number above 0 that fits this machine's `usize`.
 fn max_keys(v: &str) -> Result<usize, String> {
     usize::try_from(positive(v)?).map_err(|_| format!("{v:?}: too large for this machine"))
+}
+
+/// A URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
 }
 
 /// A whole number above 0.

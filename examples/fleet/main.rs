@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tollgate_core::{Algorithm, MemoryStore, Policy, Quota};
+use tollgate_core::{Algorithm, MemoryStore, Policy, Quota, Store};
 use tollgate_redis::RedisStore;
 
 use args::Args;
@@ -146,7 +146,7 @@ async fn redis_reachable(url: &str) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let policy = Policy::token_bucket(Quota::per_second(1).map_err(|e| e.to_string())?);
         store
-            .try_check("fleet-probe", &policy, 0)
+            .check("fleet-probe", &policy, 0)
             .await
             .map(drop)
             .map_err(|e| e.to_string())

@@ -14,7 +14,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate_core::{Policy, Quota};
+use tollgate_core::{Policy, Quota, Store};
 use tollgate_redis::{RedisStore, TOKEN_BUCKET_LUA};
 use tollgate_testkit::redis::{RedisServer, binary, cli_url};
 
@@ -78,7 +78,7 @@ async fn store_rate(url: &str, policy: Policy, concurrency: usize, requests: u64
         let store = store.clone();
         warm.push(tokio::spawn(async move {
             store
-                .try_check(&format!("warm{i}"), &policy, 1)
+                .check(&format!("warm{i}"), &policy, 1)
                 .await
                 .map(|_| ())
         }));
@@ -100,7 +100,7 @@ async fn store_rate(url: &str, policy: Policy, concurrency: usize, requests: u64
                 x ^= x >> 7;
                 x ^= x << 17;
                 let key = format!("{:012}", x % KEYSPACE);
-                if store.try_check(&key, &policy, 1).await.is_err() {
+                if store.check(&key, &policy, 1).await.is_err() {
                     errors += 1;
                 }
             }

@@ -1,32 +1,85 @@
-//! The connection to Redis: a pool of connections to one primary, or a Cluster client.
+//! The connection to Redis: a pool of connections to one primary (given by URL or found through Sentinel), a
+//! Cluster client, or a user's deadpool-redis pool.
 //!
-//! The pool is deadpool's, with a manager of our own: deadpool-redis's manager sends `UNWATCH` + `PING` on every
-//! checkout, which would double the round trips per decision. Ours recycles a connection unless a call on it
-//! failed at the transport level, so a decision is exactly one command: `EVALSHA`.
+//! The pool is deadpool's, with a manager of our own: deadpool-redis's manager sends `PING` (with `UNWATCH`) on
+//! every checkout, which would double the round trips per decision. Ours recycles a connection unless a call on it
+//! failed at the transport level or Sentinel announced a new primary, so a decision is exactly one command:
+//! `EVALSHA`. Each new connection loads every script (`SCRIPT LOAD`, one pipelined round trip) before its first
+//! decision.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::sentinel::SentinelClient;
 use redis::{AsyncConnectionConfig, ErrorKind, ServerErrorKind, Value};
 
 use crate::BackendError;
 use crate::script::Script;
 
-/// A pooled connection and whether a transport error made it unusable.
+/// A pooled connection, whether a transport error made it unusable, and the primary it was made for.
 pub(crate) struct Conn {
     conn: MultiplexedConnection,
     broken: Arc<AtomicBool>,
+    generation: u64,
 }
 
-/// Creates connections to one server; recycling is free.
+/// How a new connection finds its server.
+pub(crate) enum Connector {
+    /// One URL (a host name a failover may repoint).
+    Client(redis::Client),
+    /// Ask the Sentinels for the current primary; redis-rs checks its `ROLE` before handing it out.
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+impl Connector {
+    pub(crate) async fn connect(
+        &self,
+        config: &AsyncConnectionConfig,
+    ) -> redis::RedisResult<MultiplexedConnection> {
+        match self {
+            Self::Client(client) => {
+                client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+            }
+            Self::Sentinel(sentinel) => {
+                let client = sentinel.lock().await.async_get_client().await?;
+                client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+            }
+        }
+    }
+}
+
+/// Creates connections (scripts loaded); recycling is free.
 pub(crate) struct Manager {
-    client: redis::Client,
+    connector: Connector,
     config: AsyncConnectionConfig,
+    /// Bumped when Sentinel announces a new primary: connections of an older generation are not reused.
+    generation: Arc<AtomicU64>,
+}
+
+impl Manager {
+    pub(crate) fn new(connector: Connector, timeout: Duration) -> Self {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        Self {
+            connector,
+            config,
+            generation: Arc::default(),
+        }
+    }
+
+    pub(crate) fn generation(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.generation)
+    }
 }
 
 impl managed::Manager for Manager {
@@ -34,66 +87,91 @@ impl managed::Manager for Manager {
     type Error = redis::RedisError;
 
     async fn create(&self) -> Result<Conn, redis::RedisError> {
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
+        let generation = self.generation.load(Ordering::Relaxed);
+        let mut conn = self.connector.connect(&self.config).await?;
+        load_scripts(&mut conn).await?;
         Ok(Conn {
             conn,
             broken: Arc::new(AtomicBool::new(false)),
+            generation,
         })
     }
 
     async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<redis::RedisError> {
         if conn.broken.load(Ordering::Relaxed) {
             Err(RecycleError::message("the connection failed"))
+        } else if conn.generation != self.generation.load(Ordering::Relaxed) {
+            Err(RecycleError::message("Sentinel announced a new primary"))
         } else {
             Ok(())
         }
     }
 }
 
+/// `SCRIPT LOAD` of every script the store runs, in one pipelined round trip.
+pub(crate) async fn load_scripts(conn: &mut impl ConnectionLike) -> redis::RedisResult<()> {
+    let mut pipe = redis::pipe();
+    for script in crate::script::pinned() {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(script.source).ignore();
+    }
+    pipe.query_async::<()>(conn).await
+}
+
 pub(crate) type Pool = managed::Pool<Manager>;
 
 /// Where the scripts run.
 pub(crate) enum Backend {
-    Standalone(Pool),
+    /// Our pool, to one server or the primary Sentinel names.
+    Pooled(Pool),
     Cluster(ClusterConnection),
+    /// A user's deadpool-redis pool: its manager pings on every checkout.
+    #[cfg(feature = "deadpool-redis")]
+    Deadpool(deadpool_redis::Pool),
 }
 
 impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Standalone(pool) => f.debug_tuple("Standalone").field(&pool.status()).finish(),
+            Self::Pooled(pool) => f.debug_tuple("Pooled").field(&pool.status()).finish(),
             Self::Cluster(_) => f.write_str("Cluster"),
+            #[cfg(feature = "deadpool-redis")]
+            Self::Deadpool(pool) => f.debug_tuple("Deadpool").field(&pool.status()).finish(),
         }
     }
 }
 
-pub(crate) fn pool(url: &str, size: usize, timeout: Duration) -> Result<Pool, BackendError> {
-    let client = redis::Client::open(url).map_err(BackendError::Redis)?;
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout));
-    managed::Pool::builder(Manager { client, config })
+pub(crate) fn pool(
+    connector: Connector,
+    size: usize,
+    timeout: Duration,
+) -> Result<Pool, BackendError> {
+    managed::Pool::builder(Manager::new(connector, timeout))
         .max_size(size.max(1))
         .build()
         .map_err(|e| BackendError::Pool(e.to_string()))
 }
 
 pub(crate) async fn cluster(
-    nodes: &[String],
+    builder: redis::cluster::ClusterClientBuilder,
     timeout: Duration,
-) -> Result<ClusterConnection, BackendError> {
-    let client = redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
+) -> Result<ClusterConnection, redis::RedisError> {
+    let client = builder
         .connection_timeout(timeout)
         .response_timeout(timeout)
-        .build()
-        .map_err(BackendError::Redis)?;
-    client
-        .get_async_connection()
-        .await
-        .map_err(BackendError::Redis)
+        .build()?;
+    let mut conn = client.get_async_connection().await?;
+    // Pinned on every primary at start; a node that loses them later (a restart, a reshard onto a new node) is
+    // answered by EVAL after NOSCRIPT.
+    for script in crate::script::pinned() {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(script.source);
+        conn.route_command(
+            cmd,
+            RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+        )
+        .await?;
+    }
+    Ok(conn)
 }
 
 /// Runs `EVALSHA`; on `NOSCRIPT` (after `SCRIPT FLUSH`, a restart or a failover) runs `EVAL` once, which also
@@ -128,10 +206,7 @@ async fn run_pooled(
     // The pooled connection is multiplexed: take a handle and return it to the pool at once, so concurrent
     // decisions share sockets and their commands are pipelined by redis-rs.
     let (mut multiplexed, broken) = {
-        let conn = pool.get().await.map_err(|e| match e {
-            managed::PoolError::Backend(e) => classify(e),
-            other => BackendError::Pool(other.to_string()),
-        })?;
+        let conn = pool.get().await.map_err(pool_error)?;
         (conn.conn.clone(), Arc::clone(&conn.broken))
     };
     // Cancellation (the store's timeout) leaves the guard armed: a connection that stopped answering is replaced
@@ -146,6 +221,22 @@ async fn run_pooled(
         || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly));
     guard.disarm(replace);
     Ok(result)
+}
+
+/// Why no pooled connection could be had: the connection's own error where there is one.
+pub(crate) fn pool_error(e: managed::PoolError<redis::RedisError>) -> BackendError {
+    match e {
+        managed::PoolError::Backend(e) => classify(e),
+        other => BackendError::Pool(other.to_string()),
+    }
+}
+
+#[cfg(feature = "deadpool-redis")]
+fn deadpool_error(e: deadpool_redis::PoolError) -> BackendError {
+    match e {
+        deadpool_redis::PoolError::Backend(e) => classify(e),
+        other => BackendError::Pool(other.to_string()),
+    }
 }
 
 /// Classifies a Redis error: `READONLY` gets its own variant so that callers (and logs) see at once that the
@@ -167,7 +258,12 @@ impl Backend {
         args: &[String],
     ) -> Result<Value, BackendError> {
         match self {
-            Self::Standalone(pool) => {
+            #[cfg(feature = "deadpool-redis")]
+            Self::Deadpool(pool) => {
+                let mut conn = pool.get().await.map_err(deadpool_error)?;
+                eval(&mut conn, script, key, args).await.map_err(classify)
+            }
+            Self::Pooled(pool) => {
                 let result = match run_pooled(pool, script, key, args).await? {
                     // The server (or a proxy, a load balancer) closed a connection that sat idle: the command
                     // failed on the way out. One retry on a fresh connection, within the caller's timeout, as
@@ -188,16 +284,30 @@ impl Backend {
         }
     }
 
+    /// Loads the scripts at start-up where connections do not load them themselves (a deadpool-redis pool's).
+    pub(crate) async fn pin_scripts(&self) -> Result<(), BackendError> {
+        match self {
+            #[cfg(feature = "deadpool-redis")]
+            Self::Deadpool(pool) => {
+                let mut conn = pool.get().await.map_err(deadpool_error)?;
+                load_scripts(&mut conn).await.map_err(classify)
+            }
+            Self::Pooled(_) | Self::Cluster(_) => Ok(()),
+        }
+    }
+
     /// Runs `CONFIG GET <name>`: one reply, or one per primary of a Cluster.
     pub(crate) async fn config_get(&self, name: &str) -> Result<Vec<Value>, BackendError> {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg(name);
         match self {
-            Self::Standalone(pool) => {
-                let conn = pool.get().await.map_err(|e| match e {
-                    managed::PoolError::Backend(e) => classify(e),
-                    other => BackendError::Pool(other.to_string()),
-                })?;
+            #[cfg(feature = "deadpool-redis")]
+            Self::Deadpool(pool) => {
+                let mut conn = pool.get().await.map_err(deadpool_error)?;
+                Ok(vec![cmd.query_async(&mut conn).await.map_err(classify)?])
+            }
+            Self::Pooled(pool) => {
+                let conn = pool.get().await.map_err(pool_error)?;
                 let reply = cmd
                     .query_async(&mut conn.conn.clone())
                     .await

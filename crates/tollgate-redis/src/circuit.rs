@@ -62,11 +62,14 @@ impl Circuit {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub(crate) fn admit(&self) -> Admission {
+    /// Whether a call may go to Redis at `now` (the time is passed in, so tests can move it by hand).
+    pub(crate) fn admit(&self, now: Instant) -> Admission {
         let mut inner = self.lock();
         match inner.opened_at {
             None => Admission::Call,
-            Some(at) if at.elapsed() < self.cool_down || inner.probing => Admission::Skip,
+            Some(at) if now.saturating_duration_since(at) < self.cool_down || inner.probing => {
+                Admission::Skip
+            }
             Some(_) => {
                 inner.probing = true;
                 Admission::Probe
@@ -82,17 +85,17 @@ impl Circuit {
         inner.opened_at.take().is_some()
     }
 
-    /// Records a failure; returns whether this opened (or reopened) the circuit.
-    pub(crate) fn failed(&self, admission: Admission) -> bool {
+    /// Records a failure at `now`; returns whether this opened (or reopened) the circuit.
+    pub(crate) fn failed(&self, admission: Admission, now: Instant) -> bool {
         let mut inner = self.lock();
         inner.consecutive_failures = inner.consecutive_failures.saturating_add(1);
         if admission == Admission::Probe {
             inner.probing = false;
-            inner.opened_at = Some(Instant::now());
+            inner.opened_at = Some(now);
             return true;
         }
         if inner.opened_at.is_none() && inner.consecutive_failures >= self.threshold {
-            inner.opened_at = Some(Instant::now());
+            inner.opened_at = Some(now);
             return true;
         }
         false
@@ -103,11 +106,11 @@ impl Circuit {
         self.lock().probing = false;
     }
 
-    pub(crate) fn state(&self) -> CircuitState {
+    pub(crate) fn state(&self, now: Instant) -> CircuitState {
         let inner = self.lock();
         match inner.opened_at {
             None => CircuitState::Closed,
-            Some(at) if at.elapsed() < self.cool_down => CircuitState::Open,
+            Some(at) if now.saturating_duration_since(at) < self.cool_down => CircuitState::Open,
             Some(_) => CircuitState::HalfOpen,
         }
     }
@@ -117,36 +120,59 @@ impl Circuit {
 mod tests {
     use super::*;
 
+    /// The circuit is driven by hand-made instants: no sleep, no race with a loaded machine.
     #[test]
     fn opens_after_threshold_and_probes_after_cool_down() {
-        let c = Circuit::new(3, Duration::from_millis(30));
+        let cool_down = Duration::from_secs(1);
+        let c = Circuit::new(3, cool_down);
+        let t0 = Instant::now();
         for _ in 0..2 {
-            assert_eq!(c.admit(), Admission::Call);
-            assert!(!c.failed(Admission::Call));
+            assert_eq!(c.admit(t0), Admission::Call);
+            assert!(!c.failed(Admission::Call, t0));
         }
-        assert_eq!(c.admit(), Admission::Call);
-        assert!(c.failed(Admission::Call));
-        assert_eq!(c.state(), CircuitState::Open);
-        assert_eq!(c.admit(), Admission::Skip);
-        std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(c.state(), CircuitState::HalfOpen);
-        assert_eq!(c.admit(), Admission::Probe);
-        assert_eq!(c.admit(), Admission::Skip, "only one probe at a time");
-        assert!(c.failed(Admission::Probe));
-        assert_eq!(c.admit(), Admission::Skip);
-        std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(c.admit(), Admission::Probe);
+        assert_eq!(c.admit(t0), Admission::Call);
+        assert!(c.failed(Admission::Call, t0));
+        assert_eq!(c.state(t0), CircuitState::Open);
+        assert_eq!(c.admit(t0), Admission::Skip);
+        let almost = t0 + cool_down - Duration::from_nanos(1);
+        assert_eq!(c.state(almost), CircuitState::Open);
+        assert_eq!(c.admit(almost), Admission::Skip, "still cooling down");
+        let t1 = t0 + cool_down;
+        assert_eq!(c.state(t1), CircuitState::HalfOpen);
+        assert_eq!(c.admit(t1), Admission::Probe);
+        assert_eq!(c.admit(t1), Admission::Skip, "only one probe at a time");
+        assert!(c.failed(Admission::Probe, t1));
+        assert_eq!(
+            c.admit(t1),
+            Admission::Skip,
+            "a failed probe reopens the circuit"
+        );
+        assert_eq!(c.admit(t1 + cool_down / 2), Admission::Skip);
+        let t2 = t1 + cool_down;
+        assert_eq!(c.admit(t2), Admission::Probe);
         assert!(c.succeeded());
-        assert_eq!(c.state(), CircuitState::Closed);
-        assert_eq!(c.admit(), Admission::Call);
+        assert_eq!(c.state(t2), CircuitState::Closed);
+        assert_eq!(c.admit(t2), Admission::Call);
+    }
+
+    #[test]
+    fn an_abandoned_probe_frees_the_slot() {
+        let c = Circuit::new(1, Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert!(c.failed(Admission::Call, t0));
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(c.admit(t1), Admission::Probe);
+        c.abandoned();
+        assert_eq!(c.admit(t1), Admission::Probe);
     }
 
     #[test]
     fn a_success_resets_the_count() {
         let c = Circuit::new(2, Duration::from_secs(60));
-        assert!(!c.failed(Admission::Call));
+        let t0 = Instant::now();
+        assert!(!c.failed(Admission::Call, t0));
         assert!(!c.succeeded());
-        assert!(!c.failed(Admission::Call));
-        assert_eq!(c.state(), CircuitState::Closed);
+        assert!(!c.failed(Admission::Call, t0));
+        assert_eq!(c.state(t0), CircuitState::Closed);
     }
 }

@@ -48,6 +48,11 @@ fn scripts() -> &'static LeaseScripts {
     })
 }
 
+pub(crate) fn scripts_list() -> [&'static Script; 3] {
+    let s = scripts();
+    [&s.acquire, &s.renew, &s.release]
+}
+
 /// The longest lease the scripts are given, in milliseconds (a year): the server's time plus it must stay an exact
 /// integer in Lua's doubles, or the expiry instant turns negative and `PEXPIREAT` deletes the lease it just
 /// granted.

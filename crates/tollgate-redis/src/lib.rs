@@ -19,25 +19,59 @@
 //!   no lease leaves a short-lived tombstone, so an acquire that lands after it (its caller timed out during a
 //!   stall and released at once) is refused instead of holding a slot nobody will give back.
 //! - **Primaries only**: pointed at a replica, Redis answers `READONLY`, reported as
-//!   [`BackendError::ReadOnly`] and handled by the failure policy; the connection is then made again (after a
+//!   [`BackendError::ReadOnly`] and left to the limiter's failure policy; the connection is then made again (after a
 //!   failover the host name may point at the new primary). A connection the server or a proxy closed while idle
 //!   is retried once on a new one.
 //! - **Redis 5 or later**: the scripts write after reading `TIME`, which needs effects replication (the default
 //!   from Redis 5).
 //! - **Start-up check**: `maxmemory-policy` other than `noeviction` (or unreadable) is logged loudly, and the result
 //!   is kept in [`RedisStore::eviction_check`].
-//! - **Failure policy**: every call is bounded by a timeout (default 50 ms); 5 consecutive failures open a circuit
-//!   that skips Redis for 1 s, then one probe may close it. By default the error goes back to the limiter that
-//!   asked (a tollgate layer applies its own `on_store_error` policy and answers 503 / `UNAVAILABLE` when it fails
-//!   closed). A store used on its own can be given a [`FailurePolicy`](tollgate_core::FailurePolicy) instead:
-//!   [`Store::check`](tollgate_core::Store::check) then answers open, closed, or from a local in-process limit
-//!   with the same policy; each such decision increments the counter `tollgate_store_degraded_total{reason,
-//!   policy}` and is logged (one line per 5 s at most, with a count of the rest). [`RedisStore::try_check`]
-//!   always returns the error. Round trips are recorded in the histogram `tollgate_store_latency_seconds{outcome}`.
+//! - **Failures are the caller's to answer**: every call is bounded by a timeout (default 50 ms); 5 consecutive
+//!   failures open a circuit that skips Redis for 1 s, then one probe may close it. The error (`timeout`,
+//!   `circuit_open`, `backend`) goes back to the limiter that asked: a tollgate layer applies its `on_store_error`
+//!   policy (open, closed, or a local in-process limit), counts it in `tollgate_decisions_total` and logs it. Round
+//!   trips are recorded in the histogram `tollgate_store_latency_seconds{outcome}`, the circuit in the gauge
+//!   `tollgate_store_circuit_open`.
+//!
+//! - **Production Redis**: `rediss://` URLs use TLS through rustls with the system's roots, or a private CA
+//!   ([`tls_ca_file`](RedisStoreBuilder::tls_ca_file)) and a client certificate for mutual TLS
+//!   ([`tls_client_cert_files`](RedisStoreBuilder::tls_client_cert_files)), for a server, a Cluster and Sentinel
+//!   alike. The ACL user and password come from the URL (`rediss://user:pass@host:6380`) or the builder, the
+//!   password also from an environment variable or a file ([`password_file`](RedisStoreBuilder::password_file)),
+//!   so it need not sit in argv. [`RedisStore::sentinel_builder`] finds the primary through Sentinel;
+//!   `RedisStore::from_deadpool` (feature `deadpool-redis`) builds the store on an application's existing
+//!   deadpool-redis pool, at the cost of its checkout `PING` (figures in `docs/BENCHMARKS.md`).
+//! - **Fail fast on configuration, ride out outages**: [`build`](RedisStoreBuilder::build) connects, loads the
+//!   scripts and runs one decision on a probe key of its own. A wrong password or unknown user, an untrusted, expired
+//!   or wrong-host certificate, a plaintext URL against a TLS port or a `NOPERM` reply is a typed [`BuildError`];
+//!   an unreachable Redis is an outage: the store is built, its calls fail (the limiter's failure policy decides),
+//!   and it connects when Redis comes up.
+//! - **Sentinel**: [`RedisStore::sentinel_builder`] asks the Sentinels for the master name's primary for every new
+//!   connection (redis-rs checks its `ROLE`, so a replica is never used). A failover is followed three ways: a
+//!   demoted primary's `READONLY`, a dead primary's failed socket, and Sentinel's `+switch-master` announcement
+//!   (watched on one Sentinel at a time), each of which retires the old connections. In the private setups of the
+//!   tests (`down-after-milliseconds 1000`) decisions resume about 1.1 s after `SENTINEL FAILOVER` and 2.5 s after
+//!   a SIGKILL of the primary. The Sentinels themselves are reached without credentials.
+//! - **Pinned scripts**: every new connection (at start, after a reconnect, after a failover) loads the scripts
+//!   with `SCRIPT LOAD` before its first decision, so a decision stays one `EVALSHA` even on Redis 7.4+, which may
+//!   evict scripts that `EVAL` loaded.
+//!
+//! ## Least privilege
+//!
+//! The store needs exactly these permissions (keys under its namespace, here `tollgate`; the commands it sends and
+//! those its scripts call; `role` for Sentinel's check of the primary, `cluster|slots` for a Cluster's slot map):
+//!
+//! ```text
+//! ACL SETUSER tollgate on >PASSWORD resetkeys ~tollgate:* resetchannels -@all +evalsha +eval +script|load +time +hmget +hset +pexpire +pexpireat +pttl +zadd +zcount +zrange +zrem +zremrangebyscore +zscore +role +cluster|slots
+//! ```
+//!
+//! (also [`LEAST_PRIVILEGE_ACL`]). Without `+config|get` (which that line leaves out, since `CONFIG GET` can
+//! read secrets) the start-up eviction check cannot read `maxmemory-policy`: it logs a warning saying so and
+//! reports [`EvictionCheck::Unknown`]; it never fails and never passes silently.
 //!
 //! ```
 //! use std::time::Duration;
-//! use tollgate_core::{FailurePolicy, Outcome, Policy, Quota, Store};
+//! use tollgate_core::{Outcome, Policy, Quota, Store};
 //! use tollgate_redis::RedisStore;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -47,8 +81,7 @@
 //! tokio::runtime::Runtime::new()?.block_on(async {
 //!     let store = RedisStore::builder(url) // e.g. "redis://127.0.0.1:6379"
 //!         .namespace(namespace) // e.g. "myapp"
-//!         .timeout(Duration::from_millis(50))
-//!         .failure_policy(FailurePolicy::Local)
+//!         .timeout(Duration::from_secs(2)) // the default is 50 ms; a doctest on a busy machine gets more
 //!         .build()
 //!         .await?;
 //!     let policy = Policy::token_bucket(Quota::per_minute(100)?.with_burst(2)?);
@@ -82,12 +115,14 @@
 mod backend;
 mod builder;
 mod circuit;
-mod degraded;
+mod connect;
 mod error;
 mod eviction;
 mod keys;
 mod lease;
+mod observe;
 mod script;
+mod sentinel;
 mod store;
 
 pub use builder::{
@@ -95,9 +130,15 @@ pub use builder::{
     DEFAULT_TIMEOUT, RedisStoreBuilder,
 };
 pub use circuit::CircuitState;
-pub use degraded::{CIRCUIT_OPEN, DEGRADED_TOTAL, LATENCY_SECONDS};
 pub use error::{BackendError, BuildError};
 pub use eviction::EvictionCheck;
 pub use lease::{CONCURRENCY_ACQUIRE_LUA, CONCURRENCY_RELEASE_LUA, CONCURRENCY_RENEW_LUA};
+pub use observe::{CIRCUIT_OPEN, LATENCY_SECONDS};
 pub use script::{SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA};
 pub use store::RedisStore;
+
+/// The least-privilege ACL rule the store works under, for the namespace `tollgate` (replace `PASSWORD`, and
+/// `tollgate:*` with `<your namespace>:*`).
+pub const LEAST_PRIVILEGE_ACL: &str = "ACL SETUSER tollgate on >PASSWORD resetkeys ~tollgate:* resetchannels -@all \
+    +evalsha +eval +script|load +time +hmget +hset +pexpire +pexpireat +pttl +zadd +zcount +zrange +zrem \
+    +zremrangebyscore +zscore +role +cluster|slots";

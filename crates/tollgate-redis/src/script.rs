@@ -19,10 +19,16 @@ pub const SLIDING_WINDOW_LUA: &str = concat!(
 );
 
 /// A script's source and SHA-1, as `EVALSHA` wants it.
-#[derive(Debug)]
 pub(crate) struct Script {
     pub(crate) source: &'static str,
     pub(crate) sha: String,
+}
+
+impl std::fmt::Debug for Script {
+    // The SHA names the script; its source would fill a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Script").field("sha", &self.sha).finish()
+    }
 }
 
 impl Script {
@@ -49,12 +55,26 @@ impl Scripts {
         }
     }
 
+    /// The scripts of every store, hashed once per process.
+    pub(crate) fn shared() -> &'static Self {
+        static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
+        SCRIPTS.get_or_init(Self::new)
+    }
+
     pub(crate) fn for_algorithm(&self, algorithm: Algorithm) -> &Script {
         match algorithm {
             Algorithm::TokenBucket => &self.token_bucket,
             Algorithm::SlidingWindowCounter => &self.sliding_window,
         }
     }
+}
+
+/// Every script a store runs: loaded with `SCRIPT LOAD` on each new connection (and at start-up), so that a
+/// decision is one `EVALSHA` even where the server evicts scripts that `EVAL` loaded (Redis 7.4 and later).
+pub(crate) fn pinned() -> [&'static Script; 5] {
+    let s = Scripts::shared();
+    let [acquire, renew, release] = crate::lease::scripts_list();
+    [&s.token_bucket, &s.sliding_window, acquire, renew, release]
 }
 
 /// The script's ARGV: the policy's derived integers (so the script needs no gcd), the cost and the injected time

@@ -1,21 +1,23 @@
-//! [`RedisStore`]: one `EVALSHA` per decision, bounded by a timeout, guarded by a circuit breaker, and a failure
-//! policy for when Redis cannot answer.
+//! [`RedisStore`]: one `EVALSHA` per decision, bounded by a timeout and guarded by a circuit breaker. What to do
+//! when Redis cannot answer is the limiter's failure policy: the store returns the error.
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use tollgate_core::{
-    Algorithm, Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp,
-};
+use tollgate_core::{Algorithm, Decision, Policy, Store, StoreError, Timestamp};
 
 use crate::backend::Backend;
 use crate::circuit::{Admission, Circuit, CircuitState};
-use crate::degraded::{CIRCUIT_OPEN, DegradedLog, LATENCY_SECONDS};
 use crate::eviction::{self, EvictionCheck};
+use crate::observe::{CIRCUIT_OPEN, LATENCY_SECONDS};
 use crate::script::{self, Scripts};
 use crate::{RedisStoreBuilder, keys};
 
-/// Limiter state in Redis: the same decisions as [`MemoryStore`], for a whole fleet.
+/// Limiter state in Redis: the same decisions as [`MemoryStore`](tollgate_core::MemoryStore), for a whole fleet.
+///
+/// Two entry points: [`Store::check`] decides on Redis's clock, [`check_at`](Self::check_at) at an instant the
+/// caller gives. Both return Redis's failures (a timeout, an open circuit, a `READONLY` replica) as errors, for the
+/// limiter's failure policy to answer.
 ///
 /// Cheap to clone (the pool and circuit are shared). See the [crate docs](crate) for an example.
 #[derive(Debug, Clone)]
@@ -26,13 +28,12 @@ pub struct RedisStore {
 #[derive(Debug)]
 struct Inner {
     backend: Backend,
-    scripts: Scripts,
+    scripts: &'static Scripts,
+    /// Follows Sentinel's `+switch-master` while the store lives.
+    _watcher: Option<crate::sentinel::Watcher>,
     namespace: String,
     timeout: Duration,
-    failure_policy: Option<FailurePolicy>,
     circuit: Circuit,
-    local: MemoryStore,
-    log: DegradedLog,
     eviction: OnceLock<EvictionCheck>,
 }
 
@@ -40,6 +41,30 @@ impl RedisStore {
     /// A builder for a store on one Redis server (a primary), e.g. `redis://127.0.0.1:6379`.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder::standalone(url.into())
+    }
+
+    /// A builder for a store on the primary that Redis Sentinel names `master`, given some Sentinels as
+    /// `host:port` or `redis://` / `rediss://` URLs (bare addresses use TLS when a CA or client certificate is
+    /// configured). Limiter calls only ever go to the primary; a failover is followed (see the crate docs).
+    pub fn sentinel_builder<I, S>(sentinels: I, master: impl Into<String>) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder::sentinel(
+            sentinels.into_iter().map(Into::into).collect(),
+            master.into(),
+        )
+    }
+
+    /// A builder for a store on a user's existing deadpool-redis pool (feature `deadpool-redis`). Its TLS and
+    /// credentials are the pool's. deadpool-redis's manager sends `PING` (pipelined with `UNWATCH`) on every
+    /// checkout, so each decision costs two round trips instead of one: the built-in pool is faster (figures in
+    /// `docs/BENCHMARKS.md`). Its connections do not load the scripts when made, so after a server restart the
+    /// first call of each script is answered by `EVAL` after `NOSCRIPT`.
+    #[cfg(feature = "deadpool-redis")]
+    pub fn from_deadpool(pool: deadpool_redis::Pool) -> RedisStoreBuilder {
+        RedisStoreBuilder::deadpool(pool)
     }
 
     /// A builder for a store on a Redis Cluster, given some of its nodes' URLs.
@@ -51,8 +76,7 @@ impl RedisStore {
         RedisStoreBuilder::cluster(nodes.into_iter().map(Into::into).collect())
     }
 
-    /// A store on one server with every default (namespace `tollgate`, 50 ms timeout, errors returned to the
-    /// limiter).
+    /// A store on one server with every default (namespace `tollgate`, 50 ms timeout).
     pub async fn connect(url: impl Into<String>) -> Result<Self, crate::BuildError> {
         Self::builder(url).build().await
     }
@@ -61,24 +85,72 @@ impl RedisStore {
         backend: Backend,
         namespace: String,
         timeout: Duration,
-        failure_policy: Option<FailurePolicy>,
         failure_threshold: u32,
         cool_down: Duration,
+        watcher: Option<crate::sentinel::Watcher>,
     ) -> Self {
         // Registered at once (unchanged), so dashboards and alerts see the gauge before any circuit opens.
         metrics::gauge!(CIRCUIT_OPEN).increment(0.0);
         Self {
             inner: Arc::new(Inner {
                 backend,
-                scripts: Scripts::new(),
+                scripts: Scripts::shared(),
+                _watcher: watcher,
                 namespace,
                 timeout,
-                failure_policy,
                 circuit: Circuit::new(failure_threshold, cool_down),
-                local: MemoryStore::new(),
-                log: DegradedLog::new(),
                 eviction: OnceLock::new(),
             }),
+        }
+    }
+
+    /// The start-up check: connect (loading the scripts) and run one decision on a probe key of its own (one token
+    /// of a million-per-second bucket: the script writes, and the key expires after 1 ms), so that a
+    /// configuration error (credentials, certificates, permissions) stops start-up instead of failing every
+    /// request. An outage is logged, and the store is built.
+    pub(crate) async fn verify(
+        &self,
+        limit: Duration,
+        target: Option<crate::builder::ProbeTarget>,
+    ) -> Result<(), crate::BuildError> {
+        let policy = crate::builder::probe_policy();
+        let script = self.inner.scripts.for_algorithm(policy.algorithm());
+        let key = keys::redis_key(
+            &self.inner.namespace,
+            "tollgate-startup-probe",
+            policy.algorithm(),
+        );
+        let args = script::args(&policy, 1, None);
+        let backend = &self.inner.backend;
+        let attempt = async {
+            backend.pin_scripts().await?;
+            backend.run(script, &key, &args).await
+        };
+        match tokio::time::timeout(limit, attempt).await {
+            Ok(Ok(reply)) => match script::parse_reply(&policy, &reply) {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    tracing::warn!("the start-up probe decision came back unreadable: {e}");
+                    Ok(())
+                }
+            },
+            Ok(Err(e)) => {
+                crate::builder::judge_startup_failure(Some(&e), target.as_ref()).await?;
+                tracing::warn!(
+                    error = %e,
+                    "Redis is not answering at start-up ({e}): the store is built, its calls fail until Redis \
+                     answers (the limiter's failure policy decides meanwhile), and it connects when Redis is up"
+                );
+                Ok(())
+            }
+            Err(_) => {
+                crate::builder::judge_startup_failure(None, target.as_ref()).await?;
+                tracing::warn!(
+                    "Redis did not answer within {limit:?} at start-up: the store is built, its calls fail until \
+                     Redis answers, and it connects when Redis is up"
+                );
+                Ok(())
+            }
         }
     }
 
@@ -87,33 +159,11 @@ impl RedisStore {
         self
     }
 
-    /// Decides at `now` instead of the server's time (the shared vectors and tests), applying the store's failure
-    /// policy, if it has one, like [`Store::check`].
+    /// Decides at `now` instead of the server's time (the shared vectors, tests, replays). Like [`Store::check`],
+    /// it is bounded by the timeout, skipped while the circuit is open, and returns Redis's failure as an error: a
+    /// `READONLY` reply (a replica) is a [`StoreError::Backend`] whose source downcasts to
+    /// [`BackendError::ReadOnly`](crate::BackendError::ReadOnly).
     pub async fn check_at(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        let result = self.decide(key, policy, cost, Some(now)).await;
-        self.or_degrade(result, key, policy, cost, Some(now))
-    }
-
-    /// Decides on Redis's clock and returns Redis's failure as an error instead of applying the failure policy
-    /// (still bounded by the timeout and skipped while the circuit is open). A `READONLY` reply (a replica) is a
-    /// [`StoreError::Backend`] whose source downcasts to [`BackendError::ReadOnly`](crate::BackendError::ReadOnly).
-    pub async fn try_check(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> Result<Decision, StoreError> {
-        self.decide(key, policy, cost, None).await
-    }
-
-    /// [`try_check`](Self::try_check) at an injected instant.
-    pub async fn try_check_at(
         &self,
         key: &str,
         policy: &Policy,
@@ -158,13 +208,7 @@ impl RedisStore {
     /// The circuit breaker's state.
     #[must_use]
     pub fn circuit_state(&self) -> CircuitState {
-        self.inner.circuit.state()
-    }
-
-    /// The store's own failure policy (`None`: errors go to the caller).
-    #[must_use]
-    pub fn failure_policy(&self) -> Option<FailurePolicy> {
-        self.inner.failure_policy
+        self.inner.circuit.state(Instant::now())
     }
 
     /// The timeout of every Redis call.
@@ -203,7 +247,7 @@ impl RedisStore {
         parse: impl FnOnce(&redis::Value) -> Result<T, crate::BackendError>,
     ) -> Result<T, StoreError> {
         let inner = &*self.inner;
-        let admission = inner.circuit.admit();
+        let admission = inner.circuit.admit(Instant::now());
         if admission == Admission::Skip {
             return Err(StoreError::CircuitOpen);
         }
@@ -232,7 +276,7 @@ impl RedisStore {
             }
             Err(e) => {
                 metrics::histogram!(LATENCY_SECONDS, "outcome" => "error").record(elapsed);
-                if inner.circuit.failed(admission) {
+                if inner.circuit.failed(admission, Instant::now()) {
                     metrics::gauge!(CIRCUIT_OPEN).set(1.0);
                     tracing::warn!(error = %e, "Redis keeps failing: rate-limiter circuit open, skipping Redis");
                 }
@@ -245,45 +289,13 @@ impl RedisStore {
     pub(crate) fn namespace(&self) -> &str {
         &self.inner.namespace
     }
-
-    /// Applies the failure policy to a failed decision.
-    fn or_degrade(
-        &self,
-        result: Result<Decision, StoreError>,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-        now: Option<Timestamp>,
-    ) -> Result<Decision, StoreError> {
-        let error = match result {
-            Ok(decision) => return Ok(decision),
-            Err(e) => e,
-        };
-        let inner = &*self.inner;
-        let Some(failure_policy) = inner.failure_policy else {
-            return Err(error);
-        };
-        inner.log.record(&error, failure_policy);
-        let now = now.unwrap_or_else(|| Timestamp::from(SystemTime::now()));
-        if let Some(decision) = failure_policy.synthesize(policy, now) {
-            return Ok(decision);
-        }
-        // A full local table cannot track this key: protect rather than admit blindly.
-        inner.local.check_at(key, policy, cost, now).or_else(|_| {
-            FailurePolicy::Closed
-                .synthesize(policy, now)
-                .ok_or(StoreError::CircuitOpen)
-        })
-    }
 }
 
 impl Store for RedisStore {
-    /// Decides on Redis's clock. If Redis fails, times out or the circuit is open: with a store failure policy,
-    /// answers with it (counted and logged; a local fallback that cannot track one more key answers as if failing
-    /// closed); without one, returns the error for the limiter's own policy.
+    /// Decides on Redis's clock. If Redis fails, times out or the circuit is open, returns the error: the
+    /// limiter's failure policy answers (and counts and logs it).
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        let result = self.decide(key, policy, cost, None).await;
-        self.or_degrade(result, key, policy, cost, None)
+        self.decide(key, policy, cost, None).await
     }
 }
 

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use tollgate_core::{Outcome, Policy};
+use tollgate_core::{Outcome, Policy, Store};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::RedisCluster;
 
@@ -15,7 +15,7 @@ async fn round(store: &RedisStore, policy: &Policy, expected: Outcome, what: &st
     for i in 0..KEYS {
         let key = format!("client-{i}");
         let d = store
-            .try_check(&key, policy, 1)
+            .check(&key, policy, 1)
             .await
             .unwrap_or_else(|e| panic!("{what}: {key}: {e}"));
         assert_eq!(d.outcome, expected, "{what}: {key}: {d:?}");
@@ -85,12 +85,12 @@ fn cluster_decides_on_many_keys_and_survives_moved_and_a_primary_restart() {
             for i in 0..KEYS {
                 let key = format!("client-{i}");
                 let third = store
-                    .try_check(&key, policy, 1)
+                    .check(&key, policy, 1)
                     .await
                     .unwrap_or_else(|e| panic!("restart: {key}: {e}"));
                 assert!(third.is_allowed(), "{key}: {third:?}");
                 let fourth = store
-                    .try_check(&key, policy, 1)
+                    .check(&key, policy, 1)
                     .await
                     .unwrap_or_else(|e| panic!("restart: {key}: {e}"));
                 if third.remaining == 2 {

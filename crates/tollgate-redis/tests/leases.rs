@@ -6,17 +6,18 @@ mod common;
 use std::time::Duration;
 
 use tollgate_core::lease::{LeaseId, LeaseStore};
-use tollgate_testkit::redis::{cli_url, redis_url};
+use tollgate_testkit::redis::cli_url;
 
 const LONG: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn a_lease_released_before_its_acquire_lands_is_never_granted() {
+    let redis = common::AclRedis::start();
     // A caller whose acquire timed out during a stall releases at once; the acquire, sent first, may still run
     // when the server wakes. The release leaves a tombstone that refuses it, counts as no lease, and cannot be
     // renewed back to life.
-    let url = redis_url();
-    let store = common::store(&url, "lease-tombstone").await;
+    let url = redis.url();
+    let store = redis.store("lease-tombstone").await;
     let key = store.lease_key("k");
     let (late, other) = (LeaseId::new(), LeaseId::new());
     store.release("k", late).await.unwrap();
@@ -45,7 +46,8 @@ async fn a_lease_released_before_its_acquire_lands_is_never_granted() {
 
 #[tokio::test]
 async fn a_lease_time_beyond_any_use_is_a_year_not_a_lease_deleted_as_it_is_granted() {
-    let store = common::store(&redis_url(), "lease-huge").await;
+    let redis = common::AclRedis::start();
+    let store = redis.store("lease-huge").await;
     let (a, b) = (LeaseId::new(), LeaseId::new());
     assert!(
         store
@@ -58,7 +60,7 @@ async fn a_lease_time_beyond_any_use_is_a_year_not_a_lease_deleted_as_it_is_gran
     let second = store.acquire("k", b, 1, Duration::MAX).await.unwrap();
     assert!(!second.granted);
     assert_eq!(second.in_flight, 1);
-    let ttl: i64 = cli_url(&redis_url(), &["PTTL", &store.lease_key("k")])
+    let ttl: i64 = cli_url(&redis.url(), &["PTTL", &store.lease_key("k")])
         .parse()
         .unwrap();
     let year_ms = 365 * 24 * 3_600_000;
@@ -68,12 +70,12 @@ async fn a_lease_time_beyond_any_use_is_a_year_not_a_lease_deleted_as_it_is_gran
 
 #[tokio::test]
 async fn two_stores_share_one_limit_and_release_frees_a_slot() {
-    let url = redis_url();
-    let a = common::store(&url, "lease-share").await;
+    let redis = common::AclRedis::start();
+    let url = redis.url();
+    let a = redis.store("lease-share").await;
     // A second instance: its own pool, same namespace.
-    let b = tollgate_redis::RedisStore::builder(&url)
-        .namespace(a.lease_key("x").split(':').next().unwrap().to_owned())
-        .timeout(Duration::from_secs(5))
+    let b = redis
+        .builder_in(a.lease_key("x").split(':').next().unwrap().to_owned())
         .build()
         .await
         .unwrap();
@@ -105,41 +107,89 @@ async fn two_stores_share_one_limit_and_release_frees_a_slot() {
     );
 }
 
-#[tokio::test]
-async fn leases_of_a_dead_holder_expire_and_renewed_ones_do_not() {
-    let url = redis_url();
-    let store = common::store(&url, "lease-expiry").await;
-    let short = Duration::from_millis(300);
-    let (dead, alive, waiting) = (LeaseId::new(), LeaseId::new(), LeaseId::new());
-    assert!(store.acquire("k", dead, 2, short).await.unwrap().granted);
-    assert!(store.acquire("k", alive, 2, short).await.unwrap().granted);
-    assert!(!store.acquire("k", waiting, 2, short).await.unwrap().granted);
-
-    // `alive` renews; `dead` does not (its instance crashed). Renew well within the lease time.
-    for _ in 0..8 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(
-            store.renew("k", alive, short).await.unwrap(),
-            "a live lease renews"
-        );
+/// Renews `lease`; `false` when the renewal was sent `short` or more after the previous one, or took that long:
+/// then the lease may rightly have expired, and the run proves nothing.
+async fn renew_alive(
+    store: &tollgate_redis::RedisStore,
+    key: &str,
+    lease: LeaseId,
+    short: Duration,
+    renewed_at: &mut std::time::Instant,
+) -> bool {
+    let sent = std::time::Instant::now();
+    let renewed = store.renew(key, lease, short).await.unwrap();
+    if sent.duration_since(*renewed_at) >= short || sent.elapsed() >= short {
+        return false;
     }
-    // 400 ms have passed: `dead` expired, `alive` did not, so exactly one slot is free.
+    assert!(renewed, "a live lease renews");
+    *renewed_at = sent;
+    true
+}
+
+/// One run of the expiry scenario with leases of `short`; `false` when the machine stalled so long that the run
+/// proves nothing (a renewal sent `short` or more after the previous one may rightly find its lease expired).
+///
+/// The margins come from the lease time itself: the server starts a lease's clock between the client sending the
+/// call and reading the reply, so a lease renewed at client time `sent` lives at least until `sent + short`, and
+/// one granted with a reply at `replied` is gone by `replied + short`.
+async fn expiry_scenario(store: &tollgate_redis::RedisStore, key: &str, short: Duration) -> bool {
+    use std::time::Instant;
+    let (dead, alive, waiting) = (LeaseId::new(), LeaseId::new(), LeaseId::new());
+    assert!(store.acquire(key, dead, 2, short).await.unwrap().granted);
+    let dead_granted = Instant::now();
+    let mut renewed_at = Instant::now();
+    assert!(store.acquire(key, alive, 2, short).await.unwrap().granted);
+    assert!(!store.acquire(key, waiting, 2, short).await.unwrap().granted);
+
+    // `alive` renews every quarter of its lease time; `dead` does not (its instance crashed).
+    while dead_granted.elapsed() < short + short / 4 {
+        tokio::time::sleep(short / 4).await;
+        if !renew_alive(store, key, alive, short, &mut renewed_at).await {
+            return false;
+        }
+    }
     assert!(
-        !store.renew("k", dead, short).await.unwrap(),
+        !store.renew(key, dead, short).await.unwrap(),
         "an expired lease cannot be renewed"
     );
-    let admitted = store.acquire("k", waiting, 2, LONG).await.unwrap();
+    // Renew once more, then `waiting` gets the slot `dead` left while `alive` still counts.
+    if !renew_alive(store, key, alive, short, &mut renewed_at).await {
+        return false;
+    }
+    let admitted = store.acquire(key, waiting, 2, LONG).await.unwrap();
+    if renewed_at.elapsed() >= short {
+        return false;
+    }
     assert!(admitted.granted);
     assert_eq!(admitted.in_flight, 2, "the renewed lease still counts");
     assert!(
         !store
-            .acquire("k", LeaseId::new(), 2, LONG)
+            .acquire(key, LeaseId::new(), 2, LONG)
             .await
             .unwrap()
             .granted
     );
+    true
+}
 
-    let ttl: i64 = cli_url(&url, &["PTTL", &store.lease_key("k")])
+#[tokio::test]
+async fn leases_of_a_dead_holder_expire_and_renewed_ones_do_not() {
+    let redis = common::AclRedis::start();
+    let url = redis.url();
+    let store = redis.store("lease-expiry").await;
+    let short = Duration::from_secs(1);
+    let mut ran = None;
+    for attempt in 0..3 {
+        let key = format!("k{attempt}");
+        if expiry_scenario(&store, &key, short).await {
+            ran = Some(key);
+            break;
+        }
+    }
+    let key = ran.unwrap_or_else(|| {
+        panic!("the machine stalled longer than the lease time ({short:?}) in each of three runs")
+    });
+    let ttl: i64 = cli_url(&url, &["PTTL", &store.lease_key(&key)])
         .parse()
         .unwrap();
     assert!(ttl > 20_000, "the TTL follows the longest lease: {ttl} ms");
@@ -147,7 +197,8 @@ async fn leases_of_a_dead_holder_expire_and_renewed_ones_do_not() {
 
 #[tokio::test]
 async fn a_lower_ceiling_applies_to_the_same_leases() {
-    let store = common::store(&redis_url(), "lease-ceiling").await;
+    let redis = common::AclRedis::start();
+    let store = redis.store("lease-ceiling").await;
     for _ in 0..3 {
         assert!(
             store

@@ -11,17 +11,17 @@ use redis::AsyncCommands;
 use tollgate_core::algorithm::token_bucket::{self, TokenBucketState};
 use tollgate_core::{Algorithm, MemoryStore, Outcome, Policy, Quota, Store, Timestamp};
 use tollgate_redis::RedisStore;
-use tollgate_testkit::redis::redis_url;
 use tollgate_testkit::vectors::Vectors;
 
 #[tokio::test]
 async fn shared_vectors_are_bit_identical_to_memory_store_and_expected() {
+    let redis = common::AclRedis::start();
     let vectors = Vectors::load();
     assert!(
         vectors.cases.len() >= 10,
         "the vector file holds too few cases"
     );
-    let redis = common::store(&redis_url(), "vectors").await;
+    let redis = redis.store("vectors").await;
     let mut steps = 0;
     for (i, case) in vectors.cases.iter().enumerate() {
         let policy = case.policy();
@@ -30,7 +30,7 @@ async fn shared_vectors_are_bit_identical_to_memory_store_and_expected() {
             // A key per case: cases must not see each other's state.
             let key = format!("case{i}:{}", step.key);
             let from_redis = redis
-                .try_check_at(&key, &policy, step.cost, step.at())
+                .check_at(&key, &policy, step.cost, step.at())
                 .await
                 .expect("redis decides");
             let from_memory = memory
@@ -72,7 +72,8 @@ impl Rng {
 /// microsecond periods, products close to 2^52, costs above the burst, and a clock that steps back.
 #[tokio::test]
 async fn lua_agrees_with_rust_on_random_policies_and_traffic() {
-    let redis = common::store(&redis_url(), "agree").await;
+    let redis = common::AclRedis::start();
+    let redis = redis.store("agree").await;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let quotas: Vec<Quota> = [
         (3, 7),
@@ -123,7 +124,7 @@ async fn lua_agrees_with_rust_on_random_policies_and_traffic() {
             let key = format!("p{i}");
             let at = Timestamp::from_micros(now);
             let r = redis
-                .try_check_at(&key, policy, cost, at)
+                .check_at(&key, policy, cost, at)
                 .await
                 .expect("redis decides");
             let m = memory
@@ -172,13 +173,14 @@ async fn naive_check(
 
 #[test]
 fn sixty_four_concurrent_tasks_admit_exactly_the_limit_and_a_naive_client_does_not() {
+    let redis = common::AclRedis::start();
     let rt = common::runtime();
     rt.block_on(async {
         const TASKS: usize = 64;
         const PER_TASK: usize = 8;
         let limit = 100;
         for policy in [common::hourly_bucket(limit), common::hourly_window(limit)] {
-            let store = Arc::new(common::store(&redis_url(), "atomic").await);
+            let store = Arc::new(redis.store("atomic").await);
             let admitted = Arc::new(AtomicU64::new(0));
             let mut tasks = Vec::new();
             for _ in 0..TASKS {
@@ -186,7 +188,7 @@ fn sixty_four_concurrent_tasks_admit_exactly_the_limit_and_a_naive_client_does_n
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..PER_TASK {
                         if store
-                            .try_check("hot", &policy, 1)
+                            .check("hot", &policy, 1)
                             .await
                             .expect("redis decides")
                             .is_allowed()
@@ -210,7 +212,7 @@ fn sixty_four_concurrent_tasks_admit_exactly_the_limit_and_a_naive_client_does_n
         // The same load through the naive client over-admits: the race is real.
         let policy = common::hourly_bucket(limit);
         let key = format!("{}:naive", tollgate_testkit::redis::unique_prefix("naive"));
-        let client = redis::Client::open(redis_url()).unwrap();
+        let client = redis::Client::open(redis.url()).unwrap();
         let admitted = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
         for _ in 0..TASKS {
@@ -237,15 +239,15 @@ fn sixty_four_concurrent_tasks_admit_exactly_the_limit_and_a_naive_client_does_n
 
 #[test]
 fn four_instances_with_their_own_pools_share_one_global_limit() {
+    let redis = common::AclRedis::start();
     let rt = common::runtime();
     rt.block_on(async {
         let namespace = tollgate_testkit::redis::unique_prefix("fleet");
         for policy in [common::hourly_bucket(40), common::hourly_window(40)] {
             let mut instances = Vec::new();
             for _ in 0..4 {
-                let store = RedisStore::builder(redis_url())
-                    .namespace(namespace.clone())
-                    .timeout(Duration::from_secs(5))
+                let store = redis
+                    .builder_in(namespace.clone())
                     .pool_size(8)
                     .build()
                     .await
@@ -288,8 +290,9 @@ fn four_instances_with_their_own_pools_share_one_global_limit() {
 
 #[tokio::test]
 async fn every_key_has_the_policy_derived_ttl() {
-    let store = common::store(&redis_url(), "ttl").await;
-    let client = redis::Client::open(redis_url()).unwrap();
+    let redis = common::AclRedis::start();
+    let store = redis.store("ttl").await;
+    let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
 
     // 5 per hour: each token is 720 s, so after two requests the bucket is full again in 1440 s.
@@ -299,7 +302,7 @@ async fn every_key_has_the_policy_derived_ttl() {
     for (policy, requests) in [(bucket, 2), (window, 3)] {
         let mut last = None;
         for _ in 0..requests {
-            last = Some(store.try_check("client", &policy, 1).await.unwrap());
+            last = Some(store.check("client", &policy, 1).await.unwrap());
         }
         let decision = last.unwrap();
         let key = store.redis_key("client", policy.algorithm());
@@ -321,13 +324,13 @@ async fn every_key_has_the_policy_derived_ttl() {
     // A denied request writes nothing: the TTL is not extended.
     let tiny = Policy::token_bucket(Quota::per_hour(1).unwrap());
     assert_eq!(
-        store.try_check("once", &tiny, 1).await.unwrap().outcome,
+        store.check("once", &tiny, 1).await.unwrap().outcome,
         Outcome::Allowed
     );
     let once = store.redis_key("once", Algorithm::TokenBucket);
     let before: i64 = conn.pttl(&once).await.unwrap();
     assert_eq!(
-        store.try_check("once", &tiny, 1).await.unwrap().outcome,
+        store.check("once", &tiny, 1).await.unwrap().outcome,
         Outcome::Limited
     );
     let after: i64 = conn.pttl(&once).await.unwrap();
@@ -352,11 +355,12 @@ async fn every_key_has_the_policy_derived_ttl() {
 
 #[tokio::test]
 async fn state_left_by_another_quota_is_decided_alike_by_lua_and_rust() {
+    let redis = common::AclRedis::start();
     // A limit changed under a running key (a redeploy) leaves a bucket written in the old quota's units: a
     // remainder above what the new quota owes, or a refill instant far beyond its bucket. Both stores must read it
     // the same way, and neither may fail on it.
-    let store = common::store(&redis_url(), "foreign").await;
-    let client = redis::Client::open(redis_url()).unwrap();
+    let store = redis.store("foreign").await;
+    let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let now = Timestamp::from_micros(1_700_000_000_000_000);
     let policy = Policy::token_bucket(Quota::per_second(1_000).unwrap());
@@ -385,7 +389,7 @@ async fn state_left_by_another_quota_is_decided_alike_by_lua_and_rust() {
             .await
             .unwrap();
         let _: () = conn.expire(&redis_key, 3_600).await.unwrap();
-        let from_redis = store.try_check_at(&key, &policy, 1, now).await.unwrap();
+        let from_redis = store.check_at(&key, &policy, 1, now).await.unwrap();
         let expected = token_bucket::decide(Some(state), &policy.quota(), 1, now).decision;
         assert_eq!(from_redis, expected, "state {state:?}");
         assert!(from_redis.remaining <= from_redis.limit, "{from_redis:?}");
@@ -394,11 +398,12 @@ async fn state_left_by_another_quota_is_decided_alike_by_lua_and_rust() {
 
 #[tokio::test]
 async fn a_window_decided_after_a_clock_step_back_lives_until_its_reset() {
+    let redis = common::AclRedis::start();
     // After a step back the window decides as of its stored start, a later instant than the server's; its key
     // must still live until the reset in the server's time, as the in-process store keeps it, not expire as
     // much earlier as the clock stepped back.
-    let store = common::store(&redis_url(), "step-back").await;
-    let client = redis::Client::open(redis_url()).unwrap();
+    let store = redis.store("step-back").await;
+    let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let window = Policy::sliding_window(Quota::per_hour(10).unwrap()).unwrap();
     let hour = 3_600_000_000_u64;
@@ -407,13 +412,13 @@ async fn a_window_decided_after_a_clock_step_back_lives_until_its_reset() {
         Timestamp::from_micros(window_start.as_micros().checked_add_signed(offset).unwrap())
     };
     let first = store
-        .try_check_at("c", &window, 1, at(10_000_000))
+        .check_at("c", &window, 1, at(10_000_000))
         .await
         .unwrap();
     assert!(first.is_allowed());
     // An hour back: into the previous window.
     let stepped = store
-        .try_check_at("c", &window, 1, at(10_000_000 - 3_600_000_000))
+        .check_at("c", &window, 1, at(10_000_000 - 3_600_000_000))
         .await
         .unwrap();
     assert!(stepped.is_allowed());
@@ -431,15 +436,16 @@ async fn a_window_decided_after_a_clock_step_back_lives_until_its_reset() {
 
 #[tokio::test]
 async fn bad_builder_settings_are_errors() {
+    let redis = common::AclRedis::start();
     for ns in ["", "has space", "{tag}", &"n".repeat(65)] {
-        let err = RedisStore::builder(redis_url())
+        let err = RedisStore::builder(redis.url())
             .namespace(ns)
             .build()
             .await
             .unwrap_err();
         assert!(err.to_string().contains("namespace"), "{err}");
     }
-    let err = RedisStore::builder(redis_url())
+    let err = RedisStore::builder(redis.url())
         .timeout(Duration::ZERO)
         .build()
         .await
@@ -451,7 +457,8 @@ async fn bad_builder_settings_are_errors() {
 
 #[tokio::test]
 async fn hostile_keys_are_hashed_and_still_limited() {
-    let store = common::store(&redis_url(), "hostile").await;
+    let redis = common::AclRedis::start();
+    let store = redis.store("hostile").await;
     let policy = common::hourly_bucket(2);
     let long = "k".repeat(10_000);
     for key in [long.as_str(), "{slot}", "caf\u{e9} \u{0}\n"] {
@@ -460,8 +467,8 @@ async fn hostile_keys_are_hashed_and_still_limited() {
             redis_key.len() < 120 && !redis_key.contains(key),
             "{redis_key}"
         );
-        assert!(store.try_check(key, &policy, 1).await.unwrap().is_allowed());
-        assert!(store.try_check(key, &policy, 1).await.unwrap().is_allowed());
-        assert!(!store.try_check(key, &policy, 1).await.unwrap().is_allowed());
+        assert!(store.check(key, &policy, 1).await.unwrap().is_allowed());
+        assert!(store.check(key, &policy, 1).await.unwrap().is_allowed());
+        assert!(!store.check(key, &policy, 1).await.unwrap().is_allowed());
     }
 }

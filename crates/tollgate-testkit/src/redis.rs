@@ -22,6 +22,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::tls::TlsFiles;
+
 const INSTALL_HINT: &str = "install Redis (Debian/Ubuntu: `sudo apt-get install -y redis-server`, which also \
      provides redis-cli and redis-benchmark; macOS: `brew install redis`), or point TOLLGATE_REDIS_BIN_DIR at the \
      directory holding the binaries";
@@ -101,6 +103,48 @@ pub fn cli_url(url: &str, args: &[&str]) -> String {
     text
 }
 
+/// `redis-cli` with `tool_args` (where and how to connect) and then `args`; trimmed stdout, then stderr.
+fn run_cli(tool_args: &[String], args: &[&str]) -> String {
+    let out = Command::new(binary("redis-cli"))
+        .args(tool_args)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("redis-cli failed to run: {e}"));
+    let mut text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !err.trim().is_empty() {
+        text.push_str(err.trim());
+    }
+    text
+}
+
+/// `redis-cli`'s TLS arguments: the client certificate, the server's not verified.
+fn tls_cli_args(files: &TlsFiles) -> Vec<String> {
+    let path = |p: &Path| p.display().to_string();
+    vec![
+        "--tls".into(),
+        "--insecure".into(),
+        "--cacert".into(),
+        path(&files.ca),
+        "--cert".into(),
+        path(&files.client_cert),
+        "--key".into(),
+        path(&files.client_key),
+    ]
+}
+
+/// A directory no other private server uses.
+fn fresh_dir(what: &str) -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-redis-{}-{what}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("cannot create a directory for a private Redis");
+    dir
+}
+
 /// A free loopback port whose cluster bus port (`port + 10000`) is free too.
 fn free_port() -> u16 {
     loop {
@@ -121,7 +165,19 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
+    tls: Option<ServerTls>,
+    /// The certificates' directory when this server generated them (removed with the server).
+    cert_dir: Option<PathBuf>,
     child: Option<Child>,
+}
+
+/// A TLS-only server's certificates and whether it asks clients for theirs.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The PEM files the server and its clients use.
+    pub files: TlsFiles,
+    /// `tls-auth-clients yes`: mutual TLS.
+    pub auth_clients: bool,
 }
 
 impl RedisServer {
@@ -140,20 +196,56 @@ impl RedisServer {
     /// When `redis-server` is missing or does not start.
     #[must_use]
     pub fn start_with(extra: &[&str]) -> Self {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        Self::start_inner(extra, None)
+    }
+
+    /// A TLS-only server (`--port 0 --tls-port <port>`) with a fresh CA and a certificate for `localhost` and
+    /// `127.0.0.1`; with `auth_clients`, it also demands a client certificate (`tls-auth-clients yes`).
+    ///
+    /// # Panics
+    /// When `redis-server` is missing, built without TLS, or does not start.
+    #[must_use]
+    pub fn start_tls(auth_clients: bool) -> Self {
+        Self::start_tls_for(&TlsFiles::LOCAL_NAMES, false, auth_clients, &[])
+    }
+
+    /// A TLS-only server whose certificate names `names` (and has already expired when `expired`).
+    ///
+    /// # Panics
+    /// When `redis-server` is missing, built without TLS, or does not start.
+    #[must_use]
+    pub fn start_tls_for(
+        names: &[&str],
+        expired: bool,
+        auth_clients: bool,
+        extra: &[&str],
+    ) -> Self {
+        let files = TlsFiles::generate(&fresh_dir("certs"), names, expired);
+        Self::start_inner(
+            extra,
+            Some(ServerTls {
+                files,
+                auth_clients,
+            }),
+        )
+    }
+
+    /// A server with `extra` arguments and, with `tls`, TLS only.
+    ///
+    /// # Panics
+    /// When `redis-server` is missing or does not start.
+    #[must_use]
+    pub fn start_inner(extra: &[&str], tls: Option<ServerTls>) -> Self {
         let mut last_log = String::new();
         for _ in 0..5 {
             let port = free_port();
-            let dir = std::env::temp_dir().join(format!(
-                "tollgate-redis-{}-{port}-{}",
-                std::process::id(),
-                COUNTER.fetch_add(1, Ordering::Relaxed)
-            ));
-            std::fs::create_dir_all(&dir).expect("cannot create a directory for a private Redis");
+            let dir = fresh_dir(&port.to_string());
             let mut server = Self {
                 port,
                 dir,
                 extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+                tls: tls.clone(),
+                cert_dir: None,
                 child: None,
             };
             match server.spawn() {
@@ -182,19 +274,53 @@ impl RedisServer {
         replica
     }
 
+    /// `redis-server` arguments for the port: plaintext, or TLS only with its certificates.
+    fn port_args(&self) -> Vec<String> {
+        let port = self.port.to_string();
+        let Some(tls) = &self.tls else {
+            return vec!["--port".into(), port];
+        };
+        let path = |p: &Path| p.display().to_string();
+        vec![
+            "--port".into(),
+            "0".into(),
+            "--tls-port".into(),
+            port,
+            "--tls-cert-file".into(),
+            path(&tls.files.server_cert),
+            "--tls-key-file".into(),
+            path(&tls.files.server_key),
+            "--tls-ca-cert-file".into(),
+            path(&tls.files.ca),
+            "--tls-auth-clients".into(),
+            if tls.auth_clients { "yes" } else { "no" }.into(),
+            "--tls-replication".into(),
+            "yes".into(),
+            "--tls-cluster".into(),
+            "yes".into(),
+        ]
+    }
+
+    /// `redis-cli` arguments reaching this server (TLS with the client certificate; the test's assertions are
+    /// about tollgate's client, so the tool does not verify the server's).
+    fn cli_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "-h".to_owned(),
+            "127.0.0.1".to_owned(),
+            "-p".to_owned(),
+            self.port.to_string(),
+        ];
+        if let Some(tls) = &self.tls {
+            args.extend(tls_cli_args(&tls.files));
+        }
+        args
+    }
+
     fn spawn(&mut self) -> Result<(), String> {
         let log = self.dir.join("redis.log");
         let child = Command::new(binary("redis-server"))
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(self.port_args())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -244,10 +370,49 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>`, or `rediss://127.0.0.1:<port>` for a TLS server.
     #[must_use]
     pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// `redis://…` even for a TLS server (what a plaintext client would try).
+    #[must_use]
+    pub fn plain_url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `redis://<user>:<password>@127.0.0.1:<port>` (`rediss` for a TLS server).
+    #[must_use]
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://{user}:{password}@127.0.0.1:{}", self.port)
+    }
+
+    /// The certificates of a TLS server.
+    #[must_use]
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref().map(|t| &t.files)
+    }
+
+    /// Runs `ACL SETUSER` with the words of `rules` (e.g. `alice on >secret ~app:* +get`).
+    ///
+    /// # Panics
+    /// When the server does not answer `OK`.
+    pub fn acl_setuser(&self, rules: &str) {
+        let mut args = vec!["ACL", "SETUSER"];
+        args.extend(rules.split_whitespace());
+        let reply = self.cli(&args);
+        assert_eq!(reply, "OK", "ACL SETUSER {rules}: {reply}");
     }
 
     /// The process id, while the server runs.
@@ -256,10 +421,10 @@ impl RedisServer {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Runs `redis-cli` against this server and returns its trimmed output.
+    /// Runs `redis-cli` against this server (as the default user) and returns its trimmed output.
     #[must_use]
     pub fn cli(&self, args: &[&str]) -> String {
-        cli_url(&self.url(), args)
+        run_cli(&self.cli_args(), args)
     }
 
     /// Sends `signal` (`-STOP`, `-CONT`) through the `kill` program (procps; `scripts/test.sh` installs it where a
@@ -330,6 +495,9 @@ impl Drop for RedisServer {
         // server and its directory would outlive the test.
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(dir) = &self.cert_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -337,6 +505,17 @@ impl Drop for RedisServer {
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// The certificates' directory of a TLS cluster (removed with the cluster).
+    cert_dir: Option<PathBuf>,
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        self.nodes.clear();
+        if let Some(dir) = &self.cert_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl RedisCluster {
@@ -346,27 +525,58 @@ impl RedisCluster {
     /// When the servers do not start or the cluster does not form within 20 s.
     #[must_use]
     pub fn start(masters: usize) -> Self {
+        Self::start_inner(masters, None)
+    }
+
+    /// A Cluster whose nodes speak TLS only (clients and the cluster bus), with one CA and one certificate.
+    ///
+    /// # Panics
+    /// When the servers do not start or the cluster does not form within 20 s.
+    #[must_use]
+    pub fn start_tls(masters: usize) -> Self {
+        let dir = fresh_dir("cluster-certs");
+        let files = TlsFiles::generate(&dir, &TlsFiles::LOCAL_NAMES, false);
+        let mut cluster = Self::start_inner(
+            masters,
+            Some(ServerTls {
+                files,
+                auth_clients: false,
+            }),
+        );
+        cluster.cert_dir = Some(dir);
+        cluster
+    }
+
+    fn start_inner(masters: usize, tls: Option<ServerTls>) -> Self {
         assert!(
             masters >= 3,
             "redis-cli --cluster create needs at least 3 primaries"
         );
         let nodes: Vec<RedisServer> = (0..masters)
             .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ])
+                RedisServer::start_inner(
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "2000",
+                    ],
+                    tls.clone(),
+                )
             })
             .collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
+        let tool_args = tls
+            .as_ref()
+            .map(|t| tls_cli_args(&t.files))
+            .unwrap_or_default();
         let out = Command::new(binary("redis-cli"))
+            .args(&tool_args)
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -377,7 +587,10 @@ impl RedisCluster {
             "redis-cli --cluster create failed: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let cluster = Self { nodes };
+        let cluster = Self {
+            nodes,
+            cert_dir: None,
+        };
         cluster.wait_settled();
         cluster
     }
@@ -469,7 +682,13 @@ impl RedisCluster {
     pub fn reshard(&self, from: usize, to: usize, count: usize) {
         let from_id = self.nodes[from].cli(&["CLUSTER", "MYID"]);
         let to_id = self.nodes[to].cli(&["CLUSTER", "MYID"]);
+        let tool_args = self.nodes[0]
+            .tls
+            .as_ref()
+            .map(|t| tls_cli_args(&t.files))
+            .unwrap_or_default();
         let out = Command::new(binary("redis-cli"))
+            .args(&tool_args)
             .args([
                 "--cluster",
                 "reshard",
@@ -486,5 +705,245 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stderr)
         );
         self.wait_settled();
+    }
+}
+
+/// The master name the private Sentinel setups monitor.
+pub const SENTINEL_MASTER: &str = "tollgate-primary";
+
+/// One `redis-sentinel` process; killed on drop.
+#[derive(Debug)]
+struct SentinelProcess {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl SentinelProcess {
+    fn start(primary_port: u16, down_after: Duration) -> Self {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = fresh_dir(&format!("sentinel-{port}"));
+            let conf = dir.join("sentinel.conf");
+            let log = dir.join("sentinel.log");
+            let text = format!(
+                "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nlogfile {log}\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary_port} 2\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} {down}\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} 10000\n\
+                 sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
+                dir = dir.display(),
+                log = log.display(),
+                down = down_after.as_millis(),
+            );
+            std::fs::write(&conf, text).expect("cannot write sentinel.conf");
+            let child = Command::new(binary("redis-sentinel"))
+                .arg(&conf)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "cannot start redis-sentinel ({e}): install it (Debian/Ubuntu: `sudo apt-get install -y \
+                         redis-sentinel`; scripts/test.sh does)"
+                    )
+                });
+            let mut sentinel = Self {
+                port,
+                dir,
+                child: Some(child),
+            };
+            let deadline = Instant::now() + STARTUP;
+            while Instant::now() < deadline {
+                if let Some(Ok(Some(_))) = sentinel.child.as_mut().map(Child::try_wait) {
+                    break;
+                }
+                if sentinel.cli(&["PING"]) == "PONG" {
+                    return sentinel;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            last = std::fs::read_to_string(&log).unwrap_or_default();
+        }
+        panic!("redis-sentinel did not start; its log:\n{last}");
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        run_cli(
+            &[
+                "-h".into(),
+                "127.0.0.1".into(),
+                "-p".into(),
+                self.port.to_string(),
+            ],
+            args,
+        )
+    }
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A private Sentinel setup: one primary, one replica and three `redis-sentinel` processes (quorum 2)
+/// monitoring [`SENTINEL_MASTER`] with a short `down-after-milliseconds`, so a failover takes seconds.
+///
+/// The servers run with `replica-read-only no`: a client that kept writing to a demoted primary would succeed
+/// there silently (instead of getting `READONLY`), which is what the tests must be able to see.
+#[derive(Debug)]
+pub struct RedisSentinels {
+    servers: Vec<RedisServer>,
+    sentinels: Vec<SentinelProcess>,
+}
+
+impl RedisSentinels {
+    /// Starts the servers and Sentinels and waits until every Sentinel knows the replica and the other two.
+    ///
+    /// # Panics
+    /// When a process does not start or the Sentinels do not agree within 20 s.
+    #[must_use]
+    pub fn start() -> Self {
+        let primary = RedisServer::start_with(&["--replica-read-only", "no"]);
+        let _ = primary.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
+        let port = primary.port().to_string();
+        let replica = RedisServer::start_with(&[
+            "--replicaof",
+            "127.0.0.1",
+            &port,
+            "--replica-read-only",
+            "no",
+        ]);
+        let _ = replica.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
+        replica.wait_until("replication link up", || {
+            replica
+                .cli(&["INFO", "replication"])
+                .contains("master_link_status:up")
+        });
+        let sentinels = (0..3)
+            .map(|_| SentinelProcess::start(primary.port(), Duration::from_millis(1_000)))
+            .collect();
+        let setup = Self {
+            servers: vec![primary, replica],
+            sentinels,
+        };
+        setup.wait_until_known();
+        setup
+    }
+
+    fn wait_until_known(&self) {
+        let deadline = Instant::now() + STARTUP;
+        for s in &self.sentinels {
+            loop {
+                let peers = s.cli(&["SENTINEL", "SENTINELS", SENTINEL_MASTER]);
+                let replicas = s.cli(&["SENTINEL", "REPLICAS", SENTINEL_MASTER]);
+                let known_peers = peers.lines().filter(|l| *l == "runid").count();
+                if known_peers >= 2 && replicas.lines().any(|l| l == "slave") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "Sentinel on {} does not know its peers and the replica: {peers} / {replicas}",
+                    s.port
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// The Sentinels' addresses, `127.0.0.1:<port>`.
+    #[must_use]
+    pub fn addrs(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect()
+    }
+
+    /// The port of the primary the first answering Sentinel names now.
+    ///
+    /// # Panics
+    /// When no Sentinel answers.
+    #[must_use]
+    pub fn primary_port(&self) -> u16 {
+        for s in &self.sentinels {
+            let reply = s.cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER]);
+            if let Some(port) = reply.lines().nth(1).and_then(|p| p.trim().parse().ok()) {
+                return port;
+            }
+        }
+        panic!("no Sentinel names the primary");
+    }
+
+    /// The server on `port` (the primary or the replica, whichever it is now).
+    ///
+    /// # Panics
+    /// When neither server has that port.
+    #[must_use]
+    pub fn server(&self, port: u16) -> &RedisServer {
+        self.servers
+            .iter()
+            .find(|s| s.port() == port)
+            .unwrap_or_else(|| panic!("no server on port {port}"))
+    }
+
+    /// The server Sentinel names as the primary now.
+    #[must_use]
+    pub fn primary(&self) -> &RedisServer {
+        self.server(self.primary_port())
+    }
+
+    /// The other server.
+    #[must_use]
+    pub fn replica(&self) -> &RedisServer {
+        let primary = self.primary_port();
+        self.servers
+            .iter()
+            .find(|s| s.port() != primary)
+            .expect("two servers")
+    }
+
+    /// `SENTINEL FAILOVER` on the first Sentinel: the replica is promoted without the primary failing.
+    ///
+    /// # Panics
+    /// When the Sentinel refuses.
+    pub fn failover(&self) {
+        let reply = self.sentinels[0].cli(&["SENTINEL", "FAILOVER", SENTINEL_MASTER]);
+        assert_eq!(reply, "OK", "SENTINEL FAILOVER: {reply}");
+    }
+
+    /// SIGKILLs the current primary; the Sentinels notice after `down-after-milliseconds` and promote the replica.
+    pub fn kill_primary(&mut self) {
+        let port = self.primary_port();
+        if let Some(server) = self.servers.iter_mut().find(|s| s.port() == port) {
+            server.kill();
+        }
+    }
+
+    /// Waits until the Sentinels name a primary other than `old` that reports `role:master`; returns how long that
+    /// took.
+    ///
+    /// # Panics
+    /// After 30 s without a new primary.
+    #[must_use]
+    pub fn wait_for_new_primary(&self, old: u16) -> Duration {
+        let started = Instant::now();
+        loop {
+            let port = self.primary_port();
+            if port != old && self.server(port).cli(&["ROLE"]).starts_with("master") {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no failover away from port {old} after 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }

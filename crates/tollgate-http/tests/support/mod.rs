@@ -167,7 +167,7 @@ pub async fn redis_store() -> Arc<RedisStore> {
         .await
         .unwrap_or_else(|e| panic!("cannot build a Redis store for {url}: {e} (set REDIS_URL)"));
     let probe = Policy::token_bucket(tollgate_core::Quota::per_second(1).unwrap());
-    if let Err(e) = store.try_check("probe", &probe, 0).await {
+    if let Err(e) = store.check("probe", &probe, 0).await {
         panic!("Redis at {url} is not reachable: {e} (start redis-server or set REDIS_URL)");
     }
     Arc::new(store)

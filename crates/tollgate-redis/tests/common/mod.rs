@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::{FailurePolicy, Policy, Quota};
+use tollgate_core::{Policy, Quota};
 use tollgate_redis::RedisStore;
 
 /// A store on `url` under a namespace no other test uses, with a timeout generous enough for a loaded CI
@@ -12,10 +12,115 @@ pub async fn store(url: &str, test: &str) -> RedisStore {
     RedisStore::builder(url)
         .namespace(tollgate_testkit::redis::unique_prefix(test))
         .timeout(Duration::from_secs(5))
-        .failure_policy(FailurePolicy::Closed)
         .build()
         .await
         .expect("store builds")
+}
+
+/// The documented least-privilege rule for `user` with `password` on `namespace`: the exact line of the crate
+/// docs, with only the user, password and namespace substituted.
+pub fn least_privilege_rule(user: &str, password: &str, namespace: &str) -> String {
+    let line = tollgate_redis::LEAST_PRIVILEGE_ACL;
+    assert!(
+        line.starts_with("ACL SETUSER tollgate on >PASSWORD "),
+        "{line}"
+    );
+    assert!(line.contains(" ~tollgate:* "), "{line}");
+    line.trim_start_matches("ACL SETUSER ")
+        .replacen("tollgate on", &format!("{user} on"), 1)
+        .replacen(">PASSWORD", &format!(">{password}"), 1)
+        .replacen("~tollgate:*", &format!("~{namespace}:*"), 1)
+}
+
+/// A private server on which the tests run as the documented least-privilege user, as production should.
+pub struct AclRedis {
+    pub server: tollgate_testkit::redis::RedisServer,
+}
+
+impl AclRedis {
+    /// A fresh private server (its default user is the tests' admin).
+    pub fn start() -> Self {
+        Self {
+            server: tollgate_testkit::redis::RedisServer::start(),
+        }
+    }
+
+    /// The admin URL, for inspecting keys.
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    /// A store (5 s timeout) under a fresh namespace, connected as a user created for it with the documented
+    /// least-privilege line.
+    pub async fn store(&self, test: &str) -> RedisStore {
+        self.builder(test).build().await.expect("store builds")
+    }
+
+    /// The builder of [`store`](Self::store), for tests that add settings.
+    pub fn builder(&self, test: &str) -> tollgate_redis::RedisStoreBuilder {
+        self.builder_in(tollgate_testkit::redis::unique_prefix(test))
+    }
+
+    /// A builder under `namespace` (several instances sharing one), as its least-privilege user.
+    pub fn builder_in(&self, namespace: String) -> tollgate_redis::RedisStoreBuilder {
+        let user = format!("u-{namespace}");
+        self.server
+            .acl_setuser(&least_privilege_rule(&user, "pw", &namespace));
+        RedisStore::builder(self.server.url_as(&user, "pw"))
+            .namespace(namespace)
+            .timeout(Duration::from_secs(5))
+    }
+}
+
+/// A request for the tollgate layer in the failure-policy tests: its key.
+#[derive(Debug, Clone)]
+pub struct Req(pub &'static str);
+
+/// The layer's reply: the verdicts it attached.
+#[derive(Debug, Default)]
+pub struct Reply(pub tollgate_tower::Verdicts);
+
+impl tollgate_tower::VerdictSink for Reply {
+    fn verdicts_mut(&mut self) -> &mut tollgate_tower::Verdicts {
+        &mut self.0
+    }
+}
+
+/// `store` behind a tollgate rate-limit layer answering its errors with `on_error`: the failure policy lives in
+/// the layer, the store only reports.
+pub fn limited<St: tollgate_core::Store>(
+    store: St,
+    policy: Policy,
+    on_error: tollgate_core::FailurePolicy,
+) -> impl tower::Service<Req, Response = Reply, Error = tollgate_tower::BoxError, Future: Send> + Clone
+{
+    let key = tollgate_tower::KeyFn::new(|req: &Req, key: &mut String| {
+        key.push_str(req.0);
+        Ok::<(), tollgate_tower::KeyError>(())
+    });
+    tower::ServiceBuilder::new()
+        .layer(
+            tollgate_tower::RateLimitLayer::new("redis", policy, std::sync::Arc::new(store), key)
+                .on_store_error(on_error),
+        )
+        .service(tower::service_fn(|_: Req| async {
+            Ok::<_, tollgate_tower::BoxError>(Reply::default())
+        }))
+}
+
+/// One call through a layered service.
+pub async fn call<S>(svc: &mut S, key: &'static str) -> Result<Reply, tollgate_tower::BoxError>
+where
+    S: tower::Service<Req, Response = Reply, Error = tollgate_tower::BoxError>,
+{
+    use tower::ServiceExt;
+    svc.ready().await?.call(Req(key)).await
+}
+
+/// The rejection a layered call failed with.
+pub fn rejection(err: &tollgate_tower::BoxError) -> &tollgate_tower::Rejection {
+    err.downcast_ref::<tollgate_tower::Rejection>()
+        .unwrap_or_else(|| panic!("expected a Rejection, got {err}"))
 }
 
 /// A multi-threaded runtime for tests that want real parallelism.

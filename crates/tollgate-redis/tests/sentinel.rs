@@ -1,0 +1,221 @@
+//! Sentinel: private setups of one primary, one replica and three `redis-sentinel` processes. While requests flow
+//! through three tollgate layers (failing open, closed and to a local limit), the primary is failed over with
+//! `SENTINEL FAILOVER` or killed with SIGKILL. Under each policy, decisions come from Redis again within 10 s; no
+//! limiter call reaches a replica (the servers run with `replica-read-only no`, so one would succeed there
+//! silently and be counted); and the limit holds afterwards on the new primary.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tollgate_core::{Decision, FailurePolicy, Policy, Store, StoreError};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::redis::{RedisSentinels, SENTINEL_MASTER, unique_prefix};
+
+/// The bound the issue sets on resuming decisions after the failover starts.
+const RESUME_WITHIN: Duration = Duration::from_secs(10);
+
+/// A store that remembers when each of its Redis calls succeeded or failed, and passes every answer on.
+#[derive(Clone)]
+struct Recording {
+    inner: RedisStore,
+    log: Arc<Mutex<Vec<(Instant, bool)>>>,
+}
+
+impl Store for Recording {
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        let result = self.inner.check(key, policy, cost).await;
+        self.log
+            .lock()
+            .unwrap()
+            .push((Instant::now(), result.is_ok()));
+        result
+    }
+}
+
+impl Recording {
+    /// Redis deciding again: the first success after the new primary was named (`switched`) and after every
+    /// failure since the failover began (`since`).
+    fn resumed_after(&self, since: Instant, switched: Instant) -> Option<Instant> {
+        let log = self.log.lock().unwrap();
+        let last_failure = log
+            .iter()
+            .filter(|(at, ok)| *at >= since && !ok)
+            .map(|(at, _)| *at)
+            .max()
+            .unwrap_or(since)
+            .max(switched);
+        log.iter()
+            .find(|(at, ok)| *ok && *at > last_failure)
+            .map(|(at, _)| *at)
+    }
+}
+
+async fn sentinel_store(setup: &RedisSentinels, namespace: &str) -> RedisStore {
+    RedisStore::sentinel_builder(setup.addrs(), SENTINEL_MASTER)
+        .namespace(namespace)
+        .timeout(Duration::from_secs(2))
+        .circuit_breaker(3, Duration::from_millis(200))
+        .build()
+        .await
+        .expect("the Sentinel store builds")
+}
+
+/// `calls=` of `cmdstat_evalsha` and `cmdstat_eval` together on `server`.
+fn script_calls(server: &tollgate_testkit::redis::RedisServer) -> u64 {
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split([':', ','])
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+async fn failover_while_requests_flow(kill: bool) {
+    let mut setup = tokio::task::block_in_place(RedisSentinels::start);
+    let old_primary = setup.primary_port();
+    let namespace = unique_prefix("sentinel");
+    let plenty = common::hourly_bucket(1_000_000);
+    let policies = [
+        FailurePolicy::Open,
+        FailurePolicy::Closed,
+        FailurePolicy::Local,
+    ];
+    let mut recordings = Vec::new();
+    let mut flows = Vec::new();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for on_error in policies {
+        let recording = Recording {
+            inner: sentinel_store(&setup, &namespace).await,
+            log: Arc::default(),
+        };
+        let mut svc = common::limited(recording.clone(), plenty, on_error);
+        recordings.push(recording);
+        let stop = Arc::clone(&stop);
+        flows.push(tokio::spawn(async move {
+            let mut answered = 0_u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Every request gets an answer: from Redis, or from the failure policy.
+                let _ = common::call(&mut svc, "flow").await;
+                answered += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            answered
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for r in &recordings {
+        assert!(
+            r.log.lock().unwrap().iter().any(|(_, ok)| *ok),
+            "decisions flow before the failover"
+        );
+    }
+
+    let started = Instant::now();
+    if kill {
+        setup.kill_primary();
+    } else {
+        setup.failover();
+    }
+    let switched = tokio::task::block_in_place(|| setup.wait_for_new_primary(old_primary));
+    let new_primary = setup.primary_port();
+    // Resumed: for each policy, a successful Redis decision after the last failure since the failover began.
+    let deadline = started + RESUME_WITHIN;
+    let mut resumed = Vec::new();
+    for (r, policy) in recordings.iter().zip(policies) {
+        loop {
+            if let Some(at) = r.resumed_after(started, started + switched) {
+                resumed.push((policy, at - started));
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{policy}: no decision from Redis within {RESUME_WITHIN:?} of the failover"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let demoted = (!kill).then_some(old_primary);
+    if let Some(port) = demoted {
+        // The old primary becomes a replica once Sentinel reconfigures it; from then on no limiter call may
+        // reach it.
+        let server = setup.server(port);
+        server.wait_until("demotion to replica", || {
+            server.cli(&["ROLE"]).starts_with("slave")
+        });
+        assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]), "OK");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for flow in flows {
+        assert!(flow.await.unwrap() > 0);
+    }
+
+    // The limit holds afterwards, decided on the new primary.
+    let store = &recordings[1].inner;
+    let limit = common::hourly_bucket(3);
+    for remaining in [2, 1, 0] {
+        assert_eq!(
+            store.check("after", &limit, 1).await.unwrap().remaining,
+            remaining
+        );
+    }
+    assert!(!store.check("after", &limit, 1).await.unwrap().is_allowed());
+    let key = store.redis_key("after", limit.algorithm());
+    let primary = setup.server(new_primary);
+    assert_eq!(
+        primary.cli(&["EXISTS", &key]),
+        "1",
+        "the state is on the new primary"
+    );
+    if let Some(port) = demoted {
+        assert_eq!(
+            script_calls(setup.server(port)),
+            0,
+            "a limiter call reached the demoted primary after it became a replica"
+        );
+    }
+    eprintln!(
+        "failover ({}): Sentinel named the new primary after {switched:?}; decisions resumed after {resumed:?}",
+        if kill {
+            "SIGKILL of the primary"
+        } else {
+            "SENTINEL FAILOVER"
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_while_requests_flow() {
+    failover_while_requests_flow(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_the_primary_while_requests_flow() {
+    failover_while_requests_flow(true).await;
+}
+
+#[tokio::test]
+async fn an_unknown_master_name_or_no_sentinel_is_reported() {
+    let err = RedisStore::sentinel_builder(Vec::<String>::new(), SENTINEL_MASTER)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, tollgate_redis::BuildError::InvalidSetting(_)),
+        "{err:?}"
+    );
+    let err = RedisStore::sentinel_builder(["127.0.0.1"], SENTINEL_MASTER)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, tollgate_redis::BuildError::InvalidUrl(_)),
+        "{err:?}"
+    );
+}
