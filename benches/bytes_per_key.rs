@@ -1,7 +1,9 @@
 //! Resident memory per tracked key at 1 M keys: tollgate's MemoryStore against governor's keyed limiter.
 //!
 //! `cargo bench --bench bytes_per_key` — each contender runs in a fresh child process, which reads its own
-//! resident set size (VmRSS) before and after tracking 1 M keys `client-0000000` … `client-0999999`.
+//! resident set size (VmRSS) before and after tracking 1 M keys `client-0000000` … `client-0999999`. The
+//! `_at_bound` contenders flood a store bounded at 1 M keys with 4 M distinct keys (it evicts the least recently
+//! used past the bound): resident growth ÷ the keys it holds at the end.
 
 use std::num::NonZeroU32;
 use std::process::Command;
@@ -10,10 +12,12 @@ use governor::{Quota as GQuota, RateLimiter};
 use tollgate_core::{MemoryStore, Policy, Quota};
 
 const KEYS: usize = 1_000_000;
-const CONTENDERS: [&str; 3] = [
+const CONTENDERS: [&str; 5] = [
     "tollgate_token_bucket",
     "tollgate_sliding_window",
     "governor_gcra",
+    "tollgate_token_bucket_at_bound",
+    "tollgate_sliding_window_at_bound",
 ];
 
 fn rss_bytes() -> usize {
@@ -35,8 +39,13 @@ fn measure(contender: &str) -> usize {
     // Slow enough that no key decays back to "fresh" (and is dropped) while the table fills.
     let quota = Quota::per_hour(1_000).unwrap();
     let mut key = String::with_capacity(16);
+    let flood = if contender.ends_with("_at_bound") {
+        4
+    } else {
+        1
+    };
     let mut fill = |check: &mut dyn FnMut(&str)| {
-        for i in 0..KEYS {
+        for i in 0..KEYS * flood {
             key.clear();
             std::fmt::Write::write_fmt(&mut key, format_args!("client-{i:07}")).unwrap();
             check(&key);
@@ -52,15 +61,25 @@ fn measure(contender: &str) -> usize {
             rss
         }
         name => {
-            let policy = if name.ends_with("token_bucket") {
+            let policy = if name.contains("token_bucket") {
                 Policy::token_bucket(quota)
             } else {
                 Policy::sliding_window(quota).unwrap()
             };
-            let store = MemoryStore::builder().max_keys(2 * KEYS).build();
+            let bound = if flood > 1 { KEYS } else { 2 * KEYS };
+            let store = MemoryStore::builder().max_keys(bound).build();
             fill(&mut |k| assert!(store.check_now(k, &policy, 1).unwrap().is_allowed()));
             let rss = rss_bytes();
-            assert_eq!(store.len(), KEYS);
+            // Unbounded: every key; at the bound: each shard full (the bound, rounded up to the shards).
+            assert!(
+                store.len() >= KEYS && store.len() <= KEYS + 64,
+                "{}",
+                store.len()
+            );
+            if flood > 1 {
+                // Per key held: the figure is per tracked key in every row.
+                return (rss - before) * KEYS / store.len();
+            }
             rss
         }
     };
@@ -73,7 +92,7 @@ fn main() {
         return;
     }
     let exe = std::env::current_exe().expect("own path");
-    println!("bytes per key at {KEYS} keys (resident memory growth / keys):");
+    println!("bytes per key at {KEYS} keys (resident memory growth / keys held):");
     let mut results = Vec::new();
     for contender in CONTENDERS {
         let out = Command::new(&exe)

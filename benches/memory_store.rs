@@ -2,15 +2,22 @@
 //!
 //! `cargo bench --bench memory_store` — criterion prints time per check for each pair side by side; the ratio
 //! is tollgate ÷ governor for the same group. Memory per key: `cargo bench --bench bytes_per_key`.
+//!
+//! `exact_lru_token_bucket` is the exact-LRU alternative to the store's sampled eviction, built the same way
+//! (`support/exact_lru.rs`): what exactness would cost on each path.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use governor::{Quota as GQuota, RateLimiter};
 use tollgate_core::{MemoryStore, Policy, Quota};
+
+#[path = "support/exact_lru.rs"]
+mod exact_lru;
+use exact_lru::ExactLruStore;
 
 const KEYS: usize = 1_000_000;
 
@@ -49,6 +56,11 @@ fn single_key(c: &mut Criterion) {
             b.iter(|| black_box(store.check_now(black_box(&key), &policy, 1).unwrap()));
         });
     }
+    let exact = ExactLruStore::new(tollgate_core::DEFAULT_MAX_KEYS);
+    let quota = policies()[0].1.quota();
+    group.bench_function("exact_lru_token_bucket", |b| {
+        b.iter(|| black_box(exact.check_now(black_box(&key), &quota, 1)));
+    });
     let governor = governor_keyed();
     group.bench_function("governor_gcra", |b| {
         b.iter(|| black_box(governor.check_key(black_box(&key)).is_ok()))
@@ -69,11 +81,109 @@ fn distinct_keys(c: &mut Criterion) {
             });
         });
     }
+    let exact = ExactLruStore::new(2 * KEYS);
+    let quota = policies()[0].1.quota();
+    let mut i = 0;
+    group.bench_function("exact_lru_token_bucket", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(exact.check_now(&keys[i], &quota, 1))
+        });
+    });
     let governor = governor_keyed();
     let mut i = 0;
     group.bench_function("governor_gcra", |b| {
         b.iter(|| {
             i = (i + 1) % KEYS;
+            black_box(governor.check_key(&keys[i]).is_ok())
+        });
+    });
+    group.finish();
+}
+
+/// The 1 M keys again, each visited once per pass in a random order (fixed seed): clients do not come back in
+/// the order they first came, and a structure whose hits touch memory in insertion order (an exact LRU's slab)
+/// gets no help from the prefetcher here.
+fn random_order(c: &mut Criterion) {
+    let mut group = c.benchmark_group("1M_keys_random_order");
+    let keys = keys(KEYS);
+    let order = shuffled(KEYS);
+    let (_, policy) = policies().into_iter().next().unwrap();
+    let store = MemoryStore::builder().max_keys(2 * KEYS).build();
+    let mut i = 0;
+    group.bench_function("tollgate_token_bucket", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(store.check_now(&keys[order[i]], &policy, 1).unwrap())
+        });
+    });
+    let exact = ExactLruStore::new(2 * KEYS);
+    let quota = policy.quota();
+    let mut i = 0;
+    group.bench_function("exact_lru_token_bucket", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(exact.check_now(&keys[order[i]], &quota, 1))
+        });
+    });
+    let governor = governor_keyed();
+    let mut i = 0;
+    group.bench_function("governor_gcra", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(governor.check_key(&keys[order[i]]).is_ok())
+        });
+    });
+    group.finish();
+}
+
+/// 0..n in a random order (xorshift, fixed seed: the same order in every run).
+fn shuffled(n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
+/// The bound of the flood group's stores: small enough that a flood fills it at once.
+const FLOOD_BOUND: usize = 1 << 16;
+
+/// A new-key flood at the bound: keys cycle over four times the bound, so (for an exact LRU) every check is for a
+/// key the store does not hold, at a full table — each one an eviction, or a refusal for a refusing store.
+/// governor has no bound: it keeps all of them, so every check after the first pass is a hit for it (the
+/// competitor's cost with unbounded memory).
+fn new_key_flood(c: &mut Criterion) {
+    let mut group = c.benchmark_group("new_key_flood_at_bound");
+    let keys = keys(4 * FLOOD_BOUND);
+    for (name, policy) in policies() {
+        let store = MemoryStore::builder().max_keys(FLOOD_BOUND).build();
+        let mut i = 0;
+        group.bench_function(format!("tollgate_{name}"), |b| {
+            b.iter(|| {
+                i = (i + 1) % keys.len();
+                drop(black_box(store.check_now(&keys[i], &policy, 1)))
+            });
+        });
+    }
+    let exact = ExactLruStore::new(FLOOD_BOUND);
+    let quota = policies()[0].1.quota();
+    let mut i = 0;
+    group.bench_function("exact_lru_token_bucket", |b| {
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            black_box(exact.check_now(&keys[i], &quota, 1))
+        });
+    });
+    let governor = governor_keyed();
+    let mut i = 0;
+    group.bench_function("governor_gcra", |b| {
+        b.iter(|| {
+            i = (i + 1) % keys.len();
             black_box(governor.check_key(&keys[i]).is_ok())
         });
     });
@@ -118,9 +228,66 @@ fn contended(c: &mut Criterion) {
     group.finish();
 }
 
+/// `COUNT=<group>/<contender> N=<checks>`: no criterion, only the group's setup and then N checks, for counting
+/// instructions and simulated cache misses with valgrind (deterministic on a loaded machine, unlike time): the
+/// difference between two counts, N = 2 M and N = 1 M, is what 1 M checks cost after the setup.
+fn count(what: &str, n: usize) {
+    let (group, contender) = what.split_once('/').expect("COUNT=<group>/<contender>");
+    let [(_, bucket), (_, window)] = policies();
+    let policy = if contender.contains("sliding_window") {
+        window
+    } else {
+        bucket
+    };
+    let quota = policy.quota();
+    let (keys, bound) = match group {
+        "single_key" => (
+            vec!["client-0000001".to_owned()],
+            tollgate_core::DEFAULT_MAX_KEYS,
+        ),
+        "1M_distinct_keys" => (keys(KEYS), 2 * KEYS),
+        "new_key_flood_at_bound" => (keys(4 * FLOOD_BOUND), FLOOD_BOUND),
+        other => panic!("no group {other}"),
+    };
+    let check: Box<dyn Fn(&String)> = match contender {
+        "governor_gcra" => {
+            let governor = governor_keyed();
+            Box::new(move |k| drop(black_box(governor.check_key(k))))
+        }
+        "exact_lru_token_bucket" => {
+            let exact = ExactLruStore::new(bound);
+            Box::new(move |k| {
+                black_box(exact.check_now(k, &quota, 1));
+            })
+        }
+        _ => {
+            let store = MemoryStore::builder().max_keys(bound).build();
+            Box::new(move |k| drop(black_box(store.check_now(k, &policy, 1))))
+        }
+    };
+    // The setup: every key once (the table full, for the flood), as criterion's warm-up does.
+    for k in &keys {
+        check(k);
+    }
+    for i in 0..n {
+        check(&keys[i % keys.len()]);
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = single_key, distinct_keys, contended
+    targets = single_key, distinct_keys, random_order, new_key_flood, contended
 }
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(what) = std::env::var("COUNT") {
+        let n = std::env::var("N")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .expect("N=<checks>");
+        return count(&what, n);
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::get;
 use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
-use tollgate_core::{MemoryStore, Policy, Store};
+use tollgate_core::{Policy, Store};
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::{Cidr, ClientIp};
 use tollgate_tower::RateLimitLayer;
@@ -43,6 +43,8 @@ usage: axum_server [options]
   --algorithm ALG               token-bucket | sliding-window (default token-bucket)
   --redis-url URL               share the limit through Redis (default: in-process store)
   --on-store-error POLICY       open | closed | local: when Redis fails (default closed)
+  --max-keys N                  keys the in-process store tracks; a new key past them evicts the least
+                                recently used (default 1048576)
   --trusted-proxy CIDR          a reverse proxy network whose X-Forwarded-For is trusted (repeatable)
   -h, --help                    this text
 
@@ -135,7 +137,7 @@ async fn run() -> Result<(), String> {
         None => app(
             &config,
             policy,
-            Arc::new(MemoryStore::new()),
+            Arc::new(config.server.memory_store("per-client")),
             Arc::new(MemoryLeaseStore::new()),
         )?,
         Some(store) => app(&config, policy, Arc::new(store.clone()), Arc::new(store))?,

@@ -15,7 +15,7 @@ mod flags;
 
 use std::sync::Arc;
 
-use tollgate_core::{MemoryStore, Policy, Store};
+use tollgate_core::{Policy, Store};
 use tollgate_grpc::key::{MetadataKey, PeerIp};
 use tollgate_grpc::{GrpcLimitLayer, MethodLimitLayer};
 use tollgate_tower::{KeyError, KeyExtractor, RateLimitLayer};
@@ -40,6 +40,8 @@ usage: grpc_server [options]
   --algorithm ALG               token-bucket | sliding-window (default token-bucket)
   --redis-url URL               share the limit through Redis (default: in-process store)
   --on-store-error POLICY       open | closed | local: when Redis fails (default closed)
+  --max-keys N                  keys the in-process store tracks; a new key past them evicts the least
+                                recently used (default 1048576)
   --api-key-header NAME         key clients by this metadata entry, hashed (default: the peer IP)
   -h, --help                    this text
 
@@ -157,7 +159,10 @@ async fn run() -> Result<(), String> {
         .redis_store("tollgate-grpc-server", &policy)
         .await?
     {
-        None => serve(&config, policy, Arc::new(MemoryStore::new())).await,
+        None => {
+            let store = config.server.memory_store("say-hello");
+            serve(&config, policy, Arc::new(store)).await
+        }
         Some(store) => serve(&config, policy, Arc::new(store)).await,
     }
 }

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, FailurePolicy, Policy, Quota};
+use tollgate_core::{Algorithm, DEFAULT_MAX_KEYS, FailurePolicy, MemoryStore, Policy, Quota};
 use tollgate_redis::RedisStore;
 
 /// Walks the arguments: yields each flag, and hands out its value on request.
@@ -65,6 +65,8 @@ pub(crate) struct ServerFlags {
     pub(crate) algorithm: Algorithm,
     pub(crate) redis_url: Option<String>,
     pub(crate) on_store_error: FailurePolicy,
+    /// `--max-keys`: the in-process store's bound.
+    pub(crate) max_keys: usize,
 }
 
 impl ServerFlags {
@@ -78,6 +80,7 @@ impl ServerFlags {
             algorithm: Algorithm::TokenBucket,
             redis_url: None,
             on_store_error: FailurePolicy::Closed,
+            max_keys: DEFAULT_MAX_KEYS,
         }
     }
 
@@ -103,6 +106,7 @@ impl ServerFlags {
             "--on-store-error" => {
                 self.on_store_error = flags.parsed(|v| v.parse().map_err(|e| format!("{e}")))?;
             }
+            "--max-keys" => self.max_keys = flags.parsed(max_keys)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -137,6 +141,24 @@ impl ServerFlags {
         }
         Ok(Some(store))
     }
+}
+
+// --max-keys: the in-process store's bound (both example servers).
+
+impl ServerFlags {
+    /// The in-process store: `--max-keys` keys at most, evicting the least recently used at the bound, its
+    /// evictions counted under `name` (the limiter it serves).
+    pub(crate) fn memory_store(&self, name: &str) -> MemoryStore {
+        MemoryStore::builder()
+            .max_keys(self.max_keys)
+            .name(name)
+            .build()
+    }
+}
+
+/// `--max-keys`: a whole number above 0 that fits this machine's `usize`.
+fn max_keys(v: &str) -> Result<usize, String> {
+    usize::try_from(positive(v)?).map_err(|_| format!("{v:?}: too large for this machine"))
 }
 
 /// A whole number above 0.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::{
-    ManualClock, MemoryStore, Outcome, Policy, Quota, Store, StoreError, Timestamp,
+    ManualClock, MemoryStore, OnFull, Outcome, Policy, Quota, Store, StoreError, Timestamp,
 };
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -69,10 +69,11 @@ fn a_peek_on_a_fresh_key_stores_nothing() {
 }
 
 #[test]
-fn at_the_key_bound_new_keys_get_an_error_and_tracked_keys_keep_working() {
+fn at_the_key_bound_of_a_refusing_store_new_keys_get_an_error_and_tracked_keys_keep_working() {
     let clock = clock();
     let store = MemoryStore::builder()
         .clock(clock.clone())
+        .on_full(OnFull::Refuse)
         .max_keys(8)
         .shards(1)
         .build();
@@ -110,13 +111,14 @@ fn at_the_key_bound_new_keys_get_an_error_and_tracked_keys_keep_working() {
 }
 
 #[test]
-fn at_the_bound_the_store_sweeps_once_an_eighth_can_go_not_for_every_key() {
+fn at_the_bound_a_refusing_store_sweeps_once_an_eighth_can_go_not_for_every_key() {
     // 64 keys, one expiring every millisecond (a token of "1 per ms" bought at 1 ms intervals). Sweeping whenever
     // one has expired would scan the whole shard under its lock for every new key while a client sprays keys;
     // the store waits until an eighth of it (8 keys) can go, refusing new keys meanwhile.
     let clock = clock();
     let store = MemoryStore::builder()
         .clock(clock.clone())
+        .on_full(OnFull::Refuse)
         .max_keys(64)
         .shards(1)
         .build();
@@ -157,6 +159,7 @@ fn a_small_bound_is_met_exactly_however_many_shards_are_asked_for() {
     for max_keys in [3, 64, 300] {
         let store = MemoryStore::builder()
             .clock(clock())
+            .on_full(OnFull::Refuse)
             .max_keys(max_keys)
             .shards(16)
             .build();
@@ -168,9 +171,10 @@ fn a_small_bound_is_met_exactly_however_many_shards_are_asked_for() {
 }
 
 #[test]
-fn a_flood_of_distinct_keys_cannot_grow_the_store_past_its_bound() {
+fn a_flood_of_distinct_keys_cannot_grow_a_refusing_store_past_its_bound() {
     let store = MemoryStore::builder()
         .clock(clock())
+        .on_full(OnFull::Refuse)
         .max_keys(1_000)
         .build();
     let mut refused = 0;

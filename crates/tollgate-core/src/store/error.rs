@@ -8,7 +8,8 @@ use std::time::Duration;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The store holds its maximum number of keys and none of them has expired.
+    /// The store holds its maximum number of keys and none of them has expired; only a store configured to refuse
+    /// at its bound ([`OnFull::Refuse`](crate::OnFull::Refuse)) returns it, the default evicts.
     KeyCapacity {
         /// The configured maximum.
         max_keys: usize,

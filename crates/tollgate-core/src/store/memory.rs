@@ -1,4 +1,4 @@
-//! The in-process store: sharded, bounded, self-cleaning.
+//! The in-process store: sharded, bounded (evicting the least recently used at the bound), self-cleaning.
 //!
 //! ```
 //! use tollgate_core::{MemoryStore, Policy, Quota};
@@ -10,17 +10,40 @@
 //! assert!(!store.check_now("client-1", &policy, 1)?.is_allowed());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! At its key bound the store evicts the least recently used key (a decayed one first), so a new client always
+//! gets its own bucket and an active one keeps its state; [`OnFull::Refuse`] refuses new keys instead:
+//!
+//! ```
+//! use tollgate_core::{MemoryStore, OnFull, Policy, Quota, StoreError};
+//!
+//! let policy = Policy::token_bucket(Quota::per_hour(1)?);
+//! let store = MemoryStore::builder().max_keys(2).name("per-client").build();
+//! assert!(store.check_now("old", &policy, 1)?.is_allowed());
+//! assert!(store.check_now("active", &policy, 1)?.is_allowed());
+//! assert!(!store.check_now("active", &policy, 1)?.is_allowed()); // limited, and the most recent
+//! assert!(store.check_now("new", &policy, 1)?.is_allowed()); // evicts "old"
+//! assert!(!store.check_now("active", &policy, 1)?.is_allowed()); // still limited
+//! assert_eq!((store.len(), store.evictions().live), (2, 1));
+//!
+//! let refusing = MemoryStore::builder().max_keys(1).on_full(OnFull::Refuse).build();
+//! assert!(refusing.check_now("a", &policy, 1)?.is_allowed());
+//! assert!(matches!(refusing.check_now("b", &policy, 1), Err(StoreError::KeyCapacity { max_keys: 1 })));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use parking_lot::{Mutex, MutexGuard};
-use std::collections::HashMap;
 use std::fmt;
 use std::future::{Future, ready};
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hasher, RandomState};
+use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
 
 use crate::algorithm::Step;
 use crate::algorithm::sliding_window::{self, SlidingWindowState};
 use crate::algorithm::token_bucket::{self, TokenBucketState};
 use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, Timestamp};
+
+use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
+use super::table::{Expiry, Rng, Table};
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
 pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
@@ -36,25 +59,51 @@ const MIN_SHARD_KEYS: usize = 256;
 /// one, and the seed is random per store so collisions cannot be aimed for. State that has decayed back to
 /// "fresh" is dropped as the store grows, without any chore for the caller.
 ///
-/// At most `max_keys` keys are tracked (each of the N shards holds `max_keys / N`, rounded up). At the bound, a
-/// request for a key that is not tracked yet returns [`StoreError::KeyCapacity`] (the limiter's failure policy
-/// decides what that means); keys already tracked keep their state and their decisions. New keys are admitted
-/// again once expired ones can be swept: at the bound, once an eighth of the shard has expired (a sweep scans the
-/// whole shard under its lock, so it is not done for every key a flood of new keys brings).
+/// At most `max_keys` keys are tracked (each of the N shards holds `max_keys / N`, rounded up). At the bound, by
+/// default ([`OnFull::EvictLru`]), a key that is not tracked yet takes the place of another: a decayed one if the
+/// eviction's sample holds one (that loses nothing), else the least recently used of the sample. So a new client
+/// is always decided by its own bucket or window, never by the failure policy, and a client that keeps sending
+/// (a limited abuser included) is recent and keeps its state. The sample is 8 entries of the shard from a random
+/// bucket (all of them in a shard of at most 8): the evicted entry is among the least recently used quarter of its
+/// shard with probability 1 − 0.75⁸ ≈ 90 %, the least recently used half with 1 − 0.5⁸ ≈ 99.6 %, and a key is
+/// only evicted if the 7 others sampled with it were all used more recently. Each eviction costs O(1) (about 16
+/// buckets read), and the steady path (a tracked key) only writes a use stamp beside the state.
+/// `docs/BENCHMARKS.md` has the measurements against an exact LRU list, and why sampling was chosen.
+///
+/// Evictions are counted in `tollgate_evictions_total{limiter}` (the label is the store's
+/// [name](MemoryStoreBuilder::name)) and in [`evictions`](Self::evictions); while entries that still hold state
+/// are evicted, a warning is logged (at most one every 10 s): `max_keys` is too small for the traffic, or a flood
+/// of new keys is on. A token bucket and a sliding window sharing a store share its bound (an eviction compares
+/// the samples of both).
+///
+/// With [`OnFull::Refuse`], a key that is not tracked yet at the bound gets [`StoreError::KeyCapacity`] (the
+/// limiter's failure policy decides what that means) and keys already tracked keep their state. New keys are
+/// admitted again once expired ones can be swept: at the bound, once an eighth of the shard has expired (a sweep
+/// scans the whole shard under its lock, so it is not done for every key a flood of new keys brings).
 pub struct MemoryStore<C = SystemClock> {
     shards: Box<[Mutex<Shard>]>,
     seed: RandomState,
     shard_bits: u32,
+    bound: Bound,
+    log: EvictionLog,
+    clock: C,
+}
+
+/// The bound, as each shard applies it.
+#[derive(Debug, Clone, Copy)]
+struct Bound {
     shard_capacity: usize,
     max_keys: usize,
-    clock: C,
+    on_full: OnFull,
 }
 
 impl<C> fmt::Debug for MemoryStore<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("shards", &self.shards.len())
-            .field("max_keys", &self.max_keys)
+            .field("max_keys", &self.bound.max_keys)
+            .field("on_full", &self.bound.on_full)
+            .field("name", &self.log.name())
             .field("len", &self.len())
             .finish_non_exhaustive()
     }
@@ -67,11 +116,13 @@ impl MemoryStore {
         Self::builder().build()
     }
 
-    /// A builder to set the key bound, the shard count or the clock.
+    /// A builder to set the key bound and what happens at it, the shard count, the name or the clock.
     pub fn builder() -> MemoryStoreBuilder {
         MemoryStoreBuilder {
             max_keys: DEFAULT_MAX_KEYS,
             shards: None,
+            on_full: OnFull::default(),
+            name: None,
             clock: SystemClock::new(),
         }
     }
@@ -89,6 +140,8 @@ impl Default for MemoryStore {
 pub struct MemoryStoreBuilder<C = SystemClock> {
     max_keys: usize,
     shards: Option<usize>,
+    on_full: OnFull,
+    name: Option<String>,
     clock: C,
 }
 
@@ -105,11 +158,27 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         self
     }
 
+    /// What a full store does with a new key: evict (the default) or refuse.
+    pub fn on_full(mut self, on_full: OnFull) -> Self {
+        self.on_full = on_full;
+        self
+    }
+
+    /// The `limiter` label of this store's `tollgate_evictions_total` and warnings (default
+    /// [`"memory_store"`](super::DEFAULT_NAME)). A store only knows the name it is given: name it after the
+    /// limiter it serves; a store shared by several limiters counts their evictions together.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     /// Takes time from `clock` instead of the system clock.
     pub fn clock<C2: Clock>(self, clock: C2) -> MemoryStoreBuilder<C2> {
         MemoryStoreBuilder {
             max_keys: self.max_keys,
             shards: self.shards,
+            on_full: self.on_full,
+            name: self.name,
             clock,
         }
     }
@@ -123,12 +192,19 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         // MIN_SHARD_KEYS keys keep the first refusal close to `max_keys`, where 16 shards of 4 refused at about half.
         let by_size = (self.max_keys / MIN_SHARD_KEYS).max(1);
         let count = wanted.next_power_of_two().min(1 << by_size.ilog2());
+        let seed = RandomState::new();
         MemoryStore {
-            shards: (0..count).map(|_| Mutex::new(Shard::default())).collect(),
-            seed: RandomState::new(),
+            shards: (0..count)
+                .map(|i| Mutex::new(Shard::new(seed.hash_one(i))))
+                .collect(),
+            seed,
             shard_bits: count.trailing_zeros(),
-            shard_capacity: self.max_keys.div_ceil(count),
-            max_keys: self.max_keys,
+            bound: Bound {
+                shard_capacity: self.max_keys.div_ceil(count),
+                max_keys: self.max_keys,
+                on_full: self.on_full,
+            },
+            log: EvictionLog::new(self.name.unwrap_or_else(|| DEFAULT_NAME.to_owned())),
             clock: self.clock,
         }
     }
@@ -150,7 +226,22 @@ impl<C> MemoryStore<C> {
     /// The configured bound on tracked keys.
     #[must_use]
     pub fn max_keys(&self) -> usize {
-        self.max_keys
+        self.bound.max_keys
+    }
+
+    /// What this store does at its bound.
+    #[must_use]
+    pub fn on_full(&self) -> OnFull {
+        self.bound.on_full
+    }
+
+    /// Entries evicted at the bound so far (also counted in `tollgate_evictions_total`).
+    #[must_use]
+    pub fn evictions(&self) -> EvictionCounts {
+        self.shards
+            .iter()
+            .map(|s| lock(s).evictions)
+            .fold(EvictionCounts::default(), |a, b| a + b)
     }
 }
 
@@ -191,15 +282,13 @@ impl<C: Clock> MemoryStore<C> {
             (hash >> (40 - self.shard_bits.min(24))) as usize
         };
         let mut shard = lock(&self.shards[index & (self.shards.len() - 1)]);
-        let cap = self.shard_capacity;
+        let (bound, log) = (&self.bound, &self.log);
         match policy.algorithm() {
-            Algorithm::TokenBucket => {
-                shard.apply(hash, now, cap, self.max_keys, Table::buckets, |s| {
-                    token_bucket::decide(s, policy.quota_ref(), cost, now)
-                })
-            }
+            Algorithm::TokenBucket => shard.apply(hash, now, bound, log, Shard::buckets, |s| {
+                token_bucket::decide(s, policy.quota_ref(), cost, now)
+            }),
             Algorithm::SlidingWindowCounter => {
-                shard.apply(hash, now, cap, self.max_keys, Table::windows, |s| {
+                shard.apply(hash, now, bound, log, Shard::windows, |s| {
                     sliding_window::decide(s, policy, cost, now)
                 })
             }
@@ -211,7 +300,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn sweep(&self) {
         let now = self.clock.now().as_micros();
         for shard in &*self.shards {
-            lock(shard).sweep(now, self.shard_capacity);
+            lock(shard).sweep(now, &self.bound);
         }
     }
 
@@ -261,34 +350,17 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock()
 }
 
-/// Keys are already SipHash digests: hashing them again would only cost time.
-#[derive(Default)]
-struct DigestHasher(u64);
-
-impl Hasher for DigestHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type Map<V> = HashMap<u64, V, BuildHasherDefault<DigestHasher>>;
-
-/// A stored value that knows when it has decayed back to "fresh".
-trait Entry: Copy {
+/// A stored algorithm state, which knows when it has decayed back to "fresh".
+trait Entry: Copy + Expiry {
     type State: Copy;
     fn new(state: Self::State, decision: &Decision) -> Self;
     fn state(&self) -> Self::State;
-    fn expires_at(&self) -> u64;
+}
+
+impl Expiry for TokenBucketState {
+    fn expires_at(&self) -> u64 {
+        self.full_at
+    }
 }
 
 impl Entry for TokenBucketState {
@@ -298,9 +370,6 @@ impl Entry for TokenBucketState {
     }
     fn state(&self) -> Self {
         *self
-    }
-    fn expires_at(&self) -> u64 {
-        self.full_at
     }
 }
 
@@ -321,33 +390,49 @@ impl Entry for WindowEntry {
     fn state(&self) -> SlidingWindowState {
         self.state
     }
+}
+
+impl Expiry for WindowEntry {
     fn expires_at(&self) -> u64 {
         self.expires_at
     }
 }
 
-#[derive(Default)]
 struct Shard {
-    buckets: Map<TokenBucketState>,
-    windows: Map<WindowEntry>,
+    buckets: Table<TokenBucketState>,
+    windows: Table<WindowEntry>,
+    /// Counts uses: an entry's stamp is this count at its last use, so a smaller stamp is less recently used.
+    uses: u64,
+    /// Where evictions look.
+    rng: Rng,
+    evictions: EvictionCounts,
     /// Sweep when the shard grows to this many keys…
     sweep_at: usize,
     /// …but only once some key may have expired.
     next_expiry: u64,
 }
 
-struct Table;
-
-impl Table {
-    fn buckets(shard: &mut Shard) -> &mut Map<TokenBucketState> {
-        &mut shard.buckets
-    }
-    fn windows(shard: &mut Shard) -> &mut Map<WindowEntry> {
-        &mut shard.windows
-    }
-}
-
 impl Shard {
+    fn new(seed: u64) -> Self {
+        Self {
+            buckets: Table::default(),
+            windows: Table::default(),
+            uses: 0,
+            rng: Rng::new(seed),
+            evictions: EvictionCounts::default(),
+            sweep_at: 0,
+            next_expiry: 0,
+        }
+    }
+
+    fn buckets(&mut self) -> &mut Table<TokenBucketState> {
+        &mut self.buckets
+    }
+
+    fn windows(&mut self) -> &mut Table<WindowEntry> {
+        &mut self.windows
+    }
+
     fn len(&self) -> usize {
         self.buckets.len() + self.windows.len()
     }
@@ -356,16 +441,19 @@ impl Shard {
         &mut self,
         hash: u64,
         now: Timestamp,
-        cap: usize,
-        max_keys: usize,
-        table: fn(&mut Shard) -> &mut Map<E>,
+        bound: &Bound,
+        log: &EvictionLog,
+        table: fn(&mut Shard) -> &mut Table<E>,
         decide: impl FnOnce(Option<E::State>) -> Step<E::State>,
     ) -> Result<Decision, StoreError> {
-        if let Some(entry) = table(self).get_mut(&hash) {
-            let step = decide(Some(entry.state()));
+        self.uses += 1;
+        let stamp = self.uses;
+        if let Some(slot) = table(self).get_mut(hash) {
+            let step = decide(Some(slot.value.state()));
             if let Some(state) = step.state {
-                *entry = E::new(state, &step.decision);
+                slot.value = E::new(state, &step.decision);
             }
+            slot.stamp = stamp;
             return Ok(step.decision);
         }
         let step = decide(None);
@@ -377,19 +465,57 @@ impl Shard {
         if entry.expires_at() <= now {
             return Ok(step.decision); // already indistinguishable from fresh
         }
+        let cap = bound.shard_capacity;
         let len = self.len();
-        if (len >= self.sweep_at.max(MIN_SWEEP) || len >= cap) && now >= self.next_expiry {
-            self.sweep(now, cap);
-        }
-        if self.len() >= cap {
-            return Err(StoreError::KeyCapacity { max_keys });
+        match bound.on_full {
+            OnFull::EvictLru => {
+                // Sweeps only while growing (each one at twice the keys of the last: O(1) amortised); at the bound,
+                // eviction makes room one key at a time, decayed keys first, so no request waits on a scan.
+                if len < cap && len >= self.sweep_at.max(MIN_SWEEP) && now >= self.next_expiry {
+                    self.sweep(now, bound);
+                }
+                if self.len() >= cap {
+                    self.evict(now, bound, log);
+                }
+            }
+            OnFull::Refuse => {
+                if (len >= self.sweep_at.max(MIN_SWEEP) || len >= cap) && now >= self.next_expiry {
+                    self.sweep(now, bound);
+                }
+                if self.len() >= cap {
+                    return Err(StoreError::KeyCapacity {
+                        max_keys: bound.max_keys,
+                    });
+                }
+            }
         }
         self.next_expiry = self.next_expiry.min(entry.expires_at());
-        table(self).insert(hash, entry);
+        table(self).insert(hash, stamp, entry);
         Ok(step.decision)
     }
 
-    fn sweep(&mut self, now: u64, cap: usize) {
+    /// Removes one entry: the best candidate of either table's sample.
+    fn evict(&mut self, now: u64, bound: &Bound, log: &EvictionLog) {
+        let bucket = self.buckets.candidate(&mut self.rng, now);
+        let window = match bucket {
+            Some(c) if c.decayed => None,
+            _ => self.windows.candidate(&mut self.rng, now),
+        };
+        let live = match (bucket, window) {
+            (Some(b), Some(w)) if w.beats(&b) => {
+                self.windows.remove_at(w.index).map(|_| !w.decayed)
+            }
+            (Some(b), _) => self.buckets.remove_at(b.index).map(|_| !b.decayed),
+            (None, Some(w)) => self.windows.remove_at(w.index).map(|_| !w.decayed),
+            (None, None) => None, // an empty shard is never full (its capacity is at least 1)
+        };
+        if let Some(live) = live {
+            self.evictions.add(live);
+            log.record(live, &self.evictions, bound.max_keys);
+        }
+    }
+
+    fn sweep(&mut self, now: u64, bound: &Bound) {
         let mut next = u64::MAX;
         let mut keep = |expires_at: u64| {
             let live = expires_at > now;
@@ -398,20 +524,22 @@ impl Shard {
             }
             live
         };
-        self.buckets.retain(|_, e| keep(e.expires_at()));
-        self.windows.retain(|_, e| keep(e.expires_at()));
+        self.buckets.retain(|s| keep(s.value.expires_at()));
+        self.windows.retain(|s| keep(s.value.expires_at()));
         self.next_expiry = next;
         self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
-        // Still (nearly) full: sweeping again as soon as the next key expires would scan the whole shard, under its
-        // lock, for every new key (a client spraying keys at the bound). Wait until an eighth of it can go; new
-        // keys are refused meanwhile, as they would be at the bound anyway.
+        // Refusing and still (nearly) full: sweeping again as soon as the next key expires would scan the whole
+        // shard, under its lock, for every new key (a client spraying keys at the bound). Wait until an eighth of
+        // it can go; new keys are refused meanwhile, as they would be at the bound anyway. (An evicting store does
+        // not sweep at the bound.)
+        let cap = bound.shard_capacity;
         let batch = (cap / 8).max(1);
-        if self.len() + batch > cap {
+        if bound.on_full == OnFull::Refuse && self.len() + batch > cap {
             let mut expiries: Vec<u64> = self
                 .buckets
-                .values()
-                .map(Entry::expires_at)
-                .chain(self.windows.values().map(Entry::expires_at))
+                .iter()
+                .map(|s| s.value.expires_at())
+                .chain(self.windows.iter().map(|s| s.value.expires_at()))
                 .collect();
             if !expiries.is_empty() {
                 let index = batch.min(expiries.len()) - 1;

@@ -3,15 +3,21 @@
 //! Any algorithm runs on any store, and every store returns the same decisions for the same inputs and times;
 //! the state location only decides whether a limit holds per instance or for the whole fleet.
 
+mod bounded;
 mod error;
+mod evictions;
 mod memory;
+mod table;
 
 use std::future::Future;
 use std::hash::DefaultHasher;
 use std::sync::Arc;
 
+pub use bounded::{BoundedTable, BoundedTableBuilder, Evicted};
 pub use error::StoreError;
+pub use evictions::{DEFAULT_NAME, EVICTIONS_TOTAL, EvictionCounts, OnFull};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
+pub use table::Expiry;
 
 use crate::{Decision, Policy};
 

@@ -72,7 +72,10 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
     pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
         self.on_error = policy;
         self.fallback = match policy {
-            FailurePolicy::Local => Some(self.fallback.unwrap_or_default()),
+            // The fallback's evictions at its key bound count under this limiter's name.
+            FailurePolicy::Local => Some(self.fallback.unwrap_or_else(|| {
+                Arc::new(MemoryStore::builder().name(self.name.to_string()).build())
+            })),
             _ => None,
         };
         self.built = Built::default();

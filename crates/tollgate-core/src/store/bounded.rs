@@ -1,0 +1,279 @@
+//! A sharded, bounded map from key digests to values that decay, with [`MemoryStore`](super::MemoryStore)'s
+//! policy at the bound: evict a decayed entry, else the least recently used of a sample (or refuse, if asked).
+//!
+//! It is the table behind every bounded per-key state in tollgate beyond the store's own (whose shards keep one
+//! such table per algorithm under one bound). The two planned users:
+//!
+//! - **the deny cache** (a shared store's local memory of denied keys) keeps `BoundedTable<Denial>`, where a
+//!   denial's [`expires_at`](Expiry::expires_at) is its retry instant. Evicting a live denial only costs a store
+//!   call (the next request for that key asks Redis again), so it uses [`OnFull::EvictLru`] and never refuses.
+//! - **the lease table** (token batches leased from Redis for hot keys) keeps `BoundedTable<Lease>`, where a
+//!   lease expires with its batch. [`insert`](BoundedTable::insert) hands back the entry it evicted, so the
+//!   caller can return the batch's unused tokens to Redis, or abandon them (under-admission bounded by the
+//!   batch), exactly as when a lease ends — outside the shard's lock.
+//!
+//! ```
+//! use tollgate_core::store::{BoundedTable, Expiry, OnFull};
+//!
+//! #[derive(Debug, PartialEq)]
+//! struct Denial { until: u64 }
+//! impl Expiry for Denial {
+//!     fn expires_at(&self) -> u64 { self.until }
+//! }
+//!
+//! let table = BoundedTable::builder().max_keys(2).name("deny-cache").build();
+//! let key = |k: &str| table.digest(k.as_bytes());
+//! assert!(table.insert(key("a"), Denial { until: 100 }, 0)?.is_none());
+//! assert!(table.insert(key("b"), Denial { until: 100 }, 0)?.is_none());
+//! assert_eq!(table.get(key("a"), |d| d.until), Some(100)); // "a" is now the most recently used
+//! // Full: "b", the least recently used, makes room for "c".
+//! let evicted = table.insert(key("c"), Denial { until: 100 }, 0)?.expect("evicted");
+//! assert_eq!((evicted.key, evicted.live), (key("b"), true));
+//! assert_eq!(table.get(key("b"), |d| d.until), None);
+//! // At instant 100 every entry has decayed: the next eviction loses nothing.
+//! assert!(!table.insert(key("d"), Denial { until: 200 }, 100)?.expect("evicted").live);
+//! # Ok::<(), tollgate_core::StoreError>(())
+//! ```
+
+use std::fmt;
+use std::hash::{BuildHasher, Hasher, RandomState};
+
+use parking_lot::Mutex;
+
+use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
+use super::table::{Expiry, Rng, Table};
+use crate::StoreError;
+
+/// The fewest keys a shard is given (as in the store: shards of a few keys would fill long before the bound).
+const MIN_SHARD_KEYS: usize = 256;
+
+/// An entry an insertion evicted to make room.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Evicted<V> {
+    /// Its key digest.
+    pub key: u64,
+    /// Its value.
+    pub value: V,
+    /// Whether it still held state (it had not decayed).
+    pub live: bool,
+}
+
+/// A sharded map from 64-bit key digests to values, holding at most `max_keys` of them: see the
+/// [module](self) docs.
+///
+/// Keys are digests (by [`digest`](Self::digest), a SipHash keyed at random per table), never raw. Times are µs
+/// since the Unix epoch, as [`Timestamp::as_micros`](crate::Timestamp::as_micros) gives them.
+pub struct BoundedTable<V> {
+    shards: Box<[Mutex<Shard<V>>]>,
+    seed: RandomState,
+    shard_bits: u32,
+    shard_capacity: usize,
+    max_keys: usize,
+    on_full: OnFull,
+    log: EvictionLog,
+}
+
+struct Shard<V> {
+    table: Table<V>,
+    uses: u64,
+    rng: Rng,
+    evictions: EvictionCounts,
+}
+
+impl<V> fmt::Debug for BoundedTable<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoundedTable")
+            .field("shards", &self.shards.len())
+            .field("max_keys", &self.max_keys)
+            .field("on_full", &self.on_full)
+            .field("name", &self.log.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`BoundedTable`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct BoundedTableBuilder {
+    max_keys: usize,
+    shards: Option<usize>,
+    on_full: OnFull,
+    name: Option<String>,
+}
+
+impl BoundedTableBuilder {
+    /// Holds at most `max_keys` keys (at least 1; default [`DEFAULT_MAX_KEYS`](super::DEFAULT_MAX_KEYS)).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// Uses `shards` shards, rounded up to a power of two (default: 4 × the available cores).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// What a full table does with a new key: evict (the default) or refuse.
+    pub fn on_full(mut self, on_full: OnFull) -> Self {
+        self.on_full = on_full;
+        self
+    }
+
+    /// The `limiter` label of this table's `tollgate_evictions_total` and warnings.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Builds the table.
+    #[must_use]
+    pub fn build<V>(self) -> BoundedTable<V> {
+        let cores = std::thread::available_parallelism().map_or(4, usize::from);
+        let wanted = self.shards.unwrap_or(cores * 4).clamp(1, 1 << 16);
+        let by_size = (self.max_keys / MIN_SHARD_KEYS).max(1);
+        let count = wanted.next_power_of_two().min(1 << by_size.ilog2());
+        let seed = RandomState::new();
+        BoundedTable {
+            shards: (0..count)
+                .map(|i| {
+                    Mutex::new(Shard {
+                        table: Table::default(),
+                        uses: 0,
+                        rng: Rng::new(seed.hash_one(i)),
+                        evictions: EvictionCounts::default(),
+                    })
+                })
+                .collect(),
+            seed,
+            shard_bits: count.trailing_zeros(),
+            shard_capacity: self.max_keys.div_ceil(count),
+            max_keys: self.max_keys,
+            on_full: self.on_full,
+            log: EvictionLog::new(self.name.unwrap_or_else(|| DEFAULT_NAME.to_owned())),
+        }
+    }
+}
+
+impl BoundedTable<()> {
+    /// A builder (the value type is chosen at [`build`](BoundedTableBuilder::build)).
+    pub fn builder() -> BoundedTableBuilder {
+        BoundedTableBuilder {
+            max_keys: super::DEFAULT_MAX_KEYS,
+            shards: None,
+            on_full: OnFull::default(),
+            name: None,
+        }
+    }
+}
+
+impl<V: Expiry> BoundedTable<V> {
+    /// The digest of `key`, keyed by this table's random seed.
+    #[must_use]
+    pub fn digest(&self, key: &[u8]) -> u64 {
+        let mut hasher = self.seed.build_hasher();
+        hasher.write(key);
+        hasher.finish()
+    }
+
+    fn shard(&self, key: u64) -> &Mutex<Shard<V>> {
+        // The digest's middle bits pick the shard; hashbrown uses its low and top bits inside it.
+        let index = if self.shard_bits == 0 {
+            0
+        } else {
+            (key >> (40 - self.shard_bits.min(24))) as usize
+        };
+        &self.shards[index & (self.shards.len() - 1)]
+    }
+
+    /// Runs `f` on `key`'s value, under its shard's lock, and marks it used; `None` if there is none. A decayed
+    /// value is passed like any other: the caller's value says what decayed means for it.
+    pub fn get<R>(&self, key: u64, f: impl FnOnce(&mut V) -> R) -> Option<R> {
+        let mut shard = self.shard(key).lock();
+        shard.uses += 1;
+        let stamp = shard.uses;
+        let slot = shard.table.get_mut(key)?;
+        slot.stamp = stamp;
+        Some(f(&mut slot.value))
+    }
+
+    /// Sets `key`'s value (replacing any), as used at `now`. At the bound, a new key evicts an entry (returned,
+    /// so the caller can end it as it would any entry) or, for a table that refuses, is refused with
+    /// [`StoreError::KeyCapacity`] (unless the eviction's sample finds a decayed entry to replace).
+    pub fn insert(&self, key: u64, value: V, now: u64) -> Result<Option<Evicted<V>>, StoreError> {
+        let mut shard = self.shard(key).lock();
+        shard.uses += 1;
+        let stamp = shard.uses;
+        if let Some(slot) = shard.table.get_mut(key) {
+            slot.value = value;
+            slot.stamp = stamp;
+            return Ok(None);
+        }
+        let mut evicted = None;
+        if shard.table.len() >= self.shard_capacity {
+            let Shard { table, rng, .. } = &mut *shard;
+            let candidate = table.candidate(rng, now);
+            // A refusing table still makes room with a decayed entry its sample finds (that loses nothing).
+            if self.on_full == OnFull::Refuse && !candidate.is_some_and(|c| c.decayed) {
+                return Err(StoreError::KeyCapacity {
+                    max_keys: self.max_keys,
+                });
+            }
+            if let Some(c) = candidate
+                && let Some(slot) = table.remove_at(c.index)
+            {
+                shard.evictions.add(!c.decayed);
+                self.log.record(!c.decayed, &shard.evictions, self.max_keys);
+                evicted = Some(Evicted {
+                    key: slot.key,
+                    value: slot.value,
+                    live: !c.decayed,
+                });
+            }
+        }
+        shard.table.insert(key, stamp, value);
+        Ok(evicted)
+    }
+
+    /// Removes `key`'s value.
+    pub fn remove(&self, key: u64) -> Option<V> {
+        self.shard(key).lock().table.remove(key).map(|s| s.value)
+    }
+
+    /// Drops every value that has decayed at `now` (a whole-table scan: for a chore, never a request).
+    pub fn sweep(&self, now: u64) {
+        for shard in &*self.shards {
+            shard.lock().table.retain(|s| s.value.expires_at() > now);
+        }
+    }
+}
+
+impl<V> BoundedTable<V> {
+    /// Keys held now (decayed ones included until evicted, removed or swept).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().table.len()).sum()
+    }
+
+    /// Whether no key is held.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configured bound.
+    #[must_use]
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// Entries evicted at the bound so far (also counted in `tollgate_evictions_total`).
+    #[must_use]
+    pub fn evictions(&self) -> EvictionCounts {
+        self.shards
+            .iter()
+            .map(|s| s.lock().evictions)
+            .fold(EvictionCounts::default(), |a, b| a + b)
+    }
+}

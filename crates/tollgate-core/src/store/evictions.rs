@@ -1,0 +1,118 @@
+//! What a bounded table does at its bound, and how its evictions are counted and logged.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use metrics::Counter;
+
+/// The counter every eviction at a bound is reported to: `tollgate_evictions_total{limiter}`, where `limiter` is
+/// the name given to the store or table ([`MemoryStoreBuilder::name`](super::MemoryStoreBuilder::name)).
+pub const EVICTIONS_TOTAL: &str = "tollgate_evictions_total";
+
+/// The name a store or table reports under until it is given one.
+pub const DEFAULT_NAME: &str = "memory_store";
+
+/// What a full store or table does with a key it does not hold yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnFull {
+    /// Evict an entry to make room (the default): a decayed one if the sample holds one (that loses nothing),
+    /// else the least recently used of the sample. Every new key gets its own state, as nginx's `limit_req` zone
+    /// does; an active client, being recent, keeps its own.
+    #[default]
+    EvictLru,
+    /// Refuse the new key with [`StoreError::KeyCapacity`](crate::StoreError::KeyCapacity) (the limiter's failure
+    /// policy answers it) and keep every tracked key, until expired ones can be swept.
+    Refuse,
+}
+
+/// Evictions so far, by what they cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EvictionCounts {
+    /// Entries that still held state (a deficit, a window's count): their keys start afresh if they come back.
+    pub live: u64,
+    /// Entries that had decayed back to fresh: evicting them lost nothing.
+    pub decayed: u64,
+}
+
+impl EvictionCounts {
+    pub(crate) fn add(&mut self, live: bool) {
+        if live {
+            self.live += 1;
+        } else {
+            self.decayed += 1;
+        }
+    }
+}
+
+impl std::ops::Add for EvictionCounts {
+    type Output = Self;
+    fn add(self, other: Self) -> Self {
+        Self {
+            live: self.live + other.live,
+            decayed: self.decayed + other.decayed,
+        }
+    }
+}
+
+/// Reports evictions: the counter (registered at the first eviction, by then the exporter is installed) and a
+/// warning, at most one every 10 s, while live entries are evicted.
+#[derive(Debug)]
+pub(crate) struct EvictionLog {
+    name: String,
+    counter: OnceLock<Counter>,
+    /// Milliseconds since `epoch` before which no warning is logged.
+    next_warning_ms: AtomicU64,
+    epoch: Instant,
+}
+
+/// One warning every 10 s: live evictions come by the thousand in a flood.
+const WARNING_EVERY_MS: u64 = 10_000;
+
+impl EvictionLog {
+    pub(crate) fn new(name: String) -> Self {
+        Self {
+            name,
+            counter: OnceLock::new(),
+            next_warning_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Counts an eviction; `counts` are its shard's, this one included (a shard reads the time for the warning
+    /// only at its first live eviction and every 256th after it, not for each one of a flood).
+    pub(crate) fn record(&self, live: bool, counts: &EvictionCounts, max_keys: usize) {
+        self.counter
+            .get_or_init(|| metrics::counter!(EVICTIONS_TOTAL, "limiter" => self.name.clone()))
+            .increment(1);
+        if live && counts.live % 256 == 1 && self.warning_due() {
+            tracing::warn!(
+                limiter = %self.name,
+                max_keys,
+                "bounded store full: evicting least recently used keys that still hold state (max_keys is too \
+                 small for the traffic, or a flood of new keys is on); see {EVICTIONS_TOTAL}"
+            );
+        }
+    }
+
+    fn warning_due(&self) -> bool {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let next = self.next_warning_ms.load(Ordering::Relaxed);
+        now >= next
+            && self
+                .next_warning_ms
+                .compare_exchange(
+                    next,
+                    now + WARNING_EVERY_MS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+}
