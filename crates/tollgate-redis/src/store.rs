@@ -283,6 +283,12 @@ impl Store for RedisStore {
         let result = self.decide(key, policy, cost, None).await;
         self.or_degrade(result, key, policy, cost, None)
     }
+
+    /// Shared, so rate limiters cache its denials (their deny cache) — unless it has a failure policy of its own,
+    /// whose synthesized denials are not Redis's.
+    fn is_shared(&self) -> bool {
+        self.inner.failure_policy.is_none()
+    }
 }
 
 /// Frees the half-open probe slot if the probing call is cancelled before it reports.

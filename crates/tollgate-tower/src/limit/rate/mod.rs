@@ -17,6 +17,9 @@
 //! That is the default [`Forward`](crate::respond::Forward) responder; [`RateLimitLayer::layer_with`] takes
 //! another [`Respond`](crate::respond::Respond)er, which is how `tollgate-http` answers in place.
 //!
+//! On a shared store (Redis) the layer answers denied keys locally until the store's retry instant, exactly:
+//! see [`deny_cache`].
+//!
 //! Shadow mode and the kill switch ([`Mode`](crate::Mode)) can be changed at run time through
 //! [`RateLimitLayer::enforcement`].
 //!
@@ -24,7 +27,8 @@
 //! registered once): `tollgate_decisions_total{limiter, outcome}` with outcome `allowed`, `limited`,
 //! `shadow_limited`, `store_error_open`, `store_error_closed`, `shadow_store_error_closed` or `store_error_local`
 //! (a request the local fallback refuses counts as `limited`: one outcome per decision), and
-//! `tollgate_store_errors_total{limiter, kind, failure_policy}`.
+//! `tollgate_store_errors_total{limiter, kind, failure_policy}`; with the deny cache,
+//! `tollgate_deny_cache_hits_total{limiter}` (denials answered locally, counted as `limited` too).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -72,8 +76,10 @@
 //! ```
 
 mod decide;
+pub mod deny_cache;
 mod layer;
 mod service;
 
+pub use deny_cache::{DenyCache, DenyCacheHandle};
 pub use layer::RateLimitLayer;
 pub use service::RateLimit;
