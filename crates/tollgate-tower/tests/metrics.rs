@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use tollgate_core::{FailurePolicy, MemoryStore, Policy, Quota};
+use tollgate_core::{FailurePolicy, MemoryStore, OnFull, Policy, Quota};
 use tollgate_tower::{BoxError, KeyError, KeyFn, Mode, RateLimitLayer, VerdictSink, Verdicts};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
@@ -104,8 +104,14 @@ async fn decisions_are_counted_by_limiter_and_outcome() {
         "the kill switch decides nothing"
     );
 
-    // Store failures: a real MemoryStore refusing a new key at its bound, failing open.
-    let full = Arc::new(MemoryStore::builder().max_keys(1).shards(1).build());
+    // Store failures: a real MemoryStore configured to refuse a new key at its bound, failing open.
+    let full = Arc::new(
+        MemoryStore::builder()
+            .max_keys(1)
+            .shards(1)
+            .on_full(OnFull::Refuse)
+            .build(),
+    );
     full.check_now("full:other", &policy, 1).unwrap();
     let key = KeyFn::new(|user: &&'static str, key: &mut String| {
         key.push_str(user);
@@ -131,7 +137,13 @@ async fn decisions_are_counted_by_limiter_and_outcome() {
 
     // Each decision counts once: the local fallback's admissions as `store_error_local`, its refusals as
     // `limited`; a closed policy's refusal in shadow mode apart from the 503s it did not send.
-    let full = Arc::new(MemoryStore::builder().max_keys(1).shards(1).build());
+    let full = Arc::new(
+        MemoryStore::builder()
+            .max_keys(1)
+            .shards(1)
+            .on_full(OnFull::Refuse)
+            .build(),
+    );
     full.check_now("other", &policy, 1).unwrap();
     let user = || {
         KeyFn::new(|user: &&'static str, key: &mut String| {

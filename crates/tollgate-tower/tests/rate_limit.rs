@@ -314,10 +314,16 @@ async fn asynchronous_store_decides_in_the_response_future() {
 
 #[tokio::test]
 async fn store_failure_follows_the_failure_policy() {
-    // A real store failure: a MemoryStore that can track one key refuses a second one.
+    // A real store failure: a MemoryStore that can track one key, configured to refuse a second one.
     let policy = Policy::token_bucket(Quota::per_minute(1).unwrap());
     let full_store = || {
-        let store = Arc::new(MemoryStore::builder().max_keys(1).shards(1).build());
+        let store = Arc::new(
+            MemoryStore::builder()
+                .max_keys(1)
+                .shards(1)
+                .on_full(tollgate_core::OnFull::Refuse)
+                .build(),
+        );
         store.check_now("api:someone-else", &policy, 1).unwrap();
         store
     };

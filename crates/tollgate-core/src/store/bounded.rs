@@ -1,39 +1,4 @@
-//! A sharded, bounded map from key digests to values that decay, with [`MemoryStore`](super::MemoryStore)'s
-//! policy at the bound: evict a decayed entry, else the least recently used of a sample (or refuse, if asked).
-//!
-//! It is the table behind every bounded per-key state in tollgate beyond the store's own (whose shards keep one
-//! such table per algorithm under one bound). The two planned users:
-//!
-//! - **the deny cache** (a shared store's local memory of denied keys) keeps `BoundedTable<Denial>`, where a
-//!   denial's [`expires_at`](Expiry::expires_at) is its retry instant. Evicting a live denial only costs a store
-//!   call (the next request for that key asks Redis again), so it uses [`OnFull::EvictLru`] and never refuses.
-//! - **the lease table** (token batches leased from Redis for hot keys) keeps `BoundedTable<Lease>`, where a
-//!   lease expires with its batch. [`insert`](BoundedTable::insert) hands back the entry it evicted, so the
-//!   caller can return the batch's unused tokens to Redis, or abandon them (under-admission bounded by the
-//!   batch), exactly as when a lease ends — outside the shard's lock.
-//!
-//! ```
-//! use tollgate_core::store::{BoundedTable, Expiry, OnFull};
-//!
-//! #[derive(Debug, PartialEq)]
-//! struct Denial { until: u64 }
-//! impl Expiry for Denial {
-//!     fn expires_at(&self) -> u64 { self.until }
-//! }
-//!
-//! let table = BoundedTable::builder().max_keys(2).name("deny-cache").build();
-//! let key = |k: &str| table.digest(k.as_bytes());
-//! assert!(table.insert(key("a"), Denial { until: 100 }, 0)?.is_none());
-//! assert!(table.insert(key("b"), Denial { until: 100 }, 0)?.is_none());
-//! assert_eq!(table.get(key("a"), |d| d.until), Some(100)); // "a" is now the most recently used
-//! // Full: "b", the least recently used, makes room for "c".
-//! let evicted = table.insert(key("c"), Denial { until: 100 }, 0)?.expect("evicted");
-//! assert_eq!((evicted.key, evicted.live), (key("b"), true));
-//! assert_eq!(table.get(key("b"), |d| d.until), None);
-//! // At instant 100 every entry has decayed: the next eviction loses nothing.
-//! assert!(!table.insert(key("d"), Denial { until: 200 }, 100)?.expect("evicted").live);
-//! # Ok::<(), tollgate_core::StoreError>(())
-//! ```
+//! [`BoundedTable`]: the store's bounded table, for other per-key state.
 
 use std::fmt;
 use std::hash::{BuildHasher, Hasher, RandomState};
@@ -59,8 +24,42 @@ pub struct Evicted<V> {
     pub live: bool,
 }
 
-/// A sharded map from 64-bit key digests to values, holding at most `max_keys` of them: see the
-/// [module](self) docs.
+/// A sharded, bounded map from key digests to values that decay, with [`MemoryStore`](super::MemoryStore)'s
+/// policy at the bound: evict a decayed entry, else the least recently used of a sample (or refuse, if asked).
+///
+/// It is the table behind every bounded per-key state in tollgate beyond the store's own (whose shards keep one
+/// such table per algorithm under one bound). The two planned users:
+///
+/// - **the deny cache** (a shared store's local memory of denied keys) keeps `BoundedTable<Denial>`, where a
+///   denial's [`expires_at`](Expiry::expires_at) is its retry instant. Evicting a live denial only costs a store
+///   call (the next request for that key asks Redis again), so it uses [`OnFull::EvictLru`] and never refuses.
+/// - **the lease table** (token batches leased from Redis for hot keys) keeps `BoundedTable<Lease>`, where a
+///   lease expires with its batch. [`insert`](BoundedTable::insert) hands back the entry it evicted, so the
+///   caller can return the batch's unused tokens to Redis, or abandon them (under-admission bounded by the
+///   batch), exactly as when a lease ends — outside the shard's lock.
+///
+/// ```
+/// use tollgate_core::store::{BoundedTable, Expiry, OnFull};
+///
+/// #[derive(Debug, PartialEq)]
+/// struct Denial { until: u64 }
+/// impl Expiry for Denial {
+///     fn expires_at(&self) -> u64 { self.until }
+/// }
+///
+/// let table = BoundedTable::builder().max_keys(2).name("deny-cache").build();
+/// let key = |k: &str| table.digest(k.as_bytes());
+/// assert!(table.insert(key("a"), Denial { until: 100 }, 0)?.is_none());
+/// assert!(table.insert(key("b"), Denial { until: 100 }, 0)?.is_none());
+/// assert_eq!(table.get(key("a"), |d| d.until), Some(100)); // "a" is now the most recently used
+/// // Full: "b", the least recently used, makes room for "c".
+/// let evicted = table.insert(key("c"), Denial { until: 100 }, 0)?.expect("evicted");
+/// assert_eq!((evicted.key, evicted.live), (key("b"), true));
+/// assert_eq!(table.get(key("b"), |d| d.until), None);
+/// // At instant 100 every entry has decayed: the next eviction loses nothing.
+/// assert!(!table.insert(key("d"), Denial { until: 200 }, 100)?.expect("evicted").live);
+/// # Ok::<(), tollgate_core::StoreError>(())
+/// ```
 ///
 /// Keys are digests (by [`digest`](Self::digest), a SipHash keyed at random per table), never raw. Times are µs
 /// since the Unix epoch, as [`Timestamp::as_micros`](crate::Timestamp::as_micros) gives them.

@@ -10,27 +10,6 @@
 //! assert!(!store.check_now("client-1", &policy, 1)?.is_allowed());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-//!
-//! At its key bound the store evicts the least recently used key (a decayed one first), so a new client always
-//! gets its own bucket and an active one keeps its state; [`OnFull::Refuse`] refuses new keys instead:
-//!
-//! ```
-//! use tollgate_core::{MemoryStore, OnFull, Policy, Quota, StoreError};
-//!
-//! let policy = Policy::token_bucket(Quota::per_hour(1)?);
-//! let store = MemoryStore::builder().max_keys(2).name("per-client").build();
-//! assert!(store.check_now("old", &policy, 1)?.is_allowed());
-//! assert!(store.check_now("active", &policy, 1)?.is_allowed());
-//! assert!(!store.check_now("active", &policy, 1)?.is_allowed()); // limited, and the most recent
-//! assert!(store.check_now("new", &policy, 1)?.is_allowed()); // evicts "old"
-//! assert!(!store.check_now("active", &policy, 1)?.is_allowed()); // still limited
-//! assert_eq!((store.len(), store.evictions().live), (2, 1));
-//!
-//! let refusing = MemoryStore::builder().max_keys(1).on_full(OnFull::Refuse).build();
-//! assert!(refusing.check_now("a", &policy, 1)?.is_allowed());
-//! assert!(matches!(refusing.check_now("b", &policy, 1), Err(StoreError::KeyCapacity { max_keys: 1 })));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
 
 use parking_lot::{Mutex, MutexGuard};
 use std::fmt;
@@ -68,7 +47,8 @@ const MIN_SHARD_KEYS: usize = 256;
 /// shard with probability 1 − 0.75⁸ ≈ 90 %, the least recently used half with 1 − 0.5⁸ ≈ 99.6 %, and a key is
 /// only evicted if the 7 others sampled with it were all used more recently. Each eviction costs O(1) (about 16
 /// buckets read), and the steady path (a tracked key) only writes a use stamp beside the state.
-/// `docs/BENCHMARKS.md` has the measurements against an exact LRU list, and why sampling was chosen.
+/// `docs/BENCHMARKS.md` ("MemoryStore at its key bound") has the measurements against an exact LRU list, and why
+/// sampling was chosen.
 ///
 /// Evictions are counted in `tollgate_evictions_total{limiter}` (the label is the store's
 /// [name](MemoryStoreBuilder::name)) and in [`evictions`](Self::evictions); while entries that still hold state
@@ -80,6 +60,24 @@ const MIN_SHARD_KEYS: usize = 256;
 /// limiter's failure policy decides what that means) and keys already tracked keep their state. New keys are
 /// admitted again once expired ones can be swept: at the bound, once an eighth of the shard has expired (a sweep
 /// scans the whole shard under its lock, so it is not done for every key a flood of new keys brings).
+///
+/// ```
+/// use tollgate_core::{MemoryStore, OnFull, Policy, Quota, StoreError};
+///
+/// let policy = Policy::token_bucket(Quota::per_hour(1)?);
+/// let store = MemoryStore::builder().max_keys(2).name("per-client").build();
+/// assert!(store.check_now("old", &policy, 1)?.is_allowed());
+/// assert!(store.check_now("active", &policy, 1)?.is_allowed());
+/// assert!(!store.check_now("active", &policy, 1)?.is_allowed()); // limited, and the most recent
+/// assert!(store.check_now("new", &policy, 1)?.is_allowed()); // evicts "old"
+/// assert!(!store.check_now("active", &policy, 1)?.is_allowed()); // still limited
+/// assert_eq!((store.len(), store.evictions().live), (2, 1));
+///
+/// let refusing = MemoryStore::builder().max_keys(1).on_full(OnFull::Refuse).build();
+/// assert!(refusing.check_now("a", &policy, 1)?.is_allowed());
+/// assert!(matches!(refusing.check_now("b", &policy, 1), Err(StoreError::KeyCapacity { max_keys: 1 })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct MemoryStore<C = SystemClock> {
     shards: Box<[Mutex<Shard>]>,
     seed: RandomState,
