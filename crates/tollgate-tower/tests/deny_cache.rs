@@ -2,6 +2,8 @@
 //! exactly what it admits), the store's numbers, cost-aware, invalidated on demand, bounded, and ≈ 0 script
 //! calls for a flood on a denied key.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -456,5 +458,62 @@ async fn on_by_default_only_for_shared_stores() {
         redis(&unique_prefix("deny-cache-default"))
             .await
             .is_shared()
+    );
+}
+
+/// Over HTTP: the cached 429s carry exactly the fields the store's 429s carry at the same instants.
+#[tokio::test]
+async fn cached_refusals_answer_with_the_stores_header_fields() {
+    let clock = clock();
+    let prefix = unique_prefix("deny-cache-http");
+    let policy = Policy::token_bucket(Quota::per_second(2).unwrap());
+    let mut addrs = Vec::new();
+    let mut stores = Vec::new();
+    for cache in [true, false] {
+        let store = Arc::new(Clocked {
+            redis: redis(&format!("{prefix}-{cache}")).await,
+            clock: clock.clone(),
+            calls: AtomicUsize::new(0),
+        });
+        stores.push(store.clone());
+        let layer = RateLimitLayer::new("http", policy, store, tollgate_http::key::PeerIp);
+        let layer = if cache {
+            layer.deny_cache_config(DenyCache::new().clock(clock.clone()))
+        } else {
+            layer.deny_cache(false)
+        };
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .layer(tollgate_http::HttpRateLimitLayer::new(layer));
+        addrs.push(support::serve(app).await);
+    }
+    let mut refused = 0;
+    for advance_ms in [0, 0, 0, 0, 100, 0, 150, 99, 1, 0, 230, 20, 0] {
+        clock.advance(Duration::from_millis(advance_ms));
+        let with = support::get(addrs[0], "/", &[]).await;
+        let without = support::get(addrs[1], "/", &[]).await;
+        assert_eq!(with.status, without.status);
+        let fields = |reply: &support::Reply| {
+            let mut fields: Vec<(String, String)> = reply
+                .headers
+                .iter()
+                .filter(|(name, _)| *name != "date")
+                .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))
+                .collect();
+            fields.sort();
+            fields
+        };
+        assert_eq!(fields(&with), fields(&without), "after +{advance_ms} ms");
+        assert_eq!(with.body, without.body);
+        refused += usize::from(with.status == http::StatusCode::TOO_MANY_REQUESTS);
+    }
+    let (cached_calls, plain_calls) = (
+        stores[0].calls.load(Ordering::Relaxed),
+        stores[1].calls.load(Ordering::Relaxed),
+    );
+    assert!(refused >= 4, "{refused} refusals");
+    assert!(
+        cached_calls < plain_calls,
+        "the cache answered none: {cached_calls} vs {plain_calls} calls"
     );
 }

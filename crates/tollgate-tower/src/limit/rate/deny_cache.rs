@@ -32,8 +32,10 @@
 //! the store's retry instant, whatever the latency. What is left is the two clocks' rates: over `r` the local
 //! clock (a calibrated counter, see [`SystemClock`](tollgate_core::SystemClock)) and Redis's `TIME` may drift apart
 //! by tens of parts per million, and the local clock's resynchronisation moves it by some microseconds either
-//! way. The entry therefore expires a margin early, **1 ms + 100 ppm of `r`**, and a denial whose `r` is within
-//! that margin is not cached. The residual: a Redis clock stepped forward (an NTP step on the Redis host, or a
+//! way, and an NTP daemon slewing either clock runs it at most 500 ppm off. The entry therefore expires a margin
+//! early, **100 µs + 500 ppm of `r`** ([`drift_margin`]), and a denial whose `r` is within that margin is not
+//! cached. (The margin also costs calls: requests in its window ask the store, which for a key whose tokens
+//! accrue every 10 ms is 1 % of a flood's requests.) The residual: a Redis clock stepped forward (an NTP step on the Redis host, or a
 //! failover to a replica whose clock runs ahead) by more than the margin while an entry is live admits there
 //! earlier than the entry expires — by at most the step, for at most `r`; a step back only makes the cache more
 //! conservative than needed.
@@ -142,10 +144,12 @@ pub const DEFAULT_DENY_CACHE_KEYS: usize = 1 << 16;
 /// Cached denials served from the local cache, by limiter.
 pub const DENY_CACHE_HITS_TOTAL: &str = "tollgate_deny_cache_hits_total";
 
-/// The fixed part of the clock-drift margin an entry expires early by, in µs.
-const MARGIN_FIXED_MICROS: u64 = 1_000;
-/// The proportional part: 1 / 10 000 of the retry delay is 100 ppm.
-const MARGIN_PPM_DIVISOR: u64 = 10_000;
+/// The fixed part of the clock-drift margin an entry expires early by, in µs: ten times the largest correction
+/// the local clock's resynchronisation makes (some µs).
+const MARGIN_FIXED_MICROS: u64 = 100;
+/// The proportional part: 1 / 2 000 of the retry delay is 500 ppm, the fastest an NTP daemon slews a clock
+/// (Linux's bound), far above two disciplined clocks' rate difference.
+const MARGIN_PPM_DIVISOR: u64 = 2_000;
 /// The least time between two sweeps of expired entries, in µs.
 const SWEEP_EVERY_MICROS: u64 = 1_000_000;
 
