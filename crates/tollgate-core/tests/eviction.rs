@@ -283,3 +283,66 @@ fn a_refusing_store_still_refuses() {
     ));
     assert_eq!(store.evictions(), EvictionCounts::default());
 }
+
+/// Counts the warnings logged on this thread.
+#[derive(Default, Clone)]
+struct Warnings(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Warnings {
+    fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn evicting_live_keys_is_warned_about_rate_limited_and_evicting_decayed_ones_is_not() {
+    let warnings = Warnings::default();
+    let started = std::time::Instant::now();
+    tracing::subscriber::with_default(warnings.clone(), || {
+        let clock = clock();
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .max_keys(4)
+            .name("per-client")
+            .build();
+        let policy = &policies()[0];
+        for i in 0..4 {
+            store.check_now(&format!("old-{i}"), policy, 1).unwrap();
+        }
+        clock.advance(Duration::from_secs(2));
+        for i in 0..4 {
+            store.check_now(&format!("new-{i}"), policy, 1).unwrap();
+        }
+        assert_eq!(store.evictions().decayed, 4);
+        assert_eq!(warnings.count(), 0, "evicting decayed keys loses nothing");
+        for i in 0..10_000 {
+            store.check_now(&format!("flood-{i}"), policy, 1).unwrap();
+        }
+        assert_eq!(store.evictions().live, 10_000);
+    });
+    // One warning at the first live eviction, then at most one every 10 s (real time: allow for a slow run).
+    let windows = 1 + started.elapsed().as_secs() as usize / 10;
+    assert!(
+        (1..=windows).contains(&warnings.count()),
+        "{} warnings in {windows} windows of 10 s",
+        warnings.count()
+    );
+}
