@@ -30,7 +30,7 @@
 //! T is measured on the local clock from the instant the request was **sent** (before the store was asked),
 //! not from when the reply arrived: the store decided no earlier than that, so T = sent + `r` is no later than
 //! the store's retry instant, whatever the latency. What is left is the two clocks' rates: over `r` the local
-//! clock (a calibrated counter, see [`SystemClock`](tollgate_core::SystemClock)) and Redis's `TIME` may drift apart
+//! clock (a calibrated counter, see [`SystemClock`]) and Redis's `TIME` may drift apart
 //! by tens of parts per million, and the local clock's resynchronisation moves it by some microseconds either
 //! way, and an NTP daemon slewing either clock runs it at most 500 ppm off. The entry therefore expires a margin
 //! early, **100 µs + 500 ppm of `r`** ([`drift_margin`]), and a denial whose `r` is within that margin is not
@@ -64,7 +64,7 @@
 //! # Memory
 //!
 //! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about
-//! 100 bytes each): an expired entry is replaced first, else the least recently used of a sample is evicted —
+//! 120 bytes each with the table's own overhead): an expired entry is replaced first, else the least recently used of a sample is evicted —
 //! evicting a live entry only costs its key one store call. Expired entries are also swept (at most once a
 //! second, from an insertion, shard by shard). Evictions count in `tollgate_evictions_total{limiter}`.
 //!
