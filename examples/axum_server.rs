@@ -57,6 +57,9 @@ usage: axum_server [options]
   --on-store-error POLICY       open | closed | local: when Redis fails (default closed)
   --max-keys N                  keys the in-process store tracks; a new key past them evicts the least
                                 recently used (default 1048576)
+  --deny-cache on|off           with --redis-url: refuse a denied client locally until Redis's own retry
+                                instant (exact: Redis would refuse it too) instead of asking Redis again
+                                (default on)
   --trusted-proxy CIDR          a reverse proxy network whose X-Forwarded-For is trusted (repeatable)
   -h, --help                    this text
 
@@ -109,8 +112,12 @@ fn app<St: Store, L: LeaseStore>(
     leases: Arc<L>,
 ) -> Result<Router, String> {
     let key = ClientIp::trusting(config.trusted_proxies.iter().copied());
-    let per_client = RateLimitLayer::new("per-client", policy, store, key.clone())
-        .on_store_error(config.server.on_store_error);
+    let per_client = config.server.rate_limit(RateLimitLayer::new(
+        "per-client",
+        policy,
+        store,
+        key.clone(),
+    ));
     let limits = stack::layer(
         &config.stack,
         per_client,
@@ -167,12 +174,13 @@ async fn run() -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let store = config.server.store_name();
     println!(
-        "listening on http://{addr}  ({} {} per {:?}, burst {}, store {store}, on store error {}, {} trusted proxies)",
+        "listening on http://{addr}  ({} {} per {:?}, burst {}, store {store}, on store error {}, deny cache {}, {} trusted proxies)",
         policy.algorithm(),
         policy.quota().limit(),
         policy.quota().period(),
         policy.quota().burst(),
         config.server.on_store_error,
+        config.server.deny_cache_label(),
         config.trusted_proxies.len()
     );
     println!("stack: {}", config.stack.describe());

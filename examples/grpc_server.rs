@@ -46,6 +46,9 @@ usage: grpc_server [options]
   --on-store-error POLICY       open | closed | local: when Redis fails (default closed)
   --max-keys N                  keys the in-process store tracks; a new key past them evicts the least
                                 recently used (default 1048576)
+  --deny-cache on|off           with --redis-url: refuse a denied client locally until Redis's own retry
+                                instant (exact: Redis would refuse it too) instead of asking Redis again
+                                (default on)
   --api-key-header NAME         key clients by this metadata entry, hashed (default: the peer IP)
   -h, --help                    this text
 
@@ -123,8 +126,9 @@ async fn serve<St: Store>(
         .api_key_header
         .clone()
         .map_or(ClientKey::Peer, ClientKey::ApiKey);
-    let say_hello = RateLimitLayer::new("say-hello", policy, store, key)
-        .on_store_error(config.server.on_store_error);
+    let say_hello = config
+        .server
+        .rate_limit(RateLimitLayer::new("say-hello", policy, store, key));
     let layer = GrpcLimitLayer::new(
         MethodLimitLayer::new()
             .method("/helloworld.Greeter/SayHello", say_hello)
@@ -135,13 +139,14 @@ async fn serve<St: Store>(
         .map_err(|e| format!("--addr {}: {e}", config.server.addr))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!(
-        "listening on {addr}  (SayHello: {} {} per {:?}, burst {}, store {}, on store error {}, key {})",
+        "listening on {addr}  (SayHello: {} {} per {:?}, burst {}, store {}, on store error {}, deny cache {}, key {})",
         policy.algorithm(),
         policy.quota().limit(),
         policy.quota().period(),
         policy.quota().burst(),
         config.server.store_name(),
         config.server.on_store_error,
+        config.server.deny_cache_label(),
         config
             .api_key_header
             .as_ref()

@@ -307,6 +307,41 @@ fn decimal_durations_are_exact() {
     );
 }
 
+/// `EVALSHA` calls a private server has served.
+fn script_calls(redis: &RedisServer) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a number of calls"))
+}
+
+#[test]
+fn deny_cache_spares_redis_a_flood_and_can_be_switched_off() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    // One token an hour: none accrues during the test, however slow the machine.
+    for (flag, most_calls) in [(None, 3 + 1), (Some("off"), 40)] {
+        let mut args = vec!["--limit", "3", "--period", "1h", "--redis-url", &url];
+        args.extend(flag.map(|f| ["--deny-cache", f]).into_iter().flatten());
+        let server = Server::start(&args);
+        let before = script_calls(&redis);
+        let statuses = statuses(&server, "/", &[], 40);
+        assert_eq!(
+            statuses.iter().filter(|s| **s == 200).count(),
+            3,
+            "{flag:?}: {statuses:?}"
+        );
+        let calls = script_calls(&redis) - before;
+        assert_eq!(
+            calls, most_calls,
+            "--deny-cache {flag:?}: {calls} script calls for 40 requests"
+        );
+        let _ = redis.cli(&["FLUSHALL"]);
+    }
+}
+
 #[test]
 fn bad_flags_are_clear_errors() {
     for args in [
@@ -317,6 +352,8 @@ fn bad_flags_are_clear_errors() {
         &["--period", "1.2.3s"],
         &["--algorithm", "leaky"],
         &["--on-store-error", "maybe"],
+        &["--deny-cache", "maybe"],
+        &["--deny-cache"],
         &["--trusted-proxy", "10.0.0.0/33"],
         &["--fleet-capacity", "5"],
         &["--adaptive", "fast"],

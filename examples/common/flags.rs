@@ -7,8 +7,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, DEFAULT_MAX_KEYS, FailurePolicy, MemoryStore, Policy, Quota, Store};
+use tollgate_core::{
+    Algorithm, DEFAULT_MAX_KEYS, FailurePolicy, MemoryStore, Policy, Quota, Store,
+};
 use tollgate_redis::RedisStore;
+use tollgate_tower::RateLimitLayer;
 
 /// Walks the arguments: yields each flag, and hands out its value on request.
 pub(crate) struct Flags<I> {
@@ -68,6 +71,8 @@ pub(crate) struct ServerFlags {
     /// `--max-keys`: the in-process store's bound.
     pub(crate) max_keys: usize,
     pub(crate) redis: RedisFlags,
+    /// `--deny-cache on|off`: the rate limiter's deny cache on Redis (`None`: the default, on).
+    pub(crate) deny_cache: Option<bool>,
 }
 
 /// The Redis connection flags: TLS material, the password file, Sentinel (see [`REDIS_USAGE`]).
@@ -102,6 +107,7 @@ impl ServerFlags {
             on_store_error: FailurePolicy::Closed,
             max_keys: DEFAULT_MAX_KEYS,
             redis: RedisFlags::default(),
+            deny_cache: None,
         }
     }
 
@@ -148,6 +154,7 @@ impl ServerFlags {
                 self.on_store_error = flags.parsed(|v| v.parse().map_err(|e| format!("{e}")))?;
             }
             "--max-keys" => self.max_keys = flags.parsed(max_keys)?,
+            "--deny-cache" => self.deny_cache = Some(flags.parsed(on_off)?),
             _ => return Ok(false),
         }
         Ok(true)
@@ -252,6 +259,41 @@ impl ServerFlags {
             .max_keys(self.max_keys)
             .name(name)
             .build()
+    }
+}
+
+// --deny-cache on|off: the rate limiter's exact deny cache on a shared store (both example servers).
+
+impl ServerFlags {
+    /// `layer` with the failure policy `--on-store-error` and, on Redis, the deny cache `--deny-cache` asks for
+    /// (the layer's default, on for Redis, when not given).
+    pub(crate) fn rate_limit<K, St: Store, C>(
+        &self,
+        layer: RateLimitLayer<K, St, C>,
+    ) -> RateLimitLayer<K, St, C> {
+        let layer = layer.on_store_error(self.on_store_error);
+        match self.deny_cache {
+            Some(on) if self.redis_url.is_some() => layer.deny_cache(on),
+            _ => layer,
+        }
+    }
+
+    /// How the deny cache is set, for the start-up line.
+    pub(crate) fn deny_cache_label(&self) -> &'static str {
+        match (&self.redis_url, self.deny_cache) {
+            (None, _) => "n/a",
+            (Some(_), Some(false)) => "off",
+            (Some(_), _) => "on",
+        }
+    }
+}
+
+/// `--deny-cache`: `on` or `off`.
+fn on_off(v: &str) -> Result<bool, String> {
+    match v {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{v:?}: expected on or off")),
     }
 }
 

@@ -297,6 +297,12 @@ impl Store for RedisStore {
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         self.decide(key, policy, cost, None).await
     }
+
+    /// Shared, so rate limiters cache its denials (their deny cache): every denial it returns is Redis's own (a
+    /// failure is an error, answered by the layer's failure policy, never a made-up denial).
+    fn is_shared(&self) -> bool {
+        true
+    }
 }
 
 /// Frees the half-open probe slot if the probing call is cancelled before it reports.

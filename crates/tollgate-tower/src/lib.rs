@@ -50,7 +50,7 @@ pub mod verdict;
 pub use cost::{Cost, CostFn, UnitCost};
 pub use error::ConfigError;
 pub use key::{ConstKey, KeyError, KeyExtractor, KeyFn};
-pub use limit::rate::{RateLimit, RateLimitLayer};
+pub use limit::rate::{DenyCache, DenyCacheHandle, RateLimit, RateLimitLayer};
 #[cfg(feature = "stack")]
 pub use limit::{
     adaptive::{AdaptiveLimit, AdaptiveLimitLayer},

@@ -202,4 +202,34 @@ async fn decisions_are_counted_by_limiter_and_outcome() {
         ),
         (1, 0)
     );
+
+    // The deny cache on real Redis: its refusals count as ordinary `limited` decisions, and as hits.
+    let redis = tollgate_redis::RedisStore::builder(tollgate_testkit::redis::redis_url())
+        .namespace(tollgate_testkit::redis::unique_prefix("metrics-deny-cache"))
+        .build()
+        .await
+        .expect("Redis must be running for this test");
+    let mut cached = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(
+            "cached",
+            Policy::token_bucket(Quota::per_hour(1).unwrap()),
+            Arc::new(redis),
+            user(),
+        ))
+        .service_fn(|_: &'static str| async { Ok::<_, BoxError>(Reply::default()) });
+    for _ in 0..5 {
+        let _ = cached.ready().await.unwrap().call("ann").await;
+    }
+    let cached = |outcome| {
+        counts.get(
+            "tollgate_decisions_total",
+            &[("limiter", "cached"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!((cached("allowed"), cached("limited")), (1, 4));
+    assert_eq!(
+        counts.get("tollgate_deny_cache_hits_total", &[("limiter", "cached")]),
+        3,
+        "the store refused once; the cache the three after"
+    );
 }

@@ -69,6 +69,14 @@ pub trait Store: Send + Sync + 'static {
         let _ = (digest, policy, cost);
         None
     }
+
+    /// Whether this store's state is shared by other instances (Redis) and its denials are the shared state's
+    /// own answers: a rate limiter then caches them until their retry instant (its deny cache, on by default for
+    /// such a store). `false` (the default) for an in-process store, and for a store that may synthesize
+    /// denials of its own (a store-level failure policy answering for an unreachable server).
+    fn is_shared(&self) -> bool {
+        false
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -101,5 +109,9 @@ impl<S: Store> Store for Arc<S> {
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
         (**self).check_digest(digest, policy, cost)
+    }
+
+    fn is_shared(&self) -> bool {
+        (**self).is_shared()
     }
 }

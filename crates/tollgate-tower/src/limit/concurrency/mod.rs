@@ -16,6 +16,10 @@
 //! every third of it while the request runs, so a crashed instance's requests stop counting after one lease time.
 //! A lease is released from `Drop` by a spawned task (best effort; the expiry is the backstop).
 //!
+//! There is no deny cache here, unlike the rate limiter's ([`deny_cache`](crate::limit::rate::deny_cache)): a
+//! refusal at capacity would not stay exact, since any holder (on any instance) may release its lease the next
+//! moment, and there is no instant before which the store would surely refuse again.
+//!
 //! Metrics: `tollgate_decisions_total{limiter, outcome}` with outcome `allowed`, `limited`, `shadow_limited`,
 //! `store_error_open`, `store_error_closed`, `shadow_store_error_closed` or `store_error_local` (one outcome per
 //! decision); `tollgate_store_errors_total{limiter, kind,

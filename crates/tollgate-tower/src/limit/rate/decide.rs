@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
 
+use super::deny_cache::DenyTable;
 use crate::key::{hash_bytes, with_key_buffer};
 use crate::limit::core::{self, Judge};
 use crate::observe::{NearLimitShare, Signals, store_name, timed, timed_async};
@@ -25,6 +26,8 @@ pub(crate) struct Shared<K, St, C> {
     fallback: Option<Arc<MemoryStore>>,
     /// The store's key hasher with this limiter's name written, when the store keys by digest.
     digest_prefix: Option<DefaultHasher>,
+    /// The deny cache, when on (a shared store's denials answered locally until their retry instant).
+    deny: Option<Arc<DenyTable>>,
 }
 
 impl<K, St: Store, C> Shared<K, St, C> {
@@ -39,6 +42,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         on_error: FailurePolicy,
         fallback: Option<Arc<MemoryStore>>,
         near_limit: NearLimitShare,
+        deny: Option<Arc<DenyTable>>,
     ) -> Self {
         let algorithm = policy.algorithm().as_str();
         let signals = Signals::new(&name, "limited", algorithm, store_name::<St>(), near_limit);
@@ -59,6 +63,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             cost,
             fallback,
             digest_prefix,
+            deny,
         }
     }
 
@@ -71,8 +76,27 @@ impl<K, St: Store, C> Shared<K, St, C> {
         mode: Mode,
         keep: bool,
     ) -> Conclusion {
+        // The deny cache measures from before the request is sent: the store decides no earlier.
+        let sent = self.deny.as_ref().map(|deny| deny.now());
         let result = timed_async(self.store.check(&key, &self.policy, cost)).await;
+        if let (Some(deny), Some(sent), Ok(decision)) = (&self.deny, sent, &result) {
+            deny.record(&key, cost, sent, decision);
+        }
         self.conclude(result, &key, cost, mode, keep)
+    }
+
+    /// Refuses at once a request the deny cache holds a denial for (counted as an ordinary `limited` decision);
+    /// `None` when the store must be asked.
+    #[inline]
+    pub(crate) fn decide_cached(
+        &self,
+        key: &str,
+        cost: u64,
+        mode: Mode,
+        keep: bool,
+    ) -> Option<Conclusion> {
+        let decision = self.deny.as_ref()?.lookup(key, cost)?;
+        Some(self.over_limit(decision, mode, keep))
     }
 
     /// Decides at once if the store can without waiting (see [`Store::check_immediate`]).

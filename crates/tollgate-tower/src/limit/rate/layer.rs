@@ -1,11 +1,12 @@
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tollgate_core::{FailurePolicy, MemoryStore, Policy, Store};
 use tower_layer::Layer;
 
 use super::RateLimit;
 use super::decide::Shared;
+use super::deny_cache::{DenyCache, DenyCacheHandle, DenyTable};
 use crate::limit::core::{Built, enforcement_methods};
 use crate::observe::{NearLimitShare, ShareError};
 use crate::respond::Forward;
@@ -28,6 +29,10 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     on_error: FailurePolicy,
     fallback: Option<Arc<MemoryStore>>,
     near_limit: NearLimitShare,
+    /// The deny cache: `None` follows the store ([`Store::is_shared`]).
+    deny_on: Option<bool>,
+    deny_config: DenyCache,
+    deny_table: Arc<OnceLock<Arc<DenyTable>>>,
     built: Built<Shared<K, St, C>>,
 }
 
@@ -47,6 +52,9 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             on_error: FailurePolicy::default(),
             fallback: None,
             near_limit: NearLimitShare::DEFAULT,
+            deny_on: None,
+            deny_config: DenyCache::new(),
+            deny_table: Arc::default(),
             built: Built::default(),
         }
     }
@@ -65,6 +73,9 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             on_error: self.on_error,
             fallback: self.fallback,
             near_limit: self.near_limit,
+            deny_on: self.deny_on,
+            deny_config: self.deny_config,
+            deny_table: Arc::default(),
             built: Built::default(),
         }
     }
@@ -97,6 +108,29 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
         self
     }
 
+    /// Switches the [deny cache](super::deny_cache) on or off: a shared store's denials answered locally until
+    /// the store's retry instant, exactly. On by default for a store whose [`Store::is_shared`] is true (Redis),
+    /// off otherwise (an in-process store answers at once anyway).
+    pub fn deny_cache(mut self, on: bool) -> Self {
+        self.deny_on = Some(on);
+        self.deny_table = Arc::default();
+        self.built = Built::default();
+        self
+    }
+
+    /// Switches the deny cache on with `config` (its bound, its clock).
+    pub fn deny_cache_config(mut self, config: DenyCache) -> Self {
+        self.deny_config = config;
+        self.deny_cache(true)
+    }
+
+    /// A handle on this layer's deny cache, to forget denials (an operator reset a key in the store). Take it
+    /// after configuring the cache: it follows the cache this layer (and its clones) builds.
+    #[must_use]
+    pub fn deny_cache_handle(&self) -> DenyCacheHandle {
+        DenyCacheHandle::new(self.name.clone(), self.deny_table.clone())
+    }
+
     /// The limit's name.
     #[must_use]
     pub fn name(&self) -> &str {
@@ -122,6 +156,9 @@ impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
             on_error: self.on_error,
             fallback: self.fallback.clone(),
             near_limit: self.near_limit,
+            deny_on: self.deny_on,
+            deny_config: self.deny_config.clone(),
+            deny_table: self.deny_table.clone(),
             built: self.built.clone(),
         }
     }
@@ -135,6 +172,7 @@ impl<K, St, C> fmt::Debug for RateLimitLayer<K, St, C> {
             .field("mode", &self.switch.mode())
             .field("on_store_error", &self.on_error)
             .field("near_limit", &self.near_limit.get())
+            .field("deny_cache", &self.deny_on)
             .finish_non_exhaustive()
     }
 }
@@ -144,6 +182,14 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     /// (`tollgate-http`) answer in place, without a service layer of their own.
     pub fn layer_with<S, R>(&self, inner: S, respond: R) -> RateLimit<S, K, St, C, R> {
         let shared = self.built.get_or_init(|| {
+            let deny = self
+                .deny_on
+                .unwrap_or_else(|| self.store.is_shared())
+                .then(|| {
+                    self.deny_table
+                        .get_or_init(|| Arc::new(self.deny_config.build(&self.name)))
+                        .clone()
+                });
             Shared::new(
                 self.name.clone(),
                 self.policy,
@@ -154,6 +200,7 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                 self.on_error,
                 self.fallback.clone(),
                 self.near_limit,
+                deny,
             )
         });
         RateLimit::from_shared(inner, shared, respond)

@@ -17,6 +17,9 @@
 //! That is the default [`Forward`](crate::respond::Forward) responder; [`RateLimitLayer::layer_with`] takes
 //! another [`Respond`](crate::respond::Respond)er, which is how `tollgate-http` answers in place.
 //!
+//! On a shared store (Redis) the layer answers denied keys locally until the store's retry instant, exactly:
+//! see [`deny_cache`].
+//!
 //! Shadow mode and the kill switch ([`Mode`](crate::Mode)) can be changed at run time through
 //! [`RateLimitLayer::enforcement`].
 //!
@@ -24,10 +27,11 @@
 //! registered once): `tollgate_decisions_total{limiter, outcome}` with outcome `allowed`, `limited`,
 //! `shadow_limited`, `store_error_open`, `store_error_closed`, `shadow_store_error_closed` or `store_error_local`
 //! (a request the local fallback refuses counts as `limited`: one outcome per decision), and
-//! `tollgate_store_errors_total{limiter, kind, failure_policy}`, and `tollgate_near_limit_total{limiter}` for
-//! admissions that leave less than [`RateLimitLayer::near_limit`]'s share of the limit (20 % by default). Each
-//! decision is also a `tracing` event at `DEBUG` on the target `tollgate::decision` (see
-//! [`observe::Signals`](crate::observe::Signals)), which costs one atomic load when no subscriber lets it through.
+//! `tollgate_store_errors_total{limiter, kind, failure_policy}`, `tollgate_near_limit_total{limiter}` for
+//! admissions that leave less than [`RateLimitLayer::near_limit`]'s share of the limit (20 % by default), and with
+//! the deny cache `tollgate_deny_cache_hits_total{limiter}` (denials answered locally, counted as `limited` too).
+//! Each decision is also a `tracing` event at `DEBUG` on the target `tollgate::decision` (see
+//! [`observe`](crate::observe)), which costs one atomic load when no subscriber lets it through.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -75,8 +79,10 @@
 //! ```
 
 mod decide;
+pub mod deny_cache;
 mod layer;
 mod service;
 
+pub use deny_cache::{DenyCache, DenyCacheHandle};
 pub use layer::RateLimitLayer;
 pub use service::RateLimit;

@@ -123,7 +123,11 @@ where
                         let cost = shared.cost.cost(&req);
                         Ok::<_, KeyError>(match shared.decide_now(key, cost, mode, keep) {
                             Some(conclusion) => Ok(conclusion),
-                            None => Err((key.clone(), cost)),
+                            // A shared store's cached denial is answered here, without a future or a key copy.
+                            None => match shared.decide_cached(key, cost, mode, keep) {
+                                Some(conclusion) => Ok(conclusion),
+                                None => Err((key.clone(), cost)),
+                            },
                         })
                     },
                 );

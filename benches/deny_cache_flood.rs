@@ -1,0 +1,289 @@
+//! A flood on one blocked key over loopback HTTP: Redis with the deny cache, Redis without it, and the in-process
+//! store, in one run.
+//!
+//! `cargo bench --bench deny_cache_flood -- [--rounds 8] [--seconds 0.5] [--connections 16] [--limit 100]
+//! [--period 1s]`
+//!
+//! Each variant is an axum server (one worker thread) with one token bucket (`--limit` per `--period`) on one key
+//! for every request; a load generator on its own thread keeps `--connections` keep-alive connections sending
+//! `GET /` back to back, for `--seconds` per turn, variants taking turns in a rotating order. Every turn uses a
+//! fresh key (a full bucket), so the admissions of all variants are comparable turn by turn: at most
+//! `burst + rate × turn` each. Redis is a private `redis-server` (from the testkit), whose `INFO commandstats`
+//! gives the script calls per turn. The report: served req/s (median over turns), its ratio to the in-process
+//! store's (median of per-round ratios), admitted per turn (sum, and the most over the bound), script calls per
+//! request and per rejected request ((calls − admitted) / rejected).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tollgate_core::{MemoryStore, Policy, Quota, Store};
+use tollgate_http::HttpRateLimitLayer;
+use tollgate_redis::RedisStore;
+use tollgate_testkit::redis::RedisServer;
+use tollgate_tower::{KeyError, KeyFn, RateLimitLayer};
+
+struct Options {
+    rounds: usize,
+    seconds: f64,
+    connections: usize,
+    limit: u64,
+    period: Duration,
+}
+
+fn options() -> Result<Options, String> {
+    let mut o = Options {
+        rounds: 8,
+        seconds: 0.5,
+        connections: 16,
+        limit: 100,
+        period: Duration::from_secs(1),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        if flag == "--bench" {
+            continue;
+        }
+        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+        let bad = || format!("{flag} {value:?}: not valid");
+        match flag.as_str() {
+            "--rounds" => o.rounds = value.parse().map_err(|_| bad())?,
+            "--seconds" => o.seconds = value.parse().map_err(|_| bad())?,
+            "--connections" => o.connections = value.parse().map_err(|_| bad())?,
+            "--limit" => o.limit = value.parse().map_err(|_| bad())?,
+            "--period" => {
+                o.period = match value.strip_suffix("ms") {
+                    Some(ms) => Duration::from_millis(ms.parse().map_err(|_| bad())?),
+                    None => match value.strip_suffix('s') {
+                        Some(s) => Duration::from_secs(s.parse().map_err(|_| bad())?),
+                        None => match value.strip_suffix('m') {
+                            Some(m) => {
+                                Duration::from_secs(60 * m.parse::<u64>().map_err(|_| bad())?)
+                            }
+                            None => return Err(bad()),
+                        },
+                    },
+                }
+            }
+            _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    if o.rounds == 0 || o.connections == 0 || o.limit == 0 || o.seconds <= 0.0 {
+        return Err("--rounds, --connections, --limit and --seconds must be above 0".into());
+    }
+    Ok(o)
+}
+
+/// One variant's server: its store's limiter on the key `turn-<n>`, `n` set before each turn.
+fn app<St: Store>(store: Arc<St>, policy: Policy, turn: Arc<AtomicU64>, cache: bool) -> Router {
+    let key = KeyFn::new(
+        move |_: &http::Request<axum::body::Body>, key: &mut String| {
+            key.push_str("turn-");
+            key.push_str(&turn.load(Ordering::Relaxed).to_string());
+            Ok::<_, KeyError>(())
+        },
+    );
+    let layer = RateLimitLayer::new("flood", policy, store, key).deny_cache(cache);
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(HttpRateLimitLayer::new(layer))
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .expect("serve");
+    });
+    addr
+}
+
+/// Sends `GET /` on one keep-alive connection until `until`: (responses, 200s).
+async fn flood(addr: SocketAddr, until: Instant) -> (u64, u64) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (mut served, mut admitted) = (0, 0);
+    let mut buf = Vec::with_capacity(8192);
+    let mut chunk = [0_u8; 8192];
+    while Instant::now() < until {
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n")
+            .await
+            .expect("write");
+        let (head, body) = loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = std::str::from_utf8(&buf[..end]).expect("utf-8 head");
+                let len = head
+                    .split("\r\n")
+                    .find_map(|l| {
+                        let (name, value) = l.split_once(':')?;
+                        name.eq_ignore_ascii_case("content-length")
+                            .then(|| value.trim().parse().ok())?
+                    })
+                    .unwrap_or(0);
+                admitted += u64::from(head.starts_with("HTTP/1.1 200"));
+                break (end + 4, len);
+            }
+            let n = stream.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "connection closed");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        while buf.len() < head + body {
+            let n = stream.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "connection closed");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        buf.drain(..head + body);
+        served += 1;
+    }
+    (served, admitted)
+}
+
+fn script_calls(server: &RedisServer) -> u64 {
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("calls"))
+}
+
+#[derive(Default)]
+struct Totals {
+    rates: Vec<f64>,
+    ratios: Vec<f64>,
+    served: u64,
+    admitted: u64,
+    calls: u64,
+    over_bound: i64,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let o = options().unwrap_or_else(|e| {
+        eprintln!("deny_cache_flood: {e}");
+        std::process::exit(2)
+    });
+    let redis = RedisServer::start();
+    let policy = Policy::token_bucket(Quota::new(o.limit, o.period).expect("a valid quota"));
+    let servers = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let load = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let turn = Arc::new(AtomicU64::new(0));
+    let url = redis.url();
+    let names = [
+        "in-process (MemoryStore)",
+        "Redis + deny cache",
+        "Redis, no deny cache",
+    ];
+    let addrs: Vec<SocketAddr> = servers.block_on(async {
+        let store = |ns: &'static str| {
+            let url = url.clone();
+            async move {
+                Arc::new(
+                    RedisStore::builder(url)
+                        .namespace(ns)
+                        .build()
+                        .await
+                        .expect("private Redis"),
+                )
+            }
+        };
+        vec![
+            serve(app(
+                Arc::new(MemoryStore::new()),
+                policy,
+                turn.clone(),
+                false,
+            ))
+            .await,
+            serve(app(store("cached").await, policy, turn.clone(), true)).await,
+            serve(app(store("plain").await, policy, turn.clone(), false)).await,
+        ]
+    });
+    let mut totals: Vec<Totals> = names.iter().map(|_| Totals::default()).collect();
+    let turn_len = Duration::from_secs_f64(o.seconds);
+    let bound = |elapsed: Duration| {
+        let q = policy.quota();
+        q.burst() + (elapsed.as_micros() as u64 * q.limit()) / q.period_micros() + 1
+    };
+    for round in 0..o.rounds {
+        let mut rates = [0.0; 3];
+        for k in 0..3 {
+            let v = (round + k) % 3;
+            turn.fetch_add(1, Ordering::Relaxed);
+            let before = script_calls(&redis);
+            let start = Instant::now();
+            let until = start + turn_len;
+            let (served, admitted) = load.block_on(async {
+                let tasks: Vec<_> = (0..o.connections)
+                    .map(|_| tokio::spawn(flood(addrs[v], until)))
+                    .collect();
+                let mut sum = (0, 0);
+                for t in tasks {
+                    let (s, a) = t.await.expect("load task");
+                    sum = (sum.0 + s, sum.1 + a);
+                }
+                sum
+            });
+            let elapsed = start.elapsed();
+            let calls = script_calls(&redis) - before;
+            let t = &mut totals[v];
+            rates[v] = served as f64 / elapsed.as_secs_f64();
+            t.rates.push(rates[v]);
+            t.served += served;
+            t.admitted += admitted;
+            t.calls += calls;
+            t.over_bound = t.over_bound.max(admitted as i64 - bound(elapsed) as i64);
+        }
+        for v in 0..3 {
+            totals[v].ratios.push(rates[v] / rates[0]);
+        }
+    }
+    println!(
+        "flood on one key: token bucket {} per {:?}, {} connections, {} rounds of {} s turns; Redis {}",
+        o.limit,
+        o.period,
+        o.connections,
+        o.rounds,
+        o.seconds,
+        redis.url()
+    );
+    println!(
+        "{:<26} {:>10} {:>9} {:>10} {:>10} {:>12} {:>14}",
+        "variant", "served/s", "vs mem", "admitted", "over bound", "calls/req", "calls/rejected"
+    );
+    for (name, t) in names.iter().zip(&mut totals) {
+        let rejected = t.served - t.admitted;
+        println!(
+            "{:<26} {:>10.0} {:>8.3}x {:>10} {:>10} {:>12.4} {:>14.4}",
+            name,
+            median(&mut t.rates),
+            median(&mut t.ratios),
+            t.admitted,
+            t.over_bound.max(0),
+            t.calls as f64 / t.served as f64,
+            t.calls.saturating_sub(t.admitted) as f64 / rejected.max(1) as f64,
+        );
+    }
+}

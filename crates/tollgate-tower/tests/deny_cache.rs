@@ -1,0 +1,511 @@
+//! The deny cache against real Redis: exact (it never refuses what the cache-less store admits, and admits
+//! exactly what it admits), the store's numbers, cost-aware, invalidated on demand, bounded, and ≈ 0 script
+//! calls for a flood on a denied key.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use proptest::prelude::*;
+use tollgate_core::{
+    Clock, Decision, ManualClock, MemoryStore, Outcome, Policy, Quota, Store, StoreError, Timestamp,
+};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::redis::{RedisServer, redis_url, unique_prefix};
+use tollgate_tower::{
+    BoxError, CostFn, DenyCache, DenyCacheHandle, KeyError, KeyFn, RateLimitLayer, Rejection,
+    VerdictSink, Verdicts,
+};
+use tower::{Service, ServiceExt, util::BoxCloneService};
+
+/// A request: its key and its cost.
+type Req = (String, u64);
+
+#[derive(Debug, Default)]
+struct Reply(Verdicts);
+impl VerdictSink for Reply {
+    fn verdicts_mut(&mut self) -> &mut Verdicts {
+        &mut self.0
+    }
+}
+
+type Svc = BoxCloneService<Req, Reply, BoxError>;
+
+/// Redis deciding at a manual clock's instants, counting its calls; shared, as Redis is.
+struct Clocked {
+    redis: Arc<RedisStore>,
+    clock: ManualClock,
+    calls: AtomicUsize,
+}
+
+impl Store for Clocked {
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.redis
+            .check_at(key, policy, cost, self.clock.now())
+            .await
+    }
+    fn is_shared(&self) -> bool {
+        true
+    }
+}
+
+/// Redis on its own clock, counting its calls.
+struct Counted {
+    redis: Arc<RedisStore>,
+    calls: AtomicUsize,
+}
+
+impl Store for Counted {
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.redis.check(key, policy, cost).await
+    }
+    fn is_shared(&self) -> bool {
+        self.redis.is_shared()
+    }
+}
+
+async fn redis(namespace: &str) -> Arc<RedisStore> {
+    redis_at(&redis_url(), namespace).await
+}
+
+async fn redis_at(url: &str, namespace: &str) -> Arc<RedisStore> {
+    Arc::new(
+        RedisStore::builder(url)
+            .namespace(namespace)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap_or_else(|e| panic!("Redis at {url} must be running for this test: {e}")),
+    )
+}
+
+/// A manual clock at the current wall-clock second (Redis TTLs then stay near real time).
+fn clock() -> ManualClock {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    ManualClock::new(Timestamp::from_micros(secs * 1_000_000))
+}
+
+type KeyOf = KeyFn<fn(&Req, &mut String) -> Result<(), KeyError>>;
+type CostOf = CostFn<fn(&Req) -> u64>;
+type Limit<St> = RateLimitLayer<KeyOf, St, CostOf>;
+
+fn layer<St: Store>(store: Arc<St>, policy: Policy) -> Limit<St> {
+    fn key(req: &Req, key: &mut String) -> Result<(), KeyError> {
+        key.push_str(&req.0);
+        Ok(())
+    }
+    fn cost(req: &Req) -> u64 {
+        req.1
+    }
+    RateLimitLayer::new(
+        "dc",
+        policy,
+        store,
+        KeyFn::new(key as fn(&Req, &mut String) -> _),
+    )
+    .cost(CostFn::new(cost as fn(&Req) -> u64))
+}
+
+fn service<St: Store>(layer: Limit<St>) -> Svc {
+    BoxCloneService::new(
+        tower::ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(|_: Req| async { Ok::<_, BoxError>(Reply::default()) }),
+    )
+}
+
+/// The decision a request got from the layer.
+async fn decide(svc: &mut Svc, key: &str, cost: u64) -> Decision {
+    match svc
+        .ready()
+        .await
+        .unwrap()
+        .call((key.to_owned(), cost))
+        .await
+    {
+        Ok(reply) => reply.0.iter().next().expect("a verdict").decision,
+        Err(err) => *err
+            .downcast_ref::<Rejection>()
+            .and_then(Rejection::decision)
+            .unwrap_or_else(|| panic!("not a rate-limit rejection: {err}")),
+    }
+}
+
+fn policies() -> impl Strategy<Value = Policy> {
+    prop_oneof![
+        Just(Policy::token_bucket(Quota::per_second(5).unwrap())),
+        Just(Policy::token_bucket(
+            Quota::per_second(10).unwrap().with_burst(4).unwrap()
+        )),
+        Just(Policy::sliding_window(Quota::per_second(5).unwrap()).unwrap()),
+    ]
+}
+
+/// Steps: (time to advance in µs, key index, cost).
+fn steps(max_cost: u64) -> impl Strategy<Value = Vec<(u64, usize, u64)>> {
+    prop::collection::vec(
+        (
+            prop_oneof![Just(0_u64), 0..2_000_u64, 0..400_000_u64],
+            0..2_usize,
+            1..=max_cost,
+        ),
+        1..60,
+    )
+}
+
+/// Runs `steps` on Redis with the cache, Redis without it and the in-process store, all at one manual clock's
+/// instants, and checks that they decide alike. With `exact_numbers` (unit costs), every number agrees too.
+async fn compare(policy: Policy, steps: Vec<(u64, usize, u64)>, exact_numbers: bool) {
+    let clock = clock();
+    let prefix = unique_prefix("deny-cache-prop");
+    let shared = redis(&prefix).await;
+    let cached_store = Arc::new(Clocked {
+        redis: shared.clone(),
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let plain_store = Arc::new(Clocked {
+        redis: redis(&format!("{prefix}-plain")).await,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let memory = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+    let mut cached = service(
+        layer(cached_store.clone(), policy)
+            .deny_cache_config(DenyCache::new().clock(clock.clone())),
+    );
+    let mut plain = service(layer(plain_store.clone(), policy).deny_cache(false));
+    let mut in_process = service(layer(memory, policy));
+    for (i, (advance, key, cost)) in steps.iter().copied().enumerate() {
+        clock.advance(Duration::from_micros(advance));
+        let key = ["a", "b"][key];
+        let with = decide(&mut cached, key, cost).await;
+        let without = decide(&mut plain, key, cost).await;
+        let local = decide(&mut in_process, key, cost).await;
+        assert_eq!(
+            without, local,
+            "step {i}: Redis and the in-process store disagree"
+        );
+        assert_eq!(
+            with.outcome, without.outcome,
+            "step {i}: the cache changed a decision: {with:?} vs {without:?}"
+        );
+        if exact_numbers {
+            assert_eq!(
+                with, without,
+                "step {i}: the cached numbers differ from the store's"
+            );
+        } else {
+            assert_eq!(
+                (with.limit, with.reset, with.now),
+                (without.limit, without.reset, without.now),
+                "step {i}"
+            );
+            assert!(
+                with.remaining <= without.remaining,
+                "step {i}: {with:?} vs {without:?}"
+            );
+            assert!(
+                with.retry_after <= without.retry_after,
+                "step {i}: {with:?} vs {without:?}"
+            );
+        }
+    }
+    assert!(
+        cached_store.calls.load(Ordering::Relaxed) <= plain_store.calls.load(Ordering::Relaxed)
+    );
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Unit costs: the cache decides as the store does, with the store's numbers (headers are rendered from them).
+    #[test]
+    fn the_cache_decides_and_numbers_as_the_store(policy in policies(), steps in steps(1)) {
+        runtime().block_on(compare(policy, steps, true));
+    }
+
+    /// Mixed costs: the same admissions; a costlier request refused from a cheaper one's entry announces no
+    /// later retry and no more remaining than the store would.
+    #[test]
+    fn the_cache_is_exact_with_mixed_costs(policy in policies(), steps in steps(4)) {
+        runtime().block_on(compare(policy, steps, false));
+    }
+}
+
+/// On Redis's own clock: whenever the store itself says (just before) that a request fits, the layer admits it.
+#[tokio::test]
+async fn never_refuses_what_redis_admits_on_its_own_clock() {
+    let redis = redis(&unique_prefix("deny-cache-live")).await;
+    let store = Arc::new(Counted {
+        redis: redis.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let policy = Policy::token_bucket(Quota::per_second(20).unwrap().with_burst(5).unwrap());
+    let layer = layer(store.clone(), policy);
+    let handle = layer.deny_cache_handle();
+    let mut svc = service(layer);
+    let (mut fits, mut refused) = (0, 0);
+    let requests = 400_u64;
+    for i in 0..requests {
+        let cost = 1 + i % 3;
+        // Cost 0 inspects: `remaining` whole tokens are there now, and only more later (no other traffic).
+        let inspected = redis.check("dc:k", &policy, 0).await.unwrap();
+        let decision = decide(&mut svc, "k", cost).await;
+        if inspected.remaining >= cost {
+            fits += 1;
+            assert!(
+                decision.is_allowed(),
+                "request {i}: refused with {} tokens there: {decision:?}",
+                inspected.remaining
+            );
+        }
+        refused += usize::from(!decision.is_allowed());
+        if i % 7 == 0 {
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+    }
+    assert!(handle.is_active(), "on by default for Redis");
+    let cached = requests as usize - store.calls.load(Ordering::Relaxed);
+    assert!(
+        fits > 0 && refused > 0 && cached > 0,
+        "{fits} fitted, {refused} refused, {cached} of them by the cache"
+    );
+}
+
+/// The cheaper request the algorithm admits passes; the costlier one is refused from the entry.
+#[tokio::test]
+async fn a_cheaper_request_still_asks_the_store() {
+    let clock = clock();
+    let store = Arc::new(Clocked {
+        redis: redis(&unique_prefix("deny-cache-cost")).await,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let policy = Policy::token_bucket(Quota::per_minute(10).unwrap());
+    let mut svc = service(
+        layer(store.clone(), policy).deny_cache_config(DenyCache::new().clock(clock.clone())),
+    );
+    assert!(decide(&mut svc, "k", 8).await.is_allowed());
+    assert_eq!(decide(&mut svc, "k", 5).await.outcome, Outcome::Limited); // the store's denial, cached for ≥ 5
+    let calls = store.calls.load(Ordering::Relaxed);
+    assert_eq!(decide(&mut svc, "k", 7).await.outcome, Outcome::Limited);
+    assert_eq!(
+        store.calls.load(Ordering::Relaxed),
+        calls,
+        "a costlier request is refused locally"
+    );
+    assert!(
+        decide(&mut svc, "k", 2).await.is_allowed(),
+        "two tokens are left"
+    );
+    assert_eq!(store.calls.load(Ordering::Relaxed), calls + 1);
+    // Beyond the burst the store's own answer (cost exceeds capacity) is given, not the entry's.
+    assert_eq!(
+        decide(&mut svc, "k", 11).await.outcome,
+        Outcome::CostExceedsCapacity
+    );
+}
+
+/// `forget` and `clear` send the next request to the store, which an operator reset lets through.
+#[tokio::test]
+async fn invalidation_after_an_operator_reset() {
+    let clock = clock();
+    let prefix = unique_prefix("deny-cache-reset");
+    let store = Arc::new(Clocked {
+        redis: redis(&prefix).await,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let policy = Policy::sliding_window(Quota::per_hour(1).unwrap()).unwrap();
+    let layer =
+        layer(store.clone(), policy).deny_cache_config(DenyCache::new().clock(clock.clone()));
+    let handle: DenyCacheHandle = layer.deny_cache_handle();
+    let mut svc = service(layer);
+    for key in ["a", "b"] {
+        assert!(decide(&mut svc, key, 1).await.is_allowed());
+        assert!(!decide(&mut svc, key, 1).await.is_allowed());
+    }
+    assert_eq!(handle.len(), 2);
+    // The operator deletes the keys in Redis; the cache still refuses them.
+    let keys = tollgate_testkit::redis::cli_url(
+        &redis_url(),
+        &["--scan", "--pattern", &format!("{prefix}*")],
+    );
+    for key in keys.lines().filter(|k| !k.is_empty()) {
+        let _ = tollgate_testkit::redis::cli_url(&redis_url(), &["DEL", key]);
+    }
+    assert!(!decide(&mut svc, "a", 1).await.is_allowed());
+    handle.forget("a");
+    assert_eq!(handle.len(), 1);
+    assert!(
+        decide(&mut svc, "a", 1).await.is_allowed(),
+        "forgotten: asked the store, which was reset"
+    );
+    assert!(!decide(&mut svc, "b", 1).await.is_allowed());
+    handle.clear();
+    assert!(handle.is_empty());
+    assert!(decide(&mut svc, "b", 1).await.is_allowed());
+}
+
+/// A flood of distinct denied keys keeps the cache within its bound, and a key that keeps being refused keeps
+/// its entry (it is recent).
+#[tokio::test]
+async fn bounded_under_a_flood_of_denied_keys() {
+    let clock = clock();
+    let store = Arc::new(Clocked {
+        redis: redis(&unique_prefix("deny-cache-flood")).await,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let policy = Policy::token_bucket(Quota::per_hour(1).unwrap());
+    let layer = layer(store.clone(), policy)
+        .deny_cache_config(DenyCache::new().max_keys(64).clock(clock.clone()));
+    let handle = layer.deny_cache_handle();
+    let mut svc = service(layer);
+    assert!(decide(&mut svc, "abuser", 1).await.is_allowed());
+    for i in 0..600 {
+        let key = format!("k{i}");
+        decide(&mut svc, &key, 1).await;
+        decide(&mut svc, &key, 1).await;
+        assert!(!decide(&mut svc, "abuser", 1).await.is_allowed());
+        assert!(
+            handle.len() <= 64,
+            "{} entries over a bound of 64",
+            handle.len()
+        );
+    }
+    let calls = store.calls.load(Ordering::Relaxed);
+    assert!(!decide(&mut svc, "abuser", 1).await.is_allowed());
+    assert_eq!(
+        store.calls.load(Ordering::Relaxed),
+        calls,
+        "the abuser's entry survived the flood"
+    );
+    // Expired entries are swept: an hour on, one insertion clears the table of them.
+    clock.advance(Duration::from_secs(3_700));
+    assert!(decide(&mut svc, "x", 1).await.is_allowed());
+    assert!(!decide(&mut svc, "x", 1).await.is_allowed());
+    assert_eq!(handle.len(), 1);
+}
+
+/// The count of `EVALSHA` calls a private server has served.
+fn script_calls(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a number of calls"))
+}
+
+/// A flood on one denied key costs one script call until the retry instant; without the cache, one per request.
+#[tokio::test]
+async fn a_flood_on_a_denied_key_costs_about_no_script_calls() {
+    let server = RedisServer::start();
+    // An hour per token: no token accrues during the test, however slow the machine.
+    let policy = Policy::token_bucket(Quota::per_hour(5).unwrap());
+    for (cache, allowed_calls) in [(true, 5 + 1), (false, 5 + 500)] {
+        let store = redis_at(&server.url(), &unique_prefix("deny-cache-calls")).await;
+        let mut svc = service(layer(store, policy).deny_cache(cache));
+        let before = script_calls(&server);
+        let mut admitted = 0;
+        for _ in 0..505 {
+            admitted += usize::from(decide(&mut svc, "flooder", 1).await.is_allowed());
+        }
+        assert_eq!(admitted, 5, "cache {cache}: the burst, exactly");
+        let calls = script_calls(&server) - before;
+        assert_eq!(
+            calls, allowed_calls,
+            "cache {cache}: {calls} script calls for 505 requests"
+        );
+    }
+}
+
+/// The default follows the store: off for the in-process store, on for Redis (every denial it returns is its own:
+/// a failure is an error the layer's failure policy answers, never a made-up denial).
+#[tokio::test]
+async fn on_by_default_only_for_shared_stores() {
+    let policy = Policy::token_bucket(Quota::per_hour(1).unwrap());
+    let memory = layer(Arc::new(MemoryStore::new()), policy);
+    let handle = memory.deny_cache_handle();
+    let _svc = service(memory);
+    assert!(!handle.is_active());
+    let shared = redis(&unique_prefix("deny-cache-default")).await;
+    assert!(shared.is_shared());
+    let on_redis = layer(shared, policy);
+    let handle = on_redis.deny_cache_handle();
+    let _svc = service(on_redis);
+    assert!(handle.is_active());
+}
+
+/// Over HTTP: the cached 429s carry exactly the fields the store's 429s carry at the same instants.
+#[tokio::test]
+async fn cached_refusals_answer_with_the_stores_header_fields() {
+    let clock = clock();
+    let prefix = unique_prefix("deny-cache-http");
+    let policy = Policy::token_bucket(Quota::per_second(2).unwrap());
+    let mut addrs = Vec::new();
+    let mut stores = Vec::new();
+    for cache in [true, false] {
+        let store = Arc::new(Clocked {
+            redis: redis(&format!("{prefix}-{cache}")).await,
+            clock: clock.clone(),
+            calls: AtomicUsize::new(0),
+        });
+        stores.push(store.clone());
+        let layer = RateLimitLayer::new("http", policy, store, tollgate_http::key::PeerIp);
+        let layer = if cache {
+            layer.deny_cache_config(DenyCache::new().clock(clock.clone()))
+        } else {
+            layer.deny_cache(false)
+        };
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .layer(tollgate_http::HttpRateLimitLayer::new(layer));
+        addrs.push(support::serve(app).await);
+    }
+    let mut refused = 0;
+    for advance_ms in [0, 0, 0, 0, 100, 0, 150, 99, 1, 0, 230, 20, 0] {
+        clock.advance(Duration::from_millis(advance_ms));
+        let with = support::get(addrs[0], "/", &[]).await;
+        let without = support::get(addrs[1], "/", &[]).await;
+        assert_eq!(with.status, without.status);
+        let fields = |reply: &support::Reply| {
+            let mut fields: Vec<(String, String)> = reply
+                .headers
+                .iter()
+                .filter(|(name, _)| *name != "date")
+                .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))
+                .collect();
+            fields.sort();
+            fields
+        };
+        assert_eq!(fields(&with), fields(&without), "after +{advance_ms} ms");
+        assert_eq!(with.body, without.body);
+        refused += usize::from(with.status == http::StatusCode::TOO_MANY_REQUESTS);
+    }
+    let (cached_calls, plain_calls) = (
+        stores[0].calls.load(Ordering::Relaxed),
+        stores[1].calls.load(Ordering::Relaxed),
+    );
+    assert!(refused >= 4, "{refused} refusals");
+    assert!(
+        cached_calls < plain_calls,
+        "the cache answered none: {cached_calls} vs {plain_calls} calls"
+    );
+}
