@@ -39,6 +39,11 @@ impl Permit {
             _guard: Box::new(guard),
         }
     }
+
+    /// The guard, if it is a `G` (the adaptive limiter marks its slot with how the request ended).
+    pub(crate) fn guard_mut<G: Any>(&mut self) -> Option<&mut G> {
+        self._guard.downcast_mut()
+    }
 }
 
 impl fmt::Debug for Permit {

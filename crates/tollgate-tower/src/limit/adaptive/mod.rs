@@ -60,7 +60,7 @@ mod limiter;
 mod service;
 
 pub use algorithm::{Aimd, Algorithm, Gradient2};
-pub use future::ResponseFuture;
+pub use future::LearnFromResponse;
 pub use layer::{AdaptiveLimitLayer, DEFAULT_ADAPTIVE_NAME};
 pub use limiter::{ADAPTIVE_LATENCY, ADAPTIVE_LIMIT, DEFAULT_SHARES};
 pub use service::AdaptiveLimit;

@@ -6,9 +6,11 @@ use crate::limit::core::Conclusion;
 use crate::{BoxError, Classify, Mode, Rejection, RejectionKind};
 use tower_service::Service;
 
-use super::ResponseFuture;
+use super::LearnFromResponse;
 use super::limiter::Limiter;
-use crate::HoldPermit;
+use crate::limit::ResponseFuture;
+use crate::limit::future::{pass, refuse};
+use crate::{HoldPermit, Permit};
 
 /// A service whose requests are admitted within an adaptive concurrency limit: built by an
 /// [`AdaptiveLimitLayer`](super::AdaptiveLimitLayer).
@@ -66,7 +68,7 @@ where
 {
     type Response = <S::Response as HoldPermit>::Held;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<S::Future, S, Req, LearnFromResponse>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -76,7 +78,7 @@ where
         let limiter = &self.limiter;
         let mode = limiter.judge.mode();
         if mode == Mode::Off {
-            return ResponseFuture::calling(self.inner.call(req), None);
+            return pass(&mut self.inner, req, LearnFromResponse);
         }
         let priority = self.classifier.classify(&req);
         if let Some(permit) = limiter.try_acquire(priority) {
@@ -84,7 +86,8 @@ where
                 limiter.limit().saturating_sub(limiter.in_flight()),
                 limiter.limit(),
             );
-            return ResponseFuture::calling(self.inner.call(req), Some(permit));
+            let permit = Permit::new(permit);
+            return ResponseFuture::calling(self.inner.call(req), Some(permit), LearnFromResponse);
         }
         let over = limiter.judge.over_limit(
             mode,
@@ -96,20 +99,19 @@ where
                 limiter.in_flight()
             ),
             // Shadow mode: admitted and counted whatever the limit, so that the limit keeps learning.
-            || Some(limiter.force_acquire(priority)),
+            || Some(Permit::new(limiter.force_acquire(priority))),
             || {
                 Rejection::new(RejectionKind::Shed, limiter.judge.name.clone())
                     .with_retry_after(limiter.retry_after)
             },
         );
         match over {
-            Conclusion::Admit(permit) => ResponseFuture::calling(self.inner.call(req), permit),
+            Conclusion::Admit(permit) => {
+                ResponseFuture::calling(self.inner.call(req), permit, LearnFromResponse)
+            }
             Conclusion::Reject(rejection) => {
                 limiter.shed.increment(1);
-                // Release the readiness this request was granted: it will not use it.
-                let clone = self.inner.clone();
-                drop(std::mem::replace(&mut self.inner, clone));
-                ResponseFuture::failed(rejection)
+                refuse(&mut self.inner, rejection, LearnFromResponse)
             }
         }
     }
