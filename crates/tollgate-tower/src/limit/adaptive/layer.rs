@@ -2,7 +2,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{EnforcementSwitch, Mode, Name, Priority};
+use crate::limit::core::{Built, enforcement_methods};
+use crate::{EnforcementSwitch, Name, Priority};
 use tollgate_core::{Clock, SystemClock};
 use tower_layer::Layer;
 
@@ -28,7 +29,7 @@ pub struct AdaptiveLimitLayer<P> {
     shares: [u8; 4],
     clock: Arc<dyn Clock>,
     classifier: Arc<P>,
-    limiter: Arc<Limiter>,
+    built: Built<Limiter>,
 }
 
 impl<P> AdaptiveLimitLayer<P> {
@@ -45,14 +46,6 @@ impl<P> AdaptiveLimitLayer<P> {
         let name: Name = DEFAULT_ADAPTIVE_NAME.into();
         let switch = EnforcementSwitch::default();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
-        let limiter = Arc::new(Limiter::new(
-            name.clone(),
-            switch.clone(),
-            DEFAULT_RETRY_AFTER,
-            clock.clone(),
-            LimitState::new(algorithm),
-            DEFAULT_SHARES,
-        ));
         Ok(Self {
             name,
             switch,
@@ -61,19 +54,27 @@ impl<P> AdaptiveLimitLayer<P> {
             shares: DEFAULT_SHARES,
             clock,
             classifier: Arc::new(classifier),
-            limiter,
+            built: Built::default(),
         })
     }
 
+    /// The limit every service built from now on shares (built by the first call, so metrics register once).
+    fn limiter(&self) -> Arc<Limiter> {
+        self.built.get_or_init(|| {
+            Limiter::new(
+                self.name.clone(),
+                self.switch.clone(),
+                self.retry_after,
+                self.clock.clone(),
+                LimitState::new(self.algorithm),
+                self.shares,
+            )
+        })
+    }
+
+    /// After a setting changed: the services built from now on share a new limit.
     fn rebuilt(mut self) -> Self {
-        self.limiter = Arc::new(Limiter::new(
-            self.name.clone(),
-            self.switch.clone(),
-            self.retry_after,
-            self.clock.clone(),
-            LimitState::new(self.algorithm),
-            self.shares,
-        ));
+        self.built = Built::default();
         self
     }
 
@@ -119,29 +120,7 @@ impl<P> AdaptiveLimitLayer<P> {
         self.rebuilt()
     }
 
-    /// Sets the mode the layer starts in (in its switch: see
-    /// [`WorkerShedLayer::mode`](crate::WorkerShedLayer::mode)).
-    pub fn mode(self, mode: Mode) -> Self {
-        self.switch.set(mode);
-        self
-    }
-
-    /// Starts in shadow mode: the limit adapts and requests over it are counted and logged, never rejected.
-    pub fn shadow(self) -> Self {
-        self.mode(Mode::Shadow)
-    }
-
-    /// Uses `switch` (e.g. one shared by several layers) for the enforcement mode, in the mode the switch is in.
-    pub fn switch(mut self, switch: EnforcementSwitch) -> Self {
-        self.switch = switch;
-        self.rebuilt()
-    }
-
-    /// A handle on the enforcement mode, to flip it at run time (the kill switch).
-    #[must_use]
-    pub fn enforcement(&self) -> EnforcementSwitch {
-        self.switch.clone()
-    }
+    enforcement_methods!();
 
     /// The algorithm and its settings.
     #[must_use]
@@ -152,31 +131,31 @@ impl<P> AdaptiveLimitLayer<P> {
     /// The current limit, in requests in flight.
     #[must_use]
     pub fn limit(&self) -> u64 {
-        self.limiter.limit()
+        self.limiter().limit()
     }
 
     /// Requests in flight through this layer now.
     #[must_use]
     pub fn in_flight(&self) -> u64 {
-        self.limiter.in_flight()
+        self.limiter().in_flight()
     }
 
     /// Requests of `priority` in flight now.
     #[must_use]
     pub fn in_flight_of(&self, priority: Priority) -> u64 {
-        self.limiter.busy(priority)
+        self.limiter().busy(priority)
     }
 
     /// The share of the current limit `priority` is guaranteed, in requests.
     #[must_use]
     pub fn guaranteed(&self, priority: Priority) -> u64 {
-        self.limiter.guaranteed(priority)
+        self.limiter().guaranteed(priority)
     }
 
     /// Gradient2's long-term latency, the baseline it compares requests against (zero for AIMD).
     #[must_use]
     pub fn long_latency(&self) -> Duration {
-        self.limiter.long_latency()
+        self.limiter().long_latency()
     }
 }
 
@@ -190,7 +169,7 @@ impl<P> Clone for AdaptiveLimitLayer<P> {
             shares: self.shares,
             clock: self.clock.clone(),
             classifier: self.classifier.clone(),
-            limiter: self.limiter.clone(),
+            built: self.built.clone(),
         }
     }
 }
@@ -212,6 +191,6 @@ impl<S, P> Layer<S> for AdaptiveLimitLayer<P> {
     type Service = AdaptiveLimit<S, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        AdaptiveLimit::new(inner, self.limiter.clone(), self.classifier.clone())
+        AdaptiveLimit::new(inner, self.limiter(), self.classifier.clone())
     }
 }
