@@ -9,8 +9,8 @@
 //! - `tollgate_near_limit_total{limiter}` ([`NEAR_LIMIT_TOTAL`]): admissions that left less than the limiter's
 //!   [`NearLimitShare`] of its limit (default 20 %), the alerting signal before clients see 429s.
 //!
-//! Every decision is also one `tracing` event at DEBUG on the target [`DECISION_TARGET`] (`tollgate::decision`),
-//! with the fields `limiter`, `algorithm`, `store`, `outcome`, `remaining` and `store_latency_us`; with no
+//! Every decision is also one `tracing` span, with one event inside it, at DEBUG on the target
+//! [`DECISION_TARGET`] (`tollgate::decision`), both with the fields `limiter`, `algorithm`, `store`, `outcome`, `remaining` and `store_latency_us`; with no
 //! subscriber listening at DEBUG nothing is timed, evaluated or formatted.
 //!
 //! Each limiter registers its series once, when its layer is first applied, so that deciding does no label work;

@@ -1,5 +1,5 @@
-//! One `tracing` event per decision, at `DEBUG` on the target `tollgate::decision`, with the decision's fields; a
-//! subscriber that filters `DEBUG` out gets none (the hot path never builds them).
+//! One `tracing` span per decision, and one event inside it, at `DEBUG` on the target `tollgate::decision`, both
+//! with the decision's fields; a subscriber that filters `DEBUG` out gets neither (the hot path never builds them).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +19,7 @@ type Fields = BTreeMap<String, String>;
 #[derive(Clone, Default)]
 struct Events {
     seen: Arc<Mutex<Vec<(String, Fields)>>>,
+    spans: Arc<Mutex<Vec<(String, Fields)>>>,
     debug: Arc<AtomicBool>,
 }
 
@@ -43,7 +44,11 @@ impl Subscriber for Events {
     fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
         None
     }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
+    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+        let mut fields = Fields::new();
+        attrs.record(&mut Collect(&mut fields));
+        let target = attrs.metadata().target().to_owned();
+        self.spans.lock().unwrap().push((target, fields));
         Id::from_u64(1)
     }
     fn record(&self, _: &Id, _: &Record<'_>) {}
@@ -68,7 +73,7 @@ impl VerdictSink for Reply {
 }
 
 #[tokio::test]
-async fn every_decision_is_one_event_with_its_fields() {
+async fn every_decision_is_one_span_and_one_event_with_its_fields() {
     let events = Events::default();
     tracing::subscriber::set_global_default(events.clone()).expect("the only subscriber here");
     let by_user = KeyFn::new(|user: &&'static str, key: &mut String| {
@@ -86,6 +91,7 @@ async fn every_decision_is_one_event_with_its_fields() {
     // A subscriber that stops at INFO sees no decision.
     assert!(call("ann").await);
     assert!(events.seen.lock().unwrap().is_empty());
+    assert!(events.spans.lock().unwrap().is_empty());
 
     events.debug.store(true, Ordering::Relaxed);
     tracing::callsite::rebuild_interest_cache();
@@ -121,4 +127,19 @@ async fn every_decision_is_one_event_with_its_fields() {
             (Some("shadow_limited"), Some("0")),
         ]
     );
+    // The span of each decision carries the same fields as its event.
+    let spans: Vec<Fields> = events
+        .spans
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(target, _)| target == DECISION_TARGET)
+        .map(|(_, fields)| fields.clone())
+        .collect();
+    assert_eq!(spans.len(), 3, "one span per decision: {spans:?}");
+    for (span, event) in spans.iter().zip(&decisions) {
+        let mut event = (*event).clone();
+        event.remove("message");
+        assert_eq!(*span, event);
+    }
 }

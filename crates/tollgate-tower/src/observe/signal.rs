@@ -1,5 +1,5 @@
 //! What a limiter tells about each decision besides the decision counters: the near-limit counter (an alerting
-//! signal before clients see 429s) and one `tracing` event per decision.
+//! signal before clients see 429s) and one `tracing` span (with an event in it) per decision.
 //!
 //! Both are called at the decision points of every limiter (the rate limiter's and the stack's decision cores) and
 //! cost a few instructions there when nobody listens: the near-limit check is two multiplications and a compare,
@@ -167,17 +167,32 @@ impl Signals {
         let store_latency_us = STORE_WAIT
             .take()
             .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        tracing::event!(
+        // A span per decision (what tracing backends such as OpenTelemetry show beside the request's own span),
+        // carrying the decision's fields, and the event inside it for log subscribers.
+        let span = tracing::span!(
             target: DECISION_TARGET,
             Level::DEBUG,
+            "tollgate.decision",
             limiter = &*self.limiter,
             algorithm = self.algorithm,
             store = self.store,
             outcome,
             remaining,
             store_latency_us,
-            "tollgate decision"
         );
+        span.in_scope(|| {
+            tracing::event!(
+                target: DECISION_TARGET,
+                Level::DEBUG,
+                limiter = &*self.limiter,
+                algorithm = self.algorithm,
+                store = self.store,
+                outcome,
+                remaining,
+                store_latency_us,
+                "tollgate decision"
+            );
+        });
     }
 }
 

@@ -30,7 +30,7 @@
 //! `tollgate_store_errors_total{limiter, kind, failure_policy}`, `tollgate_near_limit_total{limiter}` for
 //! admissions that leave less than [`RateLimitLayer::near_limit`]'s share of the limit (20 % by default), and with
 //! the deny cache `tollgate_deny_cache_hits_total{limiter}` (denials answered locally, counted as `limited` too).
-//! Each decision is also a `tracing` event at `DEBUG` on the target `tollgate::decision` (see
+//! Each decision is also a `tracing` span and event at `DEBUG` on the target `tollgate::decision` (see
 //! [`observe`](crate::observe)), which costs one atomic load when no subscriber lets it through.
 //!
 //! ```
