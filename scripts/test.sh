@@ -62,6 +62,10 @@ elif ! answers -u "$REDIS_URL"; then
   exit 1
 fi
 
+# The black-box tests run the example binaries from target/debug/examples. `cargo test` builds an example there
+# only when its own tests are off (`test = true` examples such as fleet are built as test harnesses instead), so
+# build them all first: on a clean clone the fleet binary would otherwise be missing.
+cargo build --workspace --all-features --examples
 cargo test --workspace --all-features "$@"
 
 # CI (.ci/run) also runs the fleet simulation on the same Redis, the README's main command, and checks its figures.
