@@ -3,7 +3,6 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,21 +16,7 @@ struct Server {
     _stdout: BufReader<ChildStdout>,
 }
 
-fn example(name: &str) -> PathBuf {
-    // Integration tests run from target/<profile>/deps; cargo builds the examples into target/<profile>/examples.
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("examples").join(name))
-        .expect("target/<profile>/examples");
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test` (it builds the examples)",
-        path.display()
-    );
-    path
-}
+use tollgate_testkit::examples::example;
 
 impl Server {
     fn start(args: &[&str]) -> Self {

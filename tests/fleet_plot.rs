@@ -1,25 +1,11 @@
 //! `examples/fleet --plot FILE.svg` as a black box: a short real run (on a private Redis, so every design is
 //! measured), its chart parsed as XML: one line per design, with a point for every measured second.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use tollgate_testkit::redis::RedisServer;
 
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("examples").join(name))
-        .expect("target/<profile>/examples");
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test` (it builds the examples)",
-        path.display()
-    );
-    path
-}
+use tollgate_testkit::examples::example;
 
 /// Runs the fleet with `args` and `--plot`; the chart's polylines as point counts, and the run's stdout.
 fn plotted(name: &str, args: &[&str]) -> (Vec<usize>, String) {

@@ -5,27 +5,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tollgate_testkit::redis::RedisServer;
 
-fn example(name: &str) -> PathBuf {
-    // Integration tests run from target/<profile>/deps; cargo builds the examples into target/<profile>/examples.
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("examples").join(name))
-        .expect("target/<profile>/examples");
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test` (it builds the examples)",
-        path.display()
-    );
-    path
-}
+use tollgate_testkit::examples::example;
 
 /// A running example server, killed when dropped, with the addresses it printed.
 struct Server {

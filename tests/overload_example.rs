@@ -6,24 +6,9 @@
 //! below every design's line even through a stall of the scheduler, and at 3× every protecting design must turn
 //! some requests away (in flight reaches its ceiling within a fraction of the step).
 
-use std::path::PathBuf;
 use std::process::Command;
 
-fn example(name: &str) -> PathBuf {
-    // Integration tests run from target/<profile>/deps; cargo builds the examples into target/<profile>/examples.
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("examples").join(name))
-        .expect("target/<profile>/examples");
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test` (it builds the examples)",
-        path.display()
-    );
-    path
-}
+use tollgate_testkit::examples::example;
 
 const DESIGNS: [&str; 5] = [
     "no protection",

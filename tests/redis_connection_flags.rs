@@ -13,21 +13,7 @@ use tollgate_testkit::tls::TlsFiles;
 
 const SERVERS: [&str; 2] = ["axum_server", "grpc_server"];
 
-fn example(name: &str) -> PathBuf {
-    // Integration tests run from target/<profile>/deps; cargo builds the examples into target/<profile>/examples.
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("examples").join(name))
-        .expect("target/<profile>/examples");
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test` (it builds the examples)",
-        path.display()
-    );
-    path
-}
+use tollgate_testkit::examples::example;
 
 /// Runs `server` with `args` on a free port and expects it to fail: its exit code and stderr.
 fn fails(server: &str, args: &[&str]) -> (i32, String) {

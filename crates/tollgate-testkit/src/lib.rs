@@ -2,6 +2,7 @@
 //! Redis stores honest, (in [`redis`]) real Redis servers for tests, and (in [`tls`]) their certificates.
 #![forbid(unsafe_code)]
 
+pub mod examples;
 pub mod redis;
 pub mod tls;
 pub mod vectors;
