@@ -65,7 +65,7 @@
 //!
 //! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about
 //! 120 bytes each with the table's own overhead): an expired entry is replaced first, else the least recently
-//! used of a sample is evicted — evicting a live entry only costs its key one store call. Expired entries are also swept (at most once a
+//! used is evicted — evicting a live entry only costs its key one store call. Expired entries are also swept (at most once a
 //! second, from an insertion, shard by shard). Evictions count in `tollgate_evictions_total{limiter}`.
 //!
 //! # Metrics
