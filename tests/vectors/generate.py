@@ -5,6 +5,7 @@ The expected decisions come from this file's own reference model, written from t
 exact rational arithmetic (fractions.Fraction) and searching for retry instants instead of using closed forms,
 so it shares no formula with the Rust or Lua implementations it checks. Run: python3 tests/vectors/generate.py
 """
+import copy
 import json
 import random
 from fractions import Fraction
@@ -99,19 +100,54 @@ class SlidingWindow:
         return ("limited", remaining, self.reset(start, prev, cur, t), hi - t)
 
 
-def run(name, algorithm, limit, period, steps, burst=None):
+class Store:
+    """A model with the store operations: peeks (decide, keep nothing) and lockouts (after a denial, refuse the
+    key until a fixed instant: remaining 0, reset and retry no earlier than its end; refusals spend nothing)."""
+
+    def __init__(self, model, lockout):
+        self.model, self.lockout, self.locked_until = model, lockout, {}
+
+    def decide(self, key, t, cost, peek):
+        saved = copy.deepcopy(self.model.keys)
+        outcome, remaining, reset, retry = self.model.decide(key, t, cost)
+        until = self.locked_until.get(key, 0) if self.lockout else 0
+        if peek or until > t:
+            self.model.keys = saved
+        if outcome == "cost_exceeds_capacity":
+            return outcome, remaining, reset, retry
+        if until > t:
+            return "limited", 0, max(reset, until), max(retry or 0, until - t)
+        if outcome == "limited" and self.lockout:
+            until = t + self.lockout
+            if not peek:
+                self.locked_until[key] = until
+            return "limited", 0, max(reset, until), max(retry, self.lockout)
+        return outcome, remaining, reset, retry
+
+
+def run(name, algorithm, limit, period, steps, burst=None, lockout=0):
     model = TokenBucket(limit, period, burst or limit) if algorithm == "token_bucket" else SlidingWindow(limit, period)
+    store = Store(model, lockout)
     out = []
-    for at, key, cost in steps:
-        outcome, remaining, reset, retry = model.decide(key, at, cost)
+    for at, key, cost, *peek in steps:
+        peek = bool(peek and peek[0])
+        outcome, remaining, reset, retry = store.decide(key, at, cost, peek)
         step = {"at_us": at, "key": key, "cost": cost, "outcome": outcome, "remaining": remaining, "reset_us": reset}
         if retry is not None:
             step["retry_after_us"] = retry
+        if peek:
+            step["peek"] = True
         out.append(step)
     case = {"name": name, "algorithm": algorithm, "limit": limit, "period_us": period, "steps": out}
     if burst is not None:
         case["burst"] = burst
+    if lockout:
+        case["lockout_us"] = lockout
     return case
+
+
+def peek(t, key="a", cost=1):
+    return (t, key, cost, True)
 
 
 def same(t, n, key="a", cost=1):
@@ -174,6 +210,18 @@ def cases():
     yield run("sw: 100 per minute across several windows", sw, 100, m, [(w0 + i * 7_000_000, "a", 9) for i in range(30)])
     yield run("sw: random traffic, 6 per second", sw, 6, S, random_steps(3, 150, 120_000, 2, ["a", "b", "c"]))
     yield run("sw: random traffic, 20 per 2 seconds", sw, 20, 2 * S, random_steps(4, 150, 60_000, 5, ["a", "b"]))
+
+    # Peeks: what a request would get, changing nothing (the next request decides as if the peek never happened).
+    yield run("tb: a peek consumes nothing", tb, 2, S, [peek(T0), (T0, "a", 1), peek(T0), peek(T0, cost=2), (T0, "a", 1), peek(T0), peek(T0 + 250_000), (T0 + 250_000, "a", 1), peek(T0 + 500_000, cost=3)])
+    yield run("sw: a peek consumes nothing", sw, 3, S, [peek(T0), (T0, "a", 2), peek(T0), peek(T0, cost=2), (T0, "a", 1), peek(T0 + S + 500_000), (T0 + S + 500_000, "a", 2), peek(T0 + S + 500_000, cost=4)])
+    # Lockouts: after a denial the key is refused until a fixed instant; refusals neither extend it nor spend.
+    yield run("tb: a denial locks the key for 5 s, refusals spend nothing", tb, 2, S, same(T0, 3) + [(T0 + S, "a", 1), peek(T0 + 2 * S), (T0 + 4 * S, "a", 2), (T0 + 5 * S - 1, "a", 1), (T0 + 5 * S, "a", 2), (T0 + 5 * S, "a", 1), (T0 + 5 * S, "a", 9), (T0 + 6 * S, "a", 1)], lockout=5 * S)
+    yield run("tb: a lockout shorter than the refill: the retry is the refill's", tb, 1, 10 * S, same(T0, 2) + [(T0 + S, "a", 1), (T0 + 10 * S, "a", 1)], lockout=S)
+    yield run("tb: a peek of a denial shows the lockout it would start, and starts none", tb, 1, S, [(T0, "a", 1), peek(T0 + 1), (T0 + S, "a", 1), (T0 + S, "b", 1), (T0 + S, "b", 1), (T0 + S + 1, "b", 1), peek(T0 + S + 2, "b")], lockout=30 * S)
+    yield run("tb: a cost above the burst starts no lockout", tb, 3, S, [(T0, "a", 4), (T0, "a", 3), (T0, "a", 1), (T0 + S, "a", 4), (T0 + S, "a", 1), (T0 + 2 * S, "a", 1)], lockout=2 * S)
+    yield run("sw: a denial locks the key for 90 s", sw, 3, 60 * S, [(w0, "a", 3), (w0 + S, "a", 1), (w0 + 61 * S, "a", 1), peek(w0 + 90 * S), (w0 + 91 * S, "a", 1), (w0 + 91 * S, "a", 1), (w0 + 91 * S, "b", 1)], lockout=90 * S)
+    yield run("sw: random traffic under a lockout", sw, 4, S, random_steps(5, 120, 200_000, 2, ["a", "b"]), lockout=700_000)
+    yield run("tb: random traffic under a lockout", tb, 3, S, random_steps(6, 120, 200_000, 2, ["a", "b"]), burst=4, lockout=1_500_000)
 
 
 def main():

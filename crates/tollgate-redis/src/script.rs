@@ -18,6 +18,22 @@ pub const SLIDING_WINDOW_LUA: &str = concat!(
     include_str!("../lua/sliding_window.lua")
 );
 
+/// `lua/token_bucket.lua` wrapped in the store operations (`lua/ops_open.lua`, `lua/ops_close.lua`: peek and
+/// lockouts), after `lua/prelude.lua`.
+pub const TOKEN_BUCKET_OPS_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/ops_open.lua"),
+    include_str!("../lua/token_bucket.lua"),
+    include_str!("../lua/ops_close.lua")
+);
+/// `lua/sliding_window.lua` wrapped in the store operations, after `lua/prelude.lua`.
+pub const SLIDING_WINDOW_OPS_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/ops_open.lua"),
+    include_str!("../lua/sliding_window.lua"),
+    include_str!("../lua/ops_close.lua")
+);
+
 /// A script's source and SHA-1, as `EVALSHA` wants it.
 pub(crate) struct Script {
     pub(crate) source: &'static str,
@@ -45,6 +61,8 @@ impl Script {
 pub(crate) struct Scripts {
     token_bucket: Script,
     sliding_window: Script,
+    token_bucket_ops: Script,
+    sliding_window_ops: Script,
 }
 
 impl Scripts {
@@ -52,6 +70,16 @@ impl Scripts {
         Self {
             token_bucket: Script::new(TOKEN_BUCKET_LUA),
             sliding_window: Script::new(SLIDING_WINDOW_LUA),
+            token_bucket_ops: Script::new(TOKEN_BUCKET_OPS_LUA),
+            sliding_window_ops: Script::new(SLIDING_WINDOW_OPS_LUA),
+        }
+    }
+
+    /// The wrapped script (peek, lockouts) of `algorithm`.
+    pub(crate) fn ops_for_algorithm(&self, algorithm: Algorithm) -> &Script {
+        match algorithm {
+            Algorithm::TokenBucket => &self.token_bucket_ops,
+            Algorithm::SlidingWindowCounter => &self.sliding_window_ops,
         }
     }
 
@@ -71,10 +99,18 @@ impl Scripts {
 
 /// Every script a store runs: loaded with `SCRIPT LOAD` on each new connection (and at start-up), so that a
 /// decision is one `EVALSHA` even where the server evicts scripts that `EVAL` loaded (Redis 7.4 and later).
-pub(crate) fn pinned() -> [&'static Script; 5] {
+pub(crate) fn pinned() -> [&'static Script; 7] {
     let s = Scripts::shared();
     let [acquire, renew, release] = crate::lease::scripts_list();
-    [&s.token_bucket, &s.sliding_window, acquire, renew, release]
+    [
+        &s.token_bucket,
+        &s.sliding_window,
+        &s.token_bucket_ops,
+        &s.sliding_window_ops,
+        acquire,
+        renew,
+        release,
+    ]
 }
 
 /// The script's ARGV: the policy's derived integers (so the script needs no gcd), the cost and the injected time
@@ -98,6 +134,19 @@ pub(crate) fn args(policy: &Policy, cost: u64, now: Option<Timestamp>) -> [Strin
             now,
         ],
     }
+}
+
+/// The wrapped script's ARGV: the algorithm's, then the lockout (µs, 0: none) and whether to peek.
+pub(crate) fn ops_args(
+    policy: &Policy,
+    cost: u64,
+    now: Option<Timestamp>,
+    peek: bool,
+) -> Vec<String> {
+    let mut args = Vec::from(self::args(policy, cost, now));
+    args.push(policy.lockout_micros().to_string());
+    args.push(if peek { "1" } else { "0" }.to_owned());
+    args
 }
 
 /// Turns `{outcome, remaining, reset_us, retry_after_us, now_us}` into a [`Decision`].
@@ -161,6 +210,8 @@ mod tests {
         for source in [
             TOKEN_BUCKET_LUA,
             SLIDING_WINDOW_LUA,
+            TOKEN_BUCKET_OPS_LUA,
+            SLIDING_WINDOW_OPS_LUA,
             crate::CONCURRENCY_ACQUIRE_LUA,
             crate::CONCURRENCY_RENEW_LUA,
             crate::CONCURRENCY_RELEASE_LUA,

@@ -31,6 +31,9 @@ pub struct Case {
     /// Token bucket capacity (defaults to `limit`).
     #[serde(default)]
     pub burst: Option<u64>,
+    /// The lockout after a denial, µs (absent: none; see `Policy::with_lockout`).
+    #[serde(default)]
+    pub lockout_us: Option<u64>,
     /// The requests, in order.
     pub steps: Vec<Step>,
 }
@@ -53,6 +56,9 @@ pub struct Step {
     /// Expected `retry_after` in µs (absent unless limited).
     #[serde(default)]
     pub retry_after_us: Option<u64>,
+    /// A peek (`Store::peek`): the decision a request would get, with nothing written.
+    #[serde(default)]
+    pub peek: bool,
 }
 
 impl Vectors {
@@ -90,7 +96,9 @@ impl Case {
             "sliding_window" => Algorithm::SlidingWindowCounter,
             other => panic!("case {}: unknown algorithm {other}", self.name),
         };
-        Policy::new(algorithm, quota).unwrap_or_else(|e| panic!("case {}: {e}", self.name))
+        Policy::new(algorithm, quota)
+            .and_then(|p| p.with_lockout(Duration::from_micros(self.lockout_us.unwrap_or(0))))
+            .unwrap_or_else(|e| panic!("case {}: {e}", self.name))
     }
 }
 

@@ -25,7 +25,7 @@ use crate::{Decision, Policy};
 ///
 /// `key` identifies the client (or route, or both); the same key under two algorithms has separate state, and
 /// callers namespace keys per policy. `cost` is how many tokens the request takes (0 inspects without
-/// consuming).
+/// consuming, but is still a decision that may write: [`peek`](Self::peek) writes nothing).
 pub trait Store: Send + Sync + 'static {
     /// Decides one request and updates the key's state, atomically.
     fn check(
@@ -70,6 +70,26 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// What a request of `cost` on `key` would get now — `remaining`, `reset`, `retry_after`, its outcome —
+    /// without consuming anything or writing anything: for dashboards and "N attempts left" pages.
+    ///
+    /// Unlike [`check`](Self::check) with cost 0, which is a decision like any other (it may write: it refreshes
+    /// a key's state and recency, it may rebase a bucket after a clock step back), a peek leaves the store exactly
+    /// as it was: [`MemoryStore`] does not touch the key's state or recency, the Redis store runs a read-only
+    /// script (`EVALSHA_RO` where the server has it). A peek races with concurrent requests like any read: by
+    /// the time the answer is shown, another request may have spent what it reported.
+    ///
+    /// The default returns [`StoreError::Unsupported`]: a store opts in.
+    fn peek(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let _ = (key, policy, cost);
+        std::future::ready(Err(StoreError::Unsupported("peek")))
+    }
+
     /// Whether this store's state is shared by other instances (Redis) and its denials are the shared state's
     /// own answers: a rate limiter then caches them until their retry instant (its deny cache, on by default for
     /// such a store). `false` (the default) for an in-process store, and for a store that may synthesize
@@ -109,6 +129,15 @@ impl<S: Store> Store for Arc<S> {
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
         (**self).check_digest(digest, policy, cost)
+    }
+
+    fn peek(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).peek(key, policy, cost)
     }
 
     fn is_shared(&self) -> bool {
