@@ -304,7 +304,17 @@ impl<C: Clock> MemoryStore<C> {
     pub fn peek_at(&self, key: &str, policy: &Policy, cost: u64, now: Timestamp) -> Decision {
         let mut hasher = self.seed.build_hasher();
         hasher.write(key.as_bytes());
-        let hash = hasher.finish();
+        self.peek_digest_at(hasher.finish(), policy, cost, now)
+    }
+
+    /// [`peek_at`](Self::peek_at) for the key whose digest, by [`Store::key_hasher`], is `hash`.
+    pub fn peek_digest_at(
+        &self,
+        hash: u64,
+        policy: &Policy,
+        cost: u64,
+        now: Timestamp,
+    ) -> Decision {
         let now = now.min(Timestamp::LATEST);
         let lockout = policy.lockout_micros();
         let mut shard = lock(self.shard(hash));
@@ -390,6 +400,10 @@ impl<C: Clock> Store for MemoryStore<C> {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         ready(Ok(self.peek_now(key, policy, cost)))
+    }
+
+    fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
+        Some(self.peek_digest_at(digest, policy, cost, self.clock.now()))
     }
 }
 

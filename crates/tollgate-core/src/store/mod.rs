@@ -79,6 +79,11 @@ pub trait Store: Send + Sync + 'static {
     /// script (`EVALSHA_RO` where the server has it). A peek races with concurrent requests like any read: by
     /// the time the answer is shown, another request may have spent what it reported.
     ///
+    /// The answer is the decision the request would get: when admitted, its `remaining` is what would be left
+    /// *after* it (so "attempts left, this one included" is `remaining + 1`); a peek of cost 0 reports what remains
+    /// now. A policy with a [lockout](crate::Policy::with_lockout) is peeked with it: a locked key reports its
+    /// lockout, and a request that would be refused reports the lockout it would start (a peek starts none).
+    ///
     /// The default returns [`StoreError::Unsupported`]: a store opts in.
     fn peek(
         &self,
@@ -88,6 +93,13 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         let _ = (key, policy, cost);
         std::future::ready(Err(StoreError::Unsupported("peek")))
+    }
+
+    /// [`peek`](Self::peek) at once by the key's digest (see [`key_hasher`](Self::key_hasher)); `None` when this
+    /// store cannot (the default).
+    fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
+        let _ = (digest, policy, cost);
+        None
     }
 
     /// Whether this store's state is shared by other instances (Redis) and its denials are the shared state's
@@ -138,6 +150,10 @@ impl<S: Store> Store for Arc<S> {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         (**self).peek(key, policy, cost)
+    }
+
+    fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
+        (**self).peek_digest(digest, policy, cost)
     }
 
     fn is_shared(&self) -> bool {

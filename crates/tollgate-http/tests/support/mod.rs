@@ -188,6 +188,15 @@ impl Store for ClockedRedis {
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         self.redis.check_at(key, policy, cost, self.clock.now())
     }
+
+    fn peek(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.redis.peek_at(key, policy, cost, self.clock.now())
+    }
 }
 
 /// A clock standing still at the start of the current wall-clock second (reset instants then stay near now), until

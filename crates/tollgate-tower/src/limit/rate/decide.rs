@@ -111,6 +111,25 @@ impl<K, St: Store, C> Shared<K, St, C> {
         Some(self.conclude(result, key, cost, mode, keep))
     }
 
+    /// What `req` would get from the store now, without consuming (see [`Store::peek`]): by the key's digest
+    /// where the store keys by digest, as [`decide_digested`](Self::decide_digested) does, else by its text.
+    pub(crate) async fn peek<Req>(&self, req: &Req) -> Result<Decision, crate::BoxError>
+    where
+        K: KeyExtractor<Req>,
+        C: Cost<Req>,
+    {
+        let cost = self.cost.cost(req);
+        if let Some(mut state) = self.digest_prefix.clone() {
+            self.key.hash_key(req, &mut state)?;
+            if let Some(decision) = self.store.peek_digest(state.finish(), &self.policy, cost) {
+                return Ok(decision);
+            }
+        }
+        let mut key = String::new();
+        self.write_key(req, &mut key)?;
+        Ok(self.store.peek(&key, &self.policy, cost).await?)
+    }
+
     /// Writes the key's text, `<limiter name>:<key>`: what a store that needs the text keys by.
     #[inline(always)]
     pub(crate) fn write_key<Req>(&self, req: &Req, key: &mut String) -> Result<(), KeyError>

@@ -181,7 +181,47 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     /// Wraps `inner`, answering every request through `respond` instead of [`Forward`]: how protocol adapters
     /// (`tollgate-http`) answer in place, without a service layer of their own.
     pub fn layer_with<S, R>(&self, inner: S, respond: R) -> RateLimit<S, K, St, C, R> {
-        let shared = self.built.get_or_init(|| {
+        RateLimit::from_shared(inner, self.shared(), respond)
+    }
+
+    /// What `req` would get from this limiter's store right now — its [`Decision`]'s `remaining`, `reset`,
+    /// `retry_after` and outcome, for the key and cost this layer would give it — without consuming or writing
+    /// anything (see [`Store::peek`]): for dashboards and "N attempts left" pages. The mode (shadow, off) does
+    /// not apply: the answer is the store's.
+    ///
+    /// # Errors
+    /// A [`KeyError`](crate::KeyError) when the request has no key, or the store's
+    /// [`StoreError`](tollgate_core::StoreError) (a timeout, an open circuit, a store without peek); downcast the
+    /// `BoxError`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate_core::{MemoryStore, Policy, Quota};
+    /// use tollgate_tower::{ConstKey, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_tower::BoxError> {
+    /// let layer = RateLimitLayer::new(
+    ///     "login",
+    ///     Policy::token_bucket(Quota::per_minute(5)?),
+    ///     Arc::new(MemoryStore::new()),
+    ///     ConstKey::new("ann"),
+    /// );
+    /// assert_eq!(layer.peek(&()).await?.remaining, 5); // "5 attempts left", and still 5
+    /// assert_eq!(layer.peek(&()).await?.remaining, 5);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn peek<Req>(&self, req: &Req) -> Result<tollgate_core::Decision, crate::BoxError>
+    where
+        K: crate::KeyExtractor<Req>,
+        C: crate::Cost<Req>,
+    {
+        self.shared().peek(req).await
+    }
+
+    fn shared(&self) -> Arc<Shared<K, St, C>> {
+        self.built.get_or_init(|| {
             let deny = self
                 .deny_on
                 .unwrap_or_else(|| self.store.is_shared())
@@ -202,8 +242,7 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                 self.near_limit,
                 deny,
             )
-        });
-        RateLimit::from_shared(inner, shared, respond)
+        })
     }
 }
 
