@@ -13,7 +13,11 @@ fn memory_store_matches_every_vector() {
         let store = MemoryStore::new();
         let policy = case.policy();
         for (i, step) in case.steps.iter().enumerate() {
-            let got = if step.peek {
+            let got = if let Some(delta) = step.charge {
+                store
+                    .charge_at(&step.key, &policy, delta, step.decided_at(), step.at())
+                    .unwrap()
+            } else if step.peek {
                 store.peek_at(&step.key, &policy, step.cost, step.at())
             } else {
                 store
@@ -33,7 +37,7 @@ fn memory_store_matches_every_vector() {
 }
 
 #[test]
-fn vectors_cover_peeks_and_lockouts_on_both_algorithms() {
+fn vectors_cover_peeks_lockouts_and_charges_on_both_algorithms() {
     let vectors = Vectors::load();
     for algorithm in ["token_bucket", "sliding_window"] {
         let cases = || vectors.cases.iter().filter(|c| c.algorithm == algorithm);
@@ -42,6 +46,11 @@ fn vectors_cover_peeks_and_lockouts_on_both_algorithms() {
             "{algorithm}"
         );
         assert!(cases().any(|c| c.lockout_us.is_some()), "{algorithm}");
+        let charges = || cases().flat_map(|c| &c.steps).filter_map(|s| s.charge);
+        assert!(
+            charges().any(|d| d > 0) && charges().any(|d| d < 0),
+            "{algorithm}"
+        );
     }
 }
 

@@ -189,6 +189,37 @@ impl RedisStore {
         self.peek_inner(key, policy, cost, Some(now)).await
     }
 
+    /// Charges `delta` (a refund if negative) at `now` instead of the server's time: see [`Store::charge`].
+    pub async fn charge_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.charge_inner(key, policy, delta, decided_at, Some(now))
+            .await
+    }
+
+    async fn charge_inner(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        now: Option<Timestamp>,
+    ) -> Result<Decision, StoreError> {
+        let script = self.inner.scripts.charge_for_algorithm(policy.algorithm());
+        let redis_key = keys::redis_key(&self.inner.namespace, key, policy.algorithm());
+        let now = now.map(|t| t.min(Timestamp::LATEST));
+        let args = script::charge_args(policy, delta, decided_at, now);
+        self.run_script(script, &redis_key, &args, |reply| {
+            script::parse_charge_reply(policy, reply)
+        })
+        .await
+    }
+
     /// The Redis key holding `key`'s state under `algorithm` (for inspection; see the crate docs for the format).
     #[must_use]
     pub fn redis_key(&self, key: &str, algorithm: Algorithm) -> String {
@@ -379,6 +410,18 @@ impl Store for RedisStore {
     /// the timeout apply).
     async fn peek(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         self.peek_inner(key, policy, cost, None).await
+    }
+
+    /// One script call on Redis's clock: the charge (or refund) and its TTL in one atomic step.
+    async fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.charge_inner(key, policy, delta, decided_at, None)
+            .await
     }
 }
 

@@ -59,6 +59,13 @@ pub struct Step {
     /// A peek (`Store::peek`): the decision a request would get, with nothing written.
     #[serde(default)]
     pub peek: bool,
+    /// A charge after the response (`Store::charge`, a refund if negative) instead of a request; its decision is
+    /// what a request of cost 0 gets right after.
+    #[serde(default)]
+    pub charge: Option<i64>,
+    /// For a charge: when its request was decided, µs since the epoch.
+    #[serde(default)]
+    pub decided_at_us: Option<u64>,
 }
 
 impl Vectors {
@@ -107,6 +114,12 @@ impl Step {
     #[must_use]
     pub const fn at(&self) -> Timestamp {
         Timestamp::from_micros(self.at_us)
+    }
+
+    /// For a charge: when its request was decided.
+    #[must_use]
+    pub fn decided_at(&self) -> Timestamp {
+        Timestamp::from_micros(self.decided_at_us.unwrap_or(self.at_us))
     }
 
     /// The expected decision.

@@ -83,7 +83,7 @@ pub fn decide<S: Copy + Default>(
 }
 
 /// A refusal until `until` at the latest: nothing remains, the reset is no earlier, the retry no sooner.
-fn refuse_until(decision: &mut Decision, until: u64, now: u64) {
+pub(crate) fn refuse_until(decision: &mut Decision, until: u64, now: u64) {
     let retry = decision.retry_after.map_or(0, |r| r.as_micros() as u64);
     decision.outcome = Outcome::Limited;
     decision.remaining = 0;

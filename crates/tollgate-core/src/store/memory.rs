@@ -17,6 +17,7 @@ use std::future::{Future, ready};
 use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
 
 use crate::algorithm::Step;
+use crate::algorithm::charge;
 use crate::algorithm::lockout::{self, Locked};
 use crate::algorithm::sliding_window::{self, SlidingWindowState};
 use crate::algorithm::token_bucket::{self, TokenBucketState};
@@ -337,6 +338,48 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    /// Charges `delta` (a refund if negative) to `key` at `now` for a request decided at `decided_at`: see
+    /// [`Store::charge`].
+    pub fn charge_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        let mut hasher = self.seed.build_hasher();
+        hasher.write(key.as_bytes());
+        let hash = hasher.finish();
+        let now = now.min(Timestamp::LATEST);
+        let lockout = policy.lockout_micros();
+        let mut shard = lock(self.shard(hash));
+        let (bound, log) = (&self.bound, &self.log);
+        match policy.algorithm() {
+            Algorithm::TokenBucket => shard.apply(hash, now, bound, log, Shard::buckets, |s| {
+                let state = Locked {
+                    state: charge::token_bucket(s.map(|s| s.state), policy.quota_ref(), delta, now),
+                    locked_until: s.map_or(0, |s| s.locked_until),
+                };
+                charged(state, lockout, |s| {
+                    token_bucket::decide(s, policy.quota_ref(), 0, now)
+                })
+            }),
+            Algorithm::SlidingWindowCounter => {
+                shard.apply(hash, now, bound, log, Shard::windows, |s| {
+                    let inner = s.map(|s| s.state);
+                    let state = Locked {
+                        state: charge::sliding_window(inner, policy, delta, decided_at, now),
+                        locked_until: s.map_or(0, |s| s.locked_until),
+                    };
+                    charged(state, lockout, |s| {
+                        sliding_window::decide(s, policy, 0, now)
+                    })
+                })
+            }
+        }
+    }
+
     fn shard(&self, hash: u64) -> &Mutex<Shard> {
         let index = if self.shard_bits == 0 {
             0
@@ -404,6 +447,28 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
         Some(self.peek_digest_at(digest, policy, cost, self.clock.now()))
+    }
+
+    fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(self.charge_at(key, policy, delta, decided_at, self.clock.now()))
+    }
+}
+
+/// The step of a charge: the charged state, always written, and the decision a request of cost 0 gets on it.
+fn charged<S: Copy + Default>(
+    state: Locked<S>,
+    lockout_us: u64,
+    decide: impl FnOnce(Option<S>) -> Step<S>,
+) -> Step<Locked<S>> {
+    Step {
+        decision: charge::decision(state, lockout_us, decide),
+        state: Some(state),
     }
 }
 

@@ -19,7 +19,7 @@ pub use evictions::{DEFAULT_NAME, EVICTIONS_TOTAL, EvictionCounts, OnFull};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
 pub use table::Expiry;
 
-use crate::{Decision, Policy};
+use crate::{Decision, Policy, Timestamp};
 
 /// Decides requests against state kept somewhere.
 ///
@@ -95,6 +95,25 @@ pub trait Store: Send + Sync + 'static {
         std::future::ready(Err(StoreError::Unsupported("peek")))
     }
 
+    /// Charges `delta` more (a refund if negative) to `key` for a request decided at `decided_at`, once its real
+    /// cost is known (after the response): never refused, it may overdraw, and the key then waits until the
+    /// debt is repaid (see [`algorithm::charge`](crate::algorithm::charge) for the floor, and why a refund never
+    /// leaves the state better than if the request had not happened). Returns the key's decision right after,
+    /// as a request of cost 0 would get it: `remaining` left, or — in debt — `Limited` with `retry_after` the
+    /// time until the debt is repaid.
+    ///
+    /// The default returns [`StoreError::Unsupported`]: a store opts in.
+    fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let _ = (key, policy, delta, decided_at);
+        std::future::ready(Err(StoreError::Unsupported("charge")))
+    }
+
     /// [`peek`](Self::peek) at once by the key's digest (see [`key_hasher`](Self::key_hasher)); `None` when this
     /// store cannot (the default).
     fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
@@ -154,6 +173,16 @@ impl<S: Store> Store for Arc<S> {
 
     fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
         (**self).peek_digest(digest, policy, cost)
+    }
+
+    fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).charge(key, policy, delta, decided_at)
     }
 
     fn is_shared(&self) -> bool {
