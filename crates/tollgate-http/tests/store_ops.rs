@@ -12,9 +12,9 @@ use axum::Router;
 use axum::extract::Request;
 use axum::routing::get;
 use tollgate_core::{Clock, Decision, ManualClock, Policy, Quota, Store, StoreError};
-use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::PeerIp;
-use tollgate_tower::{DenyCache, RateLimitLayer};
+use tollgate_http::{HttpLimitLayer, HttpRateLimitLayer};
+use tollgate_tower::{CostAfter, DenyCache, FinalCost, RateLimitLayer};
 
 use support::{get as http_get, serve};
 
@@ -191,5 +191,155 @@ async fn lockout_on_redis_time() {
     assert!(
         retry <= 600 && retry + at.elapsed().as_secs() + 1 >= 600,
         "{peek}"
+    );
+}
+
+/// `GET /gen` limited by `layer` (adapted in place: the HTTP responder reads the real cost), answering with the real cost the request header `x-want` asks for, in the
+/// header `x-cost` and in the `FinalCost` extension; `GET /left` peeks at what a request of cost 1 would get.
+fn generation_app<St: Store>(layer: RateLimitLayer<PeerIp, St>) -> Router {
+    let peeker = layer.clone();
+    Router::new()
+        .route(
+            "/gen",
+            get(|req: Request| async move {
+                let want: u64 = req.headers()["x-want"].to_str().unwrap().parse().unwrap();
+                (
+                    [("x-cost", want.to_string())],
+                    axum::Extension(FinalCost(want)),
+                    "generated",
+                )
+            }),
+        )
+        .layer(HttpRateLimitLayer::new(layer))
+        .route(
+            "/left",
+            get(move |req: Request| {
+                let peeker = peeker.clone();
+                let head = Request::from_parts(req.into_parts().0, ());
+                async move {
+                    let d = peeker.peek(&head).await.expect("peek");
+                    let left = if d.is_allowed() { d.remaining + 1 } else { 0 };
+                    format!("{left} {}", d.retry_after.map_or(0, |r| r.as_secs()))
+                }
+            }),
+        )
+}
+
+/// Peeks until `/left` says `want`: a shared store's charge runs as a task after the response, so the next
+/// request may arrive before it lands. Waits for the event, bounded, and never sleeps for a time being tested.
+async fn wait_for_left(addr: std::net::SocketAddr, want: &str) {
+    for _ in 0..500 {
+        if http_get(addr, "/left", &[]).await.body == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "/left never said {want:?}: {:?}",
+        http_get(addr, "/left", &[]).await.body
+    );
+}
+
+async fn cost_after_the_response_overdraws_and_refunds<St: Store>(
+    store: Arc<St>,
+    clock: ManualClock,
+) {
+    // 10 per minute: a token every 6 s, whole seconds in every header.
+    let policy = Policy::token_bucket(Quota::per_minute(10).unwrap());
+    let layer = RateLimitLayer::new("gen", policy, store, PeerIp)
+        .cost_after(CostAfter::Header("x-cost".into()));
+    let addr = serve(generation_app(layer)).await;
+    assert_eq!(http_get(addr, "/left", &[]).await.body, "10 0");
+    // Charged 1 up front, 0 in the end: refunded, the bucket is full again.
+    let free = http_get(addr, "/gen", &[("x-want", "0")]).await;
+    assert_eq!(free.status, 200);
+    assert_eq!(
+        free.num("x-ratelimit-remaining"),
+        9,
+        "the admission's own numbers"
+    );
+    wait_for_left(addr, "10 0").await;
+    // 15 in the end: 14 more, 5 beyond the bucket. The response shows its admission; the next requests the debt.
+    let big = http_get(addr, "/gen", &[("x-want", "15")]).await;
+    assert_eq!((big.status, big.num("x-ratelimit-remaining")), (200, 9));
+    // 5 owed and 1 for the next request: 6 tokens, 36 s.
+    wait_for_left(addr, "0 36").await;
+    let denied = http_get(addr, "/gen", &[("x-want", "1")]).await;
+    assert_eq!(denied.status, 429, "{denied:#?}");
+    assert_eq!(denied.num("retry-after"), 36);
+    assert_eq!(denied.num("x-ratelimit-remaining"), 0);
+    assert_eq!(denied.header("ratelimit"), "\"gen\";r=0;t=36");
+    clock.advance(Duration::from_secs(35));
+    assert_eq!(
+        http_get(addr, "/gen", &[("x-want", "1")])
+            .await
+            .num("retry-after"),
+        1
+    );
+    clock.advance(Duration::from_secs(1));
+    let repaid = http_get(addr, "/gen", &[("x-want", "1")]).await;
+    assert_eq!(
+        (repaid.status, repaid.num("x-ratelimit-remaining")),
+        (200, 0)
+    );
+}
+both_clocked_stores!(cost_after, cost_after_the_response_overdraws_and_refunds);
+
+async fn cost_after_from_an_extension<St: Store>(store: Arc<St>, clock: ManualClock) {
+    let policy = Policy::sliding_window(Quota::per_minute(10).unwrap()).unwrap();
+    let layer = RateLimitLayer::new("gen", policy, store, PeerIp).cost_after(CostAfter::Extension);
+    let addr = serve(generation_app(layer)).await;
+    // 1 up front, 4 after: 6 of 10 left.
+    assert_eq!(http_get(addr, "/gen", &[("x-want", "4")]).await.status, 200);
+    wait_for_left(addr, "6 0").await;
+    // 30 after: the count stops at twice the limit (20), so the key waits for the windows to decay.
+    assert_eq!(
+        http_get(addr, "/gen", &[("x-want", "30")]).await.status,
+        200
+    );
+    // A request of 1 is admitted in the next window once 20 × (1 − e / 60 s) + 1 ≤ 10: e = 33 s into it.
+    let into_window = clock.now().as_micros() / 1_000_000 % 60;
+    wait_for_left(addr, &format!("0 {}", 60 + 33 - into_window)).await;
+}
+both_clocked_stores!(cost_after_extension, cost_after_from_an_extension);
+
+/// Redis on its own clock: a charge after the response lands (as a task), and the next request waits it out.
+#[tokio::test]
+async fn cost_after_on_redis_time() {
+    let store = support::redis_store().await;
+    let policy = Policy::token_bucket(Quota::per_hour(10).unwrap());
+    let layer = RateLimitLayer::new("gen", policy, store, PeerIp)
+        .cost_after(CostAfter::Header("x-cost".into()));
+    let addr = serve(generation_app(layer)).await;
+    let sent = std::time::Instant::now();
+    assert_eq!(
+        http_get(addr, "/gen", &[("x-want", "12")]).await.status,
+        200
+    );
+    // 2 owed and 1 for the next request: 3 tokens of one per 6 minutes, 1080 s less what passed.
+    let mut left = String::new();
+    for _ in 0..500 {
+        left = http_get(addr, "/left", &[]).await.body;
+        if left.starts_with("0 ") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let retry: u64 = left
+        .strip_prefix("0 ")
+        .expect("the charge landed")
+        .parse()
+        .unwrap();
+    // Whole seconds, rounded down by the page: below 1080 by at most what passed since the charge.
+    assert!(
+        retry <= 1080 && retry + sent.elapsed().as_secs() + 1 >= 1080,
+        "{left}"
+    );
+    let denied = http_get(addr, "/gen", &[("x-want", "1")]).await;
+    assert_eq!(denied.status, 429);
+    let retry = denied.num("retry-after");
+    assert!(
+        retry <= 1080 && retry + sent.elapsed().as_secs() + 1 >= 1080,
+        "{denied:#?}"
     );
 }

@@ -412,6 +412,23 @@ impl Store for RedisStore {
         self.peek_inner(key, policy, cost, None).await
     }
 
+    /// Spawned on the current tokio runtime (the response is not held back for the round trip); a failure, or no
+    /// runtime, is logged.
+    fn charge_detached(&self, key: String, policy: &Policy, delta: i64, decided_at: Timestamp) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "a charge after the response needs a tokio runtime to reach Redis: it is lost"
+            );
+            return;
+        };
+        let (store, policy) = (self.clone(), *policy);
+        runtime.spawn(async move {
+            if let Err(e) = store.charge(&key, &policy, delta, decided_at).await {
+                tracing::warn!(error = %e, "a charge after the response failed on Redis; it is lost");
+            }
+        });
+    }
+
     /// One script call on Redis's clock: the charge (or refund) and its TTL in one atomic step.
     async fn charge(
         &self,

@@ -114,6 +114,25 @@ pub trait Store: Send + Sync + 'static {
         std::future::ready(Err(StoreError::Unsupported("charge")))
     }
 
+    /// Runs [`charge`](Self::charge) without waiting for its answer: how a limiter charges a cost known only when
+    /// the response is ready, without holding the response back. The default polls the charge once, which is
+    /// all an in-process store needs; a store whose charge needs I/O overrides it (the Redis store spawns it on
+    /// the current tokio runtime). A failure is logged: the charge is lost, the request was already served.
+    fn charge_detached(&self, key: String, policy: &Policy, delta: i64, decided_at: Timestamp) {
+        let charge = self.charge(&key, policy, delta, decided_at);
+        let mut charge = std::pin::pin!(charge);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match charge.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Ok(_)) => {}
+            std::task::Poll::Ready(Err(e)) => {
+                tracing::warn!(error = %e, "a charge after the response failed; it is lost");
+            }
+            std::task::Poll::Pending => tracing::warn!(
+                "this store's charge needs I/O and it does not override Store::charge_detached: the charge is lost"
+            ),
+        }
+    }
+
     /// [`peek`](Self::peek) at once by the key's digest (see [`key_hasher`](Self::key_hasher)); `None` when this
     /// store cannot (the default).
     fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
@@ -183,6 +202,10 @@ impl<S: Store> Store for Arc<S> {
         decided_at: Timestamp,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         (**self).charge(key, policy, delta, decided_at)
+    }
+
+    fn charge_detached(&self, key: String, policy: &Policy, delta: i64, decided_at: Timestamp) {
+        (**self).charge_detached(key, policy, delta, decided_at);
     }
 
     fn is_shared(&self) -> bool {
