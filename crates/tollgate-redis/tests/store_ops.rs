@@ -70,7 +70,7 @@ async fn a_peek_writes_nothing_on_either_algorithm() {
     for (key, policy) in &keys {
         before.push(snapshot(&mut conn, &store.redis_key(key, policy.algorithm())).await);
     }
-    redis.server.cli(&["CONFIG", "RESETSTAT"]);
+    assert_eq!(redis.server.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
     let mut peeks = 0;
     for (key, policy) in &keys {
         for cost in [0, 1, 3, 4] {

@@ -211,7 +211,7 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
         RateLimit::from_shared(inner, self.shared(), respond)
     }
 
-    /// What `req` would get from this limiter's store right now — its [`Decision`]'s `remaining`, `reset`,
+    /// What `req` would get from this limiter's store right now — its [`Decision`](tollgate_core::Decision)'s `remaining`, `reset`,
     /// `retry_after` and outcome, for the key and cost this layer would give it — without consuming or writing
     /// anything (see [`Store::peek`]): for dashboards and "N attempts left" pages. The mode (shadow, off) does
     /// not apply: the answer is the store's.
