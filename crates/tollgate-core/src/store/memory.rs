@@ -17,6 +17,8 @@ use std::future::{Future, ready};
 use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
 
 use crate::algorithm::Step;
+use crate::algorithm::charge;
+use crate::algorithm::lockout::{self, Locked};
 use crate::algorithm::sliding_window::{self, SlidingWindowState};
 use crate::algorithm::token_bucket::{self, TokenBucketState};
 use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, Timestamp};
@@ -272,21 +274,126 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<Decision, StoreError> {
         // The algorithms decide at no later instant; expiry and sweeping must agree with them.
         let now = now.min(Timestamp::LATEST);
+        let mut shard = lock(self.shard(hash));
+        let (bound, log) = (&self.bound, &self.log);
+        let lockout = policy.lockout_micros();
+        match policy.algorithm() {
+            Algorithm::TokenBucket => {
+                shard.apply::<Locked<TokenBucketState>>(hash, now, bound, log, |s| {
+                    lockout::decide(s, lockout, |s| {
+                        token_bucket::decide(s, policy.quota_ref(), cost, now)
+                    })
+                })
+            }
+            Algorithm::SlidingWindowCounter => {
+                shard.apply::<WindowEntry>(hash, now, bound, log, |s| {
+                    lockout::decide(s, lockout, |s| sliding_window::decide(s, policy, cost, now))
+                })
+            }
+        }
+    }
+
+    /// What a request of `cost` on `key` would get at the clock's current time, without consuming: see
+    /// [`Store::peek`].
+    pub fn peek_now(&self, key: &str, policy: &Policy, cost: u64) -> Decision {
+        self.peek_at(key, policy, cost, self.clock.now())
+    }
+
+    /// What a request of `cost` on `key` would get at `now`, without consuming: the decision
+    /// [`check_at`](Self::check_at) would return, while the key's state, its recency (what eviction at the bound
+    /// goes by) and the store's size stay as they are.
+    pub fn peek_at(&self, key: &str, policy: &Policy, cost: u64, now: Timestamp) -> Decision {
+        let mut hasher = self.seed.build_hasher();
+        hasher.write(key.as_bytes());
+        self.peek_digest_at(hasher.finish(), policy, cost, now)
+    }
+
+    /// [`peek_at`](Self::peek_at) for the key whose digest, by [`Store::key_hasher`], is `hash`.
+    pub fn peek_digest_at(
+        &self,
+        hash: u64,
+        policy: &Policy,
+        cost: u64,
+        now: Timestamp,
+    ) -> Decision {
+        let now = now.min(Timestamp::LATEST);
+        let lockout = policy.lockout_micros();
+        let shard = lock(self.shard(hash));
+        // Only read: the entry is not moved on the recency list.
+        match policy.algorithm() {
+            Algorithm::TokenBucket => {
+                let state = shard.slabs.buckets.get(hash).map(Entry::state);
+                lockout::decide(state, lockout, |s| {
+                    token_bucket::decide(s, policy.quota_ref(), cost, now)
+                })
+                .decision
+            }
+            Algorithm::SlidingWindowCounter => {
+                let state = shard.slabs.windows.get(hash).map(Entry::state);
+                lockout::decide(state, lockout, |s| {
+                    sliding_window::decide(s, policy, cost, now)
+                })
+                .decision
+            }
+        }
+    }
+
+    /// Charges `delta` (a refund if negative) to `key` at `now` for a request decided at `decided_at`: see
+    /// [`Store::charge`].
+    pub fn charge_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        let mut hasher = self.seed.build_hasher();
+        hasher.write(key.as_bytes());
+        let hash = hasher.finish();
+        let now = now.min(Timestamp::LATEST);
+        let lockout = policy.lockout_micros();
+        let mut shard = lock(self.shard(hash));
+        let (bound, log) = (&self.bound, &self.log);
+        match policy.algorithm() {
+            Algorithm::TokenBucket => {
+                shard.apply::<Locked<TokenBucketState>>(hash, now, bound, log, |s| {
+                    let state = Locked {
+                        state: charge::token_bucket(
+                            s.map(|s| s.state),
+                            policy.quota_ref(),
+                            delta,
+                            now,
+                        ),
+                        locked_until: s.map_or(0, |s| s.locked_until),
+                    };
+                    charged(state, lockout, |s| {
+                        token_bucket::decide(s, policy.quota_ref(), 0, now)
+                    })
+                })
+            }
+            Algorithm::SlidingWindowCounter => {
+                shard.apply::<WindowEntry>(hash, now, bound, log, |s| {
+                    let inner = s.map(|s| s.state);
+                    let state = Locked {
+                        state: charge::sliding_window(inner, policy, delta, decided_at, now),
+                        locked_until: s.map_or(0, |s| s.locked_until),
+                    };
+                    charged(state, lockout, |s| {
+                        sliding_window::decide(s, policy, 0, now)
+                    })
+                })
+            }
+        }
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
         let index = if self.shard_bits == 0 {
             0
         } else {
             (hash >> (40 - self.shard_bits.min(24))) as usize
         };
-        let mut shard = lock(&self.shards[index & (self.shards.len() - 1)]);
-        let (bound, log) = (&self.bound, &self.log);
-        match policy.algorithm() {
-            Algorithm::TokenBucket => {
-                shard.apply::<TokenBucketState>(hash, policy, cost, now, bound, log)
-            }
-            Algorithm::SlidingWindowCounter => {
-                shard.apply::<WindowEntry>(hash, policy, cost, now, bound, log)
-            }
-        }
+        &self.shards[index & (self.shards.len() - 1)]
     }
 
     /// Drops every key whose state is indistinguishable from a fresh one. Never required: the store sweeps
@@ -335,6 +442,41 @@ impl<C: Clock> Store for MemoryStore<C> {
     ) -> Option<Result<Decision, StoreError>> {
         Some(self.check_digest_at(digest, policy, cost, self.clock.now()))
     }
+
+    fn peek(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(Ok(self.peek_now(key, policy, cost)))
+    }
+
+    fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
+        Some(self.peek_digest_at(digest, policy, cost, self.clock.now()))
+    }
+
+    fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(self.charge_at(key, policy, delta, decided_at, self.clock.now()))
+    }
+}
+
+/// The step of a charge: the charged state, always written, and the decision a request of cost 0 gets on it.
+fn charged<S: Copy + Default>(
+    state: Locked<S>,
+    lockout_us: u64,
+    decide: impl FnOnce(Option<S>) -> Step<S>,
+) -> Step<Locked<S>> {
+    Step {
+        decision: charge::decision(state, lockout_us, decide),
+        state: Some(state),
+    }
 }
 
 /// parking_lot's mutex rather than std's: under two threads on one hot key it spins adaptively before parking,
@@ -351,33 +493,23 @@ trait Entry: Copy + Expiry {
     /// Tells this algorithm's links from the other's on the shard's one list.
     const TAG: u32;
     fn slab(slabs: &mut Slabs) -> &mut Slab<Self>;
-    /// The algorithm's decision (a direct call, which the compiler inlines into the store's check).
-    fn decide(
-        state: Option<Self::State>,
-        policy: &Policy,
-        cost: u64,
-        now: Timestamp,
-    ) -> Step<Self::State>;
     fn new(state: Self::State, decision: &Decision) -> Self;
     fn state(&self) -> Self::State;
 }
 
-impl Expiry for TokenBucketState {
+/// A bucket lives until it is full again and its lockout, if any, has ended.
+impl Expiry for Locked<TokenBucketState> {
     fn expires_at(&self) -> u64 {
-        self.full_at
+        self.state.full_at.max(self.locked_until)
     }
 }
 
-impl Entry for TokenBucketState {
+impl Entry for Locked<TokenBucketState> {
     type State = Self;
     const TAG: u32 = 0;
     #[inline]
     fn slab(slabs: &mut Slabs) -> &mut Slab<Self> {
         &mut slabs.buckets
-    }
-    #[inline(always)]
-    fn decide(state: Option<Self>, policy: &Policy, cost: u64, now: Timestamp) -> Step<Self> {
-        token_bucket::decide(state, policy.quota_ref(), cost, now)
     }
     fn new(state: Self, _: &Decision) -> Self {
         state
@@ -389,33 +521,25 @@ impl Entry for TokenBucketState {
 
 #[derive(Clone, Copy)]
 struct WindowEntry {
-    state: SlidingWindowState,
+    state: Locked<SlidingWindowState>,
+    /// The decision's reset, which a lockout's end never precedes.
     expires_at: u64,
 }
 
 impl Entry for WindowEntry {
-    type State = SlidingWindowState;
+    type State = Locked<SlidingWindowState>;
     const TAG: u32 = WINDOW;
     #[inline]
     fn slab(slabs: &mut Slabs) -> &mut Slab<Self> {
         &mut slabs.windows
     }
-    #[inline(always)]
-    fn decide(
-        state: Option<SlidingWindowState>,
-        policy: &Policy,
-        cost: u64,
-        now: Timestamp,
-    ) -> Step<SlidingWindowState> {
-        sliding_window::decide(state, policy, cost, now)
-    }
-    fn new(state: SlidingWindowState, decision: &Decision) -> Self {
+    fn new(state: Locked<SlidingWindowState>, decision: &Decision) -> Self {
         Self {
             state,
             expires_at: decision.reset.as_micros(),
         }
     }
-    fn state(&self) -> SlidingWindowState {
+    fn state(&self) -> Locked<SlidingWindowState> {
         self.state
     }
 }
@@ -432,7 +556,7 @@ const WINDOW: u32 = 1 << 31;
 /// A shard's two slabs, one per algorithm, which its one list runs through.
 #[derive(Default)]
 struct Slabs {
-    buckets: Slab<TokenBucketState>,
+    buckets: Slab<Locked<TokenBucketState>>,
     windows: Slab<WindowEntry>,
 }
 
@@ -471,27 +595,26 @@ impl Shard {
         self.slabs.buckets.len() + self.slabs.windows.len()
     }
 
-    #[inline]
+    #[inline(always)]
     fn apply<E: Entry>(
         &mut self,
         hash: u64,
-        policy: &Policy,
-        cost: u64,
         now: Timestamp,
         bound: &Bound,
         log: &EvictionLog,
+        decide: impl FnOnce(Option<E::State>) -> Step<E::State>,
     ) -> Result<Decision, StoreError> {
         let slab = E::slab(&mut self.slabs);
         if let Some(slot) = slab.find(hash) {
             let node = slab.node_mut(slot);
-            let step = E::decide(Some(node.value.state()), policy, cost, now);
+            let step = decide(Some(node.value.state()));
             if let Some(state) = step.state {
                 node.value = E::new(state, &step.decision);
             }
             self.list.touch(&mut self.slabs, slot | E::TAG);
             return Ok(step.decision);
         }
-        let step = E::decide(None, policy, cost, now);
+        let step = decide(None);
         let Some(state) = step.state else {
             return Ok(step.decision);
         };

@@ -74,6 +74,11 @@ impl<V> Slab<V> {
             .copied()
     }
 
+    /// The key's value, read only.
+    pub(crate) fn get(&self, key: u64) -> Option<&V> {
+        self.find(key).map(|slot| &self.nodes[slot as usize].value)
+    }
+
     #[inline]
     pub(crate) fn node_mut(&mut self, slot: u32) -> &mut Node<V> {
         &mut self.nodes[slot as usize]

@@ -201,7 +201,7 @@ impl DenyCache {
     }
 
     /// Holds at most `max_keys` denied keys (at least 1): at the bound an expired entry is replaced, else the
-    /// least recently used of a sample is evicted.
+    /// least recently used is evicted.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
         self
