@@ -98,7 +98,11 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
     ///
     /// Read by responders that know the response type: the HTTP adapter's in-place responder
     /// (`tollgate_http::HttpRateLimitLayer`) reads both sources; the default [`Forward`] reads none (no charge),
-    /// so a limiter wrapped by the generic `HttpLimitLayer` charges nothing after the response. Such a limiter keys by the key's text (its charge needs
+    /// so a limiter wrapped by the generic `HttpLimitLayer` charges nothing after the response.
+    ///
+    /// Such a limiter's [deny cache](super::deny_cache) is off by default even on a shared store: a refund (on
+    /// any instance) can admit a key before a cached denial's retry instant, so a cached denial would no longer
+    /// be exact. Switched on explicitly, it refuses such a key until that instant. Such a limiter keys by the key's text (its charge needs
     /// it), also on the in-process store.
     pub fn cost_after(mut self, source: CostAfter) -> Self {
         self.after = Some(source);
@@ -249,9 +253,11 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
 
     fn shared(&self) -> Arc<Shared<K, St, C>> {
         self.built.get_or_init(|| {
+            // A refund after the response (another instance's included) may admit a key before a cached denial's
+            // instant: a limiter charging after the response caches no denials unless told to.
             let deny = self
                 .deny_on
-                .unwrap_or_else(|| self.store.is_shared())
+                .unwrap_or_else(|| self.store.is_shared() && self.after.is_none())
                 .then(|| {
                     self.deny_table
                         .get_or_init(|| Arc::new(self.deny_config.build(&self.name)))
