@@ -238,8 +238,12 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     ///     Arc::new(MemoryStore::new()),
     ///     ConstKey::new("ann"),
     /// );
-    /// assert_eq!(layer.peek(&()).await?.remaining, 5); // "5 attempts left", and still 5
-    /// assert_eq!(layer.peek(&()).await?.remaining, 5);
+    /// // A login would be admitted and leave 4: "5 attempts left" (this one included) — and a peek spends none.
+    /// for _ in 0..2 {
+    ///     let d = layer.peek(&()).await?;
+    ///     assert!(d.is_allowed());
+    ///     assert_eq!(d.remaining + 1, 5);
+    /// }
     /// # Ok(())
     /// # }
     /// ```
