@@ -6,6 +6,7 @@ use tower_layer::Layer;
 
 use super::RateLimit;
 use super::decide::Shared;
+use super::overrides::{Overrides, Plans, policy_prefix};
 use super::deny_cache::{DenyCache, DenyCacheHandle, DenyTable};
 use crate::limit::core::{Built, enforcement_methods};
 use crate::observe::{NearLimitShare, ShareError};
@@ -33,6 +34,9 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     deny_on: Option<bool>,
     deny_config: DenyCache,
     deny_table: Arc<OnceLock<Arc<DenyTable>>>,
+    overrides: Overrides,
+    /// The limiter's own buckets are named by its policy too (`<name>#<policy>`).
+    per_policy: bool,
     built: Built<Shared<K, St, C>>,
 }
 
@@ -55,6 +59,8 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             deny_on: None,
             deny_config: DenyCache::new(),
             deny_table: Arc::default(),
+            overrides: Overrides::new(),
+            per_policy: false,
             built: Built::default(),
         }
     }
@@ -76,6 +82,8 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             deny_on: self.deny_on,
             deny_config: self.deny_config,
             deny_table: Arc::default(),
+            overrides: self.overrides,
+            per_policy: self.per_policy,
             built: Built::default(),
         }
     }
@@ -131,6 +139,24 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
         DenyCacheHandle::new(self.name.clone(), self.deny_table.clone())
     }
 
+    /// Per-key overrides and exemptions (see [`Overrides`]): a key's own policy, in a bucket of its own, or no
+    /// limit at all (counted as `outcome="exempt"`).
+    pub fn overrides(mut self, overrides: Overrides) -> Self {
+        self.overrides = overrides;
+        self.built = Built::default();
+        self
+    }
+
+    /// Names this limiter's own buckets by its policy too, `<name>#<policy>:<key>` as overrides' buckets are:
+    /// a changed policy then starts every key afresh instead of carrying state made under another policy (another
+    /// algorithm's state would mean nothing), and an unchanged one keeps it. What a policy file builds, for hot
+    /// reload; off by default (the buckets are `<name>:<key>`).
+    pub fn state_per_policy(mut self, on: bool) -> Self {
+        self.per_policy = on;
+        self.built = Built::default();
+        self
+    }
+
     /// The limit's name.
     #[must_use]
     pub fn name(&self) -> &str {
@@ -159,6 +185,8 @@ impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
             deny_on: self.deny_on,
             deny_config: self.deny_config.clone(),
             deny_table: self.deny_table.clone(),
+            overrides: self.overrides.clone(),
+            per_policy: self.per_policy,
             built: self.built.clone(),
         }
     }
@@ -181,7 +209,12 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     /// Wraps `inner`, answering every request through `respond` instead of [`Forward`]: how protocol adapters
     /// (`tollgate-http`) answer in place, without a service layer of their own.
     pub fn layer_with<S, R>(&self, inner: S, respond: R) -> RateLimit<S, K, St, C, R> {
-        let shared = self.built.get_or_init(|| {
+        RateLimit::from_shared(inner, self.shared(), respond)
+    }
+
+    /// The state every service of this layer (and its clones) shares, built on the first call.
+    pub(crate) fn shared(&self) -> Arc<Shared<K, St, C>> {
+        self.built.get_or_init(|| {
             let deny = self
                 .deny_on
                 .unwrap_or_else(|| self.store.is_shared())
@@ -190,20 +223,33 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                         .get_or_init(|| Arc::new(self.deny_config.build(&self.name)))
                         .clone()
                 });
-            Shared::new(
-                self.name.clone(),
-                self.policy,
-                self.store.clone(),
-                self.key.clone(),
-                self.cost.clone(),
-                self.switch.clone(),
-                self.on_error,
-                self.fallback.clone(),
-                self.near_limit,
-                deny,
-            )
-        });
-        RateLimit::from_shared(inner, shared, respond)
+            let state = |policy: Policy| {
+                Shared::new(
+                    self.name.clone(),
+                    policy,
+                    self.store.clone(),
+                    self.key.clone(),
+                    self.cost.clone(),
+                    self.switch.clone(),
+                    self.on_error,
+                    self.fallback.clone(),
+                    self.near_limit,
+                    deny.clone(),
+                )
+            };
+            let mut shared = state(self.policy);
+            if self.per_policy {
+                shared = shared.with_key_prefix(policy_prefix(&self.name, &self.policy));
+            }
+            if !self.overrides.is_empty() {
+                let plans = Plans::new(&self.name, &self.overrides, |policy| {
+                    Arc::new(state(policy).with_key_prefix(policy_prefix(&self.name, &policy)))
+                });
+                shared = shared.with_plans(plans);
+            }
+            shared
+        })
+
     }
 }
 

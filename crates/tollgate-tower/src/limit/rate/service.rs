@@ -95,11 +95,14 @@ where
         if let Some(err) = self.not_ready.take() {
             return ResponseFuture::failed(err, answer);
         }
-        let shared = &self.shared;
-        let mode = shared.judge.mode();
+        let mode = self.shared.judge.mode();
         if mode == Mode::Off {
             return pass(&mut self.inner, req, answer);
         }
+        // An override's own state, or none for an exempt key (counted); one branch without overrides.
+        let Some(shared) = Shared::select(&self.shared, &req) else {
+            return pass(&mut self.inner, req, answer);
+        };
         // A store that keeps only digests of its keys (the in-process one) is fed the key's parts: no text is built
         // and no future is boxed. A store that needs the text but answers at once only borrows it, built in a reused
         // buffer. Any other store gets an owned key and a boxed decision. The closure is forced inline: the helper
@@ -137,7 +140,17 @@ where
                         return refuse(&mut self.inner, rejection, answer);
                     }
                     Ok(Err((key, cost))) => {
-                        return self.decide_later(key, cost, mode, keep, req, answer);
+                        let shared = shared.clone();
+                        return decide_shared_later(
+                            &mut self.inner,
+                            shared,
+                            key,
+                            cost,
+                            mode,
+                            keep,
+                            req,
+                            answer,
+                        );
                     }
                     Err(err) => return refuse(&mut self.inner, err.into(), answer),
                 }
@@ -149,30 +162,29 @@ where
 
 // The path a request through the in-process store never takes stays out of `call`'s body: a hot path that is
 // short in code, not only in instructions, leaves more of the instruction cache to the service it protects.
-impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
-    /// Decides through a store that cannot answer at once (Redis): with an owned key and a boxed decision.
-    #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    fn decide_later<Req, Tk>(
-        &mut self,
-        key: String,
-        cost: u64,
-        mode: Mode,
-        keep: bool,
-        req: Req,
-        answer: Responder<R, Tk>,
-    ) -> ResponseFuture<S::Future, S, Req, Responder<R, Tk>>
-    where
-        S: Service<Req> + Clone,
-        K: Send + Sync + 'static,
-        St: Store,
-        C: Send + Sync + 'static,
-        R: crate::respond::Respond<Req, S::Response, Ticket = Tk>,
-        Tk: Copy,
-    {
-        let shared = self.shared.clone();
-        let decide: Deciding<Box<crate::Verdict>> =
-            Box::pin(async move { shared.decide(key, cost, mode, keep).await });
-        decide_later(&mut self.inner, decide, req, answer)
-    }
+
+/// Decides through a store that cannot answer at once (Redis): with an owned key and a boxed decision.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn decide_shared_later<S, K, St, C, R, Req, Tk>(
+    inner: &mut S,
+    shared: Arc<Shared<K, St, C>>,
+    key: String,
+    cost: u64,
+    mode: Mode,
+    keep: bool,
+    req: Req,
+    answer: Responder<R, Tk>,
+) -> ResponseFuture<S::Future, S, Req, Responder<R, Tk>>
+where
+    S: Service<Req> + Clone,
+    K: Send + Sync + 'static,
+    St: Store,
+    C: Send + Sync + 'static,
+    R: crate::respond::Respond<Req, S::Response, Ticket = Tk>,
+    Tk: Copy,
+{
+    let decide: Deciding<Box<crate::Verdict>> =
+        Box::pin(async move { shared.decide(key, cost, mode, keep).await });
+    decide_later(inner, decide, req, answer)
 }
