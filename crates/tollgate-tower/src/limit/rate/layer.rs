@@ -6,8 +6,8 @@ use tower_layer::Layer;
 
 use super::RateLimit;
 use super::decide::Shared;
-use super::overrides::{Overrides, Plans, policy_prefix};
 use super::deny_cache::{DenyCache, DenyCacheHandle, DenyTable};
+use super::overrides::{Overrides, Plans, policy_prefix};
 use crate::limit::core::{Built, enforcement_methods};
 use crate::observe::{NearLimitShare, ShareError};
 use crate::respond::Forward;
@@ -249,7 +249,6 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
             }
             shared
         })
-
     }
 }
 

@@ -86,7 +86,7 @@ mod service;
 pub mod set;
 
 pub use deny_cache::{DenyCache, DenyCacheHandle};
-pub use overrides::{Overrides, Plan, PrefixError};
-pub use set::{Applies, Everywhere, RateLimitSet, RateLimitSetHandle, RateLimitSetLayer, SetEntry};
 pub use layer::RateLimitLayer;
+pub use overrides::{Overrides, Plan, PrefixError};
 pub use service::RateLimit;
+pub use set::{Applies, Everywhere, RateLimitSet, RateLimitSetHandle, RateLimitSetLayer, SetEntry};

@@ -122,7 +122,9 @@ impl Network {
     fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip.to_canonical()) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 net.to_bits() & mask == ip.to_bits() & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
@@ -216,16 +218,17 @@ pub(crate) struct Plans<T> {
 
 impl<T: Clone> Plans<T> {
     /// Resolves `overrides` for the limiter `name`, each policy's state built once by `build`.
-    pub(crate) fn new(name: &Name, overrides: &Overrides, mut build: impl FnMut(Policy) -> T) -> Self {
+    pub(crate) fn new(
+        name: &Name,
+        overrides: &Overrides,
+        mut build: impl FnMut(Policy) -> T,
+    ) -> Self {
         let mut built: HashMap<Policy, T> = HashMap::new();
         let mut resolve = |plan: Plan| match plan {
             Plan::Exempt => Choice::Exempt,
-            Plan::Limit(policy) => Choice::Use(
-                built
-                    .entry(policy)
-                    .or_insert_with(|| build(policy))
-                    .clone(),
-            ),
+            Plan::Limit(policy) => {
+                Choice::Use(built.entry(policy).or_insert_with(|| build(policy)).clone())
+            }
         };
         let exact = overrides
             .exact
@@ -310,7 +313,10 @@ mod tests {
         assert!(!net("10.1.2.3", 32).contains(ip("10.1.2.4")));
         assert!(net("2001:db8::", 32).contains(ip("2001:db8:1::7")));
         assert!(!net("2001:db8::", 32).contains(ip("2001:db9::1")));
-        assert!(net("10.0.0.0", 8).contains(ip("::ffff:10.0.0.1")), "IPv4-mapped");
+        assert!(
+            net("10.0.0.0", 8).contains(ip("::ffff:10.0.0.1")),
+            "IPv4-mapped"
+        );
         assert!(!net("10.0.0.0", 8).contains(ip("2001:db8::1")));
     }
 

@@ -54,8 +54,8 @@ use tower_service::Service;
 
 use super::RateLimitLayer;
 use super::decide::{Conclusion, Shared};
-use crate::limit::core;
 use crate::key::with_key_buffer;
+use crate::limit::core;
 use crate::limit::future::{Answer, Deciding, Grants, ResponseFuture, decide_later, refuse};
 use crate::readiness::DeferredReadiness;
 use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode, Rejection, VerdictSink, Verdicts};
@@ -188,8 +188,7 @@ pub struct RateLimitSetHandle<K, St, C, A> {
 impl<K, St, C, A> RateLimitSetHandle<K, St, C, A> {
     /// Decides every request from now on with `entries`; requests already decided are not touched.
     pub fn replace(&self, entries: impl IntoIterator<Item = SetEntry<K, St, C, A>>) {
-        self.current
-            .store(Arc::new(entries.into_iter().collect()));
+        self.current.store(Arc::new(entries.into_iter().collect()));
     }
 
     /// The entries deciding requests now (to carry unchanged ones over into a replacement).
@@ -334,7 +333,9 @@ where
                 continue; // exempt (counted)
             };
             match decide_now(shared, &req, mode) {
-                Ok(Now::Decided(Conclusion::Admit(verdict))) => verdicts.extend(verdict.map(|v| *v)),
+                Ok(Now::Decided(Conclusion::Admit(verdict))) => {
+                    verdicts.extend(verdict.map(|v| *v))
+                }
                 Ok(Now::Decided(Conclusion::Reject(refused))) => {
                     return refuse(&mut self.inner, with_admitted(refused, verdicts), SetAnswer);
                 }
