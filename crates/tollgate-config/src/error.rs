@@ -97,8 +97,8 @@ mod tests {
         assert_eq!(line_column(text, 0), (1, 1));
         assert_eq!(line_column(text, 4), (1, 5));
         assert_eq!(line_column(text, 6), (2, 1));
-        // After the two-byte é: the fourth character.
-        assert_eq!(line_column(text, 9), (2, 4));
+        // The space after the two-byte é: the third character.
+        assert_eq!(line_column(text, 9), (2, 3));
         assert_eq!(line_column(text, 999), (3, 1));
     }
 }
