@@ -242,7 +242,8 @@ impl<S: fmt::Debug, K, St, C, A> fmt::Debug for RateLimitSet<S, K, St, C, A> {
 }
 
 /// The set's [`Answer`]: every admitting limiter's verdict into the response, as [`Forward`](crate::respond::Forward)
-/// puts one.
+/// puts one. The set's first limiter counts as the outermost: [`Verdicts`] lists the innermost first, so the set's
+/// verdicts go in last to first (and headers list the limiters in the set's order).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SetAnswer;
 
@@ -256,7 +257,7 @@ impl<Req, T: VerdictSink> Answer<Req, T> for SetAnswer {
     #[inline(always)]
     fn amend_ok(&self, response: &mut T, grant: Option<Verdicts>) -> Option<Verdicts> {
         if let Some(verdicts) = grant {
-            response.verdicts_mut().extend(verdicts);
+            response.verdicts_mut().extend(verdicts.into_iter().rev());
         }
         None
     }
@@ -270,7 +271,7 @@ impl<Req, T: VerdictSink> Answer<Req, T> for SetAnswer {
         match result {
             Ok(mut response) => {
                 if let Some(verdicts) = grant {
-                    response.verdicts_mut().extend(verdicts);
+                    response.verdicts_mut().extend(verdicts.into_iter().rev());
                 }
                 Ok(response)
             }
@@ -284,6 +285,7 @@ fn with_admitted(mut err: BoxError, admitted: Verdicts) -> BoxError {
     if let Some(rejection) = err.downcast_mut::<Rejection>() {
         admitted
             .into_iter()
+            .rev()
             .for_each(|v| rejection.push_admitted(v));
     }
     err
