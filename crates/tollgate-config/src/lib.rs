@@ -35,7 +35,7 @@
 //! An invalid new file changes nothing and says why.
 //!
 //! Each limiter is a [`RateLimitLayer`](tollgate_tower::RateLimitLayer) with its key, cost, mode, failure policy
-//! and overrides, inside a [`RateLimitSetLayer`](tollgate_tower::limit::rate::RateLimitSetLayer): decided on the one
+//! and overrides, inside a [`RateLimitSetLayer`]: decided on the one
 //! decision core, exactly as in code.
 //!
 //! ```

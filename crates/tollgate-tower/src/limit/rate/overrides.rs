@@ -1,7 +1,7 @@
 //! Per-key overrides and exemptions: plans, tenants, internal callers.
 //!
 //! An [`Overrides`] table names key values — as an operator writes them: `gold` for an API-key header, an address
-//! or a network for a client IP (see [`KeyExtractor::match_key`](crate::KeyExtractor::match_key)) — and gives
+//! or a network for a client IP (see [`KeyExtractor::match_key`]) — and gives
 //! each a [`Plan`]: a policy of its own, or an exemption. A limiter with overrides looks the request's value up in
 //! a hash table (networks: most specific first) through a reused buffer, so the lookup allocates nothing; a
 //! limiter without any pays one branch.
@@ -176,7 +176,7 @@ impl Overrides {
             .retain(|n| (n.addr, n.prefix) != (addr, prefix));
         self.networks.push(Network { addr, prefix, plan });
         // Most specific first: the first network that contains an address is its plan.
-        self.networks.sort_by(|a, b| b.prefix.cmp(&a.prefix));
+        self.networks.sort_by_key(|n| std::cmp::Reverse(n.prefix));
         Ok(self)
     }
 
