@@ -17,7 +17,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The README's examples compile and run with the doctests, so they cannot drift from the API.
-#[cfg(all(doctest, feature = "axum"))]
+#[cfg(all(doctest, feature = "config"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeExamples;
 
