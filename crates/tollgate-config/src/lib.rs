@@ -12,6 +12,7 @@
 //! limit = 3
 //! period = "10s"                # 500ms, 10s, 15m, 1h, 1d
 //! burst = 3                     # token bucket only (default: the limit)
+//! lockout = "15m"               # after a denial, refuse the key this long (default: none)
 //! cost = 1                      # tokens per request (default 1)
 //! mode = "enforce"              # enforce | shadow | off (default enforce)
 //! on-store-error = "closed"     # open | closed | local (default closed)
@@ -21,7 +22,7 @@
 //!
 //! [[limiter.override]]
 //! key = "gold"                  # a key value (or an address or CIDR for client-ip keys)
-//! limit = 6                     # algorithm, period and burst: the limiter's unless given
+//! limit = 6                     # algorithm, period, burst and lockout: the limiter's unless given
 //! period = "10s"
 //! burst = 6
 //! ```

@@ -118,6 +118,7 @@ fn resolve_limiter(spec: LimiterSpec, places: &Places<'_>) -> Result<Limiter, Co
         &spec.limit,
         &spec.period,
         spec.burst.as_ref(),
+        spec.lockout.as_ref(),
         places,
     )?;
     let cost = match &spec.cost {
@@ -176,12 +177,14 @@ fn override_policy(
         None => (algorithm, None),
     };
     let period = o.period.as_ref().unwrap_or(&limiter.period);
+    let lockout = o.lockout.as_ref().or(limiter.lockout.as_ref());
     policy(
         algorithm,
         algorithm_span,
         &o.limit,
         period,
         o.burst.as_ref(),
+        lockout,
         places,
     )
 }
@@ -192,6 +195,7 @@ fn policy(
     limit: &Spanned<u64>,
     period: &Spanned<Period>,
     burst: Option<&Spanned<u64>>,
+    lockout: Option<&Spanned<Period>>,
     places: &Places<'_>,
 ) -> Result<Policy, ConfigError> {
     let quota = Quota::new(*limit.get_ref(), period.get_ref().0)
@@ -211,8 +215,14 @@ fn policy(
             .map_err(|e| places.at(burst.span(), e.to_string()))?,
         None => quota,
     };
-    Policy::new(algorithm, quota)
-        .map_err(|e| places.at(algorithm_span.unwrap_or(limit.span()), e.to_string()))
+    let policy = Policy::new(algorithm, quota)
+        .map_err(|e| places.at(algorithm_span.unwrap_or(limit.span()), e.to_string()))?;
+    match lockout {
+        None => Ok(policy),
+        Some(lockout) => policy
+            .with_lockout(lockout.get_ref().0)
+            .map_err(|e| places.at(lockout.span(), e.to_string())),
+    }
 }
 
 /// Adds `value`'s plan: an address or a network for a key that is the client address, any text otherwise.

@@ -35,6 +35,9 @@ pub(crate) struct LimiterSpec {
     pub(crate) period: Spanned<Period>,
     #[serde(default)]
     pub(crate) burst: Option<Spanned<u64>>,
+    /// After a denial, the key is refused for this long (brute-force lockout; `Policy::with_lockout`).
+    #[serde(default)]
+    pub(crate) lockout: Option<Spanned<Period>>,
     /// Tokens per request (default 1).
     #[serde(default)]
     pub(crate) cost: Option<Spanned<u64>>,
@@ -68,6 +71,8 @@ pub(crate) struct OverrideSpec {
     pub(crate) period: Option<Spanned<Period>>,
     #[serde(default)]
     pub(crate) burst: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(crate) lockout: Option<Spanned<Period>>,
 }
 
 /// One part of a key.

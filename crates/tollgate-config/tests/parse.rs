@@ -62,6 +62,7 @@ algorithm = "token-bucket"
 limit = 3
 period = "10s"
 burst = 5
+lockout = "15m"
 cost = 2
 mode = "shadow"
 on-store-error = "local"
@@ -313,5 +314,27 @@ fn a_file_that_cannot_be_read_says_so() {
         err.to_string()
             .starts_with("/nonexistent/limits.toml: cannot read the policy file:"),
         "{err}"
+    );
+}
+
+#[test]
+fn lockouts_are_durations_and_part_of_the_policy() {
+    let base =
+        "[[limiter]]\nname = \"login\"\nkey = \"header:x-user\"\nlimit = 5\nperiod = \"1m\"\n";
+    let locked = PolicyFile::parse(&format!("{base}lockout = \"15m\"\n"), "x").unwrap();
+    assert_ne!(
+        locked,
+        PolicyFile::parse(base, "x").unwrap(),
+        "a lockout is part of the policy"
+    );
+    assert_eq!(
+        at(&format!("{base}lockout = \"forever\"\n")),
+        "6:11: \"forever\": expected a duration such as 500ms, 10s, 15m, 1h or 1d"
+    );
+    // An override inherits the limiter's lockout unless it gives its own.
+    let o = format!("{base}lockout = \"15m\"\n[[limiter.override]]\nkey = \"ops\"\nlimit = 50\n");
+    assert_ne!(
+        PolicyFile::parse(&o, "x").unwrap(),
+        PolicyFile::parse(&format!("{o}lockout = \"1m\"\n"), "x").unwrap()
     );
 }

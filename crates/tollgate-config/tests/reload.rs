@@ -246,3 +246,70 @@ fn client_ip_networks_on_redis() {
         .expect("the private Redis");
     client_ip_networks(Arc::new(store));
 }
+
+/// The status and `Retry-After` of `GET /` with API key `key`.
+fn retry_after(addr: SocketAddr, key: &str) -> (u16, Option<u64>) {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-api-key: {key}\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status");
+    let retry = response
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("retry-after:")
+                .map(|v| v.trim().to_owned())
+        })
+        .and_then(|v| v.parse().ok());
+    (status, retry)
+}
+
+fn lockout<St: Store>(store: Arc<St>) {
+    // Tokens come back every 100 ms, but a denial locks the key out for an hour.
+    let policy = "[[limiter]]\nname = \"login\"\nkey = \"header:x-api-key\"\nlimit = 1\nperiod = \"100ms\"\nlockout = \"1h\"\n";
+    let (addr, _reloader) = serve(policy, store);
+    let denied = (0..50).find(|_| retry_after(addr, "mallory").0 == 429);
+    assert!(
+        denied.is_some(),
+        "a key sending 50 requests at once is denied once"
+    );
+    // Well past the period: without the lockout a token would be back.
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, retry) = retry_after(addr, "mallory");
+    assert_eq!(status, 429, "locked out");
+    assert!(
+        retry.is_some_and(|r| (3500..=3600).contains(&r)),
+        "Retry-After tells the lockout's end: {retry:?}"
+    );
+    assert_eq!(
+        retry_after(addr, "alice").0,
+        200,
+        "another key is not locked out"
+    );
+}
+
+#[test]
+fn lockout_from_the_file_in_process() {
+    lockout(Arc::new(MemoryStore::new()));
+}
+
+#[test]
+fn lockout_from_the_file_on_redis() {
+    let redis = RedisServer::start();
+    let store = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(RedisStore::builder(redis.url()).build())
+        .expect("the private Redis");
+    lockout(Arc::new(store));
+}

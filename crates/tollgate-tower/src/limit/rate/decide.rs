@@ -10,6 +10,7 @@ use super::deny_cache::DenyTable;
 use super::overrides::{Choice, Plans};
 use crate::key::{hash_bytes, with_key_buffer};
 use crate::limit::core::{self, Judge};
+use crate::limit::future::Charger;
 use crate::observe::{NearLimitShare, Signals, store_name, timed, timed_async};
 use crate::{Cost, KeyError, KeyExtractor, Mode, Name, Rejection, Verdict};
 
@@ -34,6 +35,15 @@ pub(crate) struct Shared<K, St, C> {
     key_prefix: Name,
     /// The limiter's per-key overrides and exemptions, if any; each override policy decides in a state of its own.
     plans: Option<Box<Plans<Arc<Self>>>>,
+    /// Where the real cost is read after the response, when it is charged then.
+    pub(crate) after: Option<crate::CostAfter>,
+}
+
+impl<K: Send + Sync, St: Store, C: Send + Sync> Charger for Shared<K, St, C> {
+    fn charge(&self, key: String, delta: i64, decided_at: Timestamp) {
+        self.store
+            .charge_detached(key, &self.policy, delta, decided_at);
+    }
 }
 
 impl<K, St: Store, C> Shared<K, St, C> {
@@ -49,10 +59,11 @@ impl<K, St: Store, C> Shared<K, St, C> {
         fallback: Option<Arc<MemoryStore>>,
         near_limit: NearLimitShare,
         deny: Option<Arc<DenyTable>>,
+        after: Option<crate::CostAfter>,
     ) -> Self {
         let algorithm = policy.algorithm().as_str();
         let signals = Signals::new(&name, "limited", algorithm, store_name::<St>(), near_limit);
-        let digest_prefix = digest_prefix(&*store, &name);
+        let digest_prefix = digest_prefix(&*store, &name, after.is_some());
         Self {
             key_prefix: name.clone(),
             plans: None,
@@ -65,12 +76,13 @@ impl<K, St: Store, C> Shared<K, St, C> {
             fallback,
             digest_prefix,
             deny,
+            after,
         }
     }
 
     /// Names this state's keys by `prefix` instead of the limiter's name (a bucket family of its own).
     pub(crate) fn with_key_prefix(mut self, prefix: Name) -> Self {
-        self.digest_prefix = digest_prefix(&*self.store, &prefix);
+        self.digest_prefix = digest_prefix(&*self.store, &prefix, self.after.is_some());
         self.key_prefix = prefix;
         self
     }
@@ -90,6 +102,22 @@ impl<K, St: Store, C> Shared<K, St, C> {
         match &this.plans {
             None => Some(this),
             Some(plans) => Self::select_plan(this, plans, req),
+        }
+    }
+
+    /// The state that decides `req`, counting nothing (for a peek): an exempt key is peeked under the limiter's own
+    /// policy.
+    pub(crate) fn plan_of<'a, Req>(this: &'a Arc<Self>, req: &Req) -> &'a Arc<Self>
+    where
+        K: KeyExtractor<Req>,
+    {
+        match this
+            .plans
+            .as_deref()
+            .and_then(|plans| plans.find(&this.key, req))
+        {
+            Some(Choice::Use(state)) => state,
+            _ => this,
         }
     }
 
@@ -155,6 +183,25 @@ impl<K, St: Store, C> Shared<K, St, C> {
     ) -> Option<Conclusion> {
         let result = timed(|| self.store.check_immediate(key, &self.policy, cost))?;
         Some(self.conclude(result, key, cost, mode, keep))
+    }
+
+    /// What `req` would get from the store now, without consuming (see [`Store::peek`]): by the key's digest
+    /// where the store keys by digest, as [`decide_digested`](Self::decide_digested) does, else by its text.
+    pub(crate) async fn peek<Req>(&self, req: &Req) -> Result<Decision, crate::BoxError>
+    where
+        K: KeyExtractor<Req>,
+        C: Cost<Req>,
+    {
+        let cost = self.cost.cost(req);
+        if let Some(mut state) = self.digest_prefix.clone() {
+            self.key.hash_key(req, &mut state)?;
+            if let Some(decision) = self.store.peek_digest(state.finish(), &self.policy, cost) {
+                return Ok(decision);
+            }
+        }
+        let mut key = String::new();
+        self.write_key(req, &mut key)?;
+        Ok(self.store.peek(&key, &self.policy, cost).await?)
     }
 
     /// Writes the key's text, `<limiter name>:<key>`: what a store that needs the text keys by.
@@ -303,9 +350,11 @@ impl<K, St: Store, C> Shared<K, St, C> {
 /// The store's key hasher with `prefix` written, when the store keys by digest: the prefix, length first (two
 /// limiters on one store never share a bucket, whatever their names hold), then zeros up to a multiple of
 /// SipHash's 8-byte block: each request's key then starts on a block of its own (an address is one block) instead
-/// of being spliced onto the name's leftover bytes.
-fn digest_prefix<St: Store>(store: &St, prefix: &str) -> Option<DefaultHasher> {
-    store.key_hasher().map(|mut state| {
+/// of being spliced onto the name's leftover bytes. A limiter charging after the response (`by_text`) keys by text
+/// throughout: the charge needs the key's text.
+fn digest_prefix<St: Store>(store: &St, prefix: &str, by_text: bool) -> Option<DefaultHasher> {
+    let hasher = if by_text { None } else { store.key_hasher() };
+    hasher.map(|mut state| {
         hash_bytes(&mut state, prefix.as_bytes());
         state.write(&[0; 8][..(8 - prefix.len() % 8) % 8]);
         state

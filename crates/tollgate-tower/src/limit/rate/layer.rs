@@ -11,7 +11,7 @@ use super::overrides::{Overrides, Plans, policy_prefix};
 use crate::limit::core::{Built, enforcement_methods};
 use crate::observe::{NearLimitShare, ShareError};
 use crate::respond::Forward;
-use crate::{EnforcementSwitch, Name, UnitCost};
+use crate::{CostAfter, EnforcementSwitch, Name, UnitCost};
 
 /// Applies a request-rate limit to a service: see the [module docs](super).
 ///
@@ -37,6 +37,7 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     overrides: Overrides,
     /// The limiter's own buckets are named by its policy too (`<name>#<policy>`).
     per_policy: bool,
+    after: Option<CostAfter>,
     built: Built<Shared<K, St, C>>,
 }
 
@@ -61,6 +62,7 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             deny_table: Arc::default(),
             overrides: Overrides::new(),
             per_policy: false,
+            after: None,
             built: Built::default(),
         }
     }
@@ -84,8 +86,32 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             deny_table: Arc::default(),
             overrides: self.overrides,
             per_policy: self.per_policy,
+            after: self.after,
             built: Built::default(),
         }
+    }
+
+    /// Charges each request's real cost once its response is ready, read from `source` (the response's
+    /// [`FinalCost`](crate::FinalCost) extension, or a header): the difference from the cost charged up front
+    /// (the layer's [`cost`](Self::cost), 1 by default; 0 charges everything after) is charged — or refunded —
+    /// through [`Store::charge`], without holding the response back (a shared store's charge runs as a task).
+    ///
+    /// A charge is never refused: it may overdraw the key, which then waits until the debt is repaid (a token
+    /// bucket's content goes down to −burst at most, a sliding window's count up to twice its limit). That
+    /// appears in the headers of the next requests: refused with 429, `remaining` 0, and `Retry-After` (and the
+    /// RateLimit field's `t`) the time until the debt is repaid and the request's own cost accrued. The
+    /// response carrying the charge still shows the decision made when it was admitted. A refund never leaves
+    /// the key better off than if the request had not happened (never above a full bucket; a window gives back
+    /// only what it still counts of the request).
+    ///
+    /// Read by responders that know the response type: the HTTP adapter's in-place responder
+    /// (`tollgate_http::HttpRateLimitLayer`) reads both sources; the default [`Forward`] reads none (no charge),
+    /// so a limiter wrapped by the generic `HttpLimitLayer` charges nothing after the response. Such a limiter keys by the key's text (its charge needs
+    /// it), also on the in-process store.
+    pub fn cost_after(mut self, source: CostAfter) -> Self {
+        self.after = Some(source);
+        self.built = Built::default();
+        self
     }
 
     enforcement_methods!();
@@ -187,6 +213,7 @@ impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
             deny_table: self.deny_table.clone(),
             overrides: self.overrides.clone(),
             per_policy: self.per_policy,
+            after: self.after.clone(),
             built: self.built.clone(),
         }
     }
@@ -212,6 +239,44 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
         RateLimit::from_shared(inner, self.shared(), respond)
     }
 
+    /// What `req` would get from this limiter's store right now — its [`Decision`](tollgate_core::Decision)'s `remaining`, `reset`,
+    /// `retry_after` and outcome, for the key and cost this layer would give it — without consuming or writing
+    /// anything (see [`Store::peek`]): for dashboards and "N attempts left" pages. The mode (shadow, off) does
+    /// not apply: the answer is the store's.
+    ///
+    /// # Errors
+    /// A [`KeyError`](crate::KeyError) when the request has no key, or the store's
+    /// [`StoreError`](tollgate_core::StoreError) (a timeout, an open circuit, a store without peek); downcast the
+    /// `BoxError`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate_core::{MemoryStore, Policy, Quota};
+    /// use tollgate_tower::{ConstKey, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_tower::BoxError> {
+    /// let layer = RateLimitLayer::new(
+    ///     "login",
+    ///     Policy::token_bucket(Quota::per_minute(5)?),
+    ///     Arc::new(MemoryStore::new()),
+    ///     ConstKey::new("ann"),
+    /// );
+    /// assert_eq!(layer.peek(&()).await?.remaining, 5); // "5 attempts left", and still 5
+    /// assert_eq!(layer.peek(&()).await?.remaining, 5);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn peek<Req>(&self, req: &Req) -> Result<tollgate_core::Decision, crate::BoxError>
+    where
+        K: crate::KeyExtractor<Req>,
+        C: crate::Cost<Req>,
+    {
+        // A key with an override is peeked under its own policy (an exempt one under the limiter's).
+        let shared = self.shared();
+        Shared::plan_of(&shared, req).peek(req).await
+    }
+
     /// The state every service of this layer (and its clones) shares, built on the first call.
     pub(crate) fn shared(&self) -> Arc<Shared<K, St, C>> {
         self.built.get_or_init(|| {
@@ -235,6 +300,7 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                     self.fallback.clone(),
                     self.near_limit,
                     deny.clone(),
+                    self.after.clone(),
                 )
             };
             let mut shared = state(self.policy);

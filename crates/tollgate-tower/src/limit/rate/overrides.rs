@@ -195,12 +195,17 @@ pub(crate) fn policy_prefix(name: &str, policy: &Policy) -> Name {
         tollgate_core::Algorithm::TokenBucket => "tb",
         _ => "sw",
     };
-    Name::from(format!(
+    let mut prefix = format!(
         "{name}#{algorithm}{}/{}us/{}",
         quota.limit(),
         quota.period_micros(),
         quota.burst()
-    ))
+    );
+    if policy.lockout_micros() > 0 {
+        // A lockout is part of the policy: a key locked out under one must not carry it into another.
+        prefix.push_str(&format!("/lock{}us", policy.lockout_micros()));
+    }
+    Name::from(prefix)
 }
 
 /// Where a request goes once its key's value is looked up.
@@ -359,5 +364,10 @@ mod tests {
                 .unwrap(),
         );
         assert_eq!(&*policy_prefix("api", &p), "api#tb6/10000000us/6");
+        let locked = p.with_lockout(std::time::Duration::from_secs(900)).unwrap();
+        assert_eq!(
+            &*policy_prefix("api", &locked),
+            "api#tb6/10000000us/6/lock900000000us"
+        );
     }
 }

@@ -7,6 +7,7 @@ use tower_service::Service;
 
 use super::decide::{Conclusion, Shared};
 use crate::key::with_key_buffer;
+use crate::limit::future::Settle;
 use crate::limit::future::{Deciding, decide_later, pass, refuse};
 use crate::limit::{Responder, ResponseFuture};
 use crate::readiness::DeferredReadiness;
@@ -103,6 +104,10 @@ where
         let Some(shared) = Shared::select(&self.shared, &req) else {
             return pass(&mut self.inner, req, answer);
         };
+        if shared.after.is_some() {
+            let shared = shared.clone();
+            return call_settled(&mut self.inner, shared, req, mode, answer);
+        }
         // A store that keeps only digests of its keys (the in-process one) is fed the key's parts: no text is built
         // and no future is boxed. A store that needs the text but answers at once only borrows it, built in a reused
         // buffer. Any other store gets an owned key and a boxed decision. The closure is forced inline: the helper
@@ -187,4 +192,47 @@ where
     let decide: Deciding<Box<crate::Verdict>> =
         Box::pin(async move { shared.decide(key, cost, mode, keep).await });
     decide_later(inner, decide, req, answer)
+}
+
+/// Decides a request of a limiter that charges the cost after the response: by the key's text, which the
+/// response future keeps for the charge, always with a verdict (its instant dates the charge).
+#[cold]
+#[inline(never)]
+fn call_settled<S, K, St, C, R, Req, Tk>(
+    inner: &mut S,
+    shared: Arc<Shared<K, St, C>>,
+    req: Req,
+    mode: Mode,
+    mut answer: Responder<R, Tk>,
+) -> ResponseFuture<S::Future, S, Req, Responder<R, Tk>>
+where
+    S: Service<Req> + Clone,
+    K: KeyExtractor<Req>,
+    St: Store,
+    C: Cost<Req>,
+    R: crate::respond::Respond<Req, S::Response, Ticket = Tk>,
+    Tk: Copy,
+{
+    let mut key = String::new();
+    if let Err(err) = shared.write_key(&req, &mut key) {
+        return refuse(inner, err.into(), answer);
+    }
+    let cost = shared.cost.cost(&req);
+    let source = shared.after.clone().unwrap_or(crate::CostAfter::Extension);
+    answer.settle(Settle {
+        charger: shared.clone(),
+        key: key.clone(),
+        upfront: cost,
+        source,
+    });
+    let conclusion = shared
+        .decide_now(&key, cost, mode, true)
+        .or_else(|| shared.decide_cached(&key, cost, mode, true));
+    match conclusion {
+        Some(Conclusion::Admit(verdict)) => {
+            ResponseFuture::calling(inner.call(req), verdict, answer)
+        }
+        Some(Conclusion::Reject(rejection)) => refuse(inner, rejection, answer),
+        None => decide_shared_later(inner, shared, key, cost, mode, true, req, answer),
+    }
 }
