@@ -23,6 +23,8 @@ pub struct TokenBucketState {
 
 /// Decides one request of `cost` tokens at `now`.
 #[must_use]
+// Inlined into the store's check, which is generic over the clock and so compiled in the caller's crate.
+#[inline]
 pub fn decide(
     state: Option<TokenBucketState>,
     quota: &Quota,
