@@ -10,7 +10,7 @@
 //! fresh key (a full bucket), so the admissions of all variants are comparable turn by turn: at most
 //! `burst + rate × turn` each. Redis is a private `redis-server` (from the testkit), whose `INFO commandstats`
 //! gives the script calls per turn. The report: served req/s (median over turns), its ratio to the in-process
-//! store's (median of per-round ratios), admitted per turn (sum, and the most over the bound), script calls per
+//! store's and to Redis without the cache (medians of per-round ratios), admitted per turn (sum, and the most over the bound), script calls per
 //! request and per rejected request ((calls − admitted) / rejected).
 //!
 //! `--keys cold` gives every request a key of its own instead (a full bucket each: all admitted, nothing to
@@ -100,7 +100,7 @@ fn app<St: Store>(
     cache: bool,
     cold: bool,
 ) -> Router {
-    let requests = AtomicU64::new(0);
+    let requests = Arc::new(AtomicU64::new(0));
     let key = KeyFn::new(
         move |_: &http::Request<axum::body::Body>, key: &mut String| {
             key.push_str("turn-");
@@ -186,6 +186,8 @@ fn script_calls(server: &RedisServer) -> u64 {
 struct Totals {
     rates: Vec<f64>,
     ratios: Vec<f64>,
+    /// Per round, served req/s over the cache-less Redis variant's.
+    vs_plain: Vec<f64>,
     served: u64,
     admitted: u64,
     calls: u64,
@@ -299,6 +301,7 @@ fn main() {
         }
         for v in 0..3 {
             totals[v].ratios.push(rates[v] / rates[0]);
+            totals[v].vs_plain.push(rates[v] / rates[2]);
         }
     }
     println!(
@@ -316,16 +319,24 @@ fn main() {
         redis.url()
     );
     println!(
-        "{:<26} {:>10} {:>9} {:>10} {:>10} {:>12} {:>14}",
-        "variant", "served/s", "vs mem", "admitted", "over bound", "calls/req", "calls/rejected"
+        "{:<26} {:>10} {:>9} {:>9} {:>10} {:>10} {:>12} {:>14}",
+        "variant",
+        "served/s",
+        "vs mem",
+        "vs plain",
+        "admitted",
+        "over bound",
+        "calls/req",
+        "calls/rejected"
     );
     for (name, t) in names.iter().zip(&mut totals) {
         let rejected = t.served - t.admitted;
         println!(
-            "{:<26} {:>10.0} {:>8.3}x {:>10} {:>10} {:>12.4} {:>14.4}",
+            "{:<26} {:>10.0} {:>8.3}x {:>8.3}x {:>10} {:>10} {:>12.4} {:>14.4}",
             name,
             median(&mut t.rates),
             median(&mut t.ratios),
+            median(&mut t.vs_plain),
             t.admitted,
             t.over_bound.max(0),
             t.calls as f64 / t.served as f64,

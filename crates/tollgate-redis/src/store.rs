@@ -1,6 +1,7 @@
 //! [`RedisStore`]: one `EVALSHA` per decision, bounded by a timeout and guarded by a circuit breaker. What to do
 //! when Redis cannot answer is the limiter's failure policy: the store returns the error.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,8 @@ struct Inner {
     timeout: Duration,
     circuit: Circuit,
     eviction: OnceLock<EvictionCheck>,
+    /// Scripts sent to Redis (see [`RedisStore::script_calls`]).
+    script_calls: AtomicU64,
 }
 
 impl RedisStore {
@@ -100,6 +103,7 @@ impl RedisStore {
                 timeout,
                 circuit: Circuit::new(failure_threshold, cool_down),
                 eviction: OnceLock::new(),
+                script_calls: AtomicU64::new(0),
             }),
         }
     }
@@ -205,6 +209,15 @@ impl RedisStore {
         }
     }
 
+    /// The scripts this store and its clones have sent to Redis so far: one per decision of
+    /// [`Store::check`] and per concurrency-lease call, the start-up check's included (a `NOSCRIPT` reload
+    /// counts once), none while the circuit is open. What capacity planning divides by: the calls per decision
+    /// a limiter costs Redis (the deny cache answers some decisions without any).
+    #[must_use]
+    pub fn script_calls(&self) -> u64 {
+        self.inner.script_calls.load(Ordering::Relaxed)
+    }
+
     /// The circuit breaker's state.
     #[must_use]
     pub fn circuit_state(&self) -> CircuitState {
@@ -255,6 +268,7 @@ impl RedisStore {
             circuit: &inner.circuit,
             armed: admission == Admission::Probe,
         };
+        inner.script_calls.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let result =
             tokio::time::timeout(inner.timeout, inner.backend.run(script, redis_key, args)).await;
