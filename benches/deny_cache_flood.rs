@@ -4,14 +4,14 @@
 //! `cargo bench --bench deny_cache_flood -- [--rounds 8] [--seconds 0.5] [--connections 16] [--limit 100]
 //! [--period 1s] [--keys hot|cold]`
 //!
-//! Each variant is an axum server (one worker thread) with one token bucket (`--limit` per `--period`) on one key
-//! for every request; a load generator on its own thread keeps `--connections` keep-alive connections sending
-//! `GET /` back to back, for `--seconds` per turn, variants taking turns in a rotating order. Every turn uses a
-//! fresh key (a full bucket), so the admissions of all variants are comparable turn by turn: at most
-//! `burst + rate × turn` each. Redis is a private `redis-server` (from the testkit), whose `INFO commandstats`
-//! gives the script calls per turn. The report: served req/s (median over turns), its ratio to the in-process
-//! store's and to Redis without the cache (medians of per-round ratios), admitted per turn (sum, and the most over the bound), script calls per
-//! request and per rejected request ((calls − admitted) / rejected).
+//! Each variant is an axum server (one worker thread) with one token bucket (`--limit` per `--period`) on one key for
+//! every request; a load generator on its own thread keeps `--connections` keep-alive connections sending `GET /` back
+//! to back, for `--seconds` per turn, variants taking turns in a rotating order. Every turn uses a fresh key (a full
+//! bucket), so the admissions of all variants are comparable turn by turn: at most `burst + rate × turn` each. Redis is
+//! a private `redis-server` (from the testkit), whose `INFO commandstats` gives the script calls per turn. The report:
+//! served req/s (median over turns), its ratio to the in-process store's and to Redis without the cache (medians of
+//! per-round ratios), admitted per turn (sum, and the most over the bound), script calls per request and per rejected
+//! request ((calls − admitted) / rejected).
 //!
 //! `--keys cold` gives every request a key of its own instead (a full bucket each: all admitted, nothing to
 //! cache): what the cache costs the requests it cannot help, Redis with it against Redis without it.

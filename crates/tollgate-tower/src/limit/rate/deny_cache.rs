@@ -27,17 +27,17 @@
 //!   store admits it, the entry is dropped (it would still refuse exactly, but with a `remaining` and `reset`
 //!   the store no longer gives).
 //!
-//! T is measured on the local clock from the instant the request was **sent** (before the store was asked),
-//! not from when the reply arrived: the store decided no earlier than that, so T = sent + `r` is no later than
-//! the store's retry instant, whatever the latency. What is left is the two clocks' rates: over `r` the local
-//! clock (a calibrated counter, see [`SystemClock`]) and Redis's `TIME` may drift apart
-//! by tens of parts per million, and the local clock's resynchronisation moves it by some microseconds either
-//! way, and an NTP daemon slewing either clock runs it at most 500 ppm off. The entry therefore expires a margin
-//! early, **100 µs + 500 ppm of `r`** ([`drift_margin`]), and a denial whose `r` is within that margin is not
-//! cached (the requests in the margin's window are coalesced like any after an expiry, below). The residual: a Redis clock stepped forward (an NTP step on the Redis host, or a
-//! failover to a replica whose clock runs ahead) by more than the margin while an entry is live admits there
-//! earlier than the entry expires — by at most the step, for at most `r`; a step back only makes the cache more
-//! conservative than needed.
+//! T is measured on the local clock from the instant the request was **sent** (before the store was asked), not from
+//! when the reply arrived: the store decided no earlier than that, so T = sent + `r` is no later than the store's retry
+//! instant, whatever the latency. What is left is the two clocks' rates: over `r` the local clock (a calibrated
+//! counter, see [`SystemClock`]) and Redis's `TIME` may drift apart by tens of parts per million, and the local clock's
+//! resynchronisation moves it by some microseconds either way, and an NTP daemon slewing either clock runs it at most
+//! 500 ppm off. The entry therefore expires a margin early, **100 µs + 500 ppm of `r`** ([`drift_margin`]), and a
+//! denial whose `r` is within that margin is not cached (the requests in the margin's window are coalesced like any
+//! after an expiry, below). The residual: a Redis clock stepped forward (an NTP step on the Redis host, or a failover
+//! to a replica whose clock runs ahead) by more than the margin while an entry is live admits there earlier than the
+//! entry expires — by at most the step, for at most `r`; a step back only makes the cache more conservative than
+//! needed.
 //!
 //! # Single flight on expiry
 //!
@@ -79,10 +79,11 @@
 //!
 //! # Memory
 //!
-//! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about
-//! 120 bytes each with the table's own overhead): an expired entry is replaced first, else the least recently
-//! used of a sample is evicted — evicting a live entry only costs its key one store call. Expired entries are also swept (at most once a
-//! second, from an insertion, shard by shard). Evictions count in `tollgate_evictions_total{limiter}`.
+//! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about 120
+//! bytes each with the table's own overhead): an entry past its coalescing window is replaced first, else the least
+//! recently used of a sample is evicted — evicting a live entry only costs its key one store call. Entries past their
+//! window are also swept (at most once a second, from an insertion, shard by shard). Evictions count in
+//! `tollgate_evictions_total{limiter}`.
 //!
 //! # Metrics
 //!
