@@ -42,17 +42,19 @@ pub fn decide(
     let owed = (full_at - now)
         .checked_mul(rate)
         .map(|owed| owed.saturating_sub(remainder));
-    // More than an empty bucket owed: the clock stepped back (or the quota shrank), and the stored refill instant is
-    // that much too late. An empty bucket is the most that can be owed: the state is rebased to one, refilling from
-    // now, and kept — or every request would be refused until the old instant, however far. (Lua's doubles cannot
-    // overflow; past 2^53 they only lose precision, and any such product exceeds the capacity anyway.)
-    let rebased = !matches!(owed, Some(owed) if owed <= capacity);
+    // More than the debt floor owed (two buckets: a charge after the response may overdraw one, see
+    // `super::charge`): the clock stepped back (or the quota shrank), and the stored refill instant is that much
+    // too late. The floor is the most that can be owed: the state is rebased to it, refilling from now, and kept —
+    // or every request would be refused until the old instant, however far. (Lua's doubles cannot overflow; past
+    // 2^53 they only lose precision, and any such product exceeds the floor anyway.)
+    let floor = 2 * capacity;
+    let rebased = !matches!(owed, Some(owed) if owed <= floor);
     let deficit = if rebased {
-        let wait = div_ceil(capacity, rate);
-        (full_at, remainder) = (now + wait, wait * rate - capacity);
-        capacity
+        let wait = div_ceil(floor, rate);
+        (full_at, remainder) = (now + wait, wait * rate - floor);
+        floor
     } else {
-        owed.unwrap_or(capacity)
+        owed.unwrap_or(floor)
     };
     let kept = rebased.then_some(TokenBucketState { full_at, remainder });
     let decision = |outcome, remaining, reset, retry_after| Decision {
@@ -65,7 +67,7 @@ pub fn decide(
     };
 
     if cost > quota.burst() {
-        let remaining = (capacity - deficit) / token;
+        let remaining = capacity.saturating_sub(deficit) / token; // 0 in debt
         return Step {
             decision: decision(Outcome::CostExceedsCapacity, remaining, full_at, None),
             state: kept,
@@ -87,7 +89,7 @@ pub fn decide(
     }
     // Earliest t with (full_at − t) × rate − remainder ≤ capacity − need.
     let admit_at = full_at - (capacity - need + remainder) / rate;
-    let remaining = (capacity - deficit) / token;
+    let remaining = capacity.saturating_sub(deficit) / token; // 0 in debt
     Step {
         decision: decision(
             Outcome::Limited,

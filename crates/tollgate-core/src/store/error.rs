@@ -20,6 +20,9 @@ pub enum StoreError {
     CircuitOpen,
     /// The backend answered with an error or could not be reached.
     Backend(Box<dyn Error + Send + Sync>),
+    /// The store does not offer this operation (e.g. [`Store::peek`](crate::Store::peek) on a store that does not
+    /// implement it); the message names it.
+    Unsupported(&'static str),
 }
 
 impl StoreError {
@@ -31,6 +34,7 @@ impl StoreError {
             Self::Timeout(_) => "timeout",
             Self::CircuitOpen => "circuit_open",
             Self::Backend(_) => "backend",
+            Self::Unsupported(_) => "unsupported",
         }
     }
 
@@ -50,6 +54,7 @@ impl fmt::Display for StoreError {
             Self::Timeout(d) => write!(f, "the store did not answer within {d:?}"),
             Self::CircuitOpen => f.write_str("the store's circuit is open after repeated failures"),
             Self::Backend(e) => write!(f, "the store failed: {e}"),
+            Self::Unsupported(what) => write!(f, "this store does not support {what}"),
         }
     }
 }

@@ -17,6 +17,8 @@ use std::future::{Future, ready};
 use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
 
 use crate::algorithm::Step;
+use crate::algorithm::charge;
+use crate::algorithm::lockout::{self, Locked};
 use crate::algorithm::sliding_window::{self, SlidingWindowState};
 use crate::algorithm::token_bucket::{self, TokenBucketState};
 use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, Timestamp};
@@ -274,23 +276,117 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<Decision, StoreError> {
         // The algorithms decide at no later instant; expiry and sweeping must agree with them.
         let now = now.min(Timestamp::LATEST);
+        let mut shard = lock(self.shard(hash));
+        let (bound, log) = (&self.bound, &self.log);
+        let lockout = policy.lockout_micros();
+        match policy.algorithm() {
+            Algorithm::TokenBucket => shard.apply(hash, now, bound, log, Shard::buckets, |s| {
+                lockout::decide(s, lockout, |s| {
+                    token_bucket::decide(s, policy.quota_ref(), cost, now)
+                })
+            }),
+            Algorithm::SlidingWindowCounter => {
+                shard.apply(hash, now, bound, log, Shard::windows, |s| {
+                    lockout::decide(s, lockout, |s| sliding_window::decide(s, policy, cost, now))
+                })
+            }
+        }
+    }
+
+    /// What a request of `cost` on `key` would get at the clock's current time, without consuming: see
+    /// [`Store::peek`].
+    pub fn peek_now(&self, key: &str, policy: &Policy, cost: u64) -> Decision {
+        self.peek_at(key, policy, cost, self.clock.now())
+    }
+
+    /// What a request of `cost` on `key` would get at `now`, without consuming: the decision
+    /// [`check_at`](Self::check_at) would return, while the key's state, its recency (what eviction at the bound
+    /// goes by) and the store's size stay as they are.
+    pub fn peek_at(&self, key: &str, policy: &Policy, cost: u64, now: Timestamp) -> Decision {
+        let mut hasher = self.seed.build_hasher();
+        hasher.write(key.as_bytes());
+        self.peek_digest_at(hasher.finish(), policy, cost, now)
+    }
+
+    /// [`peek_at`](Self::peek_at) for the key whose digest, by [`Store::key_hasher`], is `hash`.
+    pub fn peek_digest_at(
+        &self,
+        hash: u64,
+        policy: &Policy,
+        cost: u64,
+        now: Timestamp,
+    ) -> Decision {
+        let now = now.min(Timestamp::LATEST);
+        let lockout = policy.lockout_micros();
+        let mut shard = lock(self.shard(hash));
+        // `get_mut` only to read: the slot's use stamp is not touched.
+        match policy.algorithm() {
+            Algorithm::TokenBucket => {
+                let state = shard.buckets.get_mut(hash).map(|slot| slot.value.state());
+                lockout::decide(state, lockout, |s| {
+                    token_bucket::decide(s, policy.quota_ref(), cost, now)
+                })
+                .decision
+            }
+            Algorithm::SlidingWindowCounter => {
+                let state = shard.windows.get_mut(hash).map(|slot| slot.value.state());
+                lockout::decide(state, lockout, |s| {
+                    sliding_window::decide(s, policy, cost, now)
+                })
+                .decision
+            }
+        }
+    }
+
+    /// Charges `delta` (a refund if negative) to `key` at `now` for a request decided at `decided_at`: see
+    /// [`Store::charge`].
+    pub fn charge_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        let mut hasher = self.seed.build_hasher();
+        hasher.write(key.as_bytes());
+        let hash = hasher.finish();
+        let now = now.min(Timestamp::LATEST);
+        let lockout = policy.lockout_micros();
+        let mut shard = lock(self.shard(hash));
+        let (bound, log) = (&self.bound, &self.log);
+        match policy.algorithm() {
+            Algorithm::TokenBucket => shard.apply(hash, now, bound, log, Shard::buckets, |s| {
+                let state = Locked {
+                    state: charge::token_bucket(s.map(|s| s.state), policy.quota_ref(), delta, now),
+                    locked_until: s.map_or(0, |s| s.locked_until),
+                };
+                charged(state, lockout, |s| {
+                    token_bucket::decide(s, policy.quota_ref(), 0, now)
+                })
+            }),
+            Algorithm::SlidingWindowCounter => {
+                shard.apply(hash, now, bound, log, Shard::windows, |s| {
+                    let inner = s.map(|s| s.state);
+                    let state = Locked {
+                        state: charge::sliding_window(inner, policy, delta, decided_at, now),
+                        locked_until: s.map_or(0, |s| s.locked_until),
+                    };
+                    charged(state, lockout, |s| {
+                        sliding_window::decide(s, policy, 0, now)
+                    })
+                })
+            }
+        }
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
         let index = if self.shard_bits == 0 {
             0
         } else {
             (hash >> (40 - self.shard_bits.min(24))) as usize
         };
-        let mut shard = lock(&self.shards[index & (self.shards.len() - 1)]);
-        let (bound, log) = (&self.bound, &self.log);
-        match policy.algorithm() {
-            Algorithm::TokenBucket => shard.apply(hash, now, bound, log, Shard::buckets, |s| {
-                token_bucket::decide(s, policy.quota_ref(), cost, now)
-            }),
-            Algorithm::SlidingWindowCounter => {
-                shard.apply(hash, now, bound, log, Shard::windows, |s| {
-                    sliding_window::decide(s, policy, cost, now)
-                })
-            }
-        }
+        &self.shards[index & (self.shards.len() - 1)]
     }
 
     /// Drops every key whose state is indistinguishable from a fresh one. Never required: the store sweeps
@@ -339,6 +435,41 @@ impl<C: Clock> Store for MemoryStore<C> {
     ) -> Option<Result<Decision, StoreError>> {
         Some(self.check_digest_at(digest, policy, cost, self.clock.now()))
     }
+
+    fn peek(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(Ok(self.peek_now(key, policy, cost)))
+    }
+
+    fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
+        Some(self.peek_digest_at(digest, policy, cost, self.clock.now()))
+    }
+
+    fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(self.charge_at(key, policy, delta, decided_at, self.clock.now()))
+    }
+}
+
+/// The step of a charge: the charged state, always written, and the decision a request of cost 0 gets on it.
+fn charged<S: Copy + Default>(
+    state: Locked<S>,
+    lockout_us: u64,
+    decide: impl FnOnce(Option<S>) -> Step<S>,
+) -> Step<Locked<S>> {
+    Step {
+        decision: charge::decision(state, lockout_us, decide),
+        state: Some(state),
+    }
 }
 
 /// parking_lot's mutex rather than std's: under two threads on one hot key it spins adaptively before parking,
@@ -355,13 +486,14 @@ trait Entry: Copy + Expiry {
     fn state(&self) -> Self::State;
 }
 
-impl Expiry for TokenBucketState {
+/// A bucket lives until it is full again and its lockout, if any, has ended.
+impl Expiry for Locked<TokenBucketState> {
     fn expires_at(&self) -> u64 {
-        self.full_at
+        self.state.full_at.max(self.locked_until)
     }
 }
 
-impl Entry for TokenBucketState {
+impl Entry for Locked<TokenBucketState> {
     type State = Self;
     fn new(state: Self, _: &Decision) -> Self {
         state
@@ -373,19 +505,20 @@ impl Entry for TokenBucketState {
 
 #[derive(Clone, Copy)]
 struct WindowEntry {
-    state: SlidingWindowState,
+    state: Locked<SlidingWindowState>,
+    /// The decision's reset, which a lockout's end never precedes.
     expires_at: u64,
 }
 
 impl Entry for WindowEntry {
-    type State = SlidingWindowState;
-    fn new(state: SlidingWindowState, decision: &Decision) -> Self {
+    type State = Locked<SlidingWindowState>;
+    fn new(state: Locked<SlidingWindowState>, decision: &Decision) -> Self {
         Self {
             state,
             expires_at: decision.reset.as_micros(),
         }
     }
-    fn state(&self) -> SlidingWindowState {
+    fn state(&self) -> Locked<SlidingWindowState> {
         self.state
     }
 }
@@ -397,7 +530,7 @@ impl Expiry for WindowEntry {
 }
 
 struct Shard {
-    buckets: Table<TokenBucketState>,
+    buckets: Table<Locked<TokenBucketState>>,
     windows: Table<WindowEntry>,
     /// Counts uses: an entry's stamp is this count at its last use, so a smaller stamp is less recently used.
     uses: u64,
@@ -423,7 +556,7 @@ impl Shard {
         }
     }
 
-    fn buckets(&mut self) -> &mut Table<TokenBucketState> {
+    fn buckets(&mut self) -> &mut Table<Locked<TokenBucketState>> {
         &mut self.buckets
     }
 

@@ -9,6 +9,7 @@ use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreEr
 use super::deny_cache::{DenyTable, Turn};
 use crate::key::{hash_bytes, with_key_buffer};
 use crate::limit::core::{self, Judge};
+use crate::limit::future::Charger;
 use crate::observe::{NearLimitShare, Signals, store_name, timed, timed_async};
 use crate::{Cost, KeyError, KeyExtractor, Mode, Name, Rejection, Verdict};
 
@@ -28,6 +29,15 @@ pub(crate) struct Shared<K, St, C> {
     digest_prefix: Option<DefaultHasher>,
     /// The deny cache, when on (a shared store's denials answered locally until their retry instant).
     deny: Option<Arc<DenyTable>>,
+    /// Where the real cost is read after the response, when it is charged then.
+    pub(crate) after: Option<crate::CostAfter>,
+}
+
+impl<K: Send + Sync, St: Store, C: Send + Sync> Charger for Shared<K, St, C> {
+    fn charge(&self, key: String, delta: i64, decided_at: Timestamp) {
+        self.store
+            .charge_detached(key, &self.policy, delta, decided_at);
+    }
 }
 
 impl<K, St: Store, C> Shared<K, St, C> {
@@ -43,13 +53,20 @@ impl<K, St: Store, C> Shared<K, St, C> {
         fallback: Option<Arc<MemoryStore>>,
         near_limit: NearLimitShare,
         deny: Option<Arc<DenyTable>>,
+        after: Option<crate::CostAfter>,
     ) -> Self {
         let algorithm = policy.algorithm().as_str();
         let signals = Signals::new(&name, "limited", algorithm, store_name::<St>(), near_limit);
         // The name, length first (two limiters on one store never share a bucket, whatever their names hold),
         // then zeros up to a multiple of SipHash's 8-byte block: each request's key then starts on a block of its
         // own (an address is one block) instead of being spliced onto the name's leftover bytes.
-        let digest_prefix = store.key_hasher().map(|mut state| {
+        // A limiter charging after the response keys by text throughout: the charge needs the key's text.
+        let hasher = if after.is_some() {
+            None
+        } else {
+            store.key_hasher()
+        };
+        let digest_prefix = hasher.map(|mut state| {
             hash_bytes(&mut state, name.as_bytes());
             state.write(&[0; 8][..(8 - name.len() % 8) % 8]);
             state
@@ -64,6 +81,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             fallback,
             digest_prefix,
             deny,
+            after,
         }
     }
 
@@ -124,6 +142,25 @@ impl<K, St: Store, C> Shared<K, St, C> {
     ) -> Option<Conclusion> {
         let result = timed(|| self.store.check_immediate(key, &self.policy, cost))?;
         Some(self.conclude(result, key, cost, mode, keep))
+    }
+
+    /// What `req` would get from the store now, without consuming (see [`Store::peek`]): by the key's digest
+    /// where the store keys by digest, as [`decide_digested`](Self::decide_digested) does, else by its text.
+    pub(crate) async fn peek<Req>(&self, req: &Req) -> Result<Decision, crate::BoxError>
+    where
+        K: KeyExtractor<Req>,
+        C: Cost<Req>,
+    {
+        let cost = self.cost.cost(req);
+        if let Some(mut state) = self.digest_prefix.clone() {
+            self.key.hash_key(req, &mut state)?;
+            if let Some(decision) = self.store.peek_digest(state.finish(), &self.policy, cost) {
+                return Ok(decision);
+            }
+        }
+        let mut key = String::new();
+        self.write_key(req, &mut key)?;
+        Ok(self.store.peek(&key, &self.policy, cost).await?)
     }
 
     /// Writes the key's text, `<limiter name>:<key>`: what a store that needs the text keys by.

@@ -10,7 +10,7 @@ use super::deny_cache::{DenyCache, DenyCacheHandle, DenyTable};
 use crate::limit::core::{Built, enforcement_methods};
 use crate::observe::{NearLimitShare, ShareError};
 use crate::respond::Forward;
-use crate::{EnforcementSwitch, Name, UnitCost};
+use crate::{CostAfter, EnforcementSwitch, Name, UnitCost};
 
 /// Applies a request-rate limit to a service: see the [module docs](super).
 ///
@@ -33,6 +33,7 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     deny_on: Option<bool>,
     deny_config: DenyCache,
     deny_table: Arc<OnceLock<Arc<DenyTable>>>,
+    after: Option<CostAfter>,
     built: Built<Shared<K, St, C>>,
 }
 
@@ -55,6 +56,7 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             deny_on: None,
             deny_config: DenyCache::new(),
             deny_table: Arc::default(),
+            after: None,
             built: Built::default(),
         }
     }
@@ -76,8 +78,32 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             deny_on: self.deny_on,
             deny_config: self.deny_config,
             deny_table: Arc::default(),
+            after: self.after,
             built: Built::default(),
         }
+    }
+
+    /// Charges each request's real cost once its response is ready, read from `source` (the response's
+    /// [`FinalCost`](crate::FinalCost) extension, or a header): the difference from the cost charged up front
+    /// (the layer's [`cost`](Self::cost), 1 by default; 0 charges everything after) is charged — or refunded —
+    /// through [`Store::charge`], without holding the response back (a shared store's charge runs as a task).
+    ///
+    /// A charge is never refused: it may overdraw the key, which then waits until the debt is repaid (a token
+    /// bucket's content goes down to −burst at most, a sliding window's count up to twice its limit). That
+    /// appears in the headers of the next requests: refused with 429, `remaining` 0, and `Retry-After` (and the
+    /// RateLimit field's `t`) the time until the debt is repaid and the request's own cost accrued. The
+    /// response carrying the charge still shows the decision made when it was admitted. A refund never leaves
+    /// the key better off than if the request had not happened (never above a full bucket; a window gives back
+    /// only what it still counts of the request).
+    ///
+    /// Read by responders that know the response type: the HTTP adapter's in-place responder
+    /// (`tollgate_http::HttpRateLimitLayer`) reads both sources; the default [`Forward`] reads none (no charge),
+    /// so a limiter wrapped by the generic `HttpLimitLayer` charges nothing after the response. Such a limiter keys by the key's text (its charge needs
+    /// it), also on the in-process store.
+    pub fn cost_after(mut self, source: CostAfter) -> Self {
+        self.after = Some(source);
+        self.built = Built::default();
+        self
     }
 
     enforcement_methods!();
@@ -159,6 +185,7 @@ impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
             deny_on: self.deny_on,
             deny_config: self.deny_config.clone(),
             deny_table: self.deny_table.clone(),
+            after: self.after.clone(),
             built: self.built.clone(),
         }
     }
@@ -181,7 +208,47 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     /// Wraps `inner`, answering every request through `respond` instead of [`Forward`]: how protocol adapters
     /// (`tollgate-http`) answer in place, without a service layer of their own.
     pub fn layer_with<S, R>(&self, inner: S, respond: R) -> RateLimit<S, K, St, C, R> {
-        let shared = self.built.get_or_init(|| {
+        RateLimit::from_shared(inner, self.shared(), respond)
+    }
+
+    /// What `req` would get from this limiter's store right now — its [`Decision`](tollgate_core::Decision)'s `remaining`, `reset`,
+    /// `retry_after` and outcome, for the key and cost this layer would give it — without consuming or writing
+    /// anything (see [`Store::peek`]): for dashboards and "N attempts left" pages. The mode (shadow, off) does
+    /// not apply: the answer is the store's.
+    ///
+    /// # Errors
+    /// A [`KeyError`](crate::KeyError) when the request has no key, or the store's
+    /// [`StoreError`](tollgate_core::StoreError) (a timeout, an open circuit, a store without peek); downcast the
+    /// `BoxError`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate_core::{MemoryStore, Policy, Quota};
+    /// use tollgate_tower::{ConstKey, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_tower::BoxError> {
+    /// let layer = RateLimitLayer::new(
+    ///     "login",
+    ///     Policy::token_bucket(Quota::per_minute(5)?),
+    ///     Arc::new(MemoryStore::new()),
+    ///     ConstKey::new("ann"),
+    /// );
+    /// assert_eq!(layer.peek(&()).await?.remaining, 5); // "5 attempts left", and still 5
+    /// assert_eq!(layer.peek(&()).await?.remaining, 5);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn peek<Req>(&self, req: &Req) -> Result<tollgate_core::Decision, crate::BoxError>
+    where
+        K: crate::KeyExtractor<Req>,
+        C: crate::Cost<Req>,
+    {
+        self.shared().peek(req).await
+    }
+
+    fn shared(&self) -> Arc<Shared<K, St, C>> {
+        self.built.get_or_init(|| {
             let deny = self
                 .deny_on
                 .unwrap_or_else(|| self.store.is_shared())
@@ -201,9 +268,9 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                 self.fallback.clone(),
                 self.near_limit,
                 deny,
+                self.after.clone(),
             )
-        });
-        RateLimit::from_shared(inner, shared, respond)
+        })
     }
 }
 

@@ -7,6 +7,7 @@ use tower_service::Service;
 
 use super::decide::{Conclusion, Shared};
 use crate::key::with_key_buffer;
+use crate::limit::future::Settle;
 use crate::limit::future::{Deciding, decide_later, pass, refuse};
 use crate::limit::{Responder, ResponseFuture};
 use crate::readiness::DeferredReadiness;
@@ -100,6 +101,9 @@ where
         if mode == Mode::Off {
             return pass(&mut self.inner, req, answer);
         }
+        if shared.after.is_some() {
+            return self.call_settled(req, mode, answer);
+        }
         // A store that keeps only digests of its keys (the in-process one) is fed the key's parts: no text is built
         // and no future is boxed. A store that needs the text but answers at once only borrows it, built in a reused
         // buffer. Any other store gets an owned key and a boxed decision. The closure is forced inline: the helper
@@ -150,6 +154,49 @@ where
 // The path a request through the in-process store never takes stays out of `call`'s body: a hot path that is
 // short in code, not only in instructions, leaves more of the instruction cache to the service it protects.
 impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
+    /// Decides a request of a limiter that charges the cost after the response: by the key's text, which the
+    /// response future keeps for the charge, always with a verdict (its instant dates the charge).
+    #[cold]
+    #[inline(never)]
+    fn call_settled<Req, Tk>(
+        &mut self,
+        req: Req,
+        mode: Mode,
+        mut answer: Responder<R, Tk>,
+    ) -> ResponseFuture<S::Future, S, Req, Responder<R, Tk>>
+    where
+        S: Service<Req> + Clone,
+        K: KeyExtractor<Req>,
+        St: Store,
+        C: Cost<Req>,
+        R: crate::respond::Respond<Req, S::Response, Ticket = Tk>,
+        Tk: Copy,
+    {
+        let shared = self.shared.clone();
+        let mut key = String::new();
+        if let Err(err) = shared.write_key(&req, &mut key) {
+            return refuse(&mut self.inner, err.into(), answer);
+        }
+        let cost = shared.cost.cost(&req);
+        let source = shared.after.clone().unwrap_or(crate::CostAfter::Extension);
+        answer.settle(Settle {
+            charger: shared.clone(),
+            key: key.clone(),
+            upfront: cost,
+            source,
+        });
+        let conclusion = shared
+            .decide_now(&key, cost, mode, true)
+            .or_else(|| shared.decide_cached(&key, cost, mode, true));
+        match conclusion {
+            Some(Conclusion::Admit(verdict)) => {
+                ResponseFuture::calling(self.inner.call(req), verdict, answer)
+            }
+            Some(Conclusion::Reject(rejection)) => refuse(&mut self.inner, rejection, answer),
+            None => self.decide_later(key, cost, mode, true, req, answer),
+        }
+    }
+
     /// Decides through a store that cannot answer at once (Redis): with an owned key and a boxed decision.
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
