@@ -27,16 +27,15 @@ if stored[1] and tonumber(stored[1]) > now then
 end
 -- A remainder above what is owed is state from another quota (a limit changed under a running key): nothing owed.
 local deficit = math.max((full_at - now) * rate - remainder, 0)
--- More than the debt floor owed (two buckets: a charge after the response may overdraw one): the clock stepped
--- back (or the quota shrank). Rebased to the floor refilling from now, and kept (written below even when the
--- request is refused). (Past 2^53 the product loses precision, but any such product exceeds the floor, so the
--- comparison is exact.)
-local floor = 2 * capacity
-local rebased = deficit > floor
+-- More than the debt floor owed (two buckets: a charge after the response may overdraw one, and a debt is kept):
+-- the clock stepped back (or the quota shrank). Rebased to an empty bucket refilling from now, and kept (written
+-- below even when the request is refused). (Past 2^53 the product loses precision, but any such product exceeds
+-- the floor, so the comparison is exact.)
+local rebased = deficit > 2 * capacity
 if rebased then
-  local wait = div_ceil(floor, rate)
-  full_at, remainder = now + wait, wait * rate - floor
-  deficit = floor
+  local wait = div_ceil(capacity, rate)
+  full_at, remainder = now + wait, wait * rate - capacity
+  deficit = capacity
 end
 local function keep_rebased()
   if rebased then

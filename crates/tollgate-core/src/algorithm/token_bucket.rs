@@ -23,6 +23,8 @@ pub struct TokenBucketState {
 
 /// Decides one request of `cost` tokens at `now`.
 #[must_use]
+// Inlined into the store's check, which is generic over the clock and so compiled in the caller's crate.
+#[inline]
 pub fn decide(
     state: Option<TokenBucketState>,
     quota: &Quota,
@@ -43,18 +45,17 @@ pub fn decide(
         .checked_mul(rate)
         .map(|owed| owed.saturating_sub(remainder));
     // More than the debt floor owed (two buckets: a charge after the response may overdraw one, see
-    // `super::charge`): the clock stepped back (or the quota shrank), and the stored refill instant is that much
-    // too late. The floor is the most that can be owed: the state is rebased to it, refilling from now, and kept —
-    // or every request would be refused until the old instant, however far. (Lua's doubles cannot overflow; past
-    // 2^53 they only lose precision, and any such product exceeds the floor anyway.)
-    let floor = 2 * capacity;
-    let rebased = !matches!(owed, Some(owed) if owed <= floor);
+    // `super::charge`, and a debt is kept): the clock stepped back (or the quota shrank), and the stored refill
+    // instant is that much too late. The state is rebased to an empty bucket, refilling from now, and kept — or
+    // every request would be refused until the old instant, however far. (Lua's doubles cannot overflow; past 2^53
+    // they only lose precision, and any such product exceeds the floor anyway.)
+    let rebased = !matches!(owed, Some(owed) if owed <= 2 * capacity);
     let deficit = if rebased {
-        let wait = div_ceil(floor, rate);
-        (full_at, remainder) = (now + wait, wait * rate - floor);
-        floor
+        let wait = div_ceil(capacity, rate);
+        (full_at, remainder) = (now + wait, wait * rate - capacity);
+        capacity
     } else {
-        owed.unwrap_or(floor)
+        owed.unwrap_or(capacity)
     };
     let kept = rebased.then_some(TokenBucketState { full_at, remainder });
     let decision = |outcome, remaining, reset, retry_after| Decision {

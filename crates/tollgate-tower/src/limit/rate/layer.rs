@@ -7,6 +7,7 @@ use tower_layer::Layer;
 use super::RateLimit;
 use super::decide::Shared;
 use super::deny_cache::{DenyCache, DenyCacheHandle, DenyTable};
+use super::overrides::{Overrides, Plans, policy_prefix};
 use crate::limit::core::{Built, enforcement_methods};
 use crate::observe::{NearLimitShare, ShareError};
 use crate::respond::Forward;
@@ -33,6 +34,9 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     deny_on: Option<bool>,
     deny_config: DenyCache,
     deny_table: Arc<OnceLock<Arc<DenyTable>>>,
+    overrides: Overrides,
+    /// The limiter's own buckets are named by its policy too (`<name>#<policy>`).
+    per_policy: bool,
     after: Option<CostAfter>,
     built: Built<Shared<K, St, C>>,
 }
@@ -56,6 +60,8 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             deny_on: None,
             deny_config: DenyCache::new(),
             deny_table: Arc::default(),
+            overrides: Overrides::new(),
+            per_policy: false,
             after: None,
             built: Built::default(),
         }
@@ -78,6 +84,8 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             deny_on: self.deny_on,
             deny_config: self.deny_config,
             deny_table: Arc::default(),
+            overrides: self.overrides,
+            per_policy: self.per_policy,
             after: self.after,
             built: Built::default(),
         }
@@ -98,7 +106,11 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
     ///
     /// Read by responders that know the response type: the HTTP adapter's in-place responder
     /// (`tollgate_http::HttpRateLimitLayer`) reads both sources; the default [`Forward`] reads none (no charge),
-    /// so a limiter wrapped by the generic `HttpLimitLayer` charges nothing after the response. Such a limiter keys by the key's text (its charge needs
+    /// so a limiter wrapped by the generic `HttpLimitLayer` charges nothing after the response.
+    ///
+    /// Such a limiter's [deny cache](super::deny_cache) is off by default even on a shared store: a refund (on
+    /// any instance) can admit a key before a cached denial's retry instant, so a cached denial would no longer
+    /// be exact. Switched on explicitly, it refuses such a key until that instant. Such a limiter keys by the key's text (its charge needs
     /// it), also on the in-process store.
     pub fn cost_after(mut self, source: CostAfter) -> Self {
         self.after = Some(source);
@@ -157,6 +169,24 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
         DenyCacheHandle::new(self.name.clone(), self.deny_table.clone())
     }
 
+    /// Per-key overrides and exemptions (see [`Overrides`]): a key's own policy, in a bucket of its own, or no
+    /// limit at all (counted as `outcome="exempt"`).
+    pub fn overrides(mut self, overrides: Overrides) -> Self {
+        self.overrides = overrides;
+        self.built = Built::default();
+        self
+    }
+
+    /// Names this limiter's own buckets by its policy too, `<name>#<policy>:<key>` as overrides' buckets are:
+    /// a changed policy then starts every key afresh instead of carrying state made under another policy (another
+    /// algorithm's state would mean nothing), and an unchanged one keeps it. What a policy file builds, for hot
+    /// reload; off by default (the buckets are `<name>:<key>`).
+    pub fn state_per_policy(mut self, on: bool) -> Self {
+        self.per_policy = on;
+        self.built = Built::default();
+        self
+    }
+
     /// The limit's name.
     #[must_use]
     pub fn name(&self) -> &str {
@@ -185,6 +215,8 @@ impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
             deny_on: self.deny_on,
             deny_config: self.deny_config.clone(),
             deny_table: self.deny_table.clone(),
+            overrides: self.overrides.clone(),
+            per_policy: self.per_policy,
             after: self.after.clone(),
             built: self.built.clone(),
         }
@@ -234,8 +266,12 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     ///     Arc::new(MemoryStore::new()),
     ///     ConstKey::new("ann"),
     /// );
-    /// assert_eq!(layer.peek(&()).await?.remaining, 5); // "5 attempts left", and still 5
-    /// assert_eq!(layer.peek(&()).await?.remaining, 5);
+    /// // A login would be admitted and leave 4: "5 attempts left" (this one included) — and a peek spends none.
+    /// for _ in 0..2 {
+    ///     let d = layer.peek(&()).await?;
+    ///     assert!(d.is_allowed());
+    ///     assert_eq!(d.remaining + 1, 5);
+    /// }
     /// # Ok(())
     /// # }
     /// ```
@@ -244,32 +280,50 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
         K: crate::KeyExtractor<Req>,
         C: crate::Cost<Req>,
     {
-        self.shared().peek(req).await
+        // A key with an override is peeked under its own policy (an exempt one under the limiter's).
+        let shared = self.shared();
+        Shared::plan_of(&shared, req).peek(req).await
     }
 
-    fn shared(&self) -> Arc<Shared<K, St, C>> {
+    /// The state every service of this layer (and its clones) shares, built on the first call.
+    pub(crate) fn shared(&self) -> Arc<Shared<K, St, C>> {
         self.built.get_or_init(|| {
+            // A refund after the response (another instance's included) may admit a key before a cached denial's
+            // instant: a limiter charging after the response caches no denials unless told to.
             let deny = self
                 .deny_on
-                .unwrap_or_else(|| self.store.is_shared())
+                .unwrap_or_else(|| self.store.is_shared() && self.after.is_none())
                 .then(|| {
                     self.deny_table
                         .get_or_init(|| Arc::new(self.deny_config.build(&self.name)))
                         .clone()
                 });
-            Shared::new(
-                self.name.clone(),
-                self.policy,
-                self.store.clone(),
-                self.key.clone(),
-                self.cost.clone(),
-                self.switch.clone(),
-                self.on_error,
-                self.fallback.clone(),
-                self.near_limit,
-                deny,
-                self.after.clone(),
-            )
+            let state = |policy: Policy| {
+                Shared::new(
+                    self.name.clone(),
+                    policy,
+                    self.store.clone(),
+                    self.key.clone(),
+                    self.cost.clone(),
+                    self.switch.clone(),
+                    self.on_error,
+                    self.fallback.clone(),
+                    self.near_limit,
+                    deny.clone(),
+                    self.after.clone(),
+                )
+            };
+            let mut shared = state(self.policy);
+            if self.per_policy {
+                shared = shared.with_key_prefix(policy_prefix(&self.name, &self.policy));
+            }
+            if !self.overrides.is_empty() {
+                let plans = Plans::new(&self.name, &self.overrides, |policy| {
+                    Arc::new(state(policy).with_key_prefix(policy_prefix(&self.name, &policy)))
+                });
+                shared = shared.with_plans(plans);
+            }
+            shared
         })
     }
 }

@@ -81,8 +81,12 @@
 mod decide;
 pub mod deny_cache;
 mod layer;
+pub mod overrides;
 mod service;
+pub mod set;
 
 pub use deny_cache::{DenyCache, DenyCacheHandle};
 pub use layer::RateLimitLayer;
+pub use overrides::{Overrides, Plan, PrefixError};
 pub use service::RateLimit;
+pub use set::{Applies, Everywhere, RateLimitSet, RateLimitSetHandle, RateLimitSetLayer, SetEntry};
