@@ -2,16 +2,19 @@
 //! store, in one run.
 //!
 //! `cargo bench --bench deny_cache_flood -- [--rounds 8] [--seconds 0.5] [--connections 16] [--limit 100]
-//! [--period 1s]`
+//! [--period 1s] [--keys hot|cold]`
 //!
-//! Each variant is an axum server (one worker thread) with one token bucket (`--limit` per `--period`) on one key
-//! for every request; a load generator on its own thread keeps `--connections` keep-alive connections sending
-//! `GET /` back to back, for `--seconds` per turn, variants taking turns in a rotating order. Every turn uses a
-//! fresh key (a full bucket), so the admissions of all variants are comparable turn by turn: at most
-//! `burst + rate × turn` each. Redis is a private `redis-server` (from the testkit), whose `INFO commandstats`
-//! gives the script calls per turn. The report: served req/s (median over turns), its ratio to the in-process
-//! store's (median of per-round ratios), admitted per turn (sum, and the most over the bound), script calls per
-//! request and per rejected request ((calls − admitted) / rejected).
+//! Each variant is an axum server (one worker thread) with one token bucket (`--limit` per `--period`) on one key for
+//! every request; a load generator on its own thread keeps `--connections` keep-alive connections sending `GET /` back
+//! to back, for `--seconds` per turn, variants taking turns in a rotating order. Every turn uses a fresh key (a full
+//! bucket), so the admissions of all variants are comparable turn by turn: at most `burst + rate × turn` each. Redis is
+//! a private `redis-server` (from the testkit), whose `INFO commandstats` gives the script calls per turn. The report:
+//! served req/s (median over turns), its ratio to the in-process store's and to Redis without the cache (medians of
+//! per-round ratios), admitted per turn (sum, and the most over the bound), script calls per request and per rejected
+//! request ((calls − admitted) / rejected).
+//!
+//! `--keys cold` gives every request a key of its own instead (a full bucket each: all admitted, nothing to
+//! cache): what the cache costs the requests it cannot help, Redis with it against Redis without it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,6 +37,7 @@ struct Options {
     connections: usize,
     limit: u64,
     period: Duration,
+    cold: bool,
 }
 
 fn options() -> Result<Options, String> {
@@ -43,6 +47,7 @@ fn options() -> Result<Options, String> {
         connections: 16,
         limit: 100,
         period: Duration::from_secs(1),
+        cold: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -56,6 +61,13 @@ fn options() -> Result<Options, String> {
             "--seconds" => o.seconds = value.parse().map_err(|_| bad())?,
             "--connections" => o.connections = value.parse().map_err(|_| bad())?,
             "--limit" => o.limit = value.parse().map_err(|_| bad())?,
+            "--keys" => {
+                o.cold = match value.as_str() {
+                    "hot" => false,
+                    "cold" => true,
+                    _ => return Err(bad()),
+                }
+            }
             "--period" => {
                 o.period = match value.strip_suffix("ms") {
                     Some(ms) => Duration::from_millis(ms.parse().map_err(|_| bad())?),
@@ -79,12 +91,24 @@ fn options() -> Result<Options, String> {
     Ok(o)
 }
 
-/// One variant's server: its store's limiter on the key `turn-<n>`, `n` set before each turn.
-fn app<St: Store>(store: Arc<St>, policy: Policy, turn: Arc<AtomicU64>, cache: bool) -> Router {
+/// One variant's server: its store's limiter on the key `turn-<n>`, `n` set before each turn (with `cold`,
+/// `turn-<n>-<request>`: a key per request).
+fn app<St: Store>(
+    store: Arc<St>,
+    policy: Policy,
+    turn: Arc<AtomicU64>,
+    cache: bool,
+    cold: bool,
+) -> Router {
+    let requests = Arc::new(AtomicU64::new(0));
     let key = KeyFn::new(
         move |_: &http::Request<axum::body::Body>, key: &mut String| {
             key.push_str("turn-");
             key.push_str(&turn.load(Ordering::Relaxed).to_string());
+            if cold {
+                key.push('-');
+                key.push_str(&requests.fetch_add(1, Ordering::Relaxed).to_string());
+            }
             Ok::<_, KeyError>(())
         },
     );
@@ -162,6 +186,8 @@ fn script_calls(server: &RedisServer) -> u64 {
 struct Totals {
     rates: Vec<f64>,
     ratios: Vec<f64>,
+    /// Per round, served req/s over the cache-less Redis variant's.
+    vs_plain: Vec<f64>,
     served: u64,
     admitted: u64,
     calls: u64,
@@ -215,10 +241,25 @@ fn main() {
                 policy,
                 turn.clone(),
                 false,
+                o.cold,
             ))
             .await,
-            serve(app(store("cached").await, policy, turn.clone(), true)).await,
-            serve(app(store("plain").await, policy, turn.clone(), false)).await,
+            serve(app(
+                store("cached").await,
+                policy,
+                turn.clone(),
+                true,
+                o.cold,
+            ))
+            .await,
+            serve(app(
+                store("plain").await,
+                policy,
+                turn.clone(),
+                false,
+                o.cold,
+            ))
+            .await,
         ]
     });
     let mut totals: Vec<Totals> = names.iter().map(|_| Totals::default()).collect();
@@ -254,14 +295,22 @@ fn main() {
             t.served += served;
             t.admitted += admitted;
             t.calls += calls;
-            t.over_bound = t.over_bound.max(admitted as i64 - bound(elapsed) as i64);
+            if !o.cold {
+                t.over_bound = t.over_bound.max(admitted as i64 - bound(elapsed) as i64);
+            }
         }
         for v in 0..3 {
             totals[v].ratios.push(rates[v] / rates[0]);
+            totals[v].vs_plain.push(rates[v] / rates[2]);
         }
     }
     println!(
-        "flood on one key: token bucket {} per {:?}, {} connections, {} rounds of {} s turns; Redis {}",
+        "flood on {}: token bucket {} per {:?}, {} connections, {} rounds of {} s turns; Redis {}",
+        if o.cold {
+            "a new key per request"
+        } else {
+            "one key"
+        },
         o.limit,
         o.period,
         o.connections,
@@ -270,16 +319,24 @@ fn main() {
         redis.url()
     );
     println!(
-        "{:<26} {:>10} {:>9} {:>10} {:>10} {:>12} {:>14}",
-        "variant", "served/s", "vs mem", "admitted", "over bound", "calls/req", "calls/rejected"
+        "{:<26} {:>10} {:>9} {:>9} {:>10} {:>10} {:>12} {:>14}",
+        "variant",
+        "served/s",
+        "vs mem",
+        "vs plain",
+        "admitted",
+        "over bound",
+        "calls/req",
+        "calls/rejected"
     );
     for (name, t) in names.iter().zip(&mut totals) {
         let rejected = t.served - t.admitted;
         println!(
-            "{:<26} {:>10.0} {:>8.3}x {:>10} {:>10} {:>12.4} {:>14.4}",
+            "{:<26} {:>10.0} {:>8.3}x {:>8.3}x {:>10} {:>10} {:>12.4} {:>14.4}",
             name,
             median(&mut t.rates),
             median(&mut t.ratios),
+            median(&mut t.vs_plain),
             t.admitted,
             t.over_bound.max(0),
             t.calls as f64 / t.served as f64,

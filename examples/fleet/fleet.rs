@@ -20,20 +20,20 @@ use tollgate_core::{Policy, Store};
 use tollgate_http::HttpRateLimitLayer;
 use tollgate_tower::{ConstKey, RateLimitLayer};
 
-/// One instance: `GET /` answers "ok" behind the instance's own limiter, like every instance of a real service.
+/// One instance: `GET /` answers "ok" behind the instance's own limiter, like every instance of a real service;
+/// a shared store's denials are cached if `deny_cache` (the default a layer has on Redis).
 pub(crate) async fn start_instance<St: Store>(
     store: Arc<St>,
     policy: Option<Policy>,
+    deny_cache: bool,
 ) -> (SocketAddr, JoinHandle<()>) {
     let app = Router::new().route("/", get(|| async { "ok" }));
     let app = match policy {
         // Every instance limits the same service-wide key: "this service takes L per second".
-        Some(policy) => app.layer(HttpRateLimitLayer::new(RateLimitLayer::new(
-            "fleet",
-            policy,
-            store,
-            ConstKey::new("api"),
-        ))),
+        Some(policy) => app.layer(HttpRateLimitLayer::new(
+            RateLimitLayer::new("fleet", policy, store, ConstKey::new("api"))
+                .deny_cache(deny_cache),
+        )),
         None => app,
     };
     serve(app).await

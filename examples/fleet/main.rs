@@ -5,11 +5,15 @@
 //! that, and prints one row per design: token bucket and sliding window, on in-process state and on Redis. The
 //! in-process rows admit about N × L (every instance enforces its own limit); the Redis rows admit about L for the
 //! whole fleet. `--autoscale` grows the fleet during the run to show the in-process limit growing with it.
+//! Each Redis row also counts the script calls its stores made per decision (`RedisStore::script_calls`: the
+//! deny cache answers some decisions without one). `--scenario flood` floods the fleet as one client far over
+//! its limit and compares the stores' throughput and Redis load with the deny cache on and off (`flood.rs`).
 
 mod args;
 #[path = "../common/flags.rs"]
 mod flags;
 mod fleet;
+mod flood;
 mod load;
 mod plot;
 
@@ -21,7 +25,7 @@ use std::time::{Duration, Instant};
 use tollgate_core::{Algorithm, MemoryStore, Policy, Quota, Store};
 use tollgate_redis::RedisStore;
 
-use args::Args;
+use args::{Args, Scenario};
 use fleet::{Balancer, start_instance};
 use load::{Outcome, Progress};
 
@@ -40,17 +44,46 @@ enum State {
 struct Design {
     algorithm: Algorithm,
     state: State,
+    /// Whether the limiter caches a shared store's denials (a layer's default on Redis; the flood also runs
+    /// each Redis design without).
+    deny_cache: bool,
+}
+
+/// The steady scenario's rows, in order (the flood adds each Redis design without its deny cache). A new design
+/// is one more entry here, with its label and colour below.
+fn designs(with_redis: bool) -> Vec<Design> {
+    let mut designs = vec![Design::new(Algorithm::TokenBucket, State::None)];
+    for state in [State::InProcess, State::Redis] {
+        if state == State::Redis && !with_redis {
+            continue;
+        }
+        for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindowCounter] {
+            designs.push(Design::new(algorithm, state));
+        }
+    }
+    designs
 }
 
 impl Design {
-    /// The design's colour in the chart (`plot::PALETTE`): grey baseline, blue in-process, red Redis.
+    const fn new(algorithm: Algorithm, state: State) -> Self {
+        Self {
+            algorithm,
+            state,
+            deny_cache: true,
+        }
+    }
+
+    /// The design's colour in the chart (`plot::PALETTE`): grey baseline, blue in-process, red Redis, purple and
+    /// brown Redis without its deny cache.
     fn colour(&self) -> usize {
-        match (self.state, self.algorithm) {
-            (State::None, _) => 0,
-            (State::InProcess, Algorithm::TokenBucket) => 1,
-            (State::InProcess, Algorithm::SlidingWindowCounter) => 2,
-            (State::Redis, Algorithm::TokenBucket) => 3,
-            (State::Redis, Algorithm::SlidingWindowCounter) => 4,
+        match (self.state, self.algorithm, self.deny_cache) {
+            (State::None, _, _) => 0,
+            (State::InProcess, Algorithm::TokenBucket, _) => 1,
+            (State::InProcess, Algorithm::SlidingWindowCounter, _) => 2,
+            (State::Redis, Algorithm::TokenBucket, true) => 3,
+            (State::Redis, Algorithm::SlidingWindowCounter, true) => 4,
+            (State::Redis, Algorithm::TokenBucket, false) => 5,
+            (State::Redis, Algorithm::SlidingWindowCounter, false) => 6,
         }
     }
 
@@ -60,10 +93,11 @@ impl Design {
             (_, Algorithm::TokenBucket) => "token bucket",
             (_, Algorithm::SlidingWindowCounter) => "sliding window",
         };
-        let state = match self.state {
-            State::None => "-",
-            State::InProcess => "in-process",
-            State::Redis => "Redis",
+        let state = match (self.state, self.deny_cache) {
+            (State::None, _) => "-",
+            (State::InProcess, _) => "in-process",
+            (State::Redis, true) => "Redis",
+            (State::Redis, false) => "Redis, no deny cache",
         };
         (algorithm, state)
     }
@@ -78,7 +112,11 @@ async fn main() {
             std::process::exit(if message == args::USAGE { 0 } else { 2 });
         }
     };
-    let redis = redis_reachable(&args.redis_url).await;
+    let redis = redis_reachable(&args).await;
+    if args.scenario == Scenario::Flood {
+        flood::scenario(&args, redis).await;
+        return;
+    }
     if args.autoscale {
         autoscale(&args, redis.is_ok()).await;
         return;
@@ -89,18 +127,7 @@ async fn main() {
             args.instances, args.limit, args.offered, args.duration, args.warmup
         );
     }
-    let mut designs = vec![Design {
-        algorithm: Algorithm::TokenBucket,
-        state: State::None,
-    }];
-    for state in [State::InProcess, State::Redis] {
-        if state == State::Redis && redis.is_err() {
-            continue;
-        }
-        for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindowCounter] {
-            designs.push(Design { algorithm, state });
-        }
-    }
+    let designs = designs(redis.is_ok());
     let mut rows = Vec::new();
     for (i, design) in designs.iter().enumerate() {
         let outcome = run(&args, *design, args.instances, i, designs.len()).await;
@@ -113,7 +140,8 @@ async fn main() {
             "{} instances, each limited to {} req/s, {} req/s offered",
             args.instances, args.limit, args.offered
         ),
-        &rows,
+        rows.iter()
+            .map(|(design, o)| (*design, o.admitted_per_second.clone())),
         None,
     );
     if args.json {
@@ -127,23 +155,47 @@ async fn main() {
              Redis state: one bucket (or window) for the fleet, so it admits about {} req/s whatever the instance count.",
             args.limit, args.instances, args.limit, args.limit
         ),
-        Err(e) => println!(
-            "\nRedis rows skipped: no Redis at {} ({e}).\n\
-             Start one (`redis-server`, or `apt-get install redis-server`) or pass --redis-url redis://HOST:PORT to add them.",
-            args.redis_url
-        ),
+        Err(e) => println!("\n{}", redis_skipped(&args, &e)),
     }
+}
+
+/// Why the Redis rows are missing, and how to add them.
+fn redis_skipped(args: &Args, error: &str) -> String {
+    format!(
+        "Redis rows skipped: no Redis at {} ({error}).\n\
+         Start one (`redis-server`, or `apt-get install redis-server`) or pass --redis-url redis://HOST:PORT to add them.",
+        redis_target(args)
+    )
+}
+
+/// The Redis the shared-state rows use, as the user named it.
+fn redis_target(args: &Args) -> String {
+    match &args.redis_cluster {
+        Some(nodes) => format!("the Redis Cluster of {}", nodes.join(",")),
+        None => args.redis_url.clone(),
+    }
+}
+
+/// A store on the Redis the shared-state rows use (a Cluster when `--redis-cluster` names one), its keys under
+/// `namespace`.
+async fn redis_store(args: &Args, namespace: &str) -> Result<RedisStore, String> {
+    let builder = match &args.redis_cluster {
+        Some(nodes) => RedisStore::cluster_builder(nodes.iter().cloned()),
+        None => RedisStore::builder(&args.redis_url),
+    };
+    builder
+        .namespace(namespace)
+        .timeout(REDIS_TIMEOUT)
+        .build()
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Whether a Redis at `url` decides: a store builds even while Redis is down (it would apply its failure policy),
 /// so ask it for a real decision, one that consumes nothing.
-async fn redis_reachable(url: &str) -> Result<(), String> {
+async fn redis_reachable(args: &Args) -> Result<(), String> {
     let probe = async {
-        let store = RedisStore::builder(url)
-            .timeout(REDIS_TIMEOUT)
-            .build()
-            .await
-            .map_err(|e| e.to_string())?;
+        let store = redis_store(args, "tollgate").await?;
         let policy = Policy::token_bucket(Quota::per_second(1).map_err(|e| e.to_string())?);
         store
             .check("fleet-probe", &policy, 0)
@@ -166,11 +218,15 @@ async fn run(args: &Args, design: Design, instances: usize, index: usize, total:
         std::process::id(),
         now_nanos()
     );
+    let mut stores = Vec::new();
     for _ in 0..instances {
-        let (addr, task) = instance(args, design, &namespace).await;
+        let (addr, task, store) = instance(args, design, &namespace).await;
         lb.add(addr);
         tasks.push(task);
+        stores.extend(store);
     }
+    let calls = || stores.iter().map(RedisStore::script_calls).sum::<u64>();
+    let calls_before = calls();
     let (lb_addr, lb_task) = lb.start().await;
     tasks.push(lb_task);
 
@@ -209,7 +265,7 @@ async fn run(args: &Args, design: Design, instances: usize, index: usize, total:
                 let mut grown = Vec::new();
                 for _ in 1..args.instances {
                     tokio::time::sleep(step).await;
-                    let (addr, task) = instance(&args, design, &namespace).await;
+                    let (addr, task, _) = instance(&args, design, &namespace).await;
                     lb.add(addr);
                     grown.push(task);
                 }
@@ -229,31 +285,41 @@ async fn run(args: &Args, design: Design, instances: usize, index: usize, total:
     for task in tasks {
         task.abort();
     }
+    let mut outcome = outcome;
+    // Under --autoscale the grown instances' stores are not counted: the column is not shown there.
+    if design.state == State::Redis && !args.autoscale {
+        outcome.redis_calls = Some(calls() - calls_before);
+    }
     outcome
 }
 
+/// One instance of `design`; its Redis store too, when it has one (for its call count).
 async fn instance(
     args: &Args,
     design: Design,
     namespace: &str,
-) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<()>,
+    Option<RedisStore>,
+) {
     let quota = Quota::per_second(args.limit).expect("--limit is validated");
     let policy =
         Policy::new(design.algorithm, quota).expect("a per-second quota suits both algorithms");
-    match design.state {
-        State::None => start_instance(Arc::new(MemoryStore::new()), None).await,
-        State::InProcess => start_instance(Arc::new(MemoryStore::new()), Some(policy)).await,
+    let (addr, task) = match design.state {
+        State::None => start_instance(Arc::new(MemoryStore::new()), None, false).await,
+        State::InProcess => start_instance(Arc::new(MemoryStore::new()), Some(policy), false).await,
         State::Redis => {
             // Each instance has its own connection pool, as separate processes would.
-            let store = RedisStore::builder(&args.redis_url)
-                .namespace(namespace)
-                .timeout(REDIS_TIMEOUT)
-                .build()
+            let store = redis_store(args, namespace)
                 .await
                 .expect("Redis answered a moment ago");
-            start_instance(Arc::new(store), Some(policy)).await
+            let (addr, task) =
+                start_instance(Arc::new(store.clone()), Some(policy), design.deny_cache).await;
+            return (addr, task, Some(store));
         }
-    }
+    };
+    (addr, task, None)
 }
 
 fn now_nanos() -> u128 {
@@ -269,7 +335,7 @@ fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
         .find(|(d, _)| d.state == State::None)
         .map(|(_, o)| (o.percentile(50.0), o.percentile(99.0)));
     println!(
-        "{:<22} {:<11} {:>6} {:>11} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9}",
+        "{:<22} {:<11} {:>6} {:>11} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9} {:>14}",
         "design",
         "state",
         "limit",
@@ -279,7 +345,8 @@ fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
         "p50",
         "p99",
         "added p50",
-        "added p99"
+        "added p99",
+        "Redis calls/dec"
     );
     for (design, o) in rows {
         let (name, state) = design.label();
@@ -295,7 +362,7 @@ fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
         };
         let (b50, b99) = baseline.unwrap_or_default();
         println!(
-            "{:<22} {:<11} {:>6} {:>11.1} {:>8} {:>11.1} {:>7.2}ms {:>7.2}ms {:>9} {:>9}",
+            "{:<22} {:<11} {:>6} {:>11.1} {:>8} {:>11.1} {:>7.2}ms {:>7.2}ms {:>9} {:>9} {:>14}",
             name,
             state,
             if limited {
@@ -314,6 +381,8 @@ fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
             p99.as_secs_f64() * 1e3,
             added(p50, b50),
             added(p99, b99),
+            o.calls_per_decision()
+                .map_or_else(|| "-".into(), |c| format!("{c:.3}")),
         );
         if o.failed + o.not_sent > 0 {
             println!(
@@ -346,10 +415,15 @@ fn rows_json(
                 "not_sent": o.not_sent,
                 "p50_ms": o.percentile(50.0).as_secs_f64() * 1e3,
                 "p99_ms": o.percentile(99.0).as_secs_f64() * 1e3,
+                "deny_cache": design.state == State::Redis && design.deny_cache,
+                "decided": o.decided,
+                "redis_calls": o.redis_calls,
+                "redis_calls_per_decision": o.calls_per_decision(),
             })
         })
         .collect();
     serde_json::json!({
+        "scenario": "steady",
         "instances": args.instances,
         "limit": args.limit,
         "offered_per_s": args.offered,
@@ -372,10 +446,7 @@ async fn autoscale(args: &Args, with_redis: bool) {
         &[State::InProcess]
     };
     for (i, &state) in states.iter().enumerate() {
-        let design = Design {
-            algorithm: Algorithm::TokenBucket,
-            state,
-        };
+        let design = Design::new(Algorithm::TokenBucket, state);
         columns.push((design, run(args, design, 1, i, states.len()).await));
     }
     clear_progress();
@@ -408,7 +479,9 @@ async fn autoscale(args: &Args, with_redis: bool) {
             "autoscaling from 1 to {} instances, each limited to {} req/s, {} req/s offered",
             args.instances, args.limit, args.offered
         ),
-        &columns,
+        columns
+            .iter()
+            .map(|(design, o)| (*design, o.admitted_per_second.clone())),
         Some(instances),
     );
     if with_redis {
@@ -419,7 +492,7 @@ async fn autoscale(args: &Args, with_redis: bool) {
     } else {
         println!(
             "\nRedis column skipped: no Redis at {}; pass --redis-url to add it.",
-            args.redis_url
+            redis_target(args)
         );
     }
 }
@@ -438,11 +511,12 @@ fn clear_progress() {
     }
 }
 
-/// Writes `--plot`'s chart, if asked: a line per design (`rows`), the instances under `--autoscale`.
+/// Writes `--plot`'s chart, if asked: a line per design (`rows`: admitted per second), the instances under
+/// `--autoscale`.
 fn plot_if_asked(
     args: &Args,
     title: String,
-    rows: &[(Design, Outcome)],
+    rows: impl Iterator<Item = (Design, Vec<u64>)>,
     instances: Option<Vec<u64>>,
 ) {
     let Some(path) = &args.plot else {
@@ -452,8 +526,7 @@ fn plot_if_asked(
         title: format!("tollgate fleet simulation: {title}"),
         limit: args.limit,
         series: rows
-            .iter()
-            .map(|(design, outcome)| {
+            .map(|(design, per_second)| {
                 let (name, state) = design.label();
                 plot::Series {
                     colour: design.colour(),
@@ -462,7 +535,7 @@ fn plot_if_asked(
                     } else {
                         format!("{name}, {state}")
                     },
-                    per_second: outcome.admitted_per_second.clone(),
+                    per_second,
                 }
             })
             .collect(),

@@ -1,7 +1,7 @@
 //! [`RedisStore`]: one `EVALSHA` per decision, bounded by a timeout and guarded by a circuit breaker. What to do
 //! when Redis cannot answer is the limiter's failure policy: the store returns the error.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,8 @@ struct Inner {
     eviction: OnceLock<EvictionCheck>,
     /// The server does not know `EVALSHA_RO` (Redis before 7): peeks run the same read-only script by `EVALSHA`.
     no_read_only: AtomicBool,
+    /// Scripts sent to Redis (see [`RedisStore::script_calls`]).
+    script_calls: AtomicU64,
 }
 
 impl RedisStore {
@@ -104,6 +106,7 @@ impl RedisStore {
                 circuit: Circuit::new(failure_threshold, cool_down),
                 eviction: OnceLock::new(),
                 no_read_only: AtomicBool::new(false),
+                script_calls: AtomicU64::new(0),
             }),
         }
     }
@@ -252,6 +255,16 @@ impl RedisStore {
         }
     }
 
+    /// The scripts this store and its clones have sent to Redis so far: one per decision of
+    /// [`Store::check`], per peek, per charge after the response and per concurrency-lease call, the start-up
+    /// check's included (a `NOSCRIPT` reload or an `EVALSHA_RO` retried as `EVALSHA` counts once), none while the
+    /// circuit is open. What capacity planning divides by: the calls per decision
+    /// a limiter costs Redis (the deny cache answers some decisions without any).
+    #[must_use]
+    pub fn script_calls(&self) -> u64 {
+        self.inner.script_calls.load(Ordering::Relaxed)
+    }
+
     /// The circuit breaker's state.
     #[must_use]
     pub fn circuit_state(&self) -> CircuitState {
@@ -337,6 +350,7 @@ impl RedisStore {
             circuit: &inner.circuit,
             armed: admission == Admission::Probe,
         };
+        inner.script_calls.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let call = async {
             let read_only = read_only && !inner.no_read_only.load(Ordering::Relaxed);

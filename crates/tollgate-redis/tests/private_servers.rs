@@ -457,3 +457,55 @@ async fn the_store_returns_its_errors_to_the_limiter() {
         "{err:?}"
     );
 }
+
+/// The count of `EVALSHA` and `EVAL` calls a private server has served.
+fn server_script_calls(server: &RedisServer) -> u64 {
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| {
+            let rest = l
+                .strip_prefix("cmdstat_evalsha:calls=")
+                .or_else(|| l.strip_prefix("cmdstat_eval:calls="))?;
+            rest.split(',').next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// `script_calls` counts what Redis itself counts: every decision one script, shared by the store's clones, and
+/// none while the circuit is open.
+#[tokio::test]
+async fn script_calls_are_the_servers_own_count() {
+    let server = RedisServer::start();
+    let store = healthy_store(&server).await;
+    let clone = store.clone();
+    let policy = Policy::token_bucket(Quota::per_second(3).unwrap());
+    let (ours, theirs) = (store.script_calls(), server_script_calls(&server));
+    for i in 0..10 {
+        let s = if i % 2 == 0 { &store } else { &clone };
+        s.check("k", &policy, 1).await.unwrap();
+    }
+    assert_eq!(store.script_calls() - ours, 10);
+    assert_eq!(server_script_calls(&server) - theirs, 10);
+    assert_eq!(clone.script_calls(), store.script_calls());
+    // Paused: three timeouts open the circuit (for a minute: open for the rest of the test however slow the
+    // machine), after which the store sends nothing.
+    let faulty = RedisStore::builder(server.url())
+        .namespace("calls")
+        .timeout(TIMEOUT)
+        .circuit_breaker(3, Duration::from_secs(60))
+        .build()
+        .await
+        .unwrap();
+    let before = faulty.script_calls();
+    server.pause();
+    for _ in 0..3 {
+        assert!(faulty.check("k", &policy, 1).await.is_err());
+    }
+    assert!(matches!(
+        faulty.check("k", &policy, 1).await,
+        Err(StoreError::CircuitOpen)
+    ));
+    server.resume();
+    assert_eq!(faulty.script_calls() - before, 3);
+}

@@ -509,3 +509,149 @@ async fn cached_refusals_answer_with_the_stores_header_fields() {
         "the cache answered none: {cached_calls} vs {plain_calls} calls"
     );
 }
+
+/// Redis at a manual clock's instants, counting its calls, whose next call waits for a permit once `hold` is set:
+/// a store call kept in flight for as long as a test needs.
+struct Gated {
+    inner: Clocked,
+    hold: std::sync::atomic::AtomicBool,
+    gate: tokio::sync::Semaphore,
+}
+
+impl Store for Gated {
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.inner.calls.fetch_add(1, Ordering::Relaxed);
+        if self.hold.swap(false, Ordering::SeqCst) {
+            self.gate.acquire().await.expect("open").forget();
+        }
+        self.inner
+            .redis
+            .check_at(key, policy, cost, self.inner.clock.now())
+            .await
+    }
+    fn is_shared(&self) -> bool {
+        true
+    }
+}
+
+/// A cached and a plain service at one manual clock, one token per second, the key "k" denied (cached) at the
+/// clock's start.
+async fn denied_key(name: &str) -> (ManualClock, Arc<Gated>, Svc, Svc) {
+    let clock = clock();
+    let prefix = unique_prefix(name);
+    let gated = Arc::new(Gated {
+        inner: Clocked {
+            redis: redis(&prefix).await,
+            clock: clock.clone(),
+            calls: AtomicUsize::new(0),
+        },
+        hold: false.into(),
+        gate: tokio::sync::Semaphore::new(0),
+    });
+    let plain = Arc::new(Clocked {
+        redis: redis(&format!("{prefix}-plain")).await,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let policy = Policy::token_bucket(Quota::per_second(1).unwrap());
+    let mut cached = service(
+        layer(gated.clone(), policy).deny_cache_config(DenyCache::new().clock(clock.clone())),
+    );
+    let mut plain = service(layer(plain, policy).deny_cache(false));
+    for svc in [&mut cached, &mut plain] {
+        assert!(decide(svc, "k", 1).await.is_allowed());
+        assert!(!decide(svc, "k", 1).await.is_allowed());
+    }
+    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 2);
+    (clock, gated, cached, plain)
+}
+
+/// Starts `n` concurrent requests for "k" with the store's next call held, lets every one of them run until it
+/// waits (a current-thread runtime runs each ready task before the yielding one again), and returns them.
+async fn flood_held(gated: &Gated, svc: &Svc, n: usize) -> Vec<tokio::task::JoinHandle<Decision>> {
+    gated.hold.store(true, Ordering::SeqCst);
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let mut svc = svc.clone();
+            tokio::spawn(async move { decide(&mut svc, "k", 1).await })
+        })
+        .collect();
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    tasks
+}
+
+/// Concurrent requests just after an entry expired (still denied, by less than a millisecond) ask the store once;
+/// the others wait for that reply and are refused from the entry it brings, with the store's numbers.
+#[tokio::test]
+async fn after_an_expiry_concurrent_requests_ask_the_store_once() {
+    let (clock, gated, cached, mut plain) = denied_key("deny-cache-flight").await;
+    // The entry expires 600 µs (the drift margin) before the retry instant, one second on.
+    clock.advance(Duration::from_micros(999_500));
+    let tasks = flood_held(&gated, &cached, 8).await;
+    assert_eq!(
+        gated.inner.calls.load(Ordering::Relaxed),
+        3,
+        "one request asks the store, the seven others wait"
+    );
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+    gated.gate.add_permits(1);
+    let expected = decide(&mut plain, "k", 1).await;
+    assert_eq!(expected.outcome, Outcome::Limited);
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), expected, "the store's own numbers");
+    }
+    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 3);
+}
+
+/// When the single flight is admitted (the token that accrued is spent), the next waiter asks in turn and its denial
+/// refuses the rest: two calls, one admission, exactly as the store decides the same requests one by one.
+#[tokio::test]
+async fn an_admitted_flight_hands_the_call_to_the_next_waiter() {
+    let (clock, gated, cached, mut plain) = denied_key("deny-cache-chain").await;
+    clock.advance(Duration::from_millis(1_200));
+    let tasks = flood_held(&gated, &cached, 8).await;
+    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 3);
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+    gated.gate.add_permits(1);
+    let mut expected = Vec::new();
+    for _ in 0..8 {
+        expected.push(decide(&mut plain, "k", 1).await);
+    }
+    let mut got = Vec::new();
+    for task in tasks {
+        got.push(task.await.unwrap());
+    }
+    assert_eq!(got.iter().filter(|d| d.is_allowed()).count(), 1);
+    for denied in got.iter().filter(|d| !d.is_allowed()) {
+        assert_eq!(denied, &expected[1], "the store's own numbers");
+    }
+    assert_eq!(
+        gated.inner.calls.load(Ordering::Relaxed),
+        3 + 1,
+        "the admitted flight, then the one denial that refuses the six others"
+    );
+}
+
+/// A flight whose request is dropped (its client went away) lets the waiters go at once: they ask on their own.
+#[tokio::test]
+async fn a_dropped_flight_lets_its_waiters_ask() {
+    let (clock, gated, cached, mut plain) = denied_key("deny-cache-dropped").await;
+    clock.advance(Duration::from_micros(999_500));
+    let mut tasks = flood_held(&gated, &cached, 3).await;
+    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 3);
+    // The probe is the task whose store call is held: the only one the gate can be waiting for.
+    let probe = tasks.remove(0);
+    probe.abort();
+    assert!(probe.await.unwrap_err().is_cancelled());
+    let expected = decide(&mut plain, "k", 1).await;
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), expected);
+    }
+    assert_eq!(
+        gated.inner.calls.load(Ordering::Relaxed),
+        3 + 2,
+        "each waiter asked the store itself"
+    );
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
 
-use super::deny_cache::DenyTable;
+use super::deny_cache::{DenyTable, Turn};
 use super::overrides::{Choice, Plans};
 use crate::key::{hash_bytes, with_key_buffer};
 use crate::limit::core::{self, Judge};
@@ -150,12 +150,27 @@ impl<K, St: Store, C> Shared<K, St, C> {
         mode: Mode,
         keep: bool,
     ) -> Conclusion {
+        let Some(deny) = &self.deny else {
+            let result = timed_async(self.store.check(&key, &self.policy, cost)).await;
+            return self.conclude(result, &key, cost, mode, keep);
+        };
+        // A key whose cached denial has just expired is asked once; the others wait for that reply.
+        let flight = match deny.turn(&key, cost).await {
+            Turn::Refuse(decision) => {
+                return self.over_limit(decision, mode, keep);
+            }
+            Turn::Ask(flight) => flight,
+        };
         // The deny cache measures from before the request is sent: the store decides no earlier.
-        let sent = self.deny.as_ref().map(|deny| deny.now());
+        let sent = deny.now();
         let result = timed_async(self.store.check(&key, &self.policy, cost)).await;
-        if let (Some(deny), Some(sent), Ok(decision)) = (&self.deny, sent, &result) {
+        if let Ok(decision) = &result {
             deny.record(&key, cost, sent, decision);
+            if let Some(flight) = &flight {
+                flight.decided();
+            }
         }
+        drop(flight);
         self.conclude(result, &key, cost, mode, keep)
     }
 

@@ -27,18 +27,34 @@
 //!   store admits it, the entry is dropped (it would still refuse exactly, but with a `remaining` and `reset`
 //!   the store no longer gives).
 //!
-//! T is measured on the local clock from the instant the request was **sent** (before the store was asked),
-//! not from when the reply arrived: the store decided no earlier than that, so T = sent + `r` is no later than
-//! the store's retry instant, whatever the latency. What is left is the two clocks' rates: over `r` the local
-//! clock (a calibrated counter, see [`SystemClock`]) and Redis's `TIME` may drift apart
-//! by tens of parts per million, and the local clock's resynchronisation moves it by some microseconds either
-//! way, and an NTP daemon slewing either clock runs it at most 500 ppm off. The entry therefore expires a margin
-//! early, **100 µs + 500 ppm of `r`** ([`drift_margin`]), and a denial whose `r` is within that margin is not
-//! cached. (The margin also costs calls: requests in its window ask the store, which for a key whose tokens
-//! accrue every 10 ms is 1 % of a flood's requests.) The residual: a Redis clock stepped forward (an NTP step on the Redis host, or a
-//! failover to a replica whose clock runs ahead) by more than the margin while an entry is live admits there
-//! earlier than the entry expires — by at most the step, for at most `r`; a step back only makes the cache more
-//! conservative than needed.
+//! T is measured on the local clock from the instant the request was **sent** (before the store was asked), not from
+//! when the reply arrived: the store decided no earlier than that, so T = sent + `r` is no later than the store's retry
+//! instant, whatever the latency. What is left is the two clocks' rates: over `r` the local clock (a calibrated
+//! counter, see [`SystemClock`]) and Redis's `TIME` may drift apart by tens of parts per million, and the local clock's
+//! resynchronisation moves it by some microseconds either way, and an NTP daemon slewing either clock runs it at most
+//! 500 ppm off. The entry therefore expires a margin early, **100 µs + 500 ppm of `r`** ([`drift_margin`]), and a
+//! denial whose `r` is within that margin is not cached (the requests in the margin's window are coalesced like any
+//! after an expiry, below). The residual: a Redis clock stepped forward (an NTP step on the Redis host, or a failover
+//! to a replica whose clock runs ahead) by more than the margin while an entry is live admits there earlier than the
+//! entry expires — by at most the step, for at most `r`; a step back only makes the cache more conservative than
+//! needed.
+//!
+//! # Single flight on expiry
+//!
+//! When an entry expires (for a flooded key whose tokens accrue every 10 ms, every 10 ms), every connection's
+//! next request would miss it and ask the store while the first one's round trip is in flight: about one call per
+//! connection per token. Instead the first request after the expiry asks the store alone and the others for that
+//! key wait for its reply, then look again: a denial the reply brought refuses them (a cache hit, exact as any:
+//! each is answered after the reply, at an instant the new entry covers); if it admitted (the token that accrued
+//! is spent, no room for another request of the entry's cost) the expired entry stays and the next of them asks
+//! alone in turn; if there is room, the entry goes and they all ask. Nothing is decided without the store or an
+//! entry the store's denial made, so the exactness above is untouched; only the calls are spaced.
+//!
+//! The wait is bounded: a request waits for at most 4 flights (each one store call, which the store's own timeout
+//! bounds), and when a flight ends without the store's decision (an error, or its request was dropped) the waiters
+//! ask on their own at once, so that none queues behind an outage. An expired entry coalesces only for one retry
+//! delay (at most a second) after its retry instant; after that, or for a key with no entry, the store is asked
+//! concurrently as without a cache. Requests that miss the cache pay one more look at the table.
 //!
 //! # What would break it, and how each case is handled
 //!
@@ -63,10 +79,11 @@
 //!
 //! # Memory
 //!
-//! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about
-//! 120 bytes each with the table's own overhead): an expired entry is replaced first, else the least recently
-//! used is evicted — evicting a live entry only costs its key one store call. Expired entries are also swept (at most once a
-//! second, from an insertion, shard by shard). Evictions count in `tollgate_evictions_total{limiter}`.
+//! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about 120
+//! bytes each with the table's own overhead): an entry past its coalescing window is replaced first, else the least
+//! recently used is evicted — evicting a live entry only costs its key one store call. Entries past their window are
+//! also swept (at most once a second, from an insertion, shard by shard). Evictions count in
+//! `tollgate_evictions_total{limiter}`.
 //!
 //! # Metrics
 //!
@@ -129,10 +146,11 @@
 
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use event_listener::{Event, EventListener};
 use tollgate_core::store::{BoundedTable, Expiry, OnFull};
 use tollgate_core::{Clock, Decision, Outcome, SystemClock};
 
@@ -152,6 +170,12 @@ const MARGIN_FIXED_MICROS: u64 = 100;
 const MARGIN_PPM_DIVISOR: u64 = 2_000;
 /// The least time between two sweeps of expired entries, in µs.
 const SWEEP_EVERY_MICROS: u64 = 1_000_000;
+/// The longest an expired entry still coalesces its key's store calls after its retry instant, in µs (and at most
+/// its retry delay): long enough for the calls that follow an expiry (a few round trips), short enough that a key
+/// which stopped being refused soon goes back to concurrent calls.
+const FLIGHT_WINDOW_MICROS: u64 = 1_000_000;
+/// The most single flights one request waits for before it asks the store itself.
+const MAX_WAITS: u32 = 4;
 
 /// How long before the store's retry instant an entry for a retry delay of `retry` µs expires: the bound on
 /// the drift between the local clock and the store's over that delay (see the module docs).
@@ -233,7 +257,7 @@ impl DenyCache {
 }
 
 /// One cached denial.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Denial {
     /// The key's second digest, against collisions of the first.
     check: u64,
@@ -245,13 +269,78 @@ struct Denial {
     due: u64,
     /// Local instant (µs) from which the entry no longer answers: `due` minus the drift margin.
     expires: u64,
+    /// Local instant (µs) until which the expired entry still coalesces the key's store calls (single flight).
+    coalesce_until: u64,
+    /// The store call under way for the key since the entry expired, which other requests for it wait for.
+    flight: Option<Arc<Flight>>,
     /// The store's decision.
     decision: Decision,
 }
 
 impl Expiry for Denial {
     fn expires_at(&self) -> u64 {
-        self.expires
+        self.coalesce_until
+    }
+}
+
+/// The one store call for an expired entry's key, and the requests waiting for its reply.
+#[derive(Debug, Default)]
+struct Flight {
+    landed: Event,
+    /// Set when the call brought the store's decision: the waiters look at the entry again (refused from the
+    /// new one, or the next of them asks). Unset when it failed or was dropped: they ask on their own, so that
+    /// none queues behind an outage.
+    decided: AtomicBool,
+}
+
+/// What a request for a key whose cached denial it may wait on does.
+enum Enter {
+    /// Refused with the cached decision.
+    Hit(Decision),
+    /// Asks the store, as the key's single flight.
+    Probe(Arc<Flight>),
+    /// Waits for the flight under way.
+    Wait(Arc<Flight>, EventListener),
+    /// Asks the store on its own (no entry covers it, or it waited long enough).
+    Alone,
+}
+
+/// A request's turn at a key the deny cache may hold.
+pub(crate) enum Turn<'a> {
+    /// Refuse it with this cached decision.
+    Refuse(Decision),
+    /// Ask the store; with the key's single flight, hold it until the reply is recorded.
+    Ask(Option<FlightGuard<'a>>),
+}
+
+/// Held by the request that asks the store for an expired entry's key; dropping it lets the waiters go.
+pub(crate) struct FlightGuard<'a> {
+    table: &'a DenyTable,
+    digest: u64,
+    check: u64,
+    flight: Arc<Flight>,
+}
+
+impl FlightGuard<'_> {
+    /// The store decided, and the decision is recorded: the waiters look at the entry again.
+    pub(crate) fn decided(&self) {
+        self.flight.decided.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for FlightGuard<'_> {
+    fn drop(&mut self) {
+        // A new entry (a denial recorded) replaced the flight already; otherwise the key has none under way now.
+        self.table.table.get(self.digest, |d| {
+            if d.check == self.check
+                && d.flight
+                    .as_ref()
+                    .is_some_and(|f| Arc::ptr_eq(f, &self.flight))
+            {
+                d.flight = None;
+            }
+        });
+        self.flight.landed.notify(usize::MAX);
     }
 }
 
@@ -285,28 +374,76 @@ impl DenyTable {
         let decision = self
             .table
             .get(digest, |d| {
-                (d.check == check && d.cost <= cost && cost <= d.decision.limit && now < d.expires)
-                    .then(|| Decision {
-                        retry_after: Some(Duration::from_micros(d.due - now)),
-                        // The local clock may have been set back a little since: never before the store's instant.
-                        now: tollgate_core::Timestamp::from_micros(
-                            d.decision.now.as_micros() + now.saturating_sub(d.sent),
-                        ),
-                        ..d.decision
-                    })
+                (d.check == check && covers(d, cost) && now < d.expires).then(|| answer(d, now))
             })
             .flatten()?;
         self.hits.increment(1);
         Some(decision)
     }
 
+    /// A request the synchronous [`lookup`](Self::lookup) did not answer: refused from an entry (one a flight it
+    /// waited for brought), or asking the store — as the key's single flight when its entry has just expired,
+    /// while the others wait for that reply (at most [`MAX_WAITS`] flights, each one store call).
+    pub(crate) async fn turn(&self, key: &str, cost: u64) -> Turn<'_> {
+        let (digest, check) = self.digests(key);
+        let mut waits = 0;
+        loop {
+            match self.enter(digest, check, cost, waits < MAX_WAITS) {
+                Enter::Hit(decision) => {
+                    self.hits.increment(1);
+                    return Turn::Refuse(decision);
+                }
+                Enter::Probe(flight) => {
+                    return Turn::Ask(Some(FlightGuard {
+                        table: self,
+                        digest,
+                        check,
+                        flight,
+                    }));
+                }
+                Enter::Alone => return Turn::Ask(None),
+                Enter::Wait(flight, landed) => {
+                    landed.await;
+                    if !flight.decided.load(Ordering::Acquire) {
+                        return Turn::Ask(None);
+                    }
+                    waits += 1;
+                }
+            }
+        }
+    }
+
+    /// One look at the key's entry, under its shard's lock: a live entry answers; an expired one within its
+    /// window sends one request to the store and makes the others wait (a listener registered under the lock
+    /// the flight is cleared under, so no wake-up is missed).
+    fn enter(&self, digest: u64, check: u64, cost: u64, may_wait: bool) -> Enter {
+        let now = self.now();
+        self.table
+            .get(digest, |d| {
+                if d.check != check || !covers(d, cost) || now >= d.coalesce_until {
+                    return Enter::Alone;
+                }
+                if now < d.expires {
+                    return Enter::Hit(answer(d, now));
+                }
+                match &d.flight {
+                    Some(flight) if may_wait => Enter::Wait(flight.clone(), flight.landed.listen()),
+                    Some(_) => Enter::Alone,
+                    None => {
+                        let flight = Arc::new(Flight::default());
+                        d.flight = Some(flight.clone());
+                        Enter::Probe(flight)
+                    }
+                }
+            })
+            .unwrap_or(Enter::Alone)
+    }
+
     /// Remembers the store's `decision` on `key` for a request of `cost` sent at local instant `sent`, if it is
     /// a denial that can be cached.
     pub(crate) fn record(&self, key: &str, cost: u64, sent: u64, decision: &Decision) {
         if decision.is_allowed() {
-            // A cheaper request spent from the key: an entry would still refuse exactly, but with numbers
-            // (`remaining`, `reset`) the store no longer gives. The next costly request asks again.
-            self.forget(key);
+            self.admitted(key, decision);
             return;
         }
         let (Outcome::Limited, Some(retry)) = (decision.outcome, decision.retry_after) else {
@@ -316,13 +453,16 @@ impl DenyTable {
         if retry <= margin || cost == 0 {
             return;
         }
-        let due = sent.saturating_add(retry.as_micros() as u64);
+        let retry_micros = retry.as_micros() as u64;
+        let due = sent.saturating_add(retry_micros);
         let entry = Denial {
             check: 0,
             cost,
             sent,
             due,
             expires: due - margin.as_micros() as u64,
+            coalesce_until: due.saturating_add(retry_micros.min(FLIGHT_WINDOW_MICROS)),
+            flight: None,
             decision: *decision,
         };
         let (digest, check) = self.digests(key);
@@ -340,6 +480,22 @@ impl DenyTable {
         // Never refuses (`EvictLru`); an evicted entry only costs its key a store call.
         let _ = self.table.insert(digest, Denial { check, ..entry }, now);
         self.sweep(now);
+    }
+
+    /// The store admitted a request for `key`.
+    fn admitted(&self, key: &str, decision: &Decision) {
+        let (digest, check) = self.digests(key);
+        let now = self.now();
+        // A live entry goes: a cheaper request spent from the key, and the entry would still refuse exactly, but
+        // with numbers (`remaining`, `reset`) the store no longer gives; the next costly request asks again. An
+        // expired one stays while the key has no room for another request of its cost (the token that accrued
+        // is spent): the next request then asks alone, the others wait for it, as after the expiry.
+        let drop = self.table.get(digest, |d| {
+            d.check == check && (now < d.expires || decision.remaining >= d.cost)
+        });
+        if drop == Some(true) {
+            self.table.remove(digest);
+        }
     }
 
     /// Drops expired entries, at most once a second (the first insertion after the second passes does it).
@@ -366,6 +522,23 @@ impl DenyTable {
         if self.table.get(digest, |d| d.check == check) == Some(true) {
             self.table.remove(digest);
         }
+    }
+}
+
+/// Whether `entry` answers a request of `cost`: costs from the one denied up to the limit.
+fn covers(entry: &Denial, cost: u64) -> bool {
+    entry.cost <= cost && cost <= entry.decision.limit
+}
+
+/// The cached decision as the store would give it at local instant `now` (before the entry expires).
+fn answer(entry: &Denial, now: u64) -> Decision {
+    Decision {
+        retry_after: Some(Duration::from_micros(entry.due - now)),
+        // The local clock may have been set back a little since: never before the store's instant.
+        now: tollgate_core::Timestamp::from_micros(
+            entry.decision.now.as_micros() + now.saturating_sub(entry.sent),
+        ),
+        ..entry.decision
     }
 }
 

@@ -1,0 +1,184 @@
+//! `examples/fleet` as a black box, on a private Redis: the steady table's "Redis calls / decision" column and
+//! `--scenario flood` (one client far over its limit, the deny cache on and off), read from `--json`.
+
+use std::process::Command;
+
+use serde_json::Value;
+use tollgate_testkit::examples::example;
+use tollgate_testkit::redis::RedisServer;
+
+/// Runs the fleet with `args` on a private Redis; its `--json` output.
+fn fleet_json(args: &[&str]) -> Value {
+    let redis = RedisServer::start();
+    let out = Command::new(example("fleet"))
+        .args(args)
+        .args(["--redis-url", &redis.url(), "--json"])
+        .output()
+        .expect("run the fleet");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+fn num(row: &Value, field: &str) -> f64 {
+    row[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{field} in {row}"))
+}
+
+/// The rows' (design, state) pairs.
+fn labels(run: &Value) -> Vec<(String, String)> {
+    run["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| {
+            (
+                r["design"].as_str().unwrap().to_owned(),
+                r["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The flood: every store holds the limit; without the deny cache each decision is one script call (to within the
+/// requests in flight at the window's two ends), with it a small share of one; in-process rows make none.
+#[test]
+fn the_flood_holds_the_limit_and_the_deny_cache_spares_redis() {
+    let (instances, limit, connections) = (2.0, 50.0, 8.0);
+    let run = fleet_json(&[
+        "--scenario",
+        "flood",
+        "--instances",
+        "2",
+        "--limit",
+        "50",
+        "--connections",
+        "8",
+        "--duration",
+        "2s",
+        "--warmup",
+        "500ms",
+    ]);
+    assert_eq!(run["scenario"], "flood");
+    let pairs = |names: &[(&str, &str)]| -> Vec<(String, String)> {
+        names
+            .iter()
+            .map(|(d, s)| ((*d).to_owned(), (*s).to_owned()))
+            .collect()
+    };
+    assert_eq!(
+        labels(&run),
+        pairs(&[
+            ("no limiter (baseline)", "-"),
+            ("token bucket", "in-process"),
+            ("sliding window", "in-process"),
+            ("token bucket", "Redis"),
+            ("token bucket", "Redis, no deny cache"),
+            ("sliding window", "Redis"),
+            ("sliding window", "Redis, no deny cache"),
+        ])
+    );
+    let seconds = 2.0;
+    for row in run["rows"].as_array().unwrap() {
+        let state = row["state"].as_str().unwrap();
+        assert_eq!(row["failed"], 0, "{row}");
+        let admitted = num(row, "admitted_per_s");
+        let served = num(row, "served_per_s");
+        // The burst was spent in the warm-up; the rate is what the limit lets through (±25 %: a window-aligned
+        // counter over 2 s and the window's edges).
+        let expected = match state {
+            "-" => served,
+            "in-process" => instances * limit,
+            _ => limit,
+        };
+        assert!(
+            (admitted - expected).abs() <= 0.25 * expected,
+            "{row}: admitted {admitted}/s, expected about {expected}/s"
+        );
+        if state != "-" {
+            assert!(served > 2.0 * admitted, "far over its limit: {row}");
+        }
+        let decided = num(row, "served") - num(row, "failed");
+        match state {
+            "-" | "in-process" => assert!(row["redis_calls"].is_null(), "{row}"),
+            "Redis, no deny cache" => {
+                let calls = num(row, "redis_calls");
+                assert!(
+                    (calls - decided).abs() <= 2.0 * connections,
+                    "one call per decision: {calls} calls for {decided} decisions"
+                );
+            }
+            _ => {
+                let calls = num(row, "redis_calls");
+                // Every admission is a store call; refusals are mostly answered by the cache.
+                assert!(
+                    calls >= admitted * seconds - connections,
+                    "{row}: fewer calls than admissions"
+                );
+                assert!(
+                    num(row, "redis_calls_per_decision") <= 0.5,
+                    "the deny cache answered few refusals: {row}"
+                );
+            }
+        }
+    }
+}
+
+/// The steady table's column: in-process rows make no Redis calls; a Redis row makes one per admission at least
+/// and at most one per decision (the deny cache answers the rest), counted over the whole run.
+#[test]
+fn the_steady_table_counts_redis_calls_per_decision() {
+    let run = fleet_json(&[
+        "--instances",
+        "2",
+        "--limit",
+        "20",
+        "--duration",
+        "1s",
+        "--warmup",
+        "500ms",
+    ]);
+    assert_eq!(run["scenario"], "steady");
+    let mut redis_rows = 0;
+    for row in run["rows"].as_array().unwrap() {
+        if row["state"] != "Redis" {
+            assert!(row["redis_calls_per_decision"].is_null(), "{row}");
+            continue;
+        }
+        redis_rows += 1;
+        assert_eq!(row["deny_cache"], true, "the default on Redis: {row}");
+        let (calls, decided) = (num(row, "redis_calls"), num(row, "decided"));
+        assert!(decided > 0.0 && calls <= decided, "{row}");
+        // Admissions of the measured window alone, a lower bound for the whole run's.
+        assert!(calls >= num(row, "admitted_per_s"), "{row}");
+        assert!(
+            (num(row, "redis_calls_per_decision") - calls / decided).abs() < 1e-9,
+            "{row}"
+        );
+    }
+    assert_eq!(redis_rows, 2, "{run}");
+}
+
+/// Flags that do not go with the flood are refused before anything runs.
+#[test]
+fn the_flood_refuses_flags_it_does_not_take() {
+    for args in [
+        &["--scenario", "flood", "--offered", "500"][..],
+        &["--scenario", "flood", "--autoscale"],
+        &["--scenario", "storm"],
+        &["--redis-cluster", ","],
+    ] {
+        let out = Command::new(example("fleet"))
+            .args(args)
+            .output()
+            .expect("run the fleet");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: nothing measured");
+        assert!(!out.stderr.is_empty(), "{args:?}: a message");
+    }
+}
