@@ -303,6 +303,20 @@ impl Store for RedisStore {
     fn is_shared(&self) -> bool {
         true
     }
+
+    /// A token lease call on Redis's clock (see [`RedisStore::lease_tokens_at`]).
+    async fn lease_tokens(
+        &self,
+        key: &str,
+        policy: &Policy,
+        request: &tollgate_core::token_lease::TokenLeaseRequest,
+    ) -> Result<tollgate_core::token_lease::TokenLeaseGrant, StoreError> {
+        self.lease(key, policy, request, None).await
+    }
+
+    fn supports_token_leases(&self) -> bool {
+        true
+    }
 }
 
 /// Frees the half-open probe slot if the probing call is cancelled before it reports.

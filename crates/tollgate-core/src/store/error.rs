@@ -20,6 +20,8 @@ pub enum StoreError {
     CircuitOpen,
     /// The backend answered with an error or could not be reached.
     Backend(Box<dyn Error + Send + Sync>),
+    /// The store does not offer this operation (e.g. token leases, see [`Store::lease_tokens`](crate::Store::lease_tokens)).
+    Unsupported(&'static str),
 }
 
 impl StoreError {
@@ -31,6 +33,7 @@ impl StoreError {
             Self::Timeout(_) => "timeout",
             Self::CircuitOpen => "circuit_open",
             Self::Backend(_) => "backend",
+            Self::Unsupported(_) => "unsupported",
         }
     }
 
@@ -50,6 +53,7 @@ impl fmt::Display for StoreError {
             Self::Timeout(d) => write!(f, "the store did not answer within {d:?}"),
             Self::CircuitOpen => f.write_str("the store's circuit is open after repeated failures"),
             Self::Backend(e) => write!(f, "the store failed: {e}"),
+            Self::Unsupported(what) => write!(f, "the store does not support {what}"),
         }
     }
 }

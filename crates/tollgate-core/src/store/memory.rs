@@ -19,9 +19,11 @@ use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
 use crate::algorithm::Step;
 use crate::algorithm::sliding_window::{self, SlidingWindowState};
 use crate::algorithm::token_bucket::{self, TokenBucketState};
+use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
 use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, Timestamp};
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
+use super::memory_lease::LeaseBooks;
 use super::table::{Expiry, Rng, Table};
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
@@ -85,11 +87,13 @@ pub struct MemoryStore<C = SystemClock> {
     bound: Bound,
     log: EvictionLog,
     clock: C,
+    /// Token leases' books (see [`MemoryStore::lease_tokens_at`]), empty unless someone leases.
+    pub(super) leases: LeaseBooks,
 }
 
 /// The bound, as each shard applies it.
 #[derive(Debug, Clone, Copy)]
-struct Bound {
+pub(super) struct Bound {
     shard_capacity: usize,
     max_keys: usize,
     on_full: OnFull,
@@ -204,6 +208,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
             },
             log: EvictionLog::new(self.name.unwrap_or_else(|| DEFAULT_NAME.to_owned())),
             clock: self.clock,
+            leases: LeaseBooks::default(),
         }
     }
 }
@@ -274,12 +279,10 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<Decision, StoreError> {
         // The algorithms decide at no later instant; expiry and sweeping must agree with them.
         let now = now.min(Timestamp::LATEST);
-        let index = if self.shard_bits == 0 {
-            0
-        } else {
-            (hash >> (40 - self.shard_bits.min(24))) as usize
-        };
-        let mut shard = lock(&self.shards[index & (self.shards.len() - 1)]);
+        if policy.algorithm() == Algorithm::TokenBucket && self.leases.active() {
+            return self.check_leased_at(hash, policy, cost, now);
+        }
+        let mut shard = self.shard(hash);
         let (bound, log) = (&self.bound, &self.log);
         match policy.algorithm() {
             Algorithm::TokenBucket => shard.apply(hash, now, bound, log, Shard::buckets, |s| {
@@ -293,6 +296,21 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    /// The shard holding `hash`, locked.
+    pub(super) fn shard(&self, hash: u64) -> MutexGuard<'_, Shard> {
+        let index = if self.shard_bits == 0 {
+            0
+        } else {
+            (hash >> (40 - self.shard_bits.min(24))) as usize
+        };
+        lock(&self.shards[index & (self.shards.len() - 1)])
+    }
+
+    /// The bound and the eviction log, as [`Shard::apply`] takes them.
+    pub(super) fn bound_and_log(&self) -> (&Bound, &EvictionLog) {
+        (&self.bound, &self.log)
+    }
+
     /// Drops every key whose state is indistinguishable from a fresh one. Never required: the store sweeps
     /// itself as it grows.
     pub fn sweep(&self) {
@@ -300,6 +318,11 @@ impl<C: Clock> MemoryStore<C> {
         for shard in &*self.shards {
             lock(shard).sweep(now, &self.bound);
         }
+    }
+
+    /// The store's key seed.
+    pub(super) fn seed(&self) -> &RandomState {
+        &self.seed
     }
 
     /// The store's clock.
@@ -339,6 +362,19 @@ impl<C: Clock> Store for MemoryStore<C> {
     ) -> Option<Result<Decision, StoreError>> {
         Some(self.check_digest_at(digest, policy, cost, self.clock.now()))
     }
+
+    fn lease_tokens(
+        &self,
+        key: &str,
+        policy: &Policy,
+        request: &TokenLeaseRequest,
+    ) -> impl Future<Output = Result<TokenLeaseGrant, StoreError>> + Send {
+        ready(self.lease_tokens_now(key, policy, request))
+    }
+
+    fn supports_token_leases(&self) -> bool {
+        true
+    }
 }
 
 /// parking_lot's mutex rather than std's: under two threads on one hot key it spins adaptively before parking,
@@ -349,7 +385,7 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 /// A stored algorithm state, which knows when it has decayed back to "fresh".
-trait Entry: Copy + Expiry {
+pub(super) trait Entry: Copy + Expiry {
     type State: Copy;
     fn new(state: Self::State, decision: &Decision) -> Self;
     fn state(&self) -> Self::State;
@@ -372,7 +408,7 @@ impl Entry for TokenBucketState {
 }
 
 #[derive(Clone, Copy)]
-struct WindowEntry {
+pub(super) struct WindowEntry {
     state: SlidingWindowState,
     expires_at: u64,
 }
@@ -396,7 +432,7 @@ impl Expiry for WindowEntry {
     }
 }
 
-struct Shard {
+pub(super) struct Shard {
     buckets: Table<TokenBucketState>,
     windows: Table<WindowEntry>,
     /// Counts uses: an entry's stamp is this count at its last use, so a smaller stamp is less recently used.
@@ -423,11 +459,11 @@ impl Shard {
         }
     }
 
-    fn buckets(&mut self) -> &mut Table<TokenBucketState> {
+    pub(super) fn buckets(&mut self) -> &mut Table<TokenBucketState> {
         &mut self.buckets
     }
 
-    fn windows(&mut self) -> &mut Table<WindowEntry> {
+    pub(super) fn windows(&mut self) -> &mut Table<WindowEntry> {
         &mut self.windows
     }
 
@@ -435,7 +471,7 @@ impl Shard {
         self.buckets.len() + self.windows.len()
     }
 
-    fn apply<E: Entry>(
+    pub(super) fn apply<E: Entry>(
         &mut self,
         hash: u64,
         now: Timestamp,
