@@ -28,6 +28,9 @@ pub(crate) struct Shared<K, St, C> {
     digest_prefix: Option<DefaultHasher>,
     /// The deny cache, when on (a shared store's denials answered locally until their retry instant).
     deny: Option<Arc<DenyTable>>,
+    /// Token leases, when on (hot keys admitted from batches leased from the store).
+    #[cfg(feature = "leases")]
+    leases: Option<Arc<super::token_lease::LeaseTable<St>>>,
 }
 
 impl<K, St: Store, C> Shared<K, St, C> {
@@ -43,6 +46,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         fallback: Option<Arc<MemoryStore>>,
         near_limit: NearLimitShare,
         deny: Option<Arc<DenyTable>>,
+        #[cfg(feature = "leases")] leases: Option<Arc<super::token_lease::LeaseTable<St>>>,
     ) -> Self {
         let algorithm = policy.algorithm().as_str();
         let signals = Signals::new(&name, "limited", algorithm, store_name::<St>(), near_limit);
@@ -64,7 +68,37 @@ impl<K, St: Store, C> Shared<K, St, C> {
             fallback,
             digest_prefix,
             deny,
+            #[cfg(feature = "leases")]
+            leases,
         }
+    }
+
+    /// Answers from the key's leased batch (admitted, or refused while the store said it is short); `None` for
+    /// the plain path. Starts a fetch when one is due.
+    #[cfg(feature = "leases")]
+    #[inline]
+    pub(crate) fn decide_leased(
+        &self,
+        key: &str,
+        cost: u64,
+        mode: Mode,
+        keep: bool,
+    ) -> Option<Conclusion> {
+        let decision = self.leases.as_ref()?.take(key, cost)?;
+        Some(self.judge(decision, mode, keep))
+    }
+
+    /// Without the `leases` feature every request takes the plain path.
+    #[cfg(not(feature = "leases"))]
+    #[inline(always)]
+    pub(crate) fn decide_leased(
+        &self,
+        _key: &str,
+        _cost: u64,
+        _mode: Mode,
+        _keep: bool,
+    ) -> Option<Conclusion> {
+        None
     }
 
     /// Decides one request in `mode` (`Enforce` or `Shadow`; `Off` never gets here); an admission carries its

@@ -33,6 +33,11 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     deny_on: Option<bool>,
     deny_config: DenyCache,
     deny_table: Arc<OnceLock<Arc<DenyTable>>>,
+    /// Token leases: off unless configured.
+    #[cfg(feature = "leases")]
+    leases: Option<super::LeaseConfig>,
+    #[cfg(feature = "leases")]
+    lease_table: Arc<OnceLock<Arc<dyn super::token_lease::LeaseControl>>>,
     built: Built<Shared<K, St, C>>,
 }
 
@@ -55,6 +60,10 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             deny_on: None,
             deny_config: DenyCache::new(),
             deny_table: Arc::default(),
+            #[cfg(feature = "leases")]
+            leases: None,
+            #[cfg(feature = "leases")]
+            lease_table: Arc::default(),
             built: Built::default(),
         }
     }
@@ -76,6 +85,10 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             deny_on: self.deny_on,
             deny_config: self.deny_config,
             deny_table: Arc::default(),
+            #[cfg(feature = "leases")]
+            leases: self.leases,
+            #[cfg(feature = "leases")]
+            lease_table: Arc::default(),
             built: Built::default(),
         }
     }
@@ -131,6 +144,25 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
         DenyCacheHandle::new(self.name.clone(), self.deny_table.clone())
     }
 
+    /// Admits hot keys from batches of tokens leased from the store ([token leases](super::token_lease)), with
+    /// `config`; the store must support them ([`Store::supports_token_leases`]: Redis and the in-process store
+    /// do; for another store this logs a warning and keeps the plain path). Off by default.
+    #[cfg(feature = "leases")]
+    pub fn leases(mut self, config: super::LeaseConfig) -> Self {
+        self.leases = Some(config);
+        self.lease_table = Arc::default();
+        self.built = Built::default();
+        self
+    }
+
+    /// A handle on this layer's token leases: shut them down (return unspent batches), read their figures. Take
+    /// it after [`leases`](Self::leases): it follows the leases this layer (and its clones) builds.
+    #[cfg(feature = "leases")]
+    #[must_use]
+    pub fn lease_handle(&self) -> super::LeaseHandle {
+        super::LeaseHandle::new(self.name.clone(), self.lease_table.clone())
+    }
+
     /// The limit's name.
     #[must_use]
     pub fn name(&self) -> &str {
@@ -159,6 +191,10 @@ impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
             deny_on: self.deny_on,
             deny_config: self.deny_config.clone(),
             deny_table: self.deny_table.clone(),
+            #[cfg(feature = "leases")]
+            leases: self.leases.clone(),
+            #[cfg(feature = "leases")]
+            lease_table: self.lease_table.clone(),
             built: self.built.clone(),
         }
     }
@@ -173,6 +209,13 @@ impl<K, St, C> fmt::Debug for RateLimitLayer<K, St, C> {
             .field("on_store_error", &self.on_error)
             .field("near_limit", &self.near_limit.get())
             .field("deny_cache", &self.deny_on)
+            .field("leases", &{
+                #[cfg(feature = "leases")]
+                let on = self.leases.is_some();
+                #[cfg(not(feature = "leases"))]
+                let on = false;
+                on
+            })
             .finish_non_exhaustive()
     }
 }
@@ -190,6 +233,19 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                         .get_or_init(|| Arc::new(self.deny_config.build(&self.name)))
                         .clone()
                 });
+            #[cfg(feature = "leases")]
+            let leases = self.leases.as_ref().and_then(|config| {
+                if !self.store.supports_token_leases() {
+                    tracing::warn!(
+                        limiter = &*self.name,
+                        "token leases asked for on a store that does not support them: plain path"
+                    );
+                    return None;
+                }
+                let table = config.build(&self.name, &self.policy, self.store.clone());
+                let _ = self.lease_table.set(table.handle());
+                Some(table)
+            });
             Shared::new(
                 self.name.clone(),
                 self.policy,
@@ -201,6 +257,8 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                 self.fallback.clone(),
                 self.near_limit,
                 deny,
+                #[cfg(feature = "leases")]
+                leases,
             )
         });
         RateLimit::from_shared(inner, shared, respond)
