@@ -34,6 +34,8 @@ enum State {
     None,
     InProcess,
     Redis,
+    /// Redis with token leases: hot keys admitted from batches leased from Redis.
+    RedisLeases,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -51,6 +53,8 @@ impl Design {
             (State::InProcess, Algorithm::SlidingWindowCounter) => 2,
             (State::Redis, Algorithm::TokenBucket) => 3,
             (State::Redis, Algorithm::SlidingWindowCounter) => 4,
+            (State::RedisLeases, Algorithm::TokenBucket) => 5,
+            (State::RedisLeases, Algorithm::SlidingWindowCounter) => 6,
         }
     }
 
@@ -64,6 +68,7 @@ impl Design {
             State::None => "-",
             State::InProcess => "in-process",
             State::Redis => "Redis",
+            State::RedisLeases => "Redis + leases",
         };
         (algorithm, state)
     }
@@ -93,8 +98,8 @@ async fn main() {
         algorithm: Algorithm::TokenBucket,
         state: State::None,
     }];
-    for state in [State::InProcess, State::Redis] {
-        if state == State::Redis && redis.is_err() {
+    for state in [State::InProcess, State::Redis, State::RedisLeases] {
+        if state != State::InProcess && redis.is_err() {
             continue;
         }
         for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindowCounter] {
@@ -241,9 +246,9 @@ async fn instance(
     let policy =
         Policy::new(design.algorithm, quota).expect("a per-second quota suits both algorithms");
     match design.state {
-        State::None => start_instance(Arc::new(MemoryStore::new()), None).await,
-        State::InProcess => start_instance(Arc::new(MemoryStore::new()), Some(policy)).await,
-        State::Redis => {
+        State::None => start_instance(Arc::new(MemoryStore::new()), None, false).await,
+        State::InProcess => start_instance(Arc::new(MemoryStore::new()), Some(policy), false).await,
+        State::Redis | State::RedisLeases => {
             // Each instance has its own connection pool, as separate processes would.
             let store = RedisStore::builder(&args.redis_url)
                 .namespace(namespace)
@@ -251,7 +256,12 @@ async fn instance(
                 .build()
                 .await
                 .expect("Redis answered a moment ago");
-            start_instance(Arc::new(store), Some(policy)).await
+            start_instance(
+                Arc::new(store),
+                Some(policy),
+                design.state == State::RedisLeases,
+            )
+            .await
         }
     }
 }
@@ -269,7 +279,7 @@ fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
         .find(|(d, _)| d.state == State::None)
         .map(|(_, o)| (o.percentile(50.0), o.percentile(99.0)));
     println!(
-        "{:<22} {:<11} {:>6} {:>11} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9}",
+        "{:<22} {:<14} {:>6} {:>11} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9}",
         "design",
         "state",
         "limit",
@@ -295,7 +305,7 @@ fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
         };
         let (b50, b99) = baseline.unwrap_or_default();
         println!(
-            "{:<22} {:<11} {:>6} {:>11.1} {:>8} {:>11.1} {:>7.2}ms {:>7.2}ms {:>9} {:>9}",
+            "{:<22} {:<14} {:>6} {:>11.1} {:>8} {:>11.1} {:>7.2}ms {:>7.2}ms {:>9} {:>9}",
             name,
             state,
             if limited {

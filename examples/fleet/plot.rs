@@ -28,13 +28,14 @@ pub(crate) struct Chart {
 const SIZE: (u32, u32) = (960, 540);
 
 /// Line colours: the baseline grey, in-process blues, Redis reds.
-pub(crate) const PALETTE: [RGBColor; 6] = [
+pub(crate) const PALETTE: [RGBColor; 7] = [
     RGBColor(140, 140, 140),
     RGBColor(31, 119, 180),
     RGBColor(23, 190, 207),
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
     RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
 ];
 const INSTANCES: RGBColor = RGBColor(44, 160, 44);
 
