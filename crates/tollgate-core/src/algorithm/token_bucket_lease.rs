@@ -1,7 +1,7 @@
 //! Token leases on a token bucket: an instance takes a batch of tokens in one store call and spends it locally,
 //! and the fleet still never admits more than `burst + rate × T` in any interval of length T.
 //!
-//! Beside the bucket (its content C, as [`token_bucket`](super::token_bucket) keeps it), the key holds a
+//! Beside the bucket (its content C, as [`token_bucket`] keeps it), the key holds a
 //! [`LeaseBook`]: one record per instance holding a lease (the tokens it may still hold, its deadline, the number
 //! of its last call) and their sum O, the **leased** tokens. Mirrored line for line by `lua/token_leases.lua`,
 //! `lua/token_bucket_lease.lua` and the lease branch of `lua/token_bucket.lua`.

@@ -4,13 +4,13 @@
 //! [`supports_token_leases`](tollgate_core::Store::supports_token_leases) is true), the layer watches each key's
 //! local demand. A key that asks for at least two tokens within a batch's time is **hot**: the layer leases a batch
 //! of k tokens (token bucket) or window slots (sliding window) for it in **one** store call
-//! ([`Store::lease_tokens`](tollgate_core::Store::lease_tokens), one Lua script on Redis: the store debits them at
+//! ([`Store::lease_tokens`], one Lua script on Redis: the store debits them at
 //! once, as if k requests had been admitted) and admits locally from it, with no round trip. Cold keys keep the
 //! plain path (one store call each, the deny cache included).
 //!
 //! - **k adapts** to the key's local demand: the tokens asked in the last [`batch_lasts`](LeaseConfig::batch_lasts)
 //!   of the period (a tenth by default: a batch lasts about 100 ms of a per-second limit), never above
-//!   [`share`](LeaseConfig::share) of the burst (10 % by default).
+//!   [`share_percent`](LeaseConfig::share_percent) of the burst (10 % by default).
 //! - **Fetched ahead**: when a take leaves the batch below half of k, the next batch is fetched by a tokio task
 //!   (one at a time per key), so a steady hot key never waits for the store. A request that finds the batch empty
 //!   while a fetch is under way takes the plain path.
@@ -21,13 +21,13 @@
 //! - **Deadlines**: a token bucket batch is spent until the instance's send instant + the lease
 //!   [`ttl`](LeaseConfig::ttl), a sliding window batch until the end of the window it is counted in (measured
 //!   from the send instant too), both less the deny cache's clock-drift margin
-//!   ([`drift_margin`](super::deny_cache::drift_margin)): always before the store's own deadline.
+//!   ([`drift_margin`]): always before the store's own deadline.
 //! - **Returns**: unspent tokens go back to the store when the key is idle ([`idle`](LeaseConfig::idle)), when
 //!   an entry is evicted at the table's bound, on [`LeaseHandle::shutdown`] and, best effort, when the layer is
 //!   dropped. An instance that dies holding a batch loses at most that batch: its record expires at its deadline.
 //! - **Failures**: a failed fetch is retried no sooner than 100 ms later; meanwhile the held batch is still spent
 //!   (bounded by its size), and requests it cannot cover take the plain path, where the layer's failure policy
-//!   (the [`Judge`](crate::limit::core)) answers the store's error.
+//!   (the one decision core's judge) answers the store's error.
 //!
 //! # Why the fleet stays exact
 //!
@@ -463,11 +463,11 @@ impl<St: Store> LeaseTable<St> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&evicted.key);
-        if let (Some(key), Ok(runtime)) = (e.key.clone(), tokio::runtime::Handle::try_current()) {
-            if let Some(request) = inner.ending(&e) {
-                let inner = inner.clone();
-                runtime.spawn(async move { inner.give_back(&key, request).await });
-            }
+        if let (Some(key), Ok(runtime)) = (e.key.clone(), tokio::runtime::Handle::try_current())
+            && let Some(request) = inner.ending(&e)
+        {
+            let inner = inner.clone();
+            runtime.spawn(async move { inner.give_back(&key, request).await });
         }
     }
 
