@@ -61,31 +61,32 @@ struct Result {
     latencies: Vec<u32>,
 }
 
-/// Offers `per_ms` requests per millisecond to `instance` from `start + warmup` for `seconds`, recording the
-/// measured window's admissions and latencies.
+/// Offers `per_ms` requests per millisecond to one instance for `warmup` and then `measured` (wall clock), one
+/// request at a time as the schedule owes them (an instance whose decisions are slower than the schedule falls
+/// behind: its offered rate is what it reached). The requests sent in the measured window are counted, with
+/// their latencies.
 async fn offer(mut svc: Svc, per_ms: f64, warmup: Duration, measured: Duration) -> Result {
-    let start = tokio::time::Instant::now();
-    let end = start + warmup + measured;
+    let start = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let mut owed = 0.0;
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut sent = 0_u64;
     let (mut offered, mut admitted, mut latencies) = (0, 0, Vec::with_capacity(200_000));
     loop {
-        let now = tick.tick().await;
-        if now >= end {
+        tick.tick().await;
+        let elapsed = start.elapsed();
+        if elapsed >= warmup + measured {
             break;
         }
-        let counted = now >= start + warmup;
-        owed += per_ms;
-        while owed >= 1.0 {
-            owed -= 1.0;
+        let due = (elapsed.as_secs_f64() * 1_000.0 * per_ms) as u64;
+        while sent < due && start.elapsed() < warmup + measured {
+            sent += 1;
             let t = Instant::now();
+            let counted = t.duration_since(start) >= warmup;
             let ok = svc.ready().await.unwrap().call(()).await.is_ok();
-            let took = t.elapsed();
             if counted {
                 offered += 1;
                 admitted += u64::from(ok);
-                latencies.push(u32::try_from(took.as_nanos()).unwrap_or(u32::MAX));
+                latencies.push(u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX));
             }
         }
     }
