@@ -3,8 +3,7 @@
 //! `cargo bench --bench memory_store` — criterion prints time per check for each pair side by side; the ratio
 //! is tollgate ÷ governor for the same group. Memory per key: `cargo bench --bench bytes_per_key`.
 //!
-//! `exact_lru_token_bucket` is the exact-LRU alternative to the store's sampled eviction, built the same way
-//! (`support/exact_lru.rs`): what exactness would cost on each path.
+//! `COUNT=<group>/<contender> N=<checks>` runs one contender without criterion, for valgrind (see `count`).
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -14,10 +13,6 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use governor::{Quota as GQuota, RateLimiter};
 use tollgate_core::{MemoryStore, Policy, Quota};
-
-#[path = "support/exact_lru.rs"]
-mod exact_lru;
-use exact_lru::ExactLruStore;
 
 const KEYS: usize = 1_000_000;
 
@@ -56,11 +51,6 @@ fn single_key(c: &mut Criterion) {
             b.iter(|| black_box(store.check_now(black_box(&key), &policy, 1).unwrap()));
         });
     }
-    let exact = ExactLruStore::new(tollgate_core::DEFAULT_MAX_KEYS);
-    let quota = policies()[0].1.quota();
-    group.bench_function("exact_lru_token_bucket", |b| {
-        b.iter(|| black_box(exact.check_now(black_box(&key), &quota, 1)));
-    });
     let governor = governor_keyed();
     group.bench_function("governor_gcra", |b| {
         b.iter(|| black_box(governor.check_key(black_box(&key)).is_ok()))
@@ -81,15 +71,6 @@ fn distinct_keys(c: &mut Criterion) {
             });
         });
     }
-    let exact = ExactLruStore::new(2 * KEYS);
-    let quota = policies()[0].1.quota();
-    let mut i = 0;
-    group.bench_function("exact_lru_token_bucket", |b| {
-        b.iter(|| {
-            i = (i + 1) % KEYS;
-            black_box(exact.check_now(&keys[i], &quota, 1))
-        });
-    });
     let governor = governor_keyed();
     let mut i = 0;
     group.bench_function("governor_gcra", |b| {
@@ -115,15 +96,6 @@ fn random_order(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) % KEYS;
             black_box(store.check_now(&keys[order[i]], &policy, 1).unwrap())
-        });
-    });
-    let exact = ExactLruStore::new(2 * KEYS);
-    let quota = policy.quota();
-    let mut i = 0;
-    group.bench_function("exact_lru_token_bucket", |b| {
-        b.iter(|| {
-            i = (i + 1) % KEYS;
-            black_box(exact.check_now(&keys[order[i]], &quota, 1))
         });
     });
     let governor = governor_keyed();
@@ -170,15 +142,6 @@ fn new_key_flood(c: &mut Criterion) {
             });
         });
     }
-    let exact = ExactLruStore::new(FLOOD_BOUND);
-    let quota = policies()[0].1.quota();
-    let mut i = 0;
-    group.bench_function("exact_lru_token_bucket", |b| {
-        b.iter(|| {
-            i = (i + 1) % keys.len();
-            black_box(exact.check_now(&keys[i], &quota, 1))
-        });
-    });
     let governor = governor_keyed();
     let mut i = 0;
     group.bench_function("governor_gcra", |b| {
@@ -239,7 +202,6 @@ fn count(what: &str, n: usize) {
     } else {
         bucket
     };
-    let quota = policy.quota();
     let (keys, bound) = match group {
         "single_key" => (
             vec!["client-0000001".to_owned()],
@@ -253,12 +215,6 @@ fn count(what: &str, n: usize) {
         "governor_gcra" => {
             let governor = governor_keyed();
             Box::new(move |k| drop(black_box(governor.check_key(k))))
-        }
-        "exact_lru_token_bucket" => {
-            let exact = ExactLruStore::new(bound);
-            Box::new(move |k| {
-                black_box(exact.check_now(k, &quota, 1));
-            })
         }
         _ => {
             let store = MemoryStore::builder().max_keys(bound).build();

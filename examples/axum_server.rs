@@ -15,6 +15,10 @@
 //! # fills 6 of the 10 and no more, so critical requests still get in.
 //! cargo run --example axum_server -- --limit 100000 --adaptive gradient2 --worker-capacity 10
 //!
+//! # The limits from a policy file (tollgate::config), read again on SIGHUP: `kill -HUP <pid>`.
+//! cargo run --example axum_server -- --config examples/policy.toml
+//! curl -i http://127.0.0.1:3000/ -H 'x-api-key: gold'
+//!
 //! # Prometheus metrics (decisions by limiter and outcome, near-limit, store latency, circuit) and a log line
 //! # per decision; `docs/grafana/tollgate.json` is a dashboard over these series.
 //! cargo run --example axum_server -- --metrics-addr 127.0.0.1:9090 --log debug
@@ -41,6 +45,8 @@ use tollgate_tower::RateLimitLayer;
 mod flags;
 #[path = "common/observe.rs"]
 mod observe;
+#[path = "common/policy_file.rs"]
+mod policy_file;
 #[path = "common/stack.rs"]
 mod stack;
 
@@ -64,6 +70,7 @@ usage: axum_server [options]
                                 fleet never admits more than the plain path; cold clients keep it)
   --lease-share PERCENT         with --leases: the largest batch, as a share of the burst (default 10)
   --trusted-proxy CIDR          a reverse proxy network whose X-Forwarded-For is trusted (repeatable)
+{CONFIG}
   -h, --help                    this text
 
 routes: GET / and GET /slow?ms=N (limited per client IP), GET /health (never limited)";
@@ -72,6 +79,8 @@ routes: GET / and GET /slow?ms=N (limited per client IP), GET /health (never lim
 #[derive(Debug)]
 struct Config {
     server: flags::ServerFlags,
+    /// `--config FILE`: the limits from a policy file.
+    policy_file: Option<std::path::PathBuf>,
     observe: flags::ObserveFlags,
     trusted_proxies: Vec<Cidr>,
     stack: stack::StackFlags,
@@ -82,6 +91,7 @@ impl Config {
         let mut config = Self {
             observe: flags::ObserveFlags::default(),
             server: flags::ServerFlags::new(3000),
+            policy_file: None,
             trusted_proxies: Vec::new(),
             stack: stack::StackFlags::default(),
         };
@@ -89,6 +99,7 @@ impl Config {
         while let Some(flag) = flags.next_flag() {
             match flag.as_str() {
                 "-h" | "--help" => return Ok(None),
+                "--config" => config.policy_file = Some(flags.value()?.into()),
                 "--trusted-proxy" => {
                     let cidr = flags.parsed(|v| v.parse().map_err(|e| format!("{e}")))?;
                     config.trusted_proxies.push(cidr);
@@ -103,6 +114,9 @@ impl Config {
         }
         config.stack.validate(config.server.uses_redis())?;
         config.server.check_leases()?;
+        if config.policy_file.is_some() && !config.trusted_proxies.is_empty() {
+            return Err("with --config, list the trusted proxies in the policy file (trusted-proxies = [...])".to_owned());
+        }
         Ok(Some(config))
     }
 }
@@ -136,6 +150,25 @@ fn app<St: Store, L: LeaseStore>(
         .route("/health", get(|| async { "ok\n" })))
 }
 
+/// The same routes behind a policy file's limits (`--config`), which `SIGHUP` reloads.
+fn app_from_file<St: Store>(
+    path: &std::path::Path,
+    store: Arc<St>,
+) -> Result<(Router, String), String> {
+    let (limits, reloader) = tollgate_config::axum(tollgate_config::Source::file(path), store)
+        .map_err(|e| e.to_string())?;
+    let names = tollgate_config::PolicyFile::load(path)
+        .map(|file| file.limiters().collect::<Vec<_>>().join(", "))
+        .map_err(|e| e.to_string())?;
+    policy_file::reload_on_sighup(reloader)?;
+    let app = Router::new()
+        .route("/", get(|| async { "hello from tollgate\n" }))
+        .route("/slow", get(stack::slow))
+        .layer(limits)
+        .route("/health", get(|| async { "ok\n" }));
+    Ok((app, names))
+}
+
 #[tokio::main]
 async fn main() {
     if let Err(err) = run().await {
@@ -149,7 +182,8 @@ async fn run() -> Result<(), String> {
         // Ignore a closed pipe (`--help | head`).
         let _ = writeln!(
             std::io::stdout(),
-            "{USAGE}\n\nRedis connection:\n{}\n\nthe Stripe stack:\n{}\n\nobservability:\n{}",
+            "{}\n\nRedis connection:\n{}\n\nthe Stripe stack:\n{}\n\nobservability:\n{}",
+            USAGE.replace("{CONFIG}", policy_file::USAGE),
             flags::REDIS_USAGE,
             stack::USAGE,
             flags::ObserveFlags::USAGE
@@ -159,6 +193,35 @@ async fn run() -> Result<(), String> {
     let policy = config.server.policy()?;
     // Before any store or layer is built: they register their metrics once.
     let metrics = observe::install(&config.observe)?;
+    if let Some(path) = &config.policy_file {
+        let (app, names) = match config
+            .server
+            .redis_store("tollgate-axum-server", &policy)
+            .await?
+        {
+            None => app_from_file(path, Arc::new(config.server.memory_store("policy-file")))?,
+            Some(store) => app_from_file(path, Arc::new(store))?,
+        };
+        let listener = tokio::net::TcpListener::bind(config.server.addr)
+            .await
+            .map_err(|e| format!("--addr {}: {e}", config.server.addr))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        println!(
+            "listening on http://{addr}  (policy file {}: {names}; store {}; SIGHUP reloads it)",
+            path.display(),
+            config.server.store_name()
+        );
+        if let Some((addr, handle)) = metrics {
+            let bound = observe::serve_metrics(addr, handle).await?;
+            println!("metrics on http://{bound}/metrics");
+        }
+        return axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .map_err(|e| e.to_string());
+    }
     let app = match config
         .server
         .redis_store("tollgate-axum-server", &policy)

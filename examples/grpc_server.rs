@@ -15,6 +15,8 @@
 mod flags;
 #[path = "common/observe.rs"]
 mod observe;
+#[path = "common/policy_file.rs"]
+mod policy_file;
 
 use std::sync::Arc;
 
@@ -53,6 +55,7 @@ usage: grpc_server [options]
                                 fleet never admits more than the plain path; cold clients keep it)
   --lease-share PERCENT         with --leases: the largest batch, as a share of the burst (default 10)
   --api-key-header NAME         key clients by this metadata entry, hashed (default: the peer IP)
+{CONFIG}
   -h, --help                    this text
 
 service: helloworld.Greeter/SayHello, limited per client";
@@ -60,6 +63,8 @@ service: helloworld.Greeter/SayHello, limited per client";
 #[derive(Debug)]
 struct Config {
     server: flags::ServerFlags,
+    /// `--config FILE`: the limits from a policy file.
+    policy_file: Option<std::path::PathBuf>,
     observe: flags::ObserveFlags,
     api_key_header: Option<MetadataKey>,
 }
@@ -69,12 +74,14 @@ impl Config {
         let mut config = Self {
             observe: flags::ObserveFlags::default(),
             server: flags::ServerFlags::new(50051),
+            policy_file: None,
             api_key_header: None,
         };
         let mut flags = flags::Flags::new(args);
         while let Some(flag) = flags.next_flag() {
             match flag.as_str() {
                 "-h" | "--help" => return Ok(None),
+                "--config" => config.policy_file = Some(flags.value()?.into()),
                 "--api-key-header" => {
                     let header = flags
                         .parsed(|v| MetadataKey::metadata(v).map_err(|e| format!("{v:?}: {e}")))?;
@@ -126,6 +133,9 @@ async fn serve<St: Store>(
         metrics_exporter_prometheus::PrometheusHandle,
     )>,
 ) -> Result<(), String> {
+    if let Some(path) = &config.policy_file {
+        return serve_from_file(config, path, store, metrics).await;
+    }
     let key = config
         .api_key_header
         .clone()
@@ -169,6 +179,43 @@ async fn serve<St: Store>(
         .map_err(|e| e.to_string())
 }
 
+/// The service behind a policy file's limits (`--config`), which `SIGHUP` reloads.
+async fn serve_from_file<St: Store>(
+    config: &Config,
+    path: &std::path::Path,
+    store: Arc<St>,
+    metrics: Option<(
+        std::net::SocketAddr,
+        metrics_exporter_prometheus::PrometheusHandle,
+    )>,
+) -> Result<(), String> {
+    let (layer, reloader) = tollgate_config::tonic(tollgate_config::Source::file(path), store)
+        .map_err(|e| e.to_string())?;
+    let names = tollgate_config::PolicyFile::load(path)
+        .map(|file| file.limiters().collect::<Vec<_>>().join(", "))
+        .map_err(|e| e.to_string())?;
+    policy_file::reload_on_sighup(reloader)?;
+    let listener = tokio::net::TcpListener::bind(config.server.addr)
+        .await
+        .map_err(|e| format!("--addr {}: {e}", config.server.addr))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    println!(
+        "listening on {addr}  (policy file {}: {names}; store {}; SIGHUP reloads it)",
+        path.display(),
+        config.server.store_name()
+    );
+    if let Some((addr, handle)) = metrics {
+        let bound = observe::serve_metrics(addr, handle).await?;
+        println!("metrics on http://{bound}/metrics");
+    }
+    tonic::transport::Server::builder()
+        .layer(layer)
+        .add_service(GreeterServer::new(Hello))
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+        .await
+        .map_err(|e| e.to_string())
+}
+
 #[tokio::main]
 async fn main() {
     if let Err(err) = run().await {
@@ -180,7 +227,8 @@ async fn main() {
 async fn run() -> Result<(), String> {
     let Some(config) = Config::parse(std::env::args().skip(1))? else {
         println!(
-            "{USAGE}\n\nRedis connection:\n{}\n\nobservability:\n{}",
+            "{}\n\nRedis connection:\n{}\n\nobservability:\n{}",
+            USAGE.replace("{CONFIG}", policy_file::USAGE),
             flags::REDIS_USAGE,
             flags::ObserveFlags::USAGE
         );

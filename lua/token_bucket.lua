@@ -29,10 +29,11 @@ if stored[1] and tonumber(stored[1]) > now then
 end
 -- A remainder above what is owed is state from another quota (a limit changed under a running key): nothing owed.
 local deficit = math.max((full_at - now) * rate - remainder, 0)
--- More than an empty bucket owed: the clock stepped back (or the quota shrank). Rebased to an empty bucket
--- refilling from now, and kept (written below even when the request is refused). (Past 2^53 the product loses
--- precision, but any such product exceeds the capacity, so the comparison is exact.)
-local rebased = deficit > capacity
+-- More than the debt floor owed (two buckets: a charge after the response may overdraw one, and a debt is kept):
+-- the clock stepped back (or the quota shrank). Rebased to an empty bucket refilling from now, and kept (written
+-- below even when the request is refused). (Past 2^53 the product loses precision, but any such product exceeds
+-- the floor, so the comparison is exact.)
+local rebased = deficit > 2 * capacity
 if rebased then
   local wait = div_ceil(capacity, rate)
   full_at, remainder = now + wait, wait * rate - capacity
@@ -63,7 +64,7 @@ local function keep_rebased()
 end
 
 if cost > burst then
-  local remaining = idiv(capacity - deficit, token)
+  local remaining = idiv(math.max(capacity - deficit, 0), token) -- 0 in debt
   keep_rebased()
   return {2, remaining, full_at, -1, now}
 end
@@ -88,6 +89,6 @@ if deficit + need <= capacity then
 end
 -- Earliest t with (full_at - t) * rate - remainder <= capacity - need.
 local admit_at = full_at - idiv(capacity - need + remainder, rate)
-local remaining = idiv(capacity - deficit, token)
+local remaining = idiv(math.max(capacity - deficit, 0), token) -- 0 in debt
 keep_rebased()
 return {1, remaining, full_at, admit_at - now, now}

@@ -17,7 +17,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The README's examples compile and run with the doctests, so they cannot drift from the API.
-#[cfg(all(doctest, feature = "axum"))]
+#[cfg(all(doctest, feature = "config"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeExamples;
 
@@ -34,6 +34,11 @@ pub use tollgate_tower as tower;
 
 #[cfg(feature = "tonic")]
 pub use tollgate_grpc as grpc;
+
+/// Policy files (TOML): limiters, overrides and exemptions built into the axum and tonic layers, reloaded
+/// without a restart (feature `config`).
+#[cfg(feature = "config")]
+pub use tollgate_config as config;
 
 /// Stripe's production stack: the concurrent-requests limiter, the fleet-usage and worker-utilization load
 /// shedders, and the layer that stacks them with the rate limiter (they live in `tollgate-tower`, on the decision

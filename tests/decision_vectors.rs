@@ -13,9 +13,17 @@ fn memory_store_matches_every_vector() {
         let store = MemoryStore::new();
         let policy = case.policy();
         for (i, step) in case.steps.iter().enumerate() {
-            let got = store
-                .check_at(&step.key, &policy, step.cost, step.at())
-                .unwrap();
+            let got = if let Some(delta) = step.charge {
+                store
+                    .charge_at(&step.key, &policy, delta, step.decided_at(), step.at())
+                    .unwrap()
+            } else if step.peek {
+                store.peek_at(&step.key, &policy, step.cost, step.at())
+            } else {
+                store
+                    .check_at(&step.key, &policy, step.cost, step.at())
+                    .unwrap()
+            };
             assert_eq!(
                 got,
                 step.expected(&policy),
@@ -26,6 +34,24 @@ fn memory_store_matches_every_vector() {
         }
     }
     assert!(steps > 500);
+}
+
+#[test]
+fn vectors_cover_peeks_lockouts_and_charges_on_both_algorithms() {
+    let vectors = Vectors::load();
+    for algorithm in ["token_bucket", "sliding_window"] {
+        let cases = || vectors.cases.iter().filter(|c| c.algorithm == algorithm);
+        assert!(
+            cases().flat_map(|c| &c.steps).any(|s| s.peek),
+            "{algorithm}"
+        );
+        assert!(cases().any(|c| c.lockout_us.is_some()), "{algorithm}");
+        let charges = || cases().flat_map(|c| &c.steps).filter_map(|s| s.charge);
+        assert!(
+            charges().any(|d| d > 0) && charges().any(|d| d < 0),
+            "{algorithm}"
+        );
+    }
 }
 
 #[test]

@@ -33,7 +33,44 @@ pub(crate) fn variants() -> Vec<Variant> {
         v("tollgate (IETF, 2 fields)", 3, tollgate(HeaderSet::IETF)),
         v("tollgate (all 7 fields)", 1, tollgate(HeaderSet::ALL)),
         v("bare + pass-through layer", 0, pass_through()),
+        // A policy file's stack against the same stack in code (issue 19), all 7 fields: the generic adapter over a
+        // client-ip limiter, then the same with an exempt network the client is not in (the override lookup runs).
+        v("code: HttpLimitLayer", 6, in_code(false)),
+        v("policy file", 8, from_file(false)),
+        v("code: + exempt network", 8, in_code(true)),
+        v("policy file + exempt net", 10, from_file(true)),
     ]
+}
+
+/// The policy file's limiter built in code: a client-ip token bucket under the generic HTTP adapter.
+fn in_code(exempt: bool) -> Router {
+    use tollgate_tower::limit::rate::{Overrides, Plan};
+    let policy = Policy::token_bucket(Quota::per_second(1_000_000_000).expect("a valid quota"));
+    let mut layer = RateLimitLayer::new(
+        "bench",
+        policy,
+        Arc::new(MemoryStore::new()),
+        tollgate_http::key::ClientIp::new(),
+    );
+    if exempt {
+        let network = Overrides::new().network([10, 0, 0, 0].into(), 8, Plan::Exempt);
+        layer = layer.overrides(network.expect("a valid network"));
+    }
+    hello().layer(tollgate_http::HttpLimitLayer::new(layer))
+}
+
+/// The same limiter from a policy file.
+fn from_file(exempt: bool) -> Router {
+    let mut policy = String::from(
+        "[[limiter]]\nname = \"bench\"\nkey = \"client-ip\"\nlimit = 1000000000\nperiod = \"1s\"\n",
+    );
+    if exempt {
+        policy.push_str("exempt = [\"10.0.0.0/8\"]\n");
+    }
+    let source = tollgate_config::Source::text(&policy, "bench.toml");
+    let (layer, _reloader) =
+        tollgate_config::axum(source, Arc::new(MemoryStore::new())).expect("a valid policy");
+    hello().layer(layer)
 }
 
 /// Bare axum behind a layer that adds nothing (`tower`'s `Identity`): what axum's layering costs any middleware —

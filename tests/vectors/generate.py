@@ -5,6 +5,7 @@ The expected decisions come from this file's own reference model, written from t
 exact rational arithmetic (fractions.Fraction) and searching for retry instants instead of using closed forms,
 so it shares no formula with the Rust or Lua implementations it checks. Run: python3 tests/vectors/generate.py
 """
+import copy
 import json
 import random
 from fractions import Fraction
@@ -34,8 +35,9 @@ class TokenBucket:
 
     def decide(self, key, t, cost):
         tokens = self.tokens(key, t)
+        # In debt (a charge after the response overdrew the bucket) no whole token remains.
         if cost > self.burst:
-            return ("cost_exceeds_capacity", floor(tokens), self.full_at(tokens, t), None)
+            return ("cost_exceeds_capacity", max(0, floor(tokens)), self.full_at(tokens, t), None)
         if tokens >= cost:
             tokens -= cost
             self.keys[key] = (tokens, t)
@@ -43,7 +45,13 @@ class TokenBucket:
         # The earliest whole microsecond at which `cost` tokens are there.
         wait = ceil((cost - tokens) * Fraction(self.period, self.limit))
         assert self.tokens(key, t + wait) >= cost and self.tokens(key, t + wait - 1) < cost
-        return ("limited", floor(tokens), self.full_at(tokens, t), wait)
+        return ("limited", max(0, floor(tokens)), self.full_at(tokens, t), wait)
+
+    def charge(self, key, t, delta, decided_at):
+        """Cost after the response: the content may go down to -burst (debt), and a refund fills to burst at most."""
+        tokens = self.tokens(key, t)
+        tokens = max(tokens - delta, -self.burst) if delta >= 0 else min(tokens - delta, self.burst)
+        self.keys[key] = (tokens, t)
 
 
 class SlidingWindow:
@@ -72,6 +80,20 @@ class SlidingWindow:
     def reset(self, start, prev, cur, t):
         return start + 2 * self.period if cur else (start + self.period if prev else t)
 
+    def charge(self, key, t, delta, decided_at):
+        """Cost after the response: the count may go up to 2 * limit (debt); a refund gives back only what the
+        window the request was decided in still holds, and nothing once that window left the estimate."""
+        start, prev, cur = self.counts(key, t)
+        if delta >= 0:
+            cur = min(cur + delta, 2 * self.limit)
+        else:
+            decided = decided_at - decided_at % self.period
+            if decided == start:
+                cur -= min(-delta, cur)
+            elif decided + self.period == start:
+                prev -= min(-delta, prev)
+        self.keys[key] = (start, prev, cur)
+
     def admits(self, key, t, cost):
         return self.estimate(key, t) + cost <= self.limit
 
@@ -99,19 +121,76 @@ class SlidingWindow:
         return ("limited", remaining, self.reset(start, prev, cur, t), hi - t)
 
 
-def run(name, algorithm, limit, period, steps, burst=None):
+class Store:
+    """A model with the store operations: peeks (decide, keep nothing) and lockouts (after a denial, refuse the
+    key until a fixed instant: remaining 0, reset and retry no earlier than its end; refusals spend nothing)."""
+
+    def __init__(self, model, lockout):
+        self.model, self.lockout, self.locked_until = model, lockout, {}
+
+    def decide(self, key, t, cost, peek):
+        saved = copy.deepcopy(self.model.keys)
+        outcome, remaining, reset, retry = self.model.decide(key, t, cost)
+        until = self.locked_until.get(key, 0) if self.lockout else 0
+        if peek or until > t:
+            self.model.keys = saved
+        if outcome == "cost_exceeds_capacity":
+            return outcome, remaining, reset, retry
+        if until > t:
+            return "limited", 0, max(reset, until), max(retry or 0, until - t)
+        if outcome == "limited" and self.lockout:
+            until = t + self.lockout
+            if not peek:
+                self.locked_until[key] = until
+            return "limited", 0, max(reset, until), max(retry, self.lockout)
+        return outcome, remaining, reset, retry
+
+    def charge(self, key, t, delta, decided_at):
+        """Applies a charge, then reports what a request of cost 0 gets (a debt starts no lockout)."""
+        self.model.charge(key, t, delta, decided_at)
+        saved = copy.deepcopy(self.model.keys)
+        outcome, remaining, reset, retry = self.model.decide(key, t, 0)
+        self.model.keys = saved
+        until = self.locked_until.get(key, 0) if self.lockout else 0
+        if until > t:
+            return "limited", 0, max(reset, until), max(retry or 0, until - t)
+        return outcome, remaining, reset, retry
+
+
+def run(name, algorithm, limit, period, steps, burst=None, lockout=0):
     model = TokenBucket(limit, period, burst or limit) if algorithm == "token_bucket" else SlidingWindow(limit, period)
+    store = Store(model, lockout)
     out = []
-    for at, key, cost in steps:
-        outcome, remaining, reset, retry = model.decide(key, at, cost)
+    for at, key, cost, *extra in steps:
+        peek = bool(extra and extra[0] is True)
+        charged = extra[0] if extra and isinstance(extra[0], tuple) else None
+        if charged:
+            outcome, remaining, reset, retry = store.charge(key, at, *charged)
+        else:
+            outcome, remaining, reset, retry = store.decide(key, at, cost, peek)
         step = {"at_us": at, "key": key, "cost": cost, "outcome": outcome, "remaining": remaining, "reset_us": reset}
         if retry is not None:
             step["retry_after_us"] = retry
+        if peek:
+            step["peek"] = True
+        if charged:
+            step["charge"], step["decided_at_us"] = charged
         out.append(step)
     case = {"name": name, "algorithm": algorithm, "limit": limit, "period_us": period, "steps": out}
     if burst is not None:
         case["burst"] = burst
+    if lockout:
+        case["lockout_us"] = lockout
     return case
+
+
+def peek(t, key="a", cost=1):
+    return (t, key, cost, True)
+
+
+def charge(t, delta, decided_at, key="a"):
+    """A charge (delta > 0) or refund (delta < 0) after the response of a request decided at `decided_at`."""
+    return (t, key, 0, (delta, decided_at))
 
 
 def same(t, n, key="a", cost=1):
@@ -174,6 +253,25 @@ def cases():
     yield run("sw: 100 per minute across several windows", sw, 100, m, [(w0 + i * 7_000_000, "a", 9) for i in range(30)])
     yield run("sw: random traffic, 6 per second", sw, 6, S, random_steps(3, 150, 120_000, 2, ["a", "b", "c"]))
     yield run("sw: random traffic, 20 per 2 seconds", sw, 20, 2 * S, random_steps(4, 150, 60_000, 5, ["a", "b"]))
+
+    # Peeks: what a request would get, changing nothing (the next request decides as if the peek never happened).
+    yield run("tb: a peek consumes nothing", tb, 2, S, [peek(T0), (T0, "a", 1), peek(T0), peek(T0, cost=2), (T0, "a", 1), peek(T0), peek(T0 + 250_000), (T0 + 250_000, "a", 1), peek(T0 + 500_000, cost=3)])
+    yield run("sw: a peek consumes nothing", sw, 3, S, [peek(T0), (T0, "a", 2), peek(T0), peek(T0, cost=2), (T0, "a", 1), peek(T0 + S + 500_000), (T0 + S + 500_000, "a", 2), peek(T0 + S + 500_000, cost=4)])
+    # Lockouts: after a denial the key is refused until a fixed instant; refusals neither extend it nor spend.
+    yield run("tb: a denial locks the key for 5 s, refusals spend nothing", tb, 2, S, same(T0, 3) + [(T0 + S, "a", 1), peek(T0 + 2 * S), (T0 + 4 * S, "a", 2), (T0 + 5 * S - 1, "a", 1), (T0 + 5 * S, "a", 2), (T0 + 5 * S, "a", 1), (T0 + 5 * S, "a", 9), (T0 + 6 * S, "a", 1)], lockout=5 * S)
+    yield run("tb: a lockout shorter than the refill: the retry is the refill's", tb, 1, 10 * S, same(T0, 2) + [(T0 + S, "a", 1), (T0 + 10 * S, "a", 1)], lockout=S)
+    yield run("tb: a peek of a denial shows the lockout it would start, and starts none", tb, 1, S, [(T0, "a", 1), peek(T0 + 1), (T0 + S, "a", 1), (T0 + S, "b", 1), (T0 + S, "b", 1), (T0 + S + 1, "b", 1), peek(T0 + S + 2, "b")], lockout=30 * S)
+    yield run("tb: a cost above the burst starts no lockout", tb, 3, S, [(T0, "a", 4), (T0, "a", 3), (T0, "a", 1), (T0 + S, "a", 4), (T0 + S, "a", 1), (T0 + 2 * S, "a", 1)], lockout=2 * S)
+    yield run("sw: a denial locks the key for 90 s", sw, 3, 60 * S, [(w0, "a", 3), (w0 + S, "a", 1), (w0 + 61 * S, "a", 1), peek(w0 + 90 * S), (w0 + 91 * S, "a", 1), (w0 + 91 * S, "a", 1), (w0 + 91 * S, "b", 1)], lockout=90 * S)
+    yield run("sw: random traffic under a lockout", sw, 4, S, random_steps(5, 120, 200_000, 2, ["a", "b"]), lockout=700_000)
+    # Cost after the response: charges overdraw into a debt the key waits out; refunds never beyond full.
+    yield run("tb: a charge after the response overdraws, the key waits until it is repaid", tb, 10, S, [(T0, "a", 1), charge(T0 + 1000, 14, T0), (T0 + 1000, "a", 1), (T0 + 500_000, "a", 1), (T0 + 600_000, "a", 1), (T0 + 600_000, "a", 1), peek(T0 + 600_000)])
+    yield run("tb: a debt stops at minus the burst", tb, 2, S, [(T0, "a", 1), charge(T0, 50, T0), (T0, "a", 1), (T0 + 2 * S, "a", 1), (T0 + 2 * S + 1, "a", 1)])
+    yield run("tb: a refund gives back tokens, never beyond full", tb, 4, S, [(T0, "a", 4), charge(T0 + 100_000, -3, T0), (T0 + 100_000, "a", 3), charge(T0 + 200_000, -3, T0), charge(T0 + 3 * S, -4, T0), (T0 + 3 * S, "a", 4), (T0 + 3 * S, "a", 1)])
+    yield run("tb: a charge on a fresh key, and under a lockout", tb, 2, S, [charge(T0, 3, T0), (T0, "a", 1), (T0 + S, "a", 1), charge(T0 + S, 1, T0), (T0 + 2 * S, "a", 1)], lockout=10 * S)
+    yield run("sw: a charge pushes the count above the limit until the windows decay", sw, 4, S, [(T0, "a", 1), charge(T0 + 1000, 6, T0), (T0 + 1000, "a", 1), (T0 + S, "a", 1), (T0 + S + 800_000, "a", 1), (T0 + 2 * S, "a", 1), charge(T0 + 2 * S, 20, T0 + 2 * S), peek(T0 + 2 * S)])
+    yield run("sw: a refund comes from the request's own window, and only while it counts", sw, 4, S, [(T0 + 900_000, "a", 4), charge(T0 + 950_000, -2, T0 + 900_000), (T0 + 950_000, "a", 2), (T0 + S + 100_000, "a", 1), charge(T0 + S + 100_000, -3, T0 + 900_000), (T0 + S + 100_000, "a", 3), charge(T0 + 3 * S, -4, T0 + S + 100_000), (T0 + 3 * S, "a", 4), charge(T0 + 3 * S, -9, T0 + 3 * S), (T0 + 3 * S, "a", 4)])
+    yield run("tb: random traffic under a lockout", tb, 3, S, random_steps(6, 120, 200_000, 2, ["a", "b"]), burst=4, lockout=1_500_000)
 
 
 def main():

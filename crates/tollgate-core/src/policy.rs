@@ -73,6 +73,8 @@ pub enum PolicyError {
     },
     /// A sliding window admits exactly `limit` per window; it has no separate burst.
     BurstNotSupported,
+    /// A lockout was not a whole number of microseconds, or longer than 2^52 µs.
+    InvalidLockout,
 }
 
 impl fmt::Display for PolicyError {
@@ -91,6 +93,9 @@ impl fmt::Display for PolicyError {
             ),
             Self::BurstNotSupported => f.write_str(
                 "a sliding window admits `limit` per window and has no burst; use a token bucket for bursts",
+            ),
+            Self::InvalidLockout => f.write_str(
+                "a lockout must be a whole number of microseconds, at most 2^52 µs (about 142 years)",
             ),
         }
     }
@@ -265,6 +270,8 @@ pub struct Policy {
     algorithm: Algorithm,
     quota: Quota,
     tick_us: u64,
+    /// 0: no lockout.
+    lockout_us: u64,
 }
 
 impl Policy {
@@ -275,6 +282,7 @@ impl Policy {
             algorithm: Algorithm::TokenBucket,
             quota,
             tick_us: 1,
+            lockout_us: 0,
         }
     }
 
@@ -288,6 +296,7 @@ impl Policy {
                 algorithm: Algorithm::SlidingWindowCounter,
                 quota,
                 tick_us,
+                lockout_us: 0,
             }),
             None => Err(PolicyError::TooLarge {
                 what: "limit × period",
@@ -301,6 +310,60 @@ impl Policy {
             Algorithm::TokenBucket => Ok(Self::token_bucket(quota)),
             Algorithm::SlidingWindowCounter => Self::sliding_window(quota),
         }
+    }
+
+    /// The same policy with a lockout: after a denial (`Limited`), the key is refused for `lockout` whatever its
+    /// quota holds — brute-force protection for logins, password resets, one-time codes. `Duration::ZERO` removes
+    /// it.
+    ///
+    /// The lockout starts at the denial and is not extended by the requests it refuses (a fixed duration, as
+    /// rate-limiter-flexible's `blockDuration`). The denial that starts it, and every refusal during it, say
+    /// `remaining` 0, `reset` no earlier than the lockout's end, and `retry_after` until the lockout's end (or
+    /// until the quota admits the request, if that is later): `Retry-After` tells the truth. A cost that can
+    /// never be admitted ([`Outcome::CostExceedsCapacity`](crate::Outcome)) neither starts nor reports a lockout.
+    /// Both stores keep the lockout with the key's state, in one atomic step, and the key lives until it ends.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{ManualClock, MemoryStore, Policy, Quota, Timestamp};
+    ///
+    /// let clock = ManualClock::new(Timestamp::from_micros(1_700_000_000_000_000));
+    /// let store = MemoryStore::builder().clock(clock.clone()).build();
+    /// let login = Policy::token_bucket(Quota::per_minute(5)?).with_lockout(Duration::from_secs(900))?;
+    /// for _ in 0..5 {
+    ///     assert!(store.check_now("user:ann", &login, 1)?.is_allowed());
+    /// }
+    /// let denied = store.check_now("user:ann", &login, 1)?;
+    /// assert_eq!(denied.retry_after, Some(Duration::from_secs(900)));
+    /// clock.advance(Duration::from_secs(60)); // the bucket is full again, the key still locked out
+    /// assert_eq!(store.check_now("user:ann", &login, 1)?.retry_after, Some(Duration::from_secs(840)));
+    /// clock.advance(Duration::from_secs(840));
+    /// assert!(store.check_now("user:ann", &login, 1)?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const fn with_lockout(mut self, lockout: Duration) -> Result<Self, PolicyError> {
+        if !lockout.subsec_nanos().is_multiple_of(1_000) || lockout.as_micros() > MAX_SCALED as u128
+        {
+            return Err(PolicyError::InvalidLockout);
+        }
+        self.lockout_us = lockout.as_micros() as u64;
+        Ok(self)
+    }
+
+    /// The lockout after a denial, if any (see [`with_lockout`](Self::with_lockout)).
+    #[must_use]
+    pub const fn lockout(&self) -> Option<Duration> {
+        if self.lockout_us == 0 {
+            None
+        } else {
+            Some(Duration::from_micros(self.lockout_us))
+        }
+    }
+
+    /// The lockout in microseconds (0: none).
+    #[must_use]
+    pub const fn lockout_micros(&self) -> u64 {
+        self.lockout_us
     }
 
     /// The algorithm.

@@ -59,6 +59,14 @@ impl<B> KeyExtractor<http::Request<B>> for PeerIp {
         hash_ip(state, client_network(peer_ip(req)?, IPV6_CLIENT_PREFIX));
         Ok(())
     }
+
+    /// The peer's whole address: what overrides' addresses and CIDRs are matched against.
+    fn match_key(&self, req: &http::Request<B>, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        use std::io::Write as _;
+        // Writing to a Vec cannot fail.
+        let _ = write!(out, "{}", peer_ip(req)?);
+        Ok(())
+    }
 }
 
 /// The peer's address, IPv4-mapped IPv6 addresses folded to IPv4 (the same clients as their IPv4 form).

@@ -177,18 +177,27 @@ pub(crate) async fn cluster(
 /// Runs `EVALSHA`; on `NOSCRIPT` (after `SCRIPT FLUSH`, a restart or a failover) runs `EVAL` once, which also
 /// loads the script for the next call. In a Cluster the `EVAL` goes to the key's node, where the script is
 /// missing, which a separate `SCRIPT LOAD` (routed to every primary) would not guarantee after a reshard.
+///
+/// `read_only`: `EVALSHA_RO` / `EVAL_RO` (Redis 7), which the server refuses to let write anything. (Both go to
+/// the primary: the Cluster client reads from replicas only when told to, which tollgate never does.)
 async fn eval(
     conn: &mut impl ConnectionLike,
     script: &Script,
     key: &str,
     args: &[String],
+    read_only: bool,
 ) -> redis::RedisResult<Value> {
-    let mut cmd = redis::cmd("EVALSHA");
+    let (evalsha, eval) = if read_only {
+        ("EVALSHA_RO", "EVAL_RO")
+    } else {
+        ("EVALSHA", "EVAL")
+    };
+    let mut cmd = redis::cmd(evalsha);
     cmd.arg(&script.sha).arg(1).arg(key).arg(args);
     match cmd.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             tracing::debug!(sha = %script.sha, "script missing on the server; sending it with EVAL");
-            let mut cmd = redis::cmd("EVAL");
+            let mut cmd = redis::cmd(eval);
             cmd.arg(script.source).arg(1).arg(key).arg(args);
             cmd.query_async(conn).await
         }
@@ -202,6 +211,7 @@ async fn run_pooled(
     script: &Script,
     key: &str,
     args: &[String],
+    read_only: bool,
 ) -> Result<redis::RedisResult<Value>, BackendError> {
     // The pooled connection is multiplexed: take a handle and return it to the pool at once, so concurrent
     // decisions share sockets and their commands are pipelined by redis-rs.
@@ -213,7 +223,7 @@ async fn run_pooled(
     // rather than handed to the next caller. So is one to a server that became a replica (`READONLY`: a failover
     // demoted it): the new connection resolves the host name again and may reach the new primary.
     let guard = BreakOnDrop(&broken);
-    let result = eval(&mut multiplexed, script, key, args).await;
+    let result = eval(&mut multiplexed, script, key, args, read_only).await;
     let replace = matches!(&result, Err(e) if e.is_io_error()
         || e.is_connection_dropped()
         || e.is_unrecoverable_error()
@@ -257,14 +267,28 @@ impl Backend {
         key: &str,
         args: &[String],
     ) -> Result<Value, BackendError> {
+        self.run_mode(script, key, args, false).await
+    }
+
+    /// Runs one script on `key`, read-only (`EVALSHA_RO`) if `read_only`. The caller bounds it with the store's
+    /// timeout.
+    pub(crate) async fn run_mode(
+        &self,
+        script: &Script,
+        key: &str,
+        args: &[String],
+        read_only: bool,
+    ) -> Result<Value, BackendError> {
         match self {
             #[cfg(feature = "deadpool-redis")]
             Self::Deadpool(pool) => {
                 let mut conn = pool.get().await.map_err(deadpool_error)?;
-                eval(&mut conn, script, key, args).await.map_err(classify)
+                eval(&mut conn, script, key, args, read_only)
+                    .await
+                    .map_err(classify)
             }
             Self::Pooled(pool) => {
-                let result = match run_pooled(pool, script, key, args).await? {
+                let result = match run_pooled(pool, script, key, args, read_only).await? {
                     // The server (or a proxy, a load balancer) closed a connection that sat idle: the command
                     // failed on the way out. One retry on a fresh connection, within the caller's timeout, as
                     // Redis clients do; without it every quiet spell cost a decision to the failure policy.
@@ -272,13 +296,13 @@ impl Backend {
                     // twice, which beats failing it.)
                     Err(e) if e.is_connection_dropped() => {
                         tracing::debug!(error = %e, "Redis connection dropped; retrying on a new one");
-                        run_pooled(pool, script, key, args).await?
+                        run_pooled(pool, script, key, args, read_only).await?
                     }
                     other => other,
                 };
                 result.map_err(classify)
             }
-            Self::Cluster(conn) => eval(&mut conn.clone(), script, key, args)
+            Self::Cluster(conn) => eval(&mut conn.clone(), script, key, args, read_only)
                 .await
                 .map_err(classify),
         }

@@ -24,6 +24,12 @@ impl BackendError {
         matches!(self, Self::Redis(e) if e.is_timeout())
     }
 
+    /// Whether the server does not know the command (e.g. `EVALSHA_RO` before Redis 7).
+    pub(crate) fn is_unknown_command(&self) -> bool {
+        matches!(self, Self::Redis(e) if e.code() == Some("ERR")
+            && e.to_string().to_ascii_lowercase().contains("unknown command"))
+    }
+
     /// The Redis error behind this one, if any.
     pub(crate) fn redis_error(&self) -> Option<&redis::RedisError> {
         match self {

@@ -30,6 +30,34 @@ pub const SLIDING_WINDOW_LUA: &str = concat!(
     include_str!("../lua/sliding_window.lua")
 );
 
+/// `lua/token_bucket.lua` wrapped in the store operations (`lua/ops_open.lua`, `lua/ops_close.lua`: peek and
+/// lockouts), after `lua/prelude.lua`.
+pub const TOKEN_BUCKET_OPS_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/token_leases.lua"),
+    include_str!("../lua/ops_open.lua"),
+    include_str!("../lua/token_bucket.lua"),
+    include_str!("../lua/ops_close.lua")
+);
+/// `lua/sliding_window.lua` wrapped in the store operations, after `lua/prelude.lua`.
+pub const SLIDING_WINDOW_OPS_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/ops_open.lua"),
+    include_str!("../lua/sliding_window.lua"),
+    include_str!("../lua/ops_close.lua")
+);
+
+/// `lua/token_bucket_charge.lua` (cost after the response) after `lua/prelude.lua`.
+pub const TOKEN_BUCKET_CHARGE_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/token_bucket_charge.lua")
+);
+/// `lua/sliding_window_charge.lua` (cost after the response) after `lua/prelude.lua`.
+pub const SLIDING_WINDOW_CHARGE_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/sliding_window_charge.lua")
+);
+
 /// A script's source and SHA-1, as `EVALSHA` wants it.
 pub(crate) struct Script {
     pub(crate) source: &'static str,
@@ -59,6 +87,10 @@ pub(crate) struct Scripts {
     sliding_window: Script,
     token_bucket_lease: Script,
     sliding_window_lease: Script,
+    token_bucket_ops: Script,
+    sliding_window_ops: Script,
+    token_bucket_charge: Script,
+    sliding_window_charge: Script,
 }
 
 impl Scripts {
@@ -68,6 +100,10 @@ impl Scripts {
             sliding_window: Script::new(SLIDING_WINDOW_LUA),
             token_bucket_lease: Script::new(TOKEN_BUCKET_LEASE_LUA),
             sliding_window_lease: Script::new(SLIDING_WINDOW_LEASE_LUA),
+            token_bucket_ops: Script::new(TOKEN_BUCKET_OPS_LUA),
+            sliding_window_ops: Script::new(SLIDING_WINDOW_OPS_LUA),
+            token_bucket_charge: Script::new(TOKEN_BUCKET_CHARGE_LUA),
+            sliding_window_charge: Script::new(SLIDING_WINDOW_CHARGE_LUA),
         }
     }
 
@@ -76,6 +112,22 @@ impl Scripts {
         match algorithm {
             Algorithm::TokenBucket => &self.token_bucket_lease,
             Algorithm::SlidingWindowCounter => &self.sliding_window_lease,
+        }
+    }
+
+    /// The charge script (cost after the response) of `algorithm`.
+    pub(crate) fn charge_for_algorithm(&self, algorithm: Algorithm) -> &Script {
+        match algorithm {
+            Algorithm::TokenBucket => &self.token_bucket_charge,
+            Algorithm::SlidingWindowCounter => &self.sliding_window_charge,
+        }
+    }
+
+    /// The wrapped script (peek, lockouts) of `algorithm`.
+    pub(crate) fn ops_for_algorithm(&self, algorithm: Algorithm) -> &Script {
+        match algorithm {
+            Algorithm::TokenBucket => &self.token_bucket_ops,
+            Algorithm::SlidingWindowCounter => &self.sliding_window_ops,
         }
     }
 
@@ -95,7 +147,7 @@ impl Scripts {
 
 /// Every script a store runs: loaded with `SCRIPT LOAD` on each new connection (and at start-up), so that a
 /// decision is one `EVALSHA` even where the server evicts scripts that `EVAL` loaded (Redis 7.4 and later).
-pub(crate) fn pinned() -> [&'static Script; 7] {
+pub(crate) fn pinned() -> [&'static Script; 11] {
     let s = Scripts::shared();
     let [acquire, renew, release] = crate::lease::scripts_list();
     [
@@ -103,6 +155,10 @@ pub(crate) fn pinned() -> [&'static Script; 7] {
         &s.sliding_window,
         &s.token_bucket_lease,
         &s.sliding_window_lease,
+        &s.token_bucket_ops,
+        &s.sliding_window_ops,
+        &s.token_bucket_charge,
+        &s.sliding_window_charge,
         acquire,
         renew,
         release,
@@ -129,6 +185,101 @@ pub(crate) fn args(policy: &Policy, cost: u64, now: Option<Timestamp>) -> [Strin
             cost.to_string(),
             now,
         ],
+    }
+}
+
+/// The wrapped script's ARGV: the algorithm's, then the lockout (µs, 0: none) and whether to peek.
+pub(crate) fn ops_args(
+    policy: &Policy,
+    cost: u64,
+    now: Option<Timestamp>,
+    peek: bool,
+) -> Vec<String> {
+    let mut args = Vec::from(self::args(policy, cost, now));
+    args.push(policy.lockout_micros().to_string());
+    args.push(if peek { "1" } else { "0" }.to_owned());
+    args
+}
+
+/// The charge script's ARGV.
+pub(crate) fn charge_args(
+    policy: &Policy,
+    delta: i64,
+    decided_at: Timestamp,
+    now: Option<Timestamp>,
+) -> [String; 5] {
+    let quota = policy.quota();
+    let now = now.map_or_else(String::new, |t| t.as_micros().to_string());
+    match policy.algorithm() {
+        Algorithm::TokenBucket => [
+            quota.token_bucket_token().to_string(),
+            quota.token_bucket_rate().to_string(),
+            quota.burst().to_string(),
+            delta.to_string(),
+            now,
+        ],
+        Algorithm::SlidingWindowCounter => [
+            quota.limit().to_string(),
+            quota.period_micros().to_string(),
+            delta.to_string(),
+            decided_at.min(Timestamp::LATEST).as_micros().to_string(),
+            now,
+        ],
+    }
+}
+
+/// Turns the charge script's reply (the charged state, its lockout and the server's time) into the decision
+/// after it, derived as `MemoryStore` derives it ([`charge::decision`](tollgate_core::algorithm::charge::decision)).
+pub(crate) fn parse_charge_reply(
+    policy: &Policy,
+    reply: &redis::Value,
+) -> Result<Decision, BackendError> {
+    use tollgate_core::algorithm::charge;
+    use tollgate_core::algorithm::lockout::Locked;
+    use tollgate_core::algorithm::sliding_window::{self, SlidingWindowState};
+    use tollgate_core::algorithm::token_bucket::{self, TokenBucketState};
+
+    let bad = |why: &str| BackendError::BadReply(format!("{why} in charge reply {reply:?}"));
+    let redis::Value::Array(items) = reply else {
+        return Err(bad("expected an array"));
+    };
+    let ints = items
+        .iter()
+        .map(|item| match item {
+            redis::Value::Int(n) => u64::try_from(*n).map_err(|_| bad("negative value")),
+            _ => Err(bad("expected integers")),
+        })
+        .collect::<Result<Vec<u64>, _>>()?;
+    let lockout = policy.lockout_micros();
+    match (policy.algorithm(), ints.as_slice()) {
+        (Algorithm::TokenBucket, &[full_at, remainder, locked_until, now]) => {
+            let state = Locked {
+                state: TokenBucketState { full_at, remainder },
+                locked_until,
+            };
+            let now = Timestamp::from_micros(now);
+            Ok(charge::decision(state, lockout, |s| {
+                token_bucket::decide(s, &policy.quota(), 0, now)
+            }))
+        }
+        (
+            Algorithm::SlidingWindowCounter,
+            &[window_start, previous, current, locked_until, now],
+        ) => {
+            let state = Locked {
+                state: SlidingWindowState {
+                    window_start,
+                    previous,
+                    current,
+                },
+                locked_until,
+            };
+            let now = Timestamp::from_micros(now);
+            Ok(charge::decision(state, lockout, |s| {
+                sliding_window::decide(s, policy, 0, now)
+            }))
+        }
+        _ => Err(bad("unexpected length")),
     }
 }
 
@@ -195,6 +346,10 @@ mod tests {
             SLIDING_WINDOW_LUA,
             TOKEN_BUCKET_LEASE_LUA,
             SLIDING_WINDOW_LEASE_LUA,
+            TOKEN_BUCKET_OPS_LUA,
+            SLIDING_WINDOW_OPS_LUA,
+            TOKEN_BUCKET_CHARGE_LUA,
+            SLIDING_WINDOW_CHARGE_LUA,
             crate::CONCURRENCY_ACQUIRE_LUA,
             crate::CONCURRENCY_RENEW_LUA,
             crate::CONCURRENCY_RELEASE_LUA,

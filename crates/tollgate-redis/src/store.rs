@@ -1,6 +1,7 @@
 //! [`RedisStore`]: one `EVALSHA` per decision, bounded by a timeout and guarded by a circuit breaker. What to do
 //! when Redis cannot answer is the limiter's failure policy: the store returns the error.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,8 @@ struct Inner {
     timeout: Duration,
     circuit: Circuit,
     eviction: OnceLock<EvictionCheck>,
+    /// The server does not know `EVALSHA_RO` (Redis before 7): peeks run the same read-only script by `EVALSHA`.
+    no_read_only: AtomicBool,
 }
 
 impl RedisStore {
@@ -100,6 +103,7 @@ impl RedisStore {
                 timeout,
                 circuit: Circuit::new(failure_threshold, cool_down),
                 eviction: OnceLock::new(),
+                no_read_only: AtomicBool::new(false),
             }),
         }
     }
@@ -173,6 +177,49 @@ impl RedisStore {
         self.decide(key, policy, cost, Some(now)).await
     }
 
+    /// What a request of `cost` on `key` would get at `now` (instead of the server's time), without writing: see
+    /// [`Store::peek`].
+    pub async fn peek_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.peek_inner(key, policy, cost, Some(now)).await
+    }
+
+    /// Charges `delta` (a refund if negative) at `now` instead of the server's time: see [`Store::charge`].
+    pub async fn charge_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.charge_inner(key, policy, delta, decided_at, Some(now))
+            .await
+    }
+
+    async fn charge_inner(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        now: Option<Timestamp>,
+    ) -> Result<Decision, StoreError> {
+        let script = self.inner.scripts.charge_for_algorithm(policy.algorithm());
+        let redis_key = keys::redis_key(&self.inner.namespace, key, policy.algorithm());
+        let now = now.map(|t| t.min(Timestamp::LATEST));
+        let args = script::charge_args(policy, delta, decided_at, now);
+        self.run_script(script, &redis_key, &args, |reply| {
+            script::parse_charge_reply(policy, reply)
+        })
+        .await
+    }
+
     /// The Redis key holding `key`'s state under `algorithm` (for inspection; see the crate docs for the format).
     #[must_use]
     pub fn redis_key(&self, key: &str, algorithm: Algorithm) -> String {
@@ -225,12 +272,34 @@ impl RedisStore {
         cost: u64,
         now: Option<Timestamp>,
     ) -> Result<Decision, StoreError> {
-        let script = self.inner.scripts.for_algorithm(policy.algorithm());
         let redis_key = keys::redis_key(&self.inner.namespace, key, policy.algorithm());
         // Like the Rust algorithms, decide no later than `Timestamp::LATEST` (2^53 µs): past it Lua's doubles lose
         // integers.
-        let args = script::args(policy, cost, now.map(|t| t.min(Timestamp::LATEST)));
-        self.run_script(script, &redis_key, &args, |reply| {
+        let now = now.map(|t| t.min(Timestamp::LATEST));
+        let parse = |reply: &redis::Value| script::parse_reply(policy, reply);
+        if policy.lockout_micros() > 0 {
+            // The lockout is kept in the same script call: the algorithm wrapped in the store operations.
+            let script = self.inner.scripts.ops_for_algorithm(policy.algorithm());
+            let args = script::ops_args(policy, cost, now, false);
+            return self.run_script(script, &redis_key, &args, parse).await;
+        }
+        let script = self.inner.scripts.for_algorithm(policy.algorithm());
+        let args = script::args(policy, cost, now);
+        self.run_script(script, &redis_key, &args, parse).await
+    }
+
+    /// One peek on Redis: the wrapped script in peek mode, run read-only.
+    async fn peek_inner(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        now: Option<Timestamp>,
+    ) -> Result<Decision, StoreError> {
+        let script = self.inner.scripts.ops_for_algorithm(policy.algorithm());
+        let redis_key = keys::redis_key(&self.inner.namespace, key, policy.algorithm());
+        let args = script::ops_args(policy, cost, now.map(|t| t.min(Timestamp::LATEST)), true);
+        self.run_script_mode(script, &redis_key, &args, true, |reply| {
             script::parse_reply(policy, reply)
         })
         .await
@@ -246,6 +315,19 @@ impl RedisStore {
         args: &[String],
         parse: impl FnOnce(&redis::Value) -> Result<T, crate::BackendError>,
     ) -> Result<T, StoreError> {
+        self.run_script_mode(script, redis_key, args, false, parse)
+            .await
+    }
+
+    /// [`run_script`](Self::run_script), read-only (`EVALSHA_RO`) if `read_only` and the server has it.
+    async fn run_script_mode<T>(
+        &self,
+        script: &script::Script,
+        redis_key: &str,
+        args: &[String],
+        read_only: bool,
+        parse: impl FnOnce(&redis::Value) -> Result<T, crate::BackendError>,
+    ) -> Result<T, StoreError> {
         let inner = &*self.inner;
         let admission = inner.circuit.admit(Instant::now());
         if admission == Admission::Skip {
@@ -256,8 +338,26 @@ impl RedisStore {
             armed: admission == Admission::Probe,
         };
         let started = Instant::now();
-        let result =
-            tokio::time::timeout(inner.timeout, inner.backend.run(script, redis_key, args)).await;
+        let call = async {
+            let read_only = read_only && !inner.no_read_only.load(Ordering::Relaxed);
+            match inner
+                .backend
+                .run_mode(script, redis_key, args, read_only)
+                .await
+            {
+                Err(e) if read_only && e.is_unknown_command() => {
+                    // Redis before 7: the script writes nothing in peek mode by construction; the server just
+                    // cannot enforce it.
+                    inner.no_read_only.store(true, Ordering::Relaxed);
+                    tracing::info!(
+                        "Redis does not know EVALSHA_RO (before 7.0): peeks run their read-only script by EVALSHA"
+                    );
+                    inner.backend.run_mode(script, redis_key, args, false).await
+                }
+                other => other,
+            }
+        };
+        let result = tokio::time::timeout(inner.timeout, call).await;
         let elapsed = started.elapsed().as_secs_f64();
         probe.disarm();
         let result = match result {
@@ -316,6 +416,43 @@ impl Store for RedisStore {
 
     fn supports_token_leases(&self) -> bool {
         true
+    }
+
+    /// One read-only round trip on Redis's clock: the decision script in peek mode by `EVALSHA_RO`, which the
+    /// server refuses to let write (Redis 7 and later; before, the same script by `EVALSHA`, which writes nothing
+    /// in peek mode). From the primary, like every call. Errors as [`check`](Store::check)'s (the circuit and
+    /// the timeout apply).
+    async fn peek(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.peek_inner(key, policy, cost, None).await
+    }
+
+    /// Spawned on the current tokio runtime (the response is not held back for the round trip); a failure, or no
+    /// runtime, is logged.
+    fn charge_detached(&self, key: String, policy: &Policy, delta: i64, decided_at: Timestamp) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "a charge after the response needs a tokio runtime to reach Redis: it is lost"
+            );
+            return;
+        };
+        let (store, policy) = (self.clone(), *policy);
+        runtime.spawn(async move {
+            if let Err(e) = store.charge(&key, &policy, delta, decided_at).await {
+                tracing::warn!(error = %e, "a charge after the response failed on Redis; it is lost");
+            }
+        });
+    }
+
+    /// One script call on Redis's clock: the charge (or refund) and its TTL in one atomic step.
+    async fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.charge_inner(key, policy, delta, decided_at, None)
+            .await
     }
 }
 

@@ -29,13 +29,30 @@ async fn shared_vectors_are_bit_identical_to_memory_store_and_expected() {
         for (j, step) in case.steps.iter().enumerate() {
             // A key per case: cases must not see each other's state.
             let key = format!("case{i}:{}", step.key);
-            let from_redis = redis
-                .check_at(&key, &policy, step.cost, step.at())
-                .await
-                .expect("redis decides");
-            let from_memory = memory
-                .check_at(&key, &policy, step.cost, step.at())
-                .expect("memory decides");
+            let (from_redis, from_memory) = if let Some(delta) = step.charge {
+                let (decided, at) = (step.decided_at(), step.at());
+                let from_redis = redis.charge_at(&key, &policy, delta, decided, at).await;
+                (
+                    from_redis.expect("redis charges"),
+                    memory
+                        .charge_at(&key, &policy, delta, decided, at)
+                        .expect("memory charges"),
+                )
+            } else if step.peek {
+                let from_redis = redis.peek_at(&key, &policy, step.cost, step.at()).await;
+                (
+                    from_redis.expect("redis peeks"),
+                    memory.peek_at(&key, &policy, step.cost, step.at()),
+                )
+            } else {
+                let from_redis = redis.check_at(&key, &policy, step.cost, step.at()).await;
+                (
+                    from_redis.expect("redis decides"),
+                    memory
+                        .check_at(&key, &policy, step.cost, step.at())
+                        .expect("memory decides"),
+                )
+            };
             let expected = step.expected(&policy);
             assert_eq!(
                 from_redis, expected,

@@ -31,6 +31,9 @@ pub struct Case {
     /// Token bucket capacity (defaults to `limit`).
     #[serde(default)]
     pub burst: Option<u64>,
+    /// The lockout after a denial, µs (absent: none; see `Policy::with_lockout`).
+    #[serde(default)]
+    pub lockout_us: Option<u64>,
     /// The requests, in order.
     pub steps: Vec<Step>,
 }
@@ -53,6 +56,16 @@ pub struct Step {
     /// Expected `retry_after` in µs (absent unless limited).
     #[serde(default)]
     pub retry_after_us: Option<u64>,
+    /// A peek (`Store::peek`): the decision a request would get, with nothing written.
+    #[serde(default)]
+    pub peek: bool,
+    /// A charge after the response (`Store::charge`, a refund if negative) instead of a request; its decision is
+    /// what a request of cost 0 gets right after.
+    #[serde(default)]
+    pub charge: Option<i64>,
+    /// For a charge: when its request was decided, µs since the epoch.
+    #[serde(default)]
+    pub decided_at_us: Option<u64>,
 }
 
 impl Vectors {
@@ -90,7 +103,9 @@ impl Case {
             "sliding_window" => Algorithm::SlidingWindowCounter,
             other => panic!("case {}: unknown algorithm {other}", self.name),
         };
-        Policy::new(algorithm, quota).unwrap_or_else(|e| panic!("case {}: {e}", self.name))
+        Policy::new(algorithm, quota)
+            .and_then(|p| p.with_lockout(Duration::from_micros(self.lockout_us.unwrap_or(0))))
+            .unwrap_or_else(|e| panic!("case {}: {e}", self.name))
     }
 }
 
@@ -99,6 +114,12 @@ impl Step {
     #[must_use]
     pub const fn at(&self) -> Timestamp {
         Timestamp::from_micros(self.at_us)
+    }
+
+    /// For a charge: when its request was decided.
+    #[must_use]
+    pub fn decided_at(&self) -> Timestamp {
+        Timestamp::from_micros(self.decided_at_us.unwrap_or(self.at_us))
     }
 
     /// The expected decision.
@@ -213,6 +234,7 @@ impl LeaseCase {
             limit: self.limit,
             period_us: self.period_us,
             burst: self.burst,
+            lockout_us: None,
             steps: Vec::new(),
         }
         .policy()
@@ -265,6 +287,9 @@ impl LeaseStep {
             remaining: self.field("remaining").expect("remaining"),
             reset_us: self.field("reset_us").expect("reset_us"),
             retry_after_us: self.field("retry_after_us"),
+            peek: false,
+            charge: None,
+            decided_at_us: None,
         }
         .expected(policy)
     }

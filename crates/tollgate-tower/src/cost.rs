@@ -9,6 +9,22 @@
 //! assert_eq!(per_item.cost(&vec![1, 2, 3]), 3);
 //! ```
 
+/// Where a rate limiter reads a request's real cost once its response is ready
+/// ([`RateLimitLayer::cost_after`](crate::RateLimitLayer::cost_after)): the response's [`FinalCost`] extension
+/// (set by the handler), or a response header holding a whole number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CostAfter {
+    /// The [`FinalCost`] extension of the response.
+    Extension,
+    /// A response header (its name, any case) holding the cost as a whole number.
+    Header(std::borrow::Cow<'static, str>),
+}
+
+/// A response extension stating the request's real cost, known only once it was served (LLM tokens, bytes,
+/// rows): read by a limiter with [`CostAfter::Extension`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FinalCost(pub u64);
+
 /// Computes the cost of a request in tokens.
 ///
 /// A cost of 0 inspects the quota without consuming it; a cost above the policy's burst is rejected for good

@@ -47,7 +47,7 @@ pub mod rejection;
 pub mod respond;
 pub mod verdict;
 
-pub use cost::{Cost, CostFn, UnitCost};
+pub use cost::{Cost, CostAfter, CostFn, FinalCost, UnitCost};
 pub use error::ConfigError;
 pub use key::{ConstKey, KeyError, KeyExtractor, KeyFn};
 pub use limit::rate::{DenyCache, DenyCacheHandle, RateLimit, RateLimitLayer};

@@ -84,6 +84,20 @@ pub trait Respond<Req, T> {
         verdict
     }
 
+    /// The request's real cost read from its admitted `response` at `source`, for a limiter that charges the
+    /// cost after the response ([`RateLimitLayer::cost_after`](crate::RateLimitLayer::cost_after)); `None`
+    /// (the default) leaves the cost charged up front. The HTTP adapter reads the [`FinalCost`](crate::FinalCost)
+    /// extension or the header.
+    fn final_cost(
+        &self,
+        ticket: &Self::Ticket,
+        response: &T,
+        source: &crate::CostAfter,
+    ) -> Option<u64> {
+        let _ = (ticket, response, source);
+        None
+    }
+
     /// The answer for an admitted response, after [`amend_ok`](Self::amend_ok). Defaults to
     /// `respond(ticket, Ok(response), verdict)`; an override must answer, with `amend_ok`, as `respond` would.
     fn finish_ok(

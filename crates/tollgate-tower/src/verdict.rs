@@ -188,6 +188,15 @@ impl From<Verdict> for Verdicts {
     }
 }
 
+impl IntoIterator for Verdicts {
+    type Item = Verdict;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<Verdict>, std::vec::IntoIter<Verdict>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.first.into_iter().chain(self.rest)
+    }
+}
+
 impl Extend<Verdict> for Verdicts {
     fn extend<I: IntoIterator<Item = Verdict>>(&mut self, verdicts: I) {
         verdicts.into_iter().for_each(|v| self.push(v));

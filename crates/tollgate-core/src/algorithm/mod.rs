@@ -15,6 +15,8 @@
 //! # Ok::<(), tollgate_core::PolicyError>(())
 //! ```
 
+pub mod charge;
+pub mod lockout;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod sliding_window_lease;

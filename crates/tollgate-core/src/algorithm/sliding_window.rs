@@ -38,6 +38,9 @@ impl SlidingWindowState {
 
 /// Decides one request of `cost` at `now`. `policy` must be a sliding window policy.
 #[must_use]
+// Inlined into the store's check, which is generic over the clock and so compiled in the caller's crate (a
+// plain `#[inline]` measured not taken: 14 instructions of call and copies per check).
+#[inline(always)]
 pub fn decide(
     state: Option<SlidingWindowState>,
     policy: &Policy,

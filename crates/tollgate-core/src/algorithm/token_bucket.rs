@@ -23,6 +23,8 @@ pub struct TokenBucketState {
 
 /// Decides one request of `cost` tokens at `now`.
 #[must_use]
+// Inlined into the store's check, which is generic over the clock and so compiled in the caller's crate.
+#[inline]
 pub fn decide(
     state: Option<TokenBucketState>,
     quota: &Quota,
@@ -42,11 +44,12 @@ pub fn decide(
     let owed = (full_at - now)
         .checked_mul(rate)
         .map(|owed| owed.saturating_sub(remainder));
-    // More than an empty bucket owed: the clock stepped back (or the quota shrank), and the stored refill instant is
-    // that much too late. An empty bucket is the most that can be owed: the state is rebased to one, refilling from
-    // now, and kept — or every request would be refused until the old instant, however far. (Lua's doubles cannot
-    // overflow; past 2^53 they only lose precision, and any such product exceeds the capacity anyway.)
-    let rebased = !matches!(owed, Some(owed) if owed <= capacity);
+    // More than the debt floor owed (two buckets: a charge after the response may overdraw one, see
+    // `super::charge`, and a debt is kept): the clock stepped back (or the quota shrank), and the stored refill
+    // instant is that much too late. The state is rebased to an empty bucket, refilling from now, and kept — or
+    // every request would be refused until the old instant, however far. (Lua's doubles cannot overflow; past 2^53
+    // they only lose precision, and any such product exceeds the floor anyway.)
+    let rebased = !matches!(owed, Some(owed) if owed <= 2 * capacity);
     let deficit = if rebased {
         let wait = div_ceil(capacity, rate);
         (full_at, remainder) = (now + wait, wait * rate - capacity);
@@ -65,7 +68,7 @@ pub fn decide(
     };
 
     if cost > quota.burst() {
-        let remaining = (capacity - deficit) / token;
+        let remaining = capacity.saturating_sub(deficit) / token; // 0 in debt
         return Step {
             decision: decision(Outcome::CostExceedsCapacity, remaining, full_at, None),
             state: kept,
@@ -87,7 +90,7 @@ pub fn decide(
     }
     // Earliest t with (full_at − t) × rate − remainder ≤ capacity − need.
     let admit_at = full_at - (capacity - need + remainder) / rate;
-    let remaining = (capacity - deficit) / token;
+    let remaining = capacity.saturating_sub(deficit) / token; // 0 in debt
     Step {
         decision: decision(
             Outcome::Limited,

@@ -6,13 +6,15 @@ use std::hash::{BuildHasher, Hasher, RandomState};
 use parking_lot::Mutex;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
-use super::table::{Expiry, Rng, Table};
+use super::table::{Expiry, List, MAX_SHARD_KEYS, Slab};
 use crate::StoreError;
 
 /// The fewest keys a shard is given (as in the store: shards of a few keys would fill long before the bound).
 const MIN_SHARD_KEYS: usize = 256;
 
-/// An entry an insertion evicted to make room.
+/// An entry an insertion evicted to make room, handed back whole: its value is moved out of the table, not
+/// dropped, so a value that owns something outside the table (a lease's batch of tokens) can be ended by the
+/// caller as it would end any entry, outside the shard's lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Evicted<V> {
@@ -25,7 +27,7 @@ pub struct Evicted<V> {
 }
 
 /// A sharded, bounded map from key digests to values that decay, with [`MemoryStore`](super::MemoryStore)'s
-/// policy at the bound: evict a decayed entry, else the least recently used of a sample (or refuse, if asked).
+/// policy at the bound: evict a decayed entry, else the least recently used one (or refuse, if asked).
 ///
 /// It is the table behind every bounded per-key state in tollgate beyond the store's own (whose shards keep one
 /// such table per algorithm under one bound). The two planned users:
@@ -74,9 +76,8 @@ pub struct BoundedTable<V> {
 }
 
 struct Shard<V> {
-    table: Table<V>,
-    uses: u64,
-    rng: Rng,
+    slab: Slab<V>,
+    list: List,
     evictions: EvictionCounts,
 }
 
@@ -136,18 +137,17 @@ impl BoundedTableBuilder {
         let seed = RandomState::new();
         BoundedTable {
             shards: (0..count)
-                .map(|i| {
+                .map(|_| {
                     Mutex::new(Shard {
-                        table: Table::default(),
-                        uses: 0,
-                        rng: Rng::new(seed.hash_one(i)),
+                        slab: Slab::default(),
+                        list: List::default(),
                         evictions: EvictionCounts::default(),
                     })
                 })
                 .collect(),
             seed,
             shard_bits: count.trailing_zeros(),
-            shard_capacity: self.max_keys.div_ceil(count),
+            shard_capacity: self.max_keys.div_ceil(count).min(MAX_SHARD_KEYS),
             max_keys: self.max_keys,
             on_full: self.on_full,
             log: EvictionLog::new(self.name.unwrap_or_else(|| DEFAULT_NAME.to_owned())),
@@ -189,70 +189,93 @@ impl<V: Expiry> BoundedTable<V> {
     /// Runs `f` on `key`'s value, under its shard's lock, and marks it used; `None` if there is none. A decayed
     /// value is passed like any other: the caller's value says what decayed means for it.
     pub fn get<R>(&self, key: u64, f: impl FnOnce(&mut V) -> R) -> Option<R> {
-        let mut shard = self.shard(key).lock();
-        shard.uses += 1;
-        let stamp = shard.uses;
-        let slot = shard.table.get_mut(key)?;
-        slot.stamp = stamp;
-        Some(f(&mut slot.value))
+        let mut guard = self.shard(key).lock();
+        let Shard { slab, list, .. } = &mut *guard;
+        let slot = slab.find(key)?;
+        list.touch(slab, slot);
+        Some(f(&mut slab.node_mut(slot).value))
     }
 
-    /// Sets `key`'s value (replacing any), as used at `now`. At the bound, a new key evicts an entry (returned,
-    /// so the caller can end it as it would any entry) or, for a table that refuses, is refused with
-    /// [`StoreError::KeyCapacity`] (unless the eviction's sample finds a decayed entry to replace).
+    /// Sets `key`'s value (replacing any), as used at `now`. At the bound, a new key takes the place of the entry
+    /// [`OnFull::EvictLru`] chooses (a decayed one found at the list's hand, else the least recently used), which
+    /// is returned as [`Evicted`], its value moved out, so that the caller can end it as it would any entry (a
+    /// lease table returns or abandons the evicted lease's batch). A table that refuses makes room only with a
+    /// decayed entry and otherwise answers [`StoreError::KeyCapacity`]. A replaced value (same key) is dropped.
     pub fn insert(&self, key: u64, value: V, now: u64) -> Result<Option<Evicted<V>>, StoreError> {
-        let mut shard = self.shard(key).lock();
-        shard.uses += 1;
-        let stamp = shard.uses;
-        if let Some(slot) = shard.table.get_mut(key) {
-            slot.value = value;
-            slot.stamp = stamp;
+        let mut guard = self.shard(key).lock();
+        let Shard {
+            slab,
+            list,
+            evictions,
+        } = &mut *guard;
+        if let Some(slot) = slab.find(key) {
+            slab.node_mut(slot).value = value;
+            list.touch(slab, slot);
             return Ok(None);
         }
-        let mut evicted = None;
-        if shard.table.len() >= self.shard_capacity {
-            let Shard { table, rng, .. } = &mut *shard;
-            let candidate = table.candidate(rng, now);
-            // A refusing table still makes room with a decayed entry its sample finds (that loses nothing).
-            if self.on_full == OnFull::Refuse && !candidate.is_some_and(|c| c.decayed) {
+        if slab.len() >= self.shard_capacity
+            && let Some((victim, decayed)) = list.victim(slab, now)
+        {
+            if self.on_full == OnFull::Refuse && !decayed {
                 return Err(StoreError::KeyCapacity {
                     max_keys: self.max_keys,
                 });
             }
-            if let Some(c) = candidate
-                && let Some(slot) = table.remove_at(c.index)
-            {
-                shard.evictions.add(!c.decayed);
-                self.log.record(!c.decayed, &shard.evictions, self.max_keys);
-                evicted = Some(Evicted {
-                    key: slot.key,
-                    value: slot.value,
-                    live: !c.decayed,
-                });
-            }
+            // The new key takes the victim's slot: no allocation, no move.
+            list.unlink(slab, victim);
+            let (old_key, old_value) = slab.replace(victim, key, value);
+            list.push_front(slab, victim);
+            evictions.add(!decayed);
+            self.log.record(!decayed, evictions, self.max_keys);
+            return Ok(Some(Evicted {
+                key: old_key,
+                value: old_value,
+                live: !decayed,
+            }));
         }
-        shard.table.insert(key, stamp, value);
-        Ok(evicted)
+        let slot = slab.push(key, value);
+        list.push_front(slab, slot);
+        Ok(None)
     }
 
     /// Removes `key`'s value.
     pub fn remove(&self, key: u64) -> Option<V> {
-        self.shard(key).lock().table.remove(key).map(|s| s.value)
+        let mut guard = self.shard(key).lock();
+        let Shard { slab, list, .. } = &mut *guard;
+        let slot = slab.find(key)?;
+        Some(remove_at(slab, list, slot))
     }
 
     /// Drops every value that has decayed at `now` (a whole-table scan: for a chore, never a request).
     pub fn sweep(&self, now: u64) {
         for shard in &*self.shards {
-            shard.lock().table.retain(|s| s.value.expires_at() > now);
+            let mut guard = shard.lock();
+            let Shard { slab, list, .. } = &mut *guard;
+            // From the last slot down: the node a removal moves into a slot was already looked at.
+            for slot in (0..slab.len() as u32).rev() {
+                if slab.node(slot).value.expires_at() <= now {
+                    remove_at(slab, list, slot);
+                }
+            }
         }
     }
+}
+
+/// Removes the entry in `slot` from the list and the slab.
+fn remove_at<V: Expiry>(slab: &mut Slab<V>, list: &mut List, slot: u32) -> V {
+    list.unlink(slab, slot);
+    let (node, moved) = slab.swap_remove(slot);
+    if let Some(from) = moved {
+        list.relink(slab, from, slot);
+    }
+    node.value
 }
 
 impl<V> BoundedTable<V> {
     /// Keys held now (decayed ones included until evicted, removed or swept).
     #[must_use]
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().table.len()).sum()
+        self.shards.iter().map(|s| s.lock().slab.len()).sum()
     }
 
     /// Whether no key is held.

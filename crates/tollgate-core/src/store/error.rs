@@ -20,7 +20,8 @@ pub enum StoreError {
     CircuitOpen,
     /// The backend answered with an error or could not be reached.
     Backend(Box<dyn Error + Send + Sync>),
-    /// The store does not offer this operation (e.g. token leases, see [`Store::lease_tokens`](crate::Store::lease_tokens)).
+    /// The store does not offer this operation (e.g. [`Store::peek`](crate::Store::peek), or token leases, on a store that does
+    /// not implement them); the message names it.
     Unsupported(&'static str),
 }
 
@@ -53,7 +54,7 @@ impl fmt::Display for StoreError {
             Self::Timeout(d) => write!(f, "the store did not answer within {d:?}"),
             Self::CircuitOpen => f.write_str("the store's circuit is open after repeated failures"),
             Self::Backend(e) => write!(f, "the store failed: {e}"),
-            Self::Unsupported(what) => write!(f, "the store does not support {what}"),
+            Self::Unsupported(what) => write!(f, "this store does not support {what}"),
         }
     }
 }

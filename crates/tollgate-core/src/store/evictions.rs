@@ -17,8 +17,9 @@ pub const DEFAULT_NAME: &str = "memory_store";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnFull {
-    /// Evict an entry to make room (the default): a decayed one if the sample holds one (that loses nothing),
-    /// else the least recently used of the sample. Every new key gets its own state, as nginx's `limit_req` zone
+    /// Evict an entry to make room (the default): a decayed one if the eviction finds one (that loses nothing;
+    /// it looks at a few entries of the recency list, at a hand that goes round the list over successive
+    /// evictions), else the least recently used. Every new key gets its own state, as nginx's `limit_req` zone
     /// does; an active client, being recent, keeps its own.
     #[default]
     EvictLru,

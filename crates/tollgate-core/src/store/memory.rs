@@ -17,6 +17,8 @@ use std::future::{Future, ready};
 use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
 
 use crate::algorithm::Step;
+use crate::algorithm::charge;
+use crate::algorithm::lockout::{self, Locked};
 use crate::algorithm::sliding_window::{self, SlidingWindowState};
 use crate::algorithm::token_bucket::{self, TokenBucketState};
 use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
@@ -24,7 +26,7 @@ use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, 
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
 use super::memory_lease::LeaseBooks;
-use super::table::{Expiry, Rng, Table};
+use super::table::{Arena, Expiry, Links, List, MAX_SHARD_KEYS, Slab};
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
 pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
@@ -41,22 +43,22 @@ const MIN_SHARD_KEYS: usize = 256;
 /// "fresh" is dropped as the store grows, without any chore for the caller.
 ///
 /// At most `max_keys` keys are tracked (each of the N shards holds `max_keys / N`, rounded up). At the bound, by
-/// default ([`OnFull::EvictLru`]), a key that is not tracked yet takes the place of another: a decayed one if the
-/// eviction's sample holds one (that loses nothing), else the least recently used of the sample. So a new client
-/// is always decided by its own bucket or window, never by the failure policy, and a client that keeps sending
-/// (a limited abuser included) is recent and keeps its state. The sample is 8 entries of the shard from a random
-/// bucket (all of them in a shard of at most 8): the evicted entry is among the least recently used quarter of its
-/// shard with probability 1 − 0.75⁸ ≈ 90 %, the least recently used half with 1 − 0.5⁸ ≈ 99.6 %, and a key is
-/// only evicted if the 7 others sampled with it were all used more recently. Each eviction costs O(1) (about 16
-/// buckets read), and the steady path (a tracked key) only writes a use stamp beside the state.
-/// `docs/BENCHMARKS.md` ("MemoryStore at its key bound") has the measurements against an exact LRU list, and why
-/// sampling was chosen.
+/// default ([`OnFull::EvictLru`]), a key that is not tracked yet takes the place of another, chosen by exact
+/// recency: each shard keeps its entries in a slab threaded by a doubly linked recency list (a use moves the
+/// entry to the head). The entry evicted is a decayed one if the eviction finds one among the 4 entries at the
+/// list's *hand* (that loses nothing), else the least recently used of the shard. The hand walks the list from
+/// the least recently used end over successive evictions (4 entries each) and starts over when it has passed
+/// it all, so decayed entries anywhere in a shard are found without a scan; a shard of at most 4 entries is
+/// looked at whole. So a new client is always decided by its own bucket or window, never by the failure policy,
+/// and a client that keeps sending (a limited abuser included) is recent and keeps its state: of a shard of `n`
+/// keys, only one that `n` others have been used since can be evicted live. An eviction costs O(1) (at most 5
+/// entries read, no allocation: the new key takes the evicted one's slot). `docs/BENCHMARKS.md` ("MemoryStore at
+/// its key bound") has the measurements against the sampled eviction this replaced, and governor.
 ///
 /// Evictions are counted in `tollgate_evictions_total{limiter}` (the label is the store's
 /// [name](MemoryStoreBuilder::name)) and in [`evictions`](Self::evictions); while entries that still hold state
 /// are evicted, a warning is logged (at most one every 10 s): `max_keys` is too small for the traffic, or a flood
-/// of new keys is on. A token bucket and a sliding window sharing a store share its bound (an eviction compares
-/// the samples of both).
+/// of new keys is on. A token bucket and a sliding window sharing a store share its bound and its recency list.
 ///
 /// With [`OnFull::Refuse`], a key that is not tracked yet at the bound gets [`StoreError::KeyCapacity`] (the
 /// limiter's failure policy decides what that means) and keys already tracked keep their state. New keys are
@@ -196,13 +198,11 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         let count = wanted.next_power_of_two().min(1 << by_size.ilog2());
         let seed = RandomState::new();
         MemoryStore {
-            shards: (0..count)
-                .map(|i| Mutex::new(Shard::new(seed.hash_one(i))))
-                .collect(),
+            shards: (0..count).map(|_| Mutex::new(Shard::default())).collect(),
             seed,
             shard_bits: count.trailing_zeros(),
             bound: Bound {
-                shard_capacity: self.max_keys.div_ceil(count),
+                shard_capacity: self.max_keys.div_ceil(count).min(MAX_SHARD_KEYS),
                 max_keys: self.max_keys,
                 on_full: self.on_full,
             },
@@ -282,33 +282,126 @@ impl<C: Clock> MemoryStore<C> {
         if policy.algorithm() == Algorithm::TokenBucket && self.leases.active() {
             return self.check_leased_at(hash, policy, cost, now);
         }
-        let mut shard = self.shard(hash);
+        let mut shard = lock(self.shard(hash));
         let (bound, log) = (&self.bound, &self.log);
+        let lockout = policy.lockout_micros();
         match policy.algorithm() {
-            Algorithm::TokenBucket => shard.apply(hash, now, bound, log, Shard::buckets, |s| {
-                token_bucket::decide(s, policy.quota_ref(), cost, now)
-            }),
+            Algorithm::TokenBucket => {
+                shard.apply::<Locked<TokenBucketState>>(hash, now, bound, log, |s| {
+                    lockout::decide(s, lockout, |s| {
+                        token_bucket::decide(s, policy.quota_ref(), cost, now)
+                    })
+                })
+            }
             Algorithm::SlidingWindowCounter => {
-                shard.apply(hash, now, bound, log, Shard::windows, |s| {
-                    sliding_window::decide(s, policy, cost, now)
+                shard.apply::<WindowEntry>(hash, now, bound, log, |s| {
+                    lockout::decide(s, lockout, |s| sliding_window::decide(s, policy, cost, now))
                 })
             }
         }
     }
 
-    /// The shard holding `hash`, locked.
-    pub(super) fn shard(&self, hash: u64) -> MutexGuard<'_, Shard> {
+    /// What a request of `cost` on `key` would get at the clock's current time, without consuming: see
+    /// [`Store::peek`].
+    pub fn peek_now(&self, key: &str, policy: &Policy, cost: u64) -> Decision {
+        self.peek_at(key, policy, cost, self.clock.now())
+    }
+
+    /// What a request of `cost` on `key` would get at `now`, without consuming: the decision
+    /// [`check_at`](Self::check_at) would return, while the key's state, its recency (what eviction at the bound
+    /// goes by) and the store's size stay as they are.
+    pub fn peek_at(&self, key: &str, policy: &Policy, cost: u64, now: Timestamp) -> Decision {
+        let mut hasher = self.seed.build_hasher();
+        hasher.write(key.as_bytes());
+        self.peek_digest_at(hasher.finish(), policy, cost, now)
+    }
+
+    /// [`peek_at`](Self::peek_at) for the key whose digest, by [`Store::key_hasher`], is `hash`.
+    pub fn peek_digest_at(
+        &self,
+        hash: u64,
+        policy: &Policy,
+        cost: u64,
+        now: Timestamp,
+    ) -> Decision {
+        let now = now.min(Timestamp::LATEST);
+        let lockout = policy.lockout_micros();
+        let shard = lock(self.shard(hash));
+        // Only read: the entry is not moved on the recency list.
+        match policy.algorithm() {
+            Algorithm::TokenBucket => {
+                let state = shard.slabs.buckets.get(hash).map(Entry::state);
+                lockout::decide(state, lockout, |s| {
+                    token_bucket::decide(s, policy.quota_ref(), cost, now)
+                })
+                .decision
+            }
+            Algorithm::SlidingWindowCounter => {
+                let state = shard.slabs.windows.get(hash).map(Entry::state);
+                lockout::decide(state, lockout, |s| {
+                    sliding_window::decide(s, policy, cost, now)
+                })
+                .decision
+            }
+        }
+    }
+
+    /// Charges `delta` (a refund if negative) to `key` at `now` for a request decided at `decided_at`: see
+    /// [`Store::charge`].
+    pub fn charge_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        let mut hasher = self.seed.build_hasher();
+        hasher.write(key.as_bytes());
+        let hash = hasher.finish();
+        let now = now.min(Timestamp::LATEST);
+        let lockout = policy.lockout_micros();
+        let mut shard = lock(self.shard(hash));
+        let (bound, log) = (&self.bound, &self.log);
+        match policy.algorithm() {
+            Algorithm::TokenBucket => {
+                shard.apply::<Locked<TokenBucketState>>(hash, now, bound, log, |s| {
+                    let state = Locked {
+                        state: charge::token_bucket(
+                            s.map(|s| s.state),
+                            policy.quota_ref(),
+                            delta,
+                            now,
+                        ),
+                        locked_until: s.map_or(0, |s| s.locked_until),
+                    };
+                    charged(state, lockout, |s| {
+                        token_bucket::decide(s, policy.quota_ref(), 0, now)
+                    })
+                })
+            }
+            Algorithm::SlidingWindowCounter => {
+                shard.apply::<WindowEntry>(hash, now, bound, log, |s| {
+                    let inner = s.map(|s| s.state);
+                    let state = Locked {
+                        state: charge::sliding_window(inner, policy, delta, decided_at, now),
+                        locked_until: s.map_or(0, |s| s.locked_until),
+                    };
+                    charged(state, lockout, |s| {
+                        sliding_window::decide(s, policy, 0, now)
+                    })
+                })
+            }
+        }
+    }
+
+    pub(super) fn shard(&self, hash: u64) -> &Mutex<Shard> {
         let index = if self.shard_bits == 0 {
             0
         } else {
             (hash >> (40 - self.shard_bits.min(24))) as usize
         };
-        lock(&self.shards[index & (self.shards.len() - 1)])
-    }
-
-    /// The bound and the eviction log, as [`Shard::apply`] takes them.
-    pub(super) fn bound_and_log(&self) -> (&Bound, &EvictionLog) {
-        (&self.bound, &self.log)
+        &self.shards[index & (self.shards.len() - 1)]
     }
 
     /// Drops every key whose state is indistinguishable from a fresh one. Never required: the store sweeps
@@ -323,6 +416,11 @@ impl<C: Clock> MemoryStore<C> {
     /// The store's key seed.
     pub(super) fn seed(&self) -> &RandomState {
         &self.seed
+    }
+
+    /// The bound and the eviction log, as [`Shard::apply`] takes them.
+    pub(super) fn bound_and_log(&self) -> (&Bound, &EvictionLog) {
+        (&self.bound, &self.log)
     }
 
     /// The store's clock.
@@ -363,6 +461,29 @@ impl<C: Clock> Store for MemoryStore<C> {
         Some(self.check_digest_at(digest, policy, cost, self.clock.now()))
     }
 
+    fn peek(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(Ok(self.peek_now(key, policy, cost)))
+    }
+
+    fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
+        Some(self.peek_digest_at(digest, policy, cost, self.clock.now()))
+    }
+
+    fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(self.charge_at(key, policy, delta, decided_at, self.clock.now()))
+    }
+
     fn lease_tokens(
         &self,
         key: &str,
@@ -377,28 +498,50 @@ impl<C: Clock> Store for MemoryStore<C> {
     }
 }
 
+/// The step of a charge: the charged state, always written, and the decision a request of cost 0 gets on it.
+fn charged<S: Copy + Default>(
+    state: Locked<S>,
+    lockout_us: u64,
+    decide: impl FnOnce(Option<S>) -> Step<S>,
+) -> Step<Locked<S>> {
+    Step {
+        decision: charge::decision(state, lockout_us, decide),
+        state: Some(state),
+    }
+}
+
 /// parking_lot's mutex rather than std's: under two threads on one hot key it spins adaptively before parking,
 /// which measured level with governor's compare-and-swap where std's convoyed (docs/BENCHMARKS.md); and a shard
 /// cannot be poisoned.
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+#[inline]
+pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock()
 }
 
 /// A stored algorithm state, which knows when it has decayed back to "fresh".
 pub(super) trait Entry: Copy + Expiry {
     type State: Copy;
+    /// Tells this algorithm's links from the other's on the shard's one list.
+    const TAG: u32;
+    fn slab(slabs: &mut Slabs) -> &mut Slab<Self>;
     fn new(state: Self::State, decision: &Decision) -> Self;
     fn state(&self) -> Self::State;
 }
 
-impl Expiry for TokenBucketState {
+/// A bucket lives until it is full again and its lockout, if any, has ended.
+impl Expiry for Locked<TokenBucketState> {
     fn expires_at(&self) -> u64 {
-        self.full_at
+        self.state.full_at.max(self.locked_until)
     }
 }
 
-impl Entry for TokenBucketState {
+impl Entry for Locked<TokenBucketState> {
     type State = Self;
+    const TAG: u32 = 0;
+    #[inline]
+    fn slab(slabs: &mut Slabs) -> &mut Slab<Self> {
+        &mut slabs.buckets
+    }
     fn new(state: Self, _: &Decision) -> Self {
         state
     }
@@ -409,19 +552,25 @@ impl Entry for TokenBucketState {
 
 #[derive(Clone, Copy)]
 pub(super) struct WindowEntry {
-    state: SlidingWindowState,
+    state: Locked<SlidingWindowState>,
+    /// The decision's reset, which a lockout's end never precedes.
     expires_at: u64,
 }
 
 impl Entry for WindowEntry {
-    type State = SlidingWindowState;
-    fn new(state: SlidingWindowState, decision: &Decision) -> Self {
+    type State = Locked<SlidingWindowState>;
+    const TAG: u32 = WINDOW;
+    #[inline]
+    fn slab(slabs: &mut Slabs) -> &mut Slab<Self> {
+        &mut slabs.windows
+    }
+    fn new(state: Locked<SlidingWindowState>, decision: &Decision) -> Self {
         Self {
             state,
             expires_at: decision.reset.as_micros(),
         }
     }
-    fn state(&self) -> SlidingWindowState {
+    fn state(&self) -> Locked<SlidingWindowState> {
         self.state
     }
 }
@@ -432,13 +581,39 @@ impl Expiry for WindowEntry {
     }
 }
 
+/// The top bit of a link on a shard's list: the sliding-window slab (clear: the token-bucket slab).
+const WINDOW: u32 = 1 << 31;
+
+/// A shard's two slabs, one per algorithm, which its one list runs through.
+#[derive(Default)]
+pub(super) struct Slabs {
+    buckets: Slab<Locked<TokenBucketState>>,
+    windows: Slab<WindowEntry>,
+}
+
+impl Arena for Slabs {
+    #[inline]
+    fn links(&mut self, link: u32) -> &mut Links {
+        if link & WINDOW == 0 {
+            self.buckets.links(link)
+        } else {
+            self.windows.links(link & !WINDOW)
+        }
+    }
+
+    fn expires_at(&self, link: u32) -> u64 {
+        if link & WINDOW == 0 {
+            self.buckets.expires_at(link)
+        } else {
+            self.windows.expires_at(link & !WINDOW)
+        }
+    }
+}
+
+#[derive(Default)]
 pub(super) struct Shard {
-    buckets: Table<TokenBucketState>,
-    windows: Table<WindowEntry>,
-    /// Counts uses: an entry's stamp is this count at its last use, so a smaller stamp is less recently used.
-    uses: u64,
-    /// Where evictions look.
-    rng: Rng,
+    slabs: Slabs,
+    list: List,
     evictions: EvictionCounts,
     /// Sweep when the shard grows to this many keys…
     sweep_at: usize,
@@ -447,47 +622,27 @@ pub(super) struct Shard {
 }
 
 impl Shard {
-    fn new(seed: u64) -> Self {
-        Self {
-            buckets: Table::default(),
-            windows: Table::default(),
-            uses: 0,
-            rng: Rng::new(seed),
-            evictions: EvictionCounts::default(),
-            sweep_at: 0,
-            next_expiry: 0,
-        }
-    }
-
-    pub(super) fn buckets(&mut self) -> &mut Table<TokenBucketState> {
-        &mut self.buckets
-    }
-
-    pub(super) fn windows(&mut self) -> &mut Table<WindowEntry> {
-        &mut self.windows
-    }
-
     fn len(&self) -> usize {
-        self.buckets.len() + self.windows.len()
+        self.slabs.buckets.len() + self.slabs.windows.len()
     }
 
+    #[inline(always)]
     pub(super) fn apply<E: Entry>(
         &mut self,
         hash: u64,
         now: Timestamp,
         bound: &Bound,
         log: &EvictionLog,
-        table: fn(&mut Shard) -> &mut Table<E>,
         decide: impl FnOnce(Option<E::State>) -> Step<E::State>,
     ) -> Result<Decision, StoreError> {
-        self.uses += 1;
-        let stamp = self.uses;
-        if let Some(slot) = table(self).get_mut(hash) {
-            let step = decide(Some(slot.value.state()));
+        let slab = E::slab(&mut self.slabs);
+        if let Some(slot) = slab.find(hash) {
+            let node = slab.node_mut(slot);
+            let step = decide(Some(node.value.state()));
             if let Some(state) = step.state {
-                slot.value = E::new(state, &step.decision);
+                node.value = E::new(state, &step.decision);
             }
-            slot.stamp = stamp;
+            self.list.touch(&mut self.slabs, slot | E::TAG);
             return Ok(step.decision);
         }
         let step = decide(None);
@@ -508,8 +663,8 @@ impl Shard {
                 if len < cap && len >= self.sweep_at.max(MIN_SWEEP) && now >= self.next_expiry {
                     self.sweep(now, bound);
                 }
-                if self.len() >= cap {
-                    self.evict(now, bound, log);
+                if self.len() >= cap && self.evict_for(hash, entry, now, bound, log) {
+                    return Ok(step.decision);
                 }
             }
             OnFull::Refuse => {
@@ -524,42 +679,70 @@ impl Shard {
             }
         }
         self.next_expiry = self.next_expiry.min(entry.expires_at());
-        table(self).insert(hash, stamp, entry);
+        let slot = E::slab(&mut self.slabs).push(hash, entry);
+        self.list.push_front(&mut self.slabs, slot | E::TAG);
         Ok(step.decision)
     }
 
-    /// Removes one entry: the best candidate of either table's sample.
-    fn evict(&mut self, now: u64, bound: &Bound, log: &EvictionLog) {
-        let bucket = self.buckets.candidate(&mut self.rng, now);
-        let window = match bucket {
-            Some(c) if c.decayed => None,
-            _ => self.windows.candidate(&mut self.rng, now),
+    /// Evicts the list's victim for the new key `hash`, which takes the victim's slot when both are of one
+    /// algorithm (no allocation, nothing moved); `false` if it still has to be added (the victim was of the other
+    /// algorithm, or there was none).
+    fn evict_for<E: Entry>(
+        &mut self,
+        hash: u64,
+        entry: E,
+        now: u64,
+        bound: &Bound,
+        log: &EvictionLog,
+    ) -> bool {
+        let Some((victim, decayed)) = self.list.victim(&mut self.slabs, now) else {
+            return false; // an empty shard is never full (its capacity is at least 1)
         };
-        let live = match (bucket, window) {
-            (Some(b), Some(w)) if w.beats(&b) => {
-                self.windows.remove_at(w.index).map(|_| !w.decayed)
-            }
-            (Some(b), _) => self.buckets.remove_at(b.index).map(|_| !b.decayed),
-            (None, Some(w)) => self.windows.remove_at(w.index).map(|_| !w.decayed),
-            (None, None) => None, // an empty shard is never full (its capacity is at least 1)
+        self.next_expiry = self.next_expiry.min(entry.expires_at());
+        self.list.unlink(&mut self.slabs, victim);
+        let replaced = victim & WINDOW == E::TAG;
+        if replaced {
+            E::slab(&mut self.slabs).replace(victim & !WINDOW, hash, entry);
+            self.list.push_front(&mut self.slabs, victim);
+        } else {
+            self.remove_unlinked(victim);
+        }
+        self.evictions.add(!decayed);
+        log.record(!decayed, &self.evictions, bound.max_keys);
+        replaced
+    }
+
+    /// Removes the entry at `link`, already out of the list, from its slab (whose last entry moves into its slot).
+    fn remove_unlinked(&mut self, link: u32) {
+        let (tag, slot) = (link & WINDOW, link & !WINDOW);
+        let moved = if tag == 0 {
+            self.slabs.buckets.swap_remove(slot).1
+        } else {
+            self.slabs.windows.swap_remove(slot).1
         };
-        if let Some(live) = live {
-            self.evictions.add(live);
-            log.record(live, &self.evictions, bound.max_keys);
+        if let Some(from) = moved {
+            self.list.relink(&mut self.slabs, from | tag, link);
         }
     }
 
     fn sweep(&mut self, now: u64, bound: &Bound) {
         let mut next = u64::MAX;
-        let mut keep = |expires_at: u64| {
-            let live = expires_at > now;
-            if live {
-                next = next.min(expires_at);
+        for (tag, len) in [
+            (0, self.slabs.buckets.len()),
+            (WINDOW, self.slabs.windows.len()),
+        ] {
+            // From the last slot down: the entry a removal moves into a slot was already looked at.
+            for slot in (0..len as u32).rev() {
+                let link = slot | tag;
+                let expires_at = self.slabs.expires_at(link);
+                if expires_at <= now {
+                    self.list.unlink(&mut self.slabs, link);
+                    self.remove_unlinked(link);
+                } else {
+                    next = next.min(expires_at);
+                }
             }
-            live
-        };
-        self.buckets.retain(|s| keep(s.value.expires_at()));
-        self.windows.retain(|s| keep(s.value.expires_at()));
+        }
         self.next_expiry = next;
         self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
         // Refusing and still (nearly) full: sweeping again as soon as the next key expires would scan the whole
@@ -570,10 +753,11 @@ impl Shard {
         let batch = (cap / 8).max(1);
         if bound.on_full == OnFull::Refuse && self.len() + batch > cap {
             let mut expiries: Vec<u64> = self
+                .slabs
                 .buckets
-                .iter()
-                .map(|s| s.value.expires_at())
-                .chain(self.windows.iter().map(|s| s.value.expires_at()))
+                .values()
+                .map(Expiry::expires_at)
+                .chain(self.slabs.windows.values().map(Expiry::expires_at))
                 .collect();
             if !expiries.is_empty() {
                 let index = batch.min(expiries.len()) - 1;

@@ -21,13 +21,13 @@ pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
 pub use table::Expiry;
 
 use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
-use crate::{Decision, Policy};
+use crate::{Decision, Policy, Timestamp};
 
 /// Decides requests against state kept somewhere.
 ///
 /// `key` identifies the client (or route, or both); the same key under two algorithms has separate state, and
 /// callers namespace keys per policy. `cost` is how many tokens the request takes (0 inspects without
-/// consuming).
+/// consuming, but is still a decision that may write: [`peek`](Self::peek) writes nothing).
 pub trait Store: Send + Sync + 'static {
     /// Decides one request and updates the key's state, atomically.
     fn check(
@@ -68,6 +68,76 @@ pub trait Store: Send + Sync + 'static {
         policy: &Policy,
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
+        let _ = (digest, policy, cost);
+        None
+    }
+
+    /// What a request of `cost` on `key` would get now — `remaining`, `reset`, `retry_after`, its outcome —
+    /// without consuming anything or writing anything: for dashboards and "N attempts left" pages.
+    ///
+    /// Unlike [`check`](Self::check) with cost 0, which is a decision like any other (it may write: it refreshes
+    /// a key's state and recency, it may rebase a bucket after a clock step back), a peek leaves the store exactly
+    /// as it was: [`MemoryStore`] does not touch the key's state or recency, the Redis store runs a read-only
+    /// script (`EVALSHA_RO` where the server has it). A peek races with concurrent requests like any read: by
+    /// the time the answer is shown, another request may have spent what it reported.
+    ///
+    /// The answer is the decision the request would get: when admitted, its `remaining` is what would be left
+    /// *after* it (so "attempts left, this one included" is `remaining + 1`); a peek of cost 0 reports what remains
+    /// now. A policy with a [lockout](crate::Policy::with_lockout) is peeked with it: a locked key reports its
+    /// lockout, and a request that would be refused reports the lockout it would start (a peek starts none).
+    ///
+    /// The default returns [`StoreError::Unsupported`]: a store opts in.
+    fn peek(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let _ = (key, policy, cost);
+        std::future::ready(Err(StoreError::Unsupported("peek")))
+    }
+
+    /// Charges `delta` more (a refund if negative) to `key` for a request decided at `decided_at`, once its real
+    /// cost is known (after the response): never refused, it may overdraw, and the key then waits until the
+    /// debt is repaid (see [`algorithm::charge`](crate::algorithm::charge) for the floor, and why a refund never
+    /// leaves the state better than if the request had not happened). Returns the key's decision right after,
+    /// as a request of cost 0 would get it: `remaining` left, or — in debt — `Limited` with `retry_after` the
+    /// time until the debt is repaid.
+    ///
+    /// The default returns [`StoreError::Unsupported`]: a store opts in.
+    fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let _ = (key, policy, delta, decided_at);
+        std::future::ready(Err(StoreError::Unsupported("charge")))
+    }
+
+    /// Runs [`charge`](Self::charge) without waiting for its answer: how a limiter charges a cost known only when
+    /// the response is ready, without holding the response back. The default polls the charge once, which is
+    /// all an in-process store needs; a store whose charge needs I/O overrides it (the Redis store spawns it on
+    /// the current tokio runtime). A failure is logged: the charge is lost, the request was already served.
+    fn charge_detached(&self, key: String, policy: &Policy, delta: i64, decided_at: Timestamp) {
+        let charge = self.charge(&key, policy, delta, decided_at);
+        let mut charge = std::pin::pin!(charge);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match charge.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Ok(_)) => {}
+            std::task::Poll::Ready(Err(e)) => {
+                tracing::warn!(error = %e, "a charge after the response failed; it is lost");
+            }
+            std::task::Poll::Pending => tracing::warn!(
+                "this store's charge needs I/O and it does not override Store::charge_detached: the charge is lost"
+            ),
+        }
+    }
+
+    /// [`peek`](Self::peek) at once by the key's digest (see [`key_hasher`](Self::key_hasher)); `None` when this
+    /// store cannot (the default).
+    fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
         let _ = (digest, policy, cost);
         None
     }
@@ -129,6 +199,33 @@ impl<S: Store> Store for Arc<S> {
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
         (**self).check_digest(digest, policy, cost)
+    }
+
+    fn peek(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).peek(key, policy, cost)
+    }
+
+    fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
+        (**self).peek_digest(digest, policy, cost)
+    }
+
+    fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).charge(key, policy, delta, decided_at)
+    }
+
+    fn charge_detached(&self, key: String, policy: &Policy, delta: i64, decided_at: Timestamp) {
+        (**self).charge_detached(key, policy, delta, decided_at);
     }
 
     fn is_shared(&self) -> bool {

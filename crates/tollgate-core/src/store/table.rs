@@ -1,17 +1,25 @@
-//! One shard's table: keyed digests to values, each with a recency stamp, and the sampled choice of what to evict
-//! at the bound. Shared by [`MemoryStore`](super::MemoryStore) (two tables per shard, one per algorithm) and
-//! [`BoundedTable`](super::BoundedTable) (one per shard).
+//! One shard's entries and their exact recency order, shared by [`MemoryStore`](super::MemoryStore) (two slabs
+//! per shard, one per algorithm, on one list) and [`BoundedTable`](super::BoundedTable) (one slab per shard).
 //!
-//! hashbrown's `HashTable` rather than std's `HashMap` (the same table inside): it also reads a bucket by index,
-//! which lets an eviction look at a run of entries from a random bucket in O(1) instead of iterating the map.
+//! A [`Slab`] keeps the entries densely in a `Vec` of nodes, with a hashbrown index from key digest to slot; a
+//! [`List`] threads a doubly linked recency list through the nodes (head: most recently used). A use moves its
+//! node to the head; a new key at the bound takes the place of the [`List::victim`]: the first decayed entry
+//! among the [`LOOK`] at the list's *hand*, else the tail (the least recently used). The hand walks from the
+//! tail towards the head over successive evictions and starts again at the tail when it passes the head, so
+//! decayed entries anywhere in the list are found without a scan. (Links through hashbrown's own buckets would
+//! save the index, but hashbrown rehashes in place after enough removals, which would move them.)
 
 use hashbrown::HashTable;
 
-/// How many entries an eviction compares (fewer when the table holds fewer).
-pub(crate) const SAMPLES: usize = 8;
+/// No node: the end of a list, an empty list's head and tail, a hand that starts at the tail.
+pub(crate) const NIL: u32 = u32::MAX;
 
-/// Buckets an eviction scans from one random start before trying another: bounds the work in a sparse table.
-const SCAN: usize = 128;
+/// How many entries an eviction checks at the hand for a decayed one: the cost of an eviction in a flood, where
+/// none has decayed (each is a read of a node at a random slot).
+pub(crate) const LOOK: usize = 4;
+
+/// The most entries a shard may hold: links are `u32`, one bit of which tells a store's two slabs apart.
+pub(crate) const MAX_SHARD_KEYS: usize = (1 << 31) - 2;
 
 /// A stored value that knows when it has decayed back to "fresh" (indistinguishable from no entry at all).
 pub trait Expiry {
@@ -19,134 +27,250 @@ pub trait Expiry {
     fn expires_at(&self) -> u64;
 }
 
-pub(crate) struct Slot<V> {
+/// A node's neighbours in its list: `prev` towards the head (more recent), `next` towards the tail.
+#[derive(Clone, Copy)]
+pub(crate) struct Links {
+    prev: u32,
+    next: u32,
+}
+
+const UNLINKED: Links = Links {
+    prev: NIL,
+    next: NIL,
+};
+
+pub(crate) struct Node<V> {
     pub(crate) key: u64,
-    /// The shard's use counter when this entry was last used: larger is more recent.
-    pub(crate) stamp: u64,
+    links: Links,
     pub(crate) value: V,
 }
 
-/// What an eviction would remove: a bucket and what ranks it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Candidate {
-    pub(crate) index: usize,
-    pub(crate) stamp: u64,
-    pub(crate) decayed: bool,
+/// Entries in a dense `Vec`, found by key through an index of slots.
+pub(crate) struct Slab<V> {
+    index: HashTable<u32>,
+    nodes: Vec<Node<V>>,
 }
 
-impl Candidate {
-    /// Whether `self` is the better one to evict: a decayed entry first (evicting it loses nothing), then the
-    /// least recently used.
-    pub(crate) fn beats(&self, other: &Self) -> bool {
-        (self.decayed, other.stamp) > (other.decayed, self.stamp)
-    }
-}
-
-pub(crate) struct Table<V> {
-    map: HashTable<Slot<V>>,
-}
-
-impl<V> Default for Table<V> {
+impl<V> Default for Slab<V> {
     fn default() -> Self {
         Self {
-            map: HashTable::new(),
+            index: HashTable::new(),
+            nodes: Vec::new(),
         }
     }
 }
 
-impl<V> Table<V> {
+impl<V> Slab<V> {
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.nodes.len()
     }
 
-    /// The key's entry. Keys are SipHash digests already: they are their own hash.
+    /// The key's slot. Keys are SipHash digests already: they are their own hash.
     #[inline]
-    pub(crate) fn get_mut(&mut self, key: u64) -> Option<&mut Slot<V>> {
-        self.map.find_mut(key, |s| s.key == key)
+    pub(crate) fn find(&self, key: u64) -> Option<u32> {
+        let nodes = &self.nodes;
+        self.index
+            .find(key, |&i| nodes[i as usize].key == key)
+            .copied()
     }
 
-    /// Adds an entry for a key that has none.
-    pub(crate) fn insert(&mut self, key: u64, stamp: u64, value: V) {
-        self.map
-            .insert_unique(key, Slot { key, stamp, value }, |s| s.key);
+    /// The key's value, read only.
+    pub(crate) fn get(&self, key: u64) -> Option<&V> {
+        self.find(key).map(|slot| &self.nodes[slot as usize].value)
     }
 
-    pub(crate) fn remove(&mut self, key: u64) -> Option<Slot<V>> {
-        self.map
-            .find_entry(key, |s| s.key == key)
-            .ok()
-            .map(|e| e.remove().0)
+    #[inline]
+    pub(crate) fn node_mut(&mut self, slot: u32) -> &mut Node<V> {
+        &mut self.nodes[slot as usize]
     }
 
-    /// Removes the entry in bucket `index` (from a [`Candidate`] of this table, with no change in between).
-    pub(crate) fn remove_at(&mut self, index: usize) -> Option<Slot<V>> {
-        self.map.get_bucket_entry(index).ok().map(|e| e.remove().0)
+    pub(crate) fn node(&self, slot: u32) -> &Node<V> {
+        &self.nodes[slot as usize]
     }
 
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Slot<V>) -> bool) {
-        self.map.retain(|s| keep(s));
+    /// Adds a key that has none, unlinked; returns its slot.
+    pub(crate) fn push(&mut self, key: u64, value: V) -> u32 {
+        let slot = self.nodes.len() as u32;
+        self.nodes.push(Node {
+            key,
+            links: UNLINKED,
+            value,
+        });
+        let nodes = &self.nodes;
+        self.index
+            .insert_unique(key, slot, |&i| nodes[i as usize].key);
+        slot
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Slot<V>> {
-        self.map.iter()
+    /// Gives `slot` (unlinked) to a key that has none; returns the key and value it held.
+    pub(crate) fn replace(&mut self, slot: u32, key: u64, value: V) -> (u64, V) {
+        self.unindex(slot);
+        let node = &mut self.nodes[slot as usize];
+        let old = (
+            std::mem::replace(&mut node.key, key),
+            std::mem::replace(&mut node.value, value),
+        );
+        let nodes = &self.nodes;
+        self.index
+            .insert_unique(key, slot, |&i| nodes[i as usize].key);
+        old
+    }
+
+    /// Removes the (unlinked) node in `slot`; the last node moves into it, and its old slot is returned (the
+    /// list must then [`relink`](List::relink) it).
+    pub(crate) fn swap_remove(&mut self, slot: u32) -> (Node<V>, Option<u32>) {
+        self.unindex(slot);
+        let last = self.nodes.len() as u32 - 1;
+        let node = self.nodes.swap_remove(slot as usize);
+        if slot == last {
+            return (node, None);
+        }
+        let key = self.nodes[slot as usize].key;
+        if let Some(i) = self.index.find_mut(key, |&i| i == last) {
+            *i = slot;
+        }
+        (node, Some(last))
+    }
+
+    fn unindex(&mut self, slot: u32) {
+        let key = self.nodes[slot as usize].key;
+        if let Ok(entry) = self.index.find_entry(key, |&i| i == slot) {
+            entry.remove();
+        }
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+        self.nodes.iter().map(|n| &n.value)
     }
 }
 
-impl<V: Expiry> Table<V> {
-    /// The best entry to evict (by [`Candidate::beats`]) among [`SAMPLES`] entries drawn independently: each the
-    /// first occupied bucket from a random one. (One run of consecutive buckets would be cheaper to read, but
-    /// measured biased: the entries beside a recently used one are refilled holes, younger than average, so an
-    /// active key was evicted far more often than an independent sample allows.) A table of at most `SAMPLES`
-    /// entries in at most [`SCAN`] buckets is compared whole: exact LRU.
-    pub(crate) fn candidate(&self, rng: &mut Rng, now: u64) -> Option<Candidate> {
-        if self.map.is_empty() {
+/// What a [`List`] runs through: one slab, or a store's two.
+pub(crate) trait Arena {
+    fn links(&mut self, link: u32) -> &mut Links;
+    fn expires_at(&self, link: u32) -> u64;
+}
+
+impl<V: Expiry> Arena for Slab<V> {
+    #[inline]
+    fn links(&mut self, link: u32) -> &mut Links {
+        &mut self.nodes[link as usize].links
+    }
+
+    fn expires_at(&self, link: u32) -> u64 {
+        self.nodes[link as usize].value.expires_at()
+    }
+}
+
+/// A recency list and its hand.
+pub(crate) struct List {
+    head: u32,
+    tail: u32,
+    /// Where the next eviction starts looking for a decayed entry ([`NIL`]: at the tail).
+    hand: u32,
+}
+
+impl Default for List {
+    fn default() -> Self {
+        Self {
+            head: NIL,
+            tail: NIL,
+            hand: NIL,
+        }
+    }
+}
+
+impl List {
+    /// Marks `link` (in the list) as the most recently used.
+    #[inline]
+    pub(crate) fn touch(&mut self, arena: &mut impl Arena, link: u32) {
+        if self.head != link {
+            self.unlink(arena, link);
+            self.push_front(arena, link);
+        }
+    }
+
+    /// Takes `link` out of the list. A hand on it moves on towards the head (where it would have gone next).
+    pub(crate) fn unlink(&mut self, arena: &mut impl Arena, link: u32) {
+        let Links { prev, next } = *arena.links(link);
+        if self.hand == link {
+            self.hand = prev;
+        }
+        if prev == NIL {
+            self.head = next;
+        } else {
+            arena.links(prev).next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            arena.links(next).prev = prev;
+        }
+    }
+
+    /// Puts the unlinked `link` at the head.
+    pub(crate) fn push_front(&mut self, arena: &mut impl Arena, link: u32) {
+        let head = self.head;
+        *arena.links(link) = Links {
+            prev: NIL,
+            next: head,
+        };
+        if head == NIL {
+            self.tail = link;
+        } else {
+            arena.links(head).prev = link;
+        }
+        self.head = link;
+    }
+
+    /// The node that was at `from` is now at `to` (a slab moved it): points its neighbours, and the ends and the
+    /// hand, at `to`.
+    pub(crate) fn relink(&mut self, arena: &mut impl Arena, from: u32, to: u32) {
+        let Links { prev, next } = *arena.links(to);
+        if prev == NIL {
+            self.head = to;
+        } else {
+            arena.links(prev).next = to;
+        }
+        if next == NIL {
+            self.tail = to;
+        } else {
+            arena.links(next).prev = to;
+        }
+        if self.hand == from {
+            self.hand = to;
+        }
+    }
+
+    /// What to evict at `now`, and whether it has decayed: the first decayed entry of the [`LOOK`] from the hand
+    /// towards the head (passing the head, the look goes on from the tail), else the tail, the least recently
+    /// used. The hand stays where the look ended. `None` for an empty list.
+    ///
+    /// So a live entry is only evicted when the `LOOK` entries at the hand are all live, and each such eviction
+    /// moves the hand `LOOK` entries on: while at most `LOOK − 1` entries are used or added per eviction, the hand
+    /// passes every entry of a list of `n` within `n / (LOOK − 1)` evictions, and a decayed entry is evicted before
+    /// the tail unless it decayed after the hand passed it (it is then found on the next pass, or evicted as the
+    /// tail). A list of at most `LOOK` entries is looked at whole: a decayed entry, if any, is always evicted
+    /// first.
+    pub(crate) fn victim(&mut self, arena: &mut impl Arena, now: u64) -> Option<(u32, bool)> {
+        if self.tail == NIL {
             return None;
         }
-        let buckets = self.map.num_buckets();
-        let at = |index: usize| {
-            self.map.get_bucket(index).map(|slot| Candidate {
-                index,
-                stamp: slot.stamp,
-                decayed: slot.value.expires_at() <= now,
-            })
+        let mut at = if self.hand == NIL {
+            self.tail
+        } else {
+            self.hand
         };
-        let better = |best: Option<Candidate>, c: Candidate| match best {
-            Some(b) if !c.beats(&b) => Some(b),
-            _ => Some(c),
-        };
-        let mut best = None;
-        if self.map.len() <= SAMPLES && buckets <= SCAN {
-            return (0..buckets).filter_map(at).fold(None, better);
-        }
-        for _ in 0..SAMPLES {
-            let start = rng.below(buckets);
-            if let Some(c) =
-                (0..buckets.min(SCAN)).find_map(|step| at((start + step) & (buckets - 1)))
-            {
-                best = better(best, c);
+        for _ in 0..LOOK {
+            if arena.expires_at(at) <= now {
+                self.hand = at; // the unlink moves it on
+                return Some((at, true));
             }
+            at = match arena.links(at).prev {
+                NIL => self.tail,
+                prev => prev,
+            };
         }
-        // Every draw met SCAN empty buckets: not reached in practice (a full table holds an entry in at least one
-        // bucket of three); still correct.
-        best.or_else(|| (0..buckets).find_map(at))
-    }
-}
-
-/// xorshift64*: where an eviction starts looking. Not a security boundary: bucket positions come from keyed
-/// digests a client cannot aim at.
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed | 1)
-    }
-
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        // The high half, scaled: no modulo bias worth a division.
-        ((u128::from(x >> 32) * n as u128) >> 32) as usize
+        self.hand = at;
+        Some((self.tail, arena.expires_at(self.tail) <= now))
     }
 }

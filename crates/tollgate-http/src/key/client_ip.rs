@@ -60,6 +60,12 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
             peer => hash_peer_network(peer, state),
         }
     }
+
+    /// The peer's whole address: what overrides' addresses and CIDRs are matched against.
+    fn match_key(&self, req: &Request<B>, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        write_ip(out, Self::peer_ip(req)?);
+        Ok(())
+    }
 }
 
 /// [`PeerIp::hash_key`] for any peer but a plain IPv4 one, out of line and handed the extension already looked
@@ -209,6 +215,19 @@ impl<B> KeyExtractor<Request<B>> for ClientIp {
         );
         Ok(())
     }
+
+    /// The client's whole address (not its IPv6 network): what overrides' addresses and CIDRs are matched against.
+    fn match_key(&self, req: &Request<B>, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        write_ip(out, self.client_ip(req)?);
+        Ok(())
+    }
+}
+
+/// Appends `ip`'s text to `out` (no allocation: the buffer is reused).
+fn write_ip(out: &mut Vec<u8>, ip: IpAddr) {
+    use std::io::Write as _;
+    // Writing to a Vec cannot fail.
+    let _ = write!(out, "{ip}");
 }
 
 /// The `for` parameter of one `Forwarded` element, unquoted.

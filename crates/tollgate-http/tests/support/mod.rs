@@ -188,6 +188,37 @@ impl Store for ClockedRedis {
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         self.redis.check_at(key, policy, cost, self.clock.now())
     }
+
+    fn peek(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.redis.peek_at(key, policy, cost, self.clock.now())
+    }
+
+    fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.redis
+            .charge_at(key, policy, delta, decided_at, self.clock.now())
+    }
+
+    /// As `RedisStore` does: spawned, the response is not held back.
+    fn charge_detached(&self, key: String, policy: &Policy, delta: i64, decided_at: Timestamp) {
+        let (redis, policy, now) = (self.redis.clone(), *policy, self.clock.now());
+        tokio::spawn(async move {
+            redis
+                .charge_at(&key, &policy, delta, decided_at, now)
+                .await
+                .expect("Redis charges");
+        });
+    }
 }
 
 /// A clock standing still at the start of the current wall-clock second (reset instants then stay near now), until

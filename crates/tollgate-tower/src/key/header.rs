@@ -105,6 +105,12 @@ impl<B> KeyExtractor<Request<B>> for HeaderKey {
         hash_bytes(state, self.value(req)?);
         Ok(())
     }
+
+    /// The value itself, as a policy file names it (`gold`), not its digest.
+    fn match_key(&self, req: &Request<B>, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        out.extend_from_slice(self.value(req)?);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

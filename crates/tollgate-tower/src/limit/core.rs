@@ -73,6 +73,12 @@ impl Judge {
         self.signals.decided("allowed", None);
     }
 
+    /// Reports an exempt request (its counter belongs to the limiter's overrides).
+    #[cold]
+    pub(crate) fn exempted(&self) {
+        self.signals.decided("exempt", None);
+    }
+
     /// Counts an admission by the local fallback (the shared store failed), which left `remaining` of `limit`.
     #[cold]
     pub(crate) fn admitted_locally(&self, remaining: u64, limit: u64) {

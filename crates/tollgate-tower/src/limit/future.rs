@@ -44,16 +44,75 @@ pub trait Grants {
     type Grant;
 }
 
-/// The rate limiter's [`Answer`]: its [`Respond`]er and the ticket it took from the request.
-#[derive(Debug, Clone, Copy)]
+/// The rate limiter's [`Answer`]: its [`Respond`]er and the ticket it took from the request, and for a limiter
+/// that charges the cost after the response, what it needs to.
+#[derive(Debug)]
 pub struct Responder<R, Tk> {
     respond: R,
     ticket: Tk,
+    settle: Option<Box<Settle>>,
 }
 
 impl<R, Tk> Responder<R, Tk> {
     pub(crate) fn new(respond: R, ticket: Tk) -> Self {
-        Self { respond, ticket }
+        Self {
+            respond,
+            ticket,
+            settle: None,
+        }
+    }
+
+    pub(crate) fn settle(&mut self, settle: Settle) {
+        self.settle = Some(Box::new(settle));
+    }
+}
+
+/// Charges a limiter's key once a response states the request's real cost.
+pub(crate) trait Charger: Send + Sync {
+    /// Charges `delta` (a refund if negative) to `key`, for a request decided at `decided_at`, without waiting.
+    fn charge(&self, key: String, delta: i64, decided_at: tollgate_core::Timestamp);
+}
+
+/// A request's part in a charge after the response: its key, what it was charged up front, and where its real
+/// cost is read.
+pub(crate) struct Settle {
+    pub(crate) charger: std::sync::Arc<dyn Charger>,
+    pub(crate) key: String,
+    pub(crate) upfront: u64,
+    pub(crate) source: crate::CostAfter,
+}
+
+impl fmt::Debug for Settle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settle")
+            .field("upfront", &self.upfront)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settle {
+    /// Charges the difference between the real cost the response states and what was charged up front. Only a
+    /// decided request is charged (a verdict says when): a failed-open one was never counted. A request admitted
+    /// over the limit in shadow mode spent nothing up front, so it is charged its whole cost.
+    #[cold]
+    #[inline(never)]
+    fn after(&self, real: Option<u64>, verdict: Option<&crate::Verdict>) {
+        let (Some(real), Some(verdict)) = (real, verdict) else {
+            return;
+        };
+        let spent = if verdict.decision.is_allowed() {
+            self.upfront
+        } else {
+            0
+        };
+        let delta = i64::try_from(real)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(i64::try_from(spent).unwrap_or(i64::MAX));
+        if delta != 0 {
+            self.charger
+                .charge(self.key.clone(), delta, verdict.decision.now);
+        }
     }
 }
 
@@ -66,6 +125,12 @@ impl<Req, T, R: Respond<Req, T, Ticket = Tk>, Tk: Copy> Answer<Req, T> for Respo
 
     #[inline(always)]
     fn amend_ok(&self, response: &mut T, grant: Option<Self::Grant>) -> Option<Self::Grant> {
+        if let Some(settle) = &self.settle {
+            let real = self
+                .respond
+                .final_cost(&self.ticket, response, &settle.source);
+            settle.after(real, grant.as_deref());
+        }
         self.respond.amend_ok(&self.ticket, response, grant)
     }
 

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
 
 use super::deny_cache::DenyTable;
+use super::overrides::{Choice, Plans};
 use crate::key::{hash_bytes, with_key_buffer};
 use crate::limit::core::{self, Judge};
+use crate::limit::future::Charger;
 use crate::observe::{NearLimitShare, Signals, store_name, timed, timed_async};
 use crate::{Cost, KeyError, KeyExtractor, Mode, Name, Rejection, Verdict};
 
@@ -31,6 +33,20 @@ pub(crate) struct Shared<K, St, C> {
     /// Token leases, when on (hot keys admitted from batches leased from the store).
     #[cfg(feature = "leases")]
     leases: Option<Arc<super::token_lease::LeaseTable<St>>>,
+    /// What the keys' text and digests start with: the limiter's name, or `<name>#<policy>` for a bucket family
+    /// of its own (an override's policy).
+    key_prefix: Name,
+    /// The limiter's per-key overrides and exemptions, if any; each override policy decides in a state of its own.
+    plans: Option<Box<Plans<Arc<Self>>>>,
+    /// Where the real cost is read after the response, when it is charged then.
+    pub(crate) after: Option<crate::CostAfter>,
+}
+
+impl<K: Send + Sync, St: Store, C: Send + Sync> Charger for Shared<K, St, C> {
+    fn charge(&self, key: String, delta: i64, decided_at: Timestamp) {
+        self.store
+            .charge_detached(key, &self.policy, delta, decided_at);
+    }
 }
 
 impl<K, St: Store, C> Shared<K, St, C> {
@@ -46,19 +62,15 @@ impl<K, St: Store, C> Shared<K, St, C> {
         fallback: Option<Arc<MemoryStore>>,
         near_limit: NearLimitShare,
         deny: Option<Arc<DenyTable>>,
+        after: Option<crate::CostAfter>,
         #[cfg(feature = "leases")] leases: Option<Arc<super::token_lease::LeaseTable<St>>>,
     ) -> Self {
         let algorithm = policy.algorithm().as_str();
         let signals = Signals::new(&name, "limited", algorithm, store_name::<St>(), near_limit);
-        // The name, length first (two limiters on one store never share a bucket, whatever their names hold),
-        // then zeros up to a multiple of SipHash's 8-byte block: each request's key then starts on a block of its
-        // own (an address is one block) instead of being spliced onto the name's leftover bytes.
-        let digest_prefix = store.key_hasher().map(|mut state| {
-            hash_bytes(&mut state, name.as_bytes());
-            state.write(&[0; 8][..(8 - name.len() % 8) % 8]);
-            state
-        });
+        let digest_prefix = digest_prefix(&*store, &name, after.is_some());
         Self {
+            key_prefix: name.clone(),
+            plans: None,
             judge: Judge::new(name, switch, Some(on_error), "limited", signals),
             policy,
             window: policy.quota().window(),
@@ -70,6 +82,68 @@ impl<K, St: Store, C> Shared<K, St, C> {
             deny,
             #[cfg(feature = "leases")]
             leases,
+            after,
+        }
+    }
+
+    /// Names this state's keys by `prefix` instead of the limiter's name (a bucket family of its own).
+    pub(crate) fn with_key_prefix(mut self, prefix: Name) -> Self {
+        self.digest_prefix = digest_prefix(&*self.store, &prefix, self.after.is_some());
+        self.key_prefix = prefix;
+        self
+    }
+
+    /// Looks each request's key up in `plans` first.
+    pub(crate) fn with_plans(mut self, plans: Plans<Arc<Self>>) -> Self {
+        self.plans = Some(Box::new(plans));
+        self
+    }
+
+    /// The state that decides `req`: this one, an override's, or `None` for an exempt key (counted here).
+    #[inline(always)]
+    pub(crate) fn select<'a, Req>(this: &'a Arc<Self>, req: &Req) -> Option<&'a Arc<Self>>
+    where
+        K: KeyExtractor<Req>,
+    {
+        match &this.plans {
+            None => Some(this),
+            Some(plans) => Self::select_plan(this, plans, req),
+        }
+    }
+
+    /// The state that decides `req`, counting nothing (for a peek): an exempt key is peeked under the limiter's own
+    /// policy.
+    pub(crate) fn plan_of<'a, Req>(this: &'a Arc<Self>, req: &Req) -> &'a Arc<Self>
+    where
+        K: KeyExtractor<Req>,
+    {
+        match this
+            .plans
+            .as_deref()
+            .and_then(|plans| plans.find(&this.key, req))
+        {
+            Some(Choice::Use(state)) => state,
+            _ => this,
+        }
+    }
+
+    #[inline(never)]
+    fn select_plan<'a, Req>(
+        this: &'a Arc<Self>,
+        plans: &'a Plans<Arc<Self>>,
+        req: &Req,
+    ) -> Option<&'a Arc<Self>>
+    where
+        K: KeyExtractor<Req>,
+    {
+        match plans.find(&this.key, req) {
+            None => Some(this),
+            Some(Choice::Use(state)) => Some(state),
+            Some(Choice::Exempt) => {
+                plans.count_exempt();
+                this.judge.exempted();
+                None
+            }
         }
     }
 
@@ -145,13 +219,32 @@ impl<K, St: Store, C> Shared<K, St, C> {
         Some(self.conclude(result, key, cost, mode, keep))
     }
 
+    /// What `req` would get from the store now, without consuming (see [`Store::peek`]): by the key's digest
+    /// where the store keys by digest, as [`decide_digested`](Self::decide_digested) does, else by its text.
+    pub(crate) async fn peek<Req>(&self, req: &Req) -> Result<Decision, crate::BoxError>
+    where
+        K: KeyExtractor<Req>,
+        C: Cost<Req>,
+    {
+        let cost = self.cost.cost(req);
+        if let Some(mut state) = self.digest_prefix.clone() {
+            self.key.hash_key(req, &mut state)?;
+            if let Some(decision) = self.store.peek_digest(state.finish(), &self.policy, cost) {
+                return Ok(decision);
+            }
+        }
+        let mut key = String::new();
+        self.write_key(req, &mut key)?;
+        Ok(self.store.peek(&key, &self.policy, cost).await?)
+    }
+
     /// Writes the key's text, `<limiter name>:<key>`: what a store that needs the text keys by.
     #[inline(always)]
     pub(crate) fn write_key<Req>(&self, req: &Req, key: &mut String) -> Result<(), KeyError>
     where
         K: KeyExtractor<Req>,
     {
-        key.push_str(&self.judge.name);
+        key.push_str(&self.key_prefix);
         key.push(':');
         self.key.extract(req, key)
     }
@@ -286,4 +379,18 @@ impl<K, St: Store, C> Shared<K, St, C> {
             Some(self.judge_local(decision, mode, keep))
         })
     }
+}
+
+/// The store's key hasher with `prefix` written, when the store keys by digest: the prefix, length first (two
+/// limiters on one store never share a bucket, whatever their names hold), then zeros up to a multiple of
+/// SipHash's 8-byte block: each request's key then starts on a block of its own (an address is one block) instead
+/// of being spliced onto the name's leftover bytes. A limiter charging after the response (`by_text`) keys by text
+/// throughout: the charge needs the key's text.
+fn digest_prefix<St: Store>(store: &St, prefix: &str, by_text: bool) -> Option<DefaultHasher> {
+    let hasher = if by_text { None } else { store.key_hasher() };
+    hasher.map(|mut state| {
+        hash_bytes(&mut state, prefix.as_bytes());
+        state.write(&[0; 8][..(8 - prefix.len() % 8) % 8]);
+        state
+    })
 }

@@ -65,7 +65,7 @@
 //!
 //! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about
 //! 120 bytes each with the table's own overhead): an expired entry is replaced first, else the least recently
-//! used of a sample is evicted — evicting a live entry only costs its key one store call. Expired entries are also swept (at most once a
+//! used is evicted — evicting a live entry only costs its key one store call. Expired entries are also swept (at most once a
 //! second, from an insertion, shard by shard). Evictions count in `tollgate_evictions_total{limiter}`.
 //!
 //! # Metrics
@@ -201,7 +201,7 @@ impl DenyCache {
     }
 
     /// Holds at most `max_keys` denied keys (at least 1): at the bound an expired entry is replaced, else the
-    /// least recently used of a sample is evicted.
+    /// least recently used is evicted.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
         self

@@ -7,10 +7,11 @@ use tower_layer::Layer;
 use super::RateLimit;
 use super::decide::Shared;
 use super::deny_cache::{DenyCache, DenyCacheHandle, DenyTable};
+use super::overrides::{Overrides, Plans, policy_prefix};
 use crate::limit::core::{Built, enforcement_methods};
 use crate::observe::{NearLimitShare, ShareError};
 use crate::respond::Forward;
-use crate::{EnforcementSwitch, Name, UnitCost};
+use crate::{CostAfter, EnforcementSwitch, Name, UnitCost};
 
 /// Applies a request-rate limit to a service: see the [module docs](super).
 ///
@@ -38,6 +39,10 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     leases: Option<super::LeaseConfig>,
     #[cfg(feature = "leases")]
     lease_table: Arc<OnceLock<Arc<dyn super::token_lease::LeaseControl>>>,
+    overrides: Overrides,
+    /// The limiter's own buckets are named by its policy too (`<name>#<policy>`).
+    per_policy: bool,
+    after: Option<CostAfter>,
     built: Built<Shared<K, St, C>>,
 }
 
@@ -64,6 +69,9 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             leases: None,
             #[cfg(feature = "leases")]
             lease_table: Arc::default(),
+            overrides: Overrides::new(),
+            per_policy: false,
+            after: None,
             built: Built::default(),
         }
     }
@@ -89,8 +97,38 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             leases: self.leases,
             #[cfg(feature = "leases")]
             lease_table: Arc::default(),
+            overrides: self.overrides,
+            per_policy: self.per_policy,
+            after: self.after,
             built: Built::default(),
         }
+    }
+
+    /// Charges each request's real cost once its response is ready, read from `source` (the response's
+    /// [`FinalCost`](crate::FinalCost) extension, or a header): the difference from the cost charged up front
+    /// (the layer's [`cost`](Self::cost), 1 by default; 0 charges everything after) is charged — or refunded —
+    /// through [`Store::charge`], without holding the response back (a shared store's charge runs as a task).
+    ///
+    /// A charge is never refused: it may overdraw the key, which then waits until the debt is repaid (a token
+    /// bucket's content goes down to −burst at most, a sliding window's count up to twice its limit). That
+    /// appears in the headers of the next requests: refused with 429, `remaining` 0, and `Retry-After` (and the
+    /// RateLimit field's `t`) the time until the debt is repaid and the request's own cost accrued. The
+    /// response carrying the charge still shows the decision made when it was admitted. A refund never leaves
+    /// the key better off than if the request had not happened (never above a full bucket; a window gives back
+    /// only what it still counts of the request).
+    ///
+    /// Read by responders that know the response type: the HTTP adapter's in-place responder
+    /// (`tollgate_http::HttpRateLimitLayer`) reads both sources; the default [`Forward`] reads none (no charge),
+    /// so a limiter wrapped by the generic `HttpLimitLayer` charges nothing after the response.
+    ///
+    /// Such a limiter's [deny cache](super::deny_cache) is off by default even on a shared store: a refund (on
+    /// any instance) can admit a key before a cached denial's retry instant, so a cached denial would no longer
+    /// be exact. Switched on explicitly, it refuses such a key until that instant. Such a limiter keys by the key's text (its charge needs
+    /// it), also on the in-process store.
+    pub fn cost_after(mut self, source: CostAfter) -> Self {
+        self.after = Some(source);
+        self.built = Built::default();
+        self
     }
 
     enforcement_methods!();
@@ -155,12 +193,30 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
         self
     }
 
+    /// Per-key overrides and exemptions (see [`Overrides`]): a key's own policy, in a bucket of its own, or no
+    /// limit at all (counted as `outcome="exempt"`).
+    pub fn overrides(mut self, overrides: Overrides) -> Self {
+        self.overrides = overrides;
+        self.built = Built::default();
+        self
+    }
+
     /// A handle on this layer's token leases: shut them down (return unspent batches), read their figures. Take
     /// it after [`leases`](Self::leases): it follows the leases this layer (and its clones) builds.
     #[cfg(feature = "leases")]
     #[must_use]
     pub fn lease_handle(&self) -> super::LeaseHandle {
         super::LeaseHandle::new(self.name.clone(), self.lease_table.clone())
+    }
+
+    /// Names this limiter's own buckets by its policy too, `<name>#<policy>:<key>` as overrides' buckets are:
+    /// a changed policy then starts every key afresh instead of carrying state made under another policy (another
+    /// algorithm's state would mean nothing), and an unchanged one keeps it. What a policy file builds, for hot
+    /// reload; off by default (the buckets are `<name>:<key>`).
+    pub fn state_per_policy(mut self, on: bool) -> Self {
+        self.per_policy = on;
+        self.built = Built::default();
+        self
     }
 
     /// The limit's name.
@@ -195,6 +251,9 @@ impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
             leases: self.leases.clone(),
             #[cfg(feature = "leases")]
             lease_table: self.lease_table.clone(),
+            overrides: self.overrides.clone(),
+            per_policy: self.per_policy,
+            after: self.after.clone(),
             built: self.built.clone(),
         }
     }
@@ -224,10 +283,59 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     /// Wraps `inner`, answering every request through `respond` instead of [`Forward`]: how protocol adapters
     /// (`tollgate-http`) answer in place, without a service layer of their own.
     pub fn layer_with<S, R>(&self, inner: S, respond: R) -> RateLimit<S, K, St, C, R> {
-        let shared = self.built.get_or_init(|| {
+        RateLimit::from_shared(inner, self.shared(), respond)
+    }
+
+    /// What `req` would get from this limiter's store right now — its [`Decision`](tollgate_core::Decision)'s `remaining`, `reset`,
+    /// `retry_after` and outcome, for the key and cost this layer would give it — without consuming or writing
+    /// anything (see [`Store::peek`]): for dashboards and "N attempts left" pages. The mode (shadow, off) does
+    /// not apply: the answer is the store's.
+    ///
+    /// # Errors
+    /// A [`KeyError`](crate::KeyError) when the request has no key, or the store's
+    /// [`StoreError`](tollgate_core::StoreError) (a timeout, an open circuit, a store without peek); downcast the
+    /// `BoxError`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate_core::{MemoryStore, Policy, Quota};
+    /// use tollgate_tower::{ConstKey, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_tower::BoxError> {
+    /// let layer = RateLimitLayer::new(
+    ///     "login",
+    ///     Policy::token_bucket(Quota::per_minute(5)?),
+    ///     Arc::new(MemoryStore::new()),
+    ///     ConstKey::new("ann"),
+    /// );
+    /// // A login would be admitted and leave 4: "5 attempts left" (this one included) — and a peek spends none.
+    /// for _ in 0..2 {
+    ///     let d = layer.peek(&()).await?;
+    ///     assert!(d.is_allowed());
+    ///     assert_eq!(d.remaining + 1, 5);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn peek<Req>(&self, req: &Req) -> Result<tollgate_core::Decision, crate::BoxError>
+    where
+        K: crate::KeyExtractor<Req>,
+        C: crate::Cost<Req>,
+    {
+        // A key with an override is peeked under its own policy (an exempt one under the limiter's).
+        let shared = self.shared();
+        Shared::plan_of(&shared, req).peek(req).await
+    }
+
+    /// The state every service of this layer (and its clones) shares, built on the first call.
+    pub(crate) fn shared(&self) -> Arc<Shared<K, St, C>> {
+        self.built.get_or_init(|| {
+            // A refund after the response (another instance's included) may admit a key before a cached denial's
+            // instant: a limiter charging after the response caches no denials unless told to.
             let deny = self
                 .deny_on
-                .unwrap_or_else(|| self.store.is_shared())
+                .unwrap_or_else(|| self.store.is_shared() && self.after.is_none())
                 .then(|| {
                     self.deny_table
                         .get_or_init(|| Arc::new(self.deny_config.build(&self.name)))
@@ -246,22 +354,38 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                 let _ = self.lease_table.set(table.handle());
                 Some(table)
             });
-            Shared::new(
-                self.name.clone(),
-                self.policy,
-                self.store.clone(),
-                self.key.clone(),
-                self.cost.clone(),
-                self.switch.clone(),
-                self.on_error,
-                self.fallback.clone(),
-                self.near_limit,
-                deny,
-                #[cfg(feature = "leases")]
-                leases,
-            )
-        });
-        RateLimit::from_shared(inner, shared, respond)
+            // Overrides' states decide on the plain path: leases are the limiter's own policy's.
+            #[cfg(feature = "leases")]
+            let mut own_leases = leases;
+            let mut state = |policy: Policy| {
+                Shared::new(
+                    self.name.clone(),
+                    policy,
+                    self.store.clone(),
+                    self.key.clone(),
+                    self.cost.clone(),
+                    self.switch.clone(),
+                    self.on_error,
+                    self.fallback.clone(),
+                    self.near_limit,
+                    deny.clone(),
+                    self.after.clone(),
+                    #[cfg(feature = "leases")]
+                    own_leases.take(),
+                )
+            };
+            let mut shared = state(self.policy);
+            if self.per_policy {
+                shared = shared.with_key_prefix(policy_prefix(&self.name, &self.policy));
+            }
+            if !self.overrides.is_empty() {
+                let plans = Plans::new(&self.name, &self.overrides, |policy| {
+                    Arc::new(state(policy).with_key_prefix(policy_prefix(&self.name, &policy)))
+                });
+                shared = shared.with_plans(plans);
+            }
+            shared
+        })
     }
 }
 

@@ -84,12 +84,16 @@
 mod decide;
 pub mod deny_cache;
 mod layer;
+pub mod overrides;
 mod service;
+pub mod set;
 #[cfg(feature = "leases")]
 pub mod token_lease;
 
 pub use deny_cache::{DenyCache, DenyCacheHandle};
 pub use layer::RateLimitLayer;
+pub use overrides::{Overrides, Plan, PrefixError};
 pub use service::RateLimit;
+pub use set::{Applies, Everywhere, RateLimitSet, RateLimitSetHandle, RateLimitSetLayer, SetEntry};
 #[cfg(feature = "leases")]
 pub use token_lease::{LeaseConfig, LeaseHandle, LeaseShareError};

@@ -7,6 +7,7 @@ use tower_service::Service;
 
 use super::decide::{Conclusion, Shared};
 use crate::key::with_key_buffer;
+use crate::limit::future::Settle;
 use crate::limit::future::{Deciding, decide_later, pass, refuse};
 use crate::limit::{Responder, ResponseFuture};
 use crate::readiness::DeferredReadiness;
@@ -95,10 +96,17 @@ where
         if let Some(err) = self.not_ready.take() {
             return ResponseFuture::failed(err, answer);
         }
-        let shared = &self.shared;
-        let mode = shared.judge.mode();
+        let mode = self.shared.judge.mode();
         if mode == Mode::Off {
             return pass(&mut self.inner, req, answer);
+        }
+        // An override's own state, or none for an exempt key (counted); one branch without overrides.
+        let Some(shared) = Shared::select(&self.shared, &req) else {
+            return pass(&mut self.inner, req, answer);
+        };
+        if shared.after.is_some() {
+            let shared = shared.clone();
+            return call_settled(&mut self.inner, shared, req, mode, answer);
         }
         // A store that keeps only digests of its keys (the in-process one) is fed the key's parts: no text is built
         // and no future is boxed. A store that needs the text but answers at once only borrows it, built in a reused
@@ -141,7 +149,17 @@ where
                         return refuse(&mut self.inner, rejection, answer);
                     }
                     Ok(Err((key, cost))) => {
-                        return self.decide_later(key, cost, mode, keep, req, answer);
+                        let shared = shared.clone();
+                        return decide_shared_later(
+                            &mut self.inner,
+                            shared,
+                            key,
+                            cost,
+                            mode,
+                            keep,
+                            req,
+                            answer,
+                        );
                     }
                     Err(err) => return refuse(&mut self.inner, err.into(), answer),
                 }
@@ -153,30 +171,72 @@ where
 
 // The path a request through the in-process store never takes stays out of `call`'s body: a hot path that is
 // short in code, not only in instructions, leaves more of the instruction cache to the service it protects.
-impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
-    /// Decides through a store that cannot answer at once (Redis): with an owned key and a boxed decision.
-    #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    fn decide_later<Req, Tk>(
-        &mut self,
-        key: String,
-        cost: u64,
-        mode: Mode,
-        keep: bool,
-        req: Req,
-        answer: Responder<R, Tk>,
-    ) -> ResponseFuture<S::Future, S, Req, Responder<R, Tk>>
-    where
-        S: Service<Req> + Clone,
-        K: Send + Sync + 'static,
-        St: Store,
-        C: Send + Sync + 'static,
-        R: crate::respond::Respond<Req, S::Response, Ticket = Tk>,
-        Tk: Copy,
-    {
-        let shared = self.shared.clone();
-        let decide: Deciding<Box<crate::Verdict>> =
-            Box::pin(async move { shared.decide(key, cost, mode, keep).await });
-        decide_later(&mut self.inner, decide, req, answer)
+
+/// Decides through a store that cannot answer at once (Redis): with an owned key and a boxed decision.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn decide_shared_later<S, K, St, C, R, Req, Tk>(
+    inner: &mut S,
+    shared: Arc<Shared<K, St, C>>,
+    key: String,
+    cost: u64,
+    mode: Mode,
+    keep: bool,
+    req: Req,
+    answer: Responder<R, Tk>,
+) -> ResponseFuture<S::Future, S, Req, Responder<R, Tk>>
+where
+    S: Service<Req> + Clone,
+    K: Send + Sync + 'static,
+    St: Store,
+    C: Send + Sync + 'static,
+    R: crate::respond::Respond<Req, S::Response, Ticket = Tk>,
+    Tk: Copy,
+{
+    let decide: Deciding<Box<crate::Verdict>> =
+        Box::pin(async move { shared.decide(key, cost, mode, keep).await });
+    decide_later(inner, decide, req, answer)
+}
+
+/// Decides a request of a limiter that charges the cost after the response: by the key's text, which the
+/// response future keeps for the charge, always with a verdict (its instant dates the charge).
+#[cold]
+#[inline(never)]
+fn call_settled<S, K, St, C, R, Req, Tk>(
+    inner: &mut S,
+    shared: Arc<Shared<K, St, C>>,
+    req: Req,
+    mode: Mode,
+    mut answer: Responder<R, Tk>,
+) -> ResponseFuture<S::Future, S, Req, Responder<R, Tk>>
+where
+    S: Service<Req> + Clone,
+    K: KeyExtractor<Req>,
+    St: Store,
+    C: Cost<Req>,
+    R: crate::respond::Respond<Req, S::Response, Ticket = Tk>,
+    Tk: Copy,
+{
+    let mut key = String::new();
+    if let Err(err) = shared.write_key(&req, &mut key) {
+        return refuse(inner, err.into(), answer);
+    }
+    let cost = shared.cost.cost(&req);
+    let source = shared.after.clone().unwrap_or(crate::CostAfter::Extension);
+    answer.settle(Settle {
+        charger: shared.clone(),
+        key: key.clone(),
+        upfront: cost,
+        source,
+    });
+    let conclusion = shared
+        .decide_now(&key, cost, mode, true)
+        .or_else(|| shared.decide_cached(&key, cost, mode, true));
+    match conclusion {
+        Some(Conclusion::Admit(verdict)) => {
+            ResponseFuture::calling(inner.call(req), verdict, answer)
+        }
+        Some(Conclusion::Reject(rejection)) => refuse(inner, rejection, answer),
+        None => decide_shared_later(inner, shared, key, cost, mode, true, req, answer),
     }
 }

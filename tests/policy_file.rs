@@ -1,0 +1,373 @@
+//! `examples/axum_server --config FILE` as a black box over real TCP: the issue's policy file (3 then 429 for an
+//! ordinary key, 6 for `gold`, `internal` never limited and counted as exempt), `SIGHUP` reloads (a key whose
+//! policy is unchanged keeps its state, an invalid file keeps the old set and says where it is wrong), and an
+//! invalid file at start, on the in-process store and on a private Redis.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tollgate_testkit::examples::example;
+use tollgate_testkit::redis::RedisServer;
+
+/// The policy file shipped with the examples: the issue's example as written.
+const POLICY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policy.toml");
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    metrics: Option<SocketAddr>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Server {
+    fn start(config: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(example("axum_server"))
+            .args(["--addr", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the example server");
+        let mut stdout = BufReader::new(child.stdout.take().expect("its stdout"));
+        let first = line(&mut stdout);
+        let addr = first
+            .strip_prefix("listening on http://")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|addr| addr.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"));
+        let metrics = args.contains(&"--metrics-addr").then(|| {
+            let second = line(&mut stdout);
+            second
+                .strip_prefix("metrics on http://")
+                .and_then(|rest| rest.strip_suffix("/metrics"))
+                .and_then(|addr| addr.parse().ok())
+                .unwrap_or_else(|| panic!("unexpected second line {second:?}"))
+        });
+        Self {
+            child,
+            addr,
+            metrics,
+            stdout,
+        }
+    }
+
+    fn get(&self, key: &str) -> Reply {
+        get(self.addr, "/", &[("x-api-key", key)])
+    }
+
+    /// `n` requests with API key `key`, and how long they took from the first sent to the last answered.
+    fn statuses(&self, key: &str, n: usize) -> (Vec<u16>, Duration) {
+        let sent = Instant::now();
+        let statuses = (0..n).map(|_| self.get(key).status).collect();
+        (statuses, sent.elapsed())
+    }
+
+    /// Sends SIGHUP and returns the line the server answers it with.
+    fn reload(&mut self) -> String {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        line(&mut self.stdout)
+    }
+
+    fn metric(&self, series: &str) -> Option<u64> {
+        let text = get_text(self.metrics.expect("--metrics-addr"), "/metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn line(stdout: &mut BufReader<ChildStdout>) -> String {
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("a line from the server");
+    line.trim_end().to_owned()
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn exchange(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    let mut request = format!("GET {path} HTTP/1.1\r\nhost: example\r\nconnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    response
+}
+
+fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let response = exchange(addr, path, headers);
+    let head = response.split("\r\n\r\n").next().unwrap_or_default();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Reply { status, headers }
+}
+
+fn get_text(addr: SocketAddr, path: &str) -> String {
+    let response = exchange(addr, path, &[]);
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default()
+}
+
+/// The most a token bucket of `burst` refilling `limit` per `period` can admit in `elapsed`: the burst, plus the
+/// whole tokens accrued (a fraction of a token admits nothing).
+fn at_most(burst: u64, limit: u64, period: Duration, elapsed: Duration) -> usize {
+    let accrued = elapsed.as_secs_f64() * limit as f64 / period.as_secs_f64();
+    (burst + accrued as u64) as usize
+}
+
+/// `statuses` start with `burst` admissions, admit no more than the bucket can in `elapsed`, and refuse the rest.
+fn assert_bucket(statuses: &[u16], burst: usize, limit: u64, period: Duration, elapsed: Duration) {
+    assert!(
+        statuses[..burst].iter().all(|s| *s == 200),
+        "the first {burst} are admitted: {statuses:?}"
+    );
+    let admitted = statuses.iter().filter(|s| **s == 200).count();
+    let most = at_most(burst as u64, limit, period, elapsed);
+    assert!(
+        admitted <= most,
+        "{admitted} admitted, at most {most} in {elapsed:?}: {statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429),
+        "{statuses:?}"
+    );
+    if statuses.len() > most {
+        assert!(statuses.contains(&429), "{statuses:?}");
+    }
+}
+
+fn the_issue_example(store_args: &[&str]) {
+    let mut args = vec!["--metrics-addr", "127.0.0.1:0"];
+    args.extend_from_slice(store_args);
+    let server = Server::start(Path::new(POLICY), &args);
+    let period = Duration::from_secs(10);
+
+    let (ordinary, elapsed) = server.statuses("ordinary", 5);
+    assert_bucket(&ordinary, 3, 3, period, elapsed);
+    let denied = server.get("ordinary");
+    assert_eq!(denied.status, 429);
+    assert!(denied.header("retry-after").is_some(), "{denied:#?}");
+    assert_eq!(denied.header("x-ratelimit-limit"), Some("3"));
+
+    let (gold, elapsed) = server.statuses("gold", 9);
+    assert_bucket(&gold, 6, 6, period, elapsed);
+    assert_eq!(server.get("gold").header("x-ratelimit-limit"), Some("6"));
+
+    let (internal, _) = server.statuses("internal", 20);
+    assert_eq!(internal, [200; 20], "exempt keys are never limited");
+    let exempt = server.get("internal");
+    assert_eq!(exempt.header("ratelimit"), None, "no limit, no fields");
+    assert_eq!(
+        server.metric(r#"tollgate_decisions_total{limiter="per-key",outcome="exempt"}"#),
+        Some(21),
+        "every exemption counted"
+    );
+    // A request without the key's header is a configuration error, not a free pass.
+    assert_eq!(get(server.addr, "/", &[]).status, 500);
+    assert_eq!(get(server.addr, "/health", &[]).status, 200);
+}
+
+#[test]
+fn the_issue_example_in_process() {
+    the_issue_example(&[]);
+}
+
+#[test]
+fn the_issue_example_on_redis() {
+    let redis = RedisServer::start();
+    the_issue_example(&["--redis-url", &redis.url()]);
+}
+
+/// A policy file in the temporary directory, removed when dropped.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str) -> Self {
+        Self(std::env::temp_dir().join(format!(
+            "tollgate-policy-{}-{name}.toml",
+            std::process::id()
+        )))
+    }
+
+    fn write(&self, text: &str) {
+        std::fs::write(&self.0, text).expect("write the policy file");
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The issue's policy with hour-long periods (no token comes back during the test) and `gold` at `gold`.
+fn hourly(gold: u64, extra: &str) -> String {
+    std::fs::read_to_string(POLICY)
+        .expect("the example policy")
+        .replace("\"10s\"", "\"1h\"")
+        .replace("limit = 6", &format!("limit = {gold}"))
+        .replace("burst = 6", &format!("burst = {gold}"))
+        + extra
+}
+
+const EVERYONE: &str = "
+[[limiter]]
+name = \"everyone\"
+key = \"global\"
+limit = 1000
+period = \"1h\"
+";
+
+fn sighup_reloads(name: &str, store_args: &[&str]) {
+    let file = TempFile::new(name);
+    file.write(&hourly(6, ""));
+    let mut server = Server::start(&file.0, store_args);
+    let (a, _) = server.statuses("a", 4);
+    assert_eq!(a, [200, 200, 200, 429]);
+    let (gold, _) = server.statuses("gold", 2);
+    assert_eq!(gold, [200, 200]);
+
+    // gold's plan changes and a limiter is added; the limiter's own policy stays.
+    file.write(&hourly(10, EVERYONE));
+    assert_eq!(
+        server.reload(),
+        "reloaded the policy file: kept -; changed per-key; added everyone; removed -"
+    );
+    assert_eq!(
+        server.get("a").status,
+        429,
+        "an unchanged policy keeps its keys' state"
+    );
+    let (gold, _) = server.statuses("gold", 11);
+    assert_eq!(
+        &gold[..10],
+        [200; 10],
+        "a changed plan starts afresh: {gold:?}"
+    );
+    assert_eq!(gold[10], 429);
+    let b = server.get("b");
+    assert_eq!(b.status, 200);
+    assert_eq!(
+        b.header("ratelimit-policy"),
+        Some(r#""per-key";q=3;w=3600, "everyone";q=1000;w=3600"#),
+        "the added limiter applies: {b:#?}"
+    );
+
+    // Nothing changes: everything is kept.
+    assert_eq!(
+        server.reload(),
+        "reloaded the policy file: kept per-key, everyone; changed -; added -; removed -"
+    );
+    assert_eq!(server.get("a").status, 429);
+
+    // An invalid file: refused with its place, the set in force stays.
+    let invalid = hourly(10, EVERYONE).replace("limit = 1000", "limit = \"lots\"");
+    file.write(&invalid);
+    let refused = server.reload();
+    let line = invalid
+        .lines()
+        .position(|l| l.contains("lots"))
+        .expect("the line")
+        + 1;
+    let place = format!(
+        "{}:{line}:9: invalid type: string \"lots\", expected u64",
+        file.0.display()
+    );
+    assert_eq!(
+        refused,
+        format!("reload refused, the limits in force stay: {place}")
+    );
+    assert_eq!(server.get("a").status, 429);
+    assert_eq!(server.get("gold").status, 429);
+    assert_eq!(
+        server.get("c").header("ratelimit-policy"),
+        Some(r#""per-key";q=3;w=3600, "everyone";q=1000;w=3600"#)
+    );
+
+    // Removing a limiter.
+    file.write(&hourly(10, ""));
+    assert_eq!(
+        server.reload(),
+        "reloaded the policy file: kept per-key; changed -; added -; removed everyone"
+    );
+    assert_eq!(
+        server.get("d").header("ratelimit-policy"),
+        Some(r#""per-key";q=3;w=3600"#)
+    );
+}
+
+#[test]
+fn sighup_reloads_in_process() {
+    sighup_reloads("memory", &[]);
+}
+
+#[test]
+fn sighup_reloads_on_redis() {
+    let redis = RedisServer::start();
+    sighup_reloads("redis", &["--redis-url", &redis.url()]);
+}
+
+#[test]
+fn an_invalid_file_at_start_exits_non_zero_with_its_place() {
+    let file = TempFile::new("invalid");
+    file.write(
+        "[[limiter]]\nname = \"a\"\nkey = \"header:x-api-key\"\nlimit = 3\nperiod = \"10 s\"\n",
+    );
+    let out = Command::new(example("axum_server"))
+        .args(["--addr", "127.0.0.1:0", "--config"])
+        .arg(&file.0)
+        .output()
+        .expect("run the example server");
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        format!(
+            "axum_server: {}:5:10: \"10 s\": expected a duration such as 500ms, 10s, 15m, 1h or 1d",
+            file.0.display()
+        )
+    );
+    assert!(out.stdout.is_empty(), "it never listened");
+}
