@@ -86,7 +86,7 @@ fn script_calls(redis: &RedisServer) -> u64 {
 }
 
 #[test]
-fn leases_admit_a_hot_client_from_batches_exactly_and_remaining_never_rises() {
+fn leases_admit_a_hot_client_from_batches_exactly_and_remaining_stays_within_the_view() {
     let redis = RedisServer::start();
     let url = redis.url();
     // 200 an hour with batches of up to 20 %: no token accrues during the test, however slow the machine, so the

@@ -68,6 +68,13 @@ impl<K, St: Store, C> Shared<K, St, C> {
         let algorithm = policy.algorithm().as_str();
         let signals = Signals::new(&name, "limited", algorithm, store_name::<St>(), near_limit);
         let digest_prefix = digest_prefix(&*store, &name, after.is_some());
+        // A limiter with leases decides by the key's text (the lease table keys by it), whatever the store.
+        #[cfg(feature = "leases")]
+        let digest_prefix = if leases.is_some() {
+            None
+        } else {
+            digest_prefix
+        };
         Self {
             key_prefix: name.clone(),
             plans: None,

@@ -350,6 +350,15 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                     );
                     return None;
                 }
+                if self.after.is_some() {
+                    // A refund after the response would put tokens back under leased ones (the charge script does
+                    // not floor at the leased tokens): the two are exclusive for now.
+                    tracing::warn!(
+                        limiter = &*self.name,
+                        "token leases are not combined with a cost charged after the response: plain path"
+                    );
+                    return None;
+                }
                 let table = config.build(&self.name, &self.policy, self.store.clone());
                 let _ = self.lease_table.set(table.handle());
                 Some(table)
