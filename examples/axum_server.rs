@@ -66,6 +66,9 @@ usage: axum_server [options]
   --deny-cache on|off           with --redis-url: refuse a denied client locally until Redis's own retry
                                 instant (exact: Redis would refuse it too) instead of asking Redis again
                                 (default on)
+  --leases                      admit hot clients from batches of tokens leased from the store (exact: the
+                                fleet never admits more than the plain path; cold clients keep it)
+  --lease-share PERCENT         with --leases: the largest batch, as a share of the burst (default 10)
   --trusted-proxy CIDR          a reverse proxy network whose X-Forwarded-For is trusted (repeatable)
 {CONFIG}
   -h, --help                    this text
@@ -110,6 +113,7 @@ impl Config {
             }
         }
         config.stack.validate(config.server.uses_redis())?;
+        config.server.check_leases()?;
         if config.policy_file.is_some() && !config.trusted_proxies.is_empty() {
             return Err("with --config, list the trusted proxies in the policy file (trusted-proxies = [...])".to_owned());
         }
@@ -237,13 +241,14 @@ async fn run() -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let store = config.server.store_name();
     println!(
-        "listening on http://{addr}  ({} {} per {:?}, burst {}, store {store}, on store error {}, deny cache {}, {} trusted proxies)",
+        "listening on http://{addr}  ({} {} per {:?}, burst {}, store {store}, on store error {}, deny cache {}, leases {}, {} trusted proxies)",
         policy.algorithm(),
         policy.quota().limit(),
         policy.quota().period(),
         policy.quota().burst(),
         config.server.on_store_error,
         config.server.deny_cache_label(),
+        config.server.leases_label(),
         config.trusted_proxies.len()
     );
     println!("stack: {}", config.stack.describe());

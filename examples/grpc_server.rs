@@ -51,6 +51,9 @@ usage: grpc_server [options]
   --deny-cache on|off           with --redis-url: refuse a denied client locally until Redis's own retry
                                 instant (exact: Redis would refuse it too) instead of asking Redis again
                                 (default on)
+  --leases                      admit hot clients from batches of tokens leased from the store (exact: the
+                                fleet never admits more than the plain path; cold clients keep it)
+  --lease-share PERCENT         with --leases: the largest batch, as a share of the burst (default 10)
   --api-key-header NAME         key clients by this metadata entry, hashed (default: the peer IP)
 {CONFIG}
   -h, --help                    this text
@@ -89,6 +92,7 @@ impl Config {
                 other => return Err(format!("unknown argument {other:?} (try --help)")),
             }
         }
+        config.server.check_leases()?;
         Ok(Some(config))
     }
 }
@@ -149,7 +153,7 @@ async fn serve<St: Store>(
         .map_err(|e| format!("--addr {}: {e}", config.server.addr))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!(
-        "listening on {addr}  (SayHello: {} {} per {:?}, burst {}, store {}, on store error {}, deny cache {}, key {})",
+        "listening on {addr}  (SayHello: {} {} per {:?}, burst {}, store {}, on store error {}, deny cache {}, leases {}, key {})",
         policy.algorithm(),
         policy.quota().limit(),
         policy.quota().period(),
@@ -157,6 +161,7 @@ async fn serve<St: Store>(
         config.server.store_name(),
         config.server.on_store_error,
         config.server.deny_cache_label(),
+        config.server.leases_label(),
         config
             .api_key_header
             .as_ref()

@@ -10,7 +10,9 @@
 --
 -- Returns {outcome, remaining, reset_us, retry_after_us, now_us}; outcome 0 allowed, 1 limited,
 -- 2 cost exceeds capacity; retry_after_us is -1 when absent. Integers only: Redis truncates Lua numbers.
--- idiv, div_ceil, int and decision_time come from prelude.lua, prepended when the script is embedded.
+-- idiv, div_ceil, int and decision_time come from prelude.lua, settle_leases, write_book and keep_until from
+-- token_leases.lua, both prepended when the script is embedded. A key no instance leases tokens of reads one field
+-- more than a bucket without leases would, and nothing else changes for it.
 
 local key = KEYS[1]
 local token = tonumber(ARGV[1])
@@ -21,7 +23,7 @@ local now, min_ttl_ms = decision_time(ARGV[5])
 
 local capacity = burst * token
 local full_at, remainder = now, 0
-local stored = redis.call('HMGET', key, 'full_at', 'remainder')
+local stored = redis.call('HMGET', key, 'full_at', 'remainder', 'leased', 'lease_n', 'lease_due', 'lease_end')
 if stored[1] and tonumber(stored[1]) > now then
   full_at, remainder = tonumber(stored[1]), tonumber(stored[2])
 end
@@ -37,10 +39,27 @@ if rebased then
   full_at, remainder = now + wait, wait * rate - capacity
   deficit = capacity
 end
+-- Tokens leased out (token_bucket_lease.lua) hold the bucket below its capacity: the deficit is at least the
+-- leased tokens, and the state is rebuilt from the floored deficit.
+local book = nil
+if stored[3] then
+  local floored
+  floored, book = settle_leases(key, now, deficit, token, stored[3], stored[4], stored[5], stored[6])
+  if floored ~= deficit or book.swept then
+    deficit = floored
+    local wait = div_ceil(deficit, rate)
+    full_at, remainder = now + wait, wait * rate - deficit
+  end
+end
+-- Kept even when the request is refused: a rebased state, and a swept book (whose dropped tokens stay spent).
+local kept = rebased or (book ~= nil and book.swept)
 local function keep_rebased()
-  if rebased then
+  if kept then
     redis.call('HSET', key, 'full_at', int(full_at), 'remainder', int(remainder))
-    redis.call('PEXPIRE', key, int(math.max(div_ceil(full_at - now, 1000), min_ttl_ms)))
+    if book and book.swept then
+      write_book(key, book)
+    end
+    redis.call('PEXPIRE', key, int(math.max(div_ceil(keep_until(full_at, book, token, rate) - now, 1000), min_ttl_ms)))
   end
 end
 
@@ -60,7 +79,11 @@ if deficit + need <= capacity then
   -- full is still written over an existing one, as the Rust store does: after a clock step back it differs.
   if new_full_at > now or stored[1] then
     redis.call('HSET', key, 'full_at', int(new_full_at), 'remainder', int(new_remainder))
-    redis.call('PEXPIRE', key, int(math.max(div_ceil(new_full_at - now, 1000), min_ttl_ms)))
+    if book and book.swept then
+      write_book(key, book)
+    end
+    local keep = keep_until(new_full_at, book, token, rate)
+    redis.call('PEXPIRE', key, int(math.max(div_ceil(keep - now, 1000), min_ttl_ms)))
   end
   return {0, remaining, new_full_at, -1, now}
 end

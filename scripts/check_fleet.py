@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks the fleet simulation's figures (CI): reads `fleet --json` on stdin and fails unless the in-process rows
-admit about instances x limit and the Redis rows about limit, as the README promises.
+admit about instances x limit and the Redis rows (with and without token leases) about limit, as the README
+promises.
 
   cargo run --release --example fleet -- --json ... | python3 scripts/check_fleet.py [--tolerance 0.15]
 
@@ -25,7 +26,7 @@ def main():
         sys.exit(f"check_fleet: stdin is not the JSON of `fleet --json`: {e}")
 
     n, limit, offered = run["instances"], run["limit"], run["offered_per_s"]
-    expected = {"-": offered, "in-process": n * limit, "Redis": limit}
+    expected = {"-": offered, "in-process": n * limit, "Redis": limit, "Redis + leases": limit}
     problems, seen = [], set()
     if run.get("redis_error"):
         problems.append(f"no Redis rows: {run['redis_error']}")

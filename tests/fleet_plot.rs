@@ -61,10 +61,11 @@ fn the_chart_has_a_line_per_design_and_a_point_per_second() {
             "1s",
         ],
     );
-    // Baseline, then both algorithms on both stores; the limit and the legend's samples are two-point lines.
+    // Baseline, then both algorithms on in-process, Redis and Redis + leases; the limit and the legend's samples
+    // are two-point lines.
     assert_eq!(
         lines.iter().filter(|&&points| points == 3).count(),
-        5,
+        7,
         "{lines:?}\n{stdout}"
     );
     assert!(stdout.contains("chart: "), "{stdout}");

@@ -11,7 +11,7 @@ use tollgate_core::{
     Algorithm, DEFAULT_MAX_KEYS, FailurePolicy, MemoryStore, Policy, Quota, Store,
 };
 use tollgate_redis::RedisStore;
-use tollgate_tower::RateLimitLayer;
+use tollgate_tower::{LeaseConfig, RateLimitLayer};
 
 /// Walks the arguments: yields each flag, and hands out its value on request.
 pub(crate) struct Flags<I> {
@@ -73,6 +73,10 @@ pub(crate) struct ServerFlags {
     pub(crate) redis: RedisFlags,
     /// `--deny-cache on|off`: the rate limiter's deny cache on Redis (`None`: the default, on).
     pub(crate) deny_cache: Option<bool>,
+    /// `--leases`: token leases for the rate limiter's hot keys.
+    pub(crate) leases: bool,
+    /// `--lease-share PERCENT`: the largest batch as a share of the burst.
+    pub(crate) lease_share: Option<u32>,
 }
 
 /// The Redis connection flags: TLS material, the password file, Sentinel (see [`REDIS_USAGE`]).
@@ -108,6 +112,8 @@ impl ServerFlags {
             max_keys: DEFAULT_MAX_KEYS,
             redis: RedisFlags::default(),
             deny_cache: None,
+            leases: false,
+            lease_share: None,
         }
     }
 
@@ -155,6 +161,8 @@ impl ServerFlags {
             }
             "--max-keys" => self.max_keys = flags.parsed(max_keys)?,
             "--deny-cache" => self.deny_cache = Some(flags.parsed(on_off)?),
+            "--leases" => self.leases = true,
+            "--lease-share" => self.lease_share = Some(flags.parsed(percent)?),
             _ => return Ok(false),
         }
         Ok(true)
@@ -272,9 +280,41 @@ impl ServerFlags {
         layer: RateLimitLayer<K, St, C>,
     ) -> RateLimitLayer<K, St, C> {
         let layer = layer.on_store_error(self.on_store_error);
-        match self.deny_cache {
+        let layer = match self.deny_cache {
             Some(on) if self.redis_url.is_some() => layer.deny_cache(on),
             _ => layer,
+        };
+        match self.lease_config() {
+            Some(config) => layer.leases(config),
+            None => layer,
+        }
+    }
+
+    /// The token lease configuration `--leases` and `--lease-share` ask for.
+    pub(crate) fn lease_config(&self) -> Option<LeaseConfig> {
+        let config = LeaseConfig::new();
+        self.leases.then(|| match self.lease_share {
+            // Checked when parsed (1 to 100).
+            Some(share) => config.clone().share_percent(share).unwrap_or(config),
+            None => config,
+        })
+    }
+
+    /// `--lease-share` is a setting of `--leases`: given alone it is a mistake, said at start-up.
+    pub(crate) fn check_leases(&self) -> Result<(), String> {
+        if self.lease_share.is_some() && !self.leases {
+            return Err(
+                "--lease-share sets the token leases' batch size: it needs --leases".to_owned(),
+            );
+        }
+        Ok(())
+    }
+
+    /// How token leases are set, for the start-up line.
+    pub(crate) fn leases_label(&self) -> String {
+        match (self.leases, self.lease_share) {
+            (false, _) => "off".to_owned(),
+            (true, share) => format!("on (batches up to {} % of the burst)", share.unwrap_or(10)),
         }
     }
 
@@ -294,6 +334,14 @@ fn on_off(v: &str) -> Result<bool, String> {
         "on" => Ok(true),
         "off" => Ok(false),
         _ => Err(format!("{v:?}: expected on or off")),
+    }
+}
+
+/// `--lease-share`: a percentage from 1 to 100.
+fn percent(v: &str) -> Result<u32, String> {
+    match v.trim_end_matches('%').parse::<u32>() {
+        Ok(p) if (1..=100).contains(&p) => Ok(p),
+        _ => Err(format!("{v:?}: expected a percentage from 1 to 100")),
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tollgate_core::{Policy, Store};
 use tollgate_http::HttpRateLimitLayer;
-use tollgate_tower::{ConstKey, RateLimitLayer};
+use tollgate_tower::{ConstKey, LeaseConfig, RateLimitLayer};
 
 /// One instance: `GET /` answers "ok" behind the instance's own limiter, like every instance of a real service;
 /// a shared store's denials are cached if `deny_cache` (the default a layer has on Redis).
@@ -26,14 +26,22 @@ pub(crate) async fn start_instance<St: Store>(
     store: Arc<St>,
     policy: Option<Policy>,
     deny_cache: bool,
+    leases: bool,
 ) -> (SocketAddr, JoinHandle<()>) {
     let app = Router::new().route("/", get(|| async { "ok" }));
     let app = match policy {
         // Every instance limits the same service-wide key: "this service takes L per second".
-        Some(policy) => app.layer(HttpRateLimitLayer::new(
-            RateLimitLayer::new("fleet", policy, store, ConstKey::new("api"))
-                .deny_cache(deny_cache),
-        )),
+        Some(policy) => {
+            let layer = RateLimitLayer::new("fleet", policy, store, ConstKey::new("api"))
+                .deny_cache(deny_cache);
+            // With leases the key is hot on every instance: admitted from batches leased from Redis.
+            let layer = if leases {
+                layer.leases(LeaseConfig::new())
+            } else {
+                layer
+            };
+            app.layer(HttpRateLimitLayer::new(layer))
+        }
         None => app,
     };
     serve(app).await

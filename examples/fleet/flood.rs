@@ -118,7 +118,7 @@ fn print_table(args: &Args, results: &[(Design, Flooded)]) {
     for (design, f) in results {
         let (name, state) = design.label();
         let limited = design.state != State::None;
-        let redis = design.state == State::Redis;
+        let redis = matches!(design.state, State::Redis | State::RedisLeases);
         let dash = || "-".to_owned();
         println!(
             "{:<22} {:<21} {:>6} {:>11.1} {:>8} {:>10.0} {:>14} {:>14} {:>16}",
@@ -176,7 +176,7 @@ fn json(
         .iter()
         .map(|(design, f)| {
             let (name, state) = design.label();
-            let redis = design.state == State::Redis;
+            let redis = matches!(design.state, State::Redis | State::RedisLeases);
             serde_json::json!({
                 "design": name,
                 "state": state,

@@ -38,6 +38,8 @@ enum State {
     None,
     InProcess,
     Redis,
+    /// Redis with token leases: hot keys admitted from batches leased from Redis.
+    RedisLeases,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -53,8 +55,8 @@ struct Design {
 /// is one more entry here, with its label and colour below.
 fn designs(with_redis: bool) -> Vec<Design> {
     let mut designs = vec![Design::new(Algorithm::TokenBucket, State::None)];
-    for state in [State::InProcess, State::Redis] {
-        if state == State::Redis && !with_redis {
+    for state in [State::InProcess, State::Redis, State::RedisLeases] {
+        if state != State::InProcess && !with_redis {
             continue;
         }
         for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindowCounter] {
@@ -84,6 +86,8 @@ impl Design {
             (State::Redis, Algorithm::SlidingWindowCounter, true) => 4,
             (State::Redis, Algorithm::TokenBucket, false) => 5,
             (State::Redis, Algorithm::SlidingWindowCounter, false) => 6,
+            (State::RedisLeases, Algorithm::TokenBucket, _) => 7,
+            (State::RedisLeases, Algorithm::SlidingWindowCounter, _) => 8,
         }
     }
 
@@ -98,6 +102,7 @@ impl Design {
             (State::InProcess, _) => "in-process",
             (State::Redis, true) => "Redis",
             (State::Redis, false) => "Redis, no deny cache",
+            (State::RedisLeases, _) => "Redis + leases",
         };
         (algorithm, state)
     }
@@ -287,7 +292,7 @@ async fn run(args: &Args, design: Design, instances: usize, index: usize, total:
     }
     let mut outcome = outcome;
     // Under --autoscale the grown instances' stores are not counted: the column is not shown there.
-    if design.state == State::Redis && !args.autoscale {
+    if matches!(design.state, State::Redis | State::RedisLeases) && !args.autoscale {
         outcome.redis_calls = Some(calls() - calls_before);
     }
     outcome
@@ -307,15 +312,22 @@ async fn instance(
     let policy =
         Policy::new(design.algorithm, quota).expect("a per-second quota suits both algorithms");
     let (addr, task) = match design.state {
-        State::None => start_instance(Arc::new(MemoryStore::new()), None, false).await,
-        State::InProcess => start_instance(Arc::new(MemoryStore::new()), Some(policy), false).await,
-        State::Redis => {
+        State::None => start_instance(Arc::new(MemoryStore::new()), None, false, false).await,
+        State::InProcess => {
+            start_instance(Arc::new(MemoryStore::new()), Some(policy), false, false).await
+        }
+        State::Redis | State::RedisLeases => {
             // Each instance has its own connection pool, as separate processes would.
             let store = redis_store(args, namespace)
                 .await
                 .expect("Redis answered a moment ago");
-            let (addr, task) =
-                start_instance(Arc::new(store.clone()), Some(policy), design.deny_cache).await;
+            let (addr, task) = start_instance(
+                Arc::new(store.clone()),
+                Some(policy),
+                design.deny_cache,
+                design.state == State::RedisLeases,
+            )
+            .await;
             return (addr, task, Some(store));
         }
     };
@@ -335,7 +347,7 @@ fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
         .find(|(d, _)| d.state == State::None)
         .map(|(_, o)| (o.percentile(50.0), o.percentile(99.0)));
     println!(
-        "{:<22} {:<11} {:>6} {:>11} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9} {:>14}",
+        "{:<22} {:<20} {:>6} {:>11} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9} {:>14}",
         "design",
         "state",
         "limit",
@@ -362,7 +374,7 @@ fn print_table(args: &Args, rows: &[(Design, Outcome)]) {
         };
         let (b50, b99) = baseline.unwrap_or_default();
         println!(
-            "{:<22} {:<11} {:>6} {:>11.1} {:>8} {:>11.1} {:>7.2}ms {:>7.2}ms {:>9} {:>9} {:>14}",
+            "{:<22} {:<20} {:>6} {:>11.1} {:>8} {:>11.1} {:>7.2}ms {:>7.2}ms {:>9} {:>9} {:>14}",
             name,
             state,
             if limited {
@@ -415,7 +427,7 @@ fn rows_json(
                 "not_sent": o.not_sent,
                 "p50_ms": o.percentile(50.0).as_secs_f64() * 1e3,
                 "p99_ms": o.percentile(99.0).as_secs_f64() * 1e3,
-                "deny_cache": design.state == State::Redis && design.deny_cache,
+                "deny_cache": matches!(design.state, State::Redis | State::RedisLeases) && design.deny_cache,
                 "decided": o.decided,
                 "redis_calls": o.redis_calls,
                 "redis_calls_per_decision": o.calls_per_decision(),

@@ -27,8 +27,9 @@ pub(crate) struct Chart {
 
 const SIZE: (u32, u32) = (960, 540);
 
-/// Line colours: the baseline grey, in-process blues, Redis reds.
-pub(crate) const PALETTE: [RGBColor; 7] = [
+/// Line colours: the baseline grey, in-process blues, Redis reds, then Redis without its deny cache and Redis
+/// with leases.
+pub(crate) const PALETTE: [RGBColor; 9] = [
     RGBColor(140, 140, 140),
     RGBColor(31, 119, 180),
     RGBColor(23, 190, 207),
@@ -36,6 +37,8 @@ pub(crate) const PALETTE: [RGBColor; 7] = [
     RGBColor(255, 127, 14),
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(188, 189, 34),
 ];
 const INSTANCES: RGBColor = RGBColor(44, 160, 44);
 

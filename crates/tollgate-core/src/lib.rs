@@ -32,6 +32,7 @@ pub mod lease;
 mod policy;
 pub mod store;
 mod time;
+pub mod token_lease;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};

@@ -9,6 +9,10 @@
 //! load on the machine's shared Redis does not skew the comparison). Every request is admitted (the limit is
 //! huge), so each one runs the whole script including its writes, on 100 000 random keys, like
 //! `redis-benchmark -r 100000`.
+//!
+//! The `leases dec/s` column is the same concurrency of clients deciding through a `RateLimitLayer` with token
+//! leases on 16 hot keys (a batch per key is one `EVALSHA` of `lua/token_bucket_lease.lua`; decisions in between
+//! are local), beside `redis-benchmark -P 16` of the plain script: the ceiling of one Redis without leases.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -118,6 +122,79 @@ async fn store_rate(url: &str, policy: Policy, concurrency: usize, requests: u64
     (done as f64 / elapsed, commands * 1_000 / done.max(1))
 }
 
+/// Hot keys: each client task decides on one of these through a layer with token leases.
+const HOT_KEYS: u64 = 16;
+
+/// A reply the layer can put its verdict in.
+#[derive(Debug, Default)]
+struct Reply(tollgate_tower::Verdicts);
+impl tollgate_tower::VerdictSink for Reply {
+    fn verdicts_mut(&mut self) -> &mut tollgate_tower::Verdicts {
+        &mut self.0
+    }
+}
+
+/// Decisions per second through a `RateLimitLayer` with token leases on Redis, `concurrency` client tasks on
+/// `HOT_KEYS` keys; and the lease script calls per decision.
+async fn leases_rate(url: &str, policy: Policy, concurrency: usize, requests: u64) -> (f64, f64) {
+    use tower::{Service, ServiceExt};
+    let store = Arc::new(
+        RedisStore::builder(url)
+            .namespace("bench-leases")
+            .pool_size(concurrency.min(16))
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .expect("store builds"),
+    );
+    let by_key = tollgate_tower::KeyFn::new(|k: &u64, key: &mut String| {
+        key.push_str(&k.to_string());
+        Ok::<_, tollgate_tower::KeyError>(())
+    });
+    let layer = tollgate_tower::RateLimitLayer::new("hot", policy, store, by_key)
+        .leases(tollgate_tower::LeaseConfig::new());
+    let leases = layer.lease_handle();
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|_: u64| async { Ok::<_, tollgate_tower::BoxError>(Reply::default()) });
+    // Warm up: every key hot, its first batch in hand.
+    for round in 0..50 {
+        for k in 0..HOT_KEYS {
+            let _ = svc.clone().ready().await.unwrap().call(k).await;
+        }
+        if round % 10 == 0 {
+            leases.settled().await;
+        }
+    }
+    let before = evalsha_calls(url);
+    let per_task = requests / concurrency as u64;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for t in 0..concurrency {
+        let mut svc = svc.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut refused = 0_u64;
+            for i in 0..per_task {
+                let key = (t as u64 + i) % HOT_KEYS;
+                if svc.ready().await.unwrap().call(key).await.is_err() {
+                    refused += 1;
+                }
+            }
+            refused
+        }));
+    }
+    let mut refused = 0;
+    for t in tasks {
+        refused += t.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert_eq!(refused, 0, "{refused} refused under a huge limit");
+    let done = per_task * concurrency as u64;
+    let calls = evalsha_calls(url) - before;
+    leases.shutdown().await;
+    (done as f64 / elapsed, calls as f64 / done as f64)
+}
+
 fn redis_benchmark_rate(
     host: &str,
     port: &str,
@@ -221,14 +298,17 @@ fn main() {
         }
     );
     println!(
-        "{:>11} | {:>16} | {:>12} | {:>16} | {:>9} | {:>17} | {:>15}",
+        "{:>11} | {:>16} | {:>12} | {:>16} | {:>9} | {:>17} | {:>15} | {:>15} | {:>13} | {:>16}",
         "concurrency",
         "RedisStore dec/s",
         "cmds/decision",
         "redis-bench rps",
         "ratio",
         "redis-bench -P16",
-        "ratio vs -P16"
+        "ratio vs -P16",
+        "leases dec/s",
+        "calls/decision",
+        "leases vs -P16"
     );
     for concurrency in [1_usize, 16, 64] {
         let n = if concurrency == 1 {
@@ -240,6 +320,7 @@ fn main() {
         // both rather than one.
         let (mut rb, mut ours, mut rb_pipelined, mut commands) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut leased, mut lease_calls) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             rb.push(redis_benchmark_rate(
                 host,
@@ -262,14 +343,19 @@ fn main() {
                 n,
                 PIPELINE,
             ));
+            let (rate, calls) = rt.block_on(leases_rate(&url, policy, concurrency, n));
+            leased.push(rate);
+            lease_calls.push(calls);
         }
         let (rb, ours, rb_pipelined) = (median(rb), median(ours), median(rb_pipelined));
+        let (leased, lease_calls) = (median(leased), median(lease_calls));
         let millicommands = commands.into_iter().max().unwrap_or(0);
         println!(
-            "{concurrency:>11} | {ours:>16.0} | {:>12.3} | {rb:>16.0} | {:>8.2}x | {rb_pipelined:>17.0} | {:>14.2}x",
+            "{concurrency:>11} | {ours:>16.0} | {:>12.3} | {rb:>16.0} | {:>8.2}x | {rb_pipelined:>17.0} | {:>14.2}x | {leased:>15.0} | {lease_calls:>13.4} | {:>15.2}x",
             millicommands as f64 / 1_000.0,
             ours / rb,
-            ours / rb_pipelined
+            ours / rb_pipelined,
+            leased / rb_pipelined
         );
     }
     println!(

@@ -62,7 +62,7 @@
 //! those its scripts call; `role` for Sentinel's check of the primary, `cluster|slots` for a Cluster's slot map):
 //!
 //! ```text
-//! ACL SETUSER tollgate on >PASSWORD resetkeys ~tollgate:* resetchannels -@all +evalsha +eval +evalsha_ro +eval_ro +script|load +time +hmget +hset +pexpire +pexpireat +pttl +zadd +zcount +zrange +zrem +zremrangebyscore +zscore +role +cluster|slots
+//! ACL SETUSER tollgate on >PASSWORD resetkeys ~tollgate:* resetchannels -@all +evalsha +eval +evalsha_ro +eval_ro +script|load +time +hmget +hset +hgetall +hdel +pexpire +pexpireat +pttl +zadd +zcount +zrange +zrem +zremrangebyscore +zscore +role +cluster|slots
 //! ```
 //!
 //! (also [`LEAST_PRIVILEGE_ACL`]). Without `+config|get` (which that line leaves out, since `CONFIG GET` can
@@ -124,6 +124,7 @@ mod observe;
 mod script;
 mod sentinel;
 mod store;
+mod token_lease;
 
 pub use builder::{
     DEFAULT_COOL_DOWN, DEFAULT_FAILURE_THRESHOLD, DEFAULT_NAMESPACE, DEFAULT_POOL_SIZE,
@@ -135,13 +136,14 @@ pub use eviction::EvictionCheck;
 pub use lease::{CONCURRENCY_ACQUIRE_LUA, CONCURRENCY_RELEASE_LUA, CONCURRENCY_RENEW_LUA};
 pub use observe::{CIRCUIT_OPEN, LATENCY_SECONDS};
 pub use script::{
-    SLIDING_WINDOW_CHARGE_LUA, SLIDING_WINDOW_LUA, SLIDING_WINDOW_OPS_LUA, TOKEN_BUCKET_CHARGE_LUA,
-    TOKEN_BUCKET_LUA, TOKEN_BUCKET_OPS_LUA,
+    SLIDING_WINDOW_CHARGE_LUA, SLIDING_WINDOW_LEASE_LUA, SLIDING_WINDOW_LUA,
+    SLIDING_WINDOW_OPS_LUA, TOKEN_BUCKET_CHARGE_LUA, TOKEN_BUCKET_LEASE_LUA, TOKEN_BUCKET_LUA,
+    TOKEN_BUCKET_OPS_LUA,
 };
 pub use store::RedisStore;
 
 /// The least-privilege ACL rule the store works under, for the namespace `tollgate` (replace `PASSWORD`, and
 /// `tollgate:*` with `<your namespace>:*`).
 pub const LEAST_PRIVILEGE_ACL: &str = "ACL SETUSER tollgate on >PASSWORD resetkeys ~tollgate:* resetchannels -@all \
-    +evalsha +eval +evalsha_ro +eval_ro +script|load +time +hmget +hset +pexpire +pexpireat +pttl +zadd +zcount +zrange +zrem \
+    +evalsha +eval +evalsha_ro +eval_ro +script|load +time +hmget +hset +hgetall +hdel +pexpire +pexpireat +pttl +zadd +zcount +zrange +zrem \
     +zremrangebyscore +zscore +role +cluster|slots";

@@ -6,11 +6,23 @@ use tollgate_core::{Algorithm, Decision, Outcome, Policy, Timestamp};
 
 use crate::BackendError;
 
-/// `lua/token_bucket.lua` after `lua/prelude.lua` (the shared integer arithmetic and time prologue), embedded at
-/// compile time.
+/// `lua/token_bucket.lua` after `lua/prelude.lua` (the shared integer arithmetic and time prologue) and
+/// `lua/token_leases.lua` (the token lease book the bucket honours), embedded at compile time.
 pub const TOKEN_BUCKET_LUA: &str = concat!(
     include_str!("../lua/prelude.lua"),
+    include_str!("../lua/token_leases.lua"),
     include_str!("../lua/token_bucket.lua")
+);
+/// `lua/token_bucket_lease.lua` after `lua/prelude.lua` and `lua/token_leases.lua`, embedded at compile time.
+pub const TOKEN_BUCKET_LEASE_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/token_leases.lua"),
+    include_str!("../lua/token_bucket_lease.lua")
+);
+/// `lua/sliding_window_lease.lua` after `lua/prelude.lua`, embedded at compile time.
+pub const SLIDING_WINDOW_LEASE_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/sliding_window_lease.lua")
 );
 /// `lua/sliding_window.lua` after `lua/prelude.lua`, embedded at compile time.
 pub const SLIDING_WINDOW_LUA: &str = concat!(
@@ -22,6 +34,7 @@ pub const SLIDING_WINDOW_LUA: &str = concat!(
 /// lockouts), after `lua/prelude.lua`.
 pub const TOKEN_BUCKET_OPS_LUA: &str = concat!(
     include_str!("../lua/prelude.lua"),
+    include_str!("../lua/token_leases.lua"),
     include_str!("../lua/ops_open.lua"),
     include_str!("../lua/token_bucket.lua"),
     include_str!("../lua/ops_close.lua")
@@ -67,11 +80,13 @@ impl Script {
     }
 }
 
-/// Both scripts, hashed once per store.
+/// The decision scripts and their token lease scripts, hashed once per process.
 #[derive(Debug)]
 pub(crate) struct Scripts {
     token_bucket: Script,
     sliding_window: Script,
+    token_bucket_lease: Script,
+    sliding_window_lease: Script,
     token_bucket_ops: Script,
     sliding_window_ops: Script,
     token_bucket_charge: Script,
@@ -83,10 +98,20 @@ impl Scripts {
         Self {
             token_bucket: Script::new(TOKEN_BUCKET_LUA),
             sliding_window: Script::new(SLIDING_WINDOW_LUA),
+            token_bucket_lease: Script::new(TOKEN_BUCKET_LEASE_LUA),
+            sliding_window_lease: Script::new(SLIDING_WINDOW_LEASE_LUA),
             token_bucket_ops: Script::new(TOKEN_BUCKET_OPS_LUA),
             sliding_window_ops: Script::new(SLIDING_WINDOW_OPS_LUA),
             token_bucket_charge: Script::new(TOKEN_BUCKET_CHARGE_LUA),
             sliding_window_charge: Script::new(SLIDING_WINDOW_CHARGE_LUA),
+        }
+    }
+
+    /// The token lease script of `algorithm`.
+    pub(crate) fn lease_for(&self, algorithm: Algorithm) -> &Script {
+        match algorithm {
+            Algorithm::TokenBucket => &self.token_bucket_lease,
+            Algorithm::SlidingWindowCounter => &self.sliding_window_lease,
         }
     }
 
@@ -122,12 +147,14 @@ impl Scripts {
 
 /// Every script a store runs: loaded with `SCRIPT LOAD` on each new connection (and at start-up), so that a
 /// decision is one `EVALSHA` even where the server evicts scripts that `EVAL` loaded (Redis 7.4 and later).
-pub(crate) fn pinned() -> [&'static Script; 9] {
+pub(crate) fn pinned() -> [&'static Script; 11] {
     let s = Scripts::shared();
     let [acquire, renew, release] = crate::lease::scripts_list();
     [
         &s.token_bucket,
         &s.sliding_window,
+        &s.token_bucket_lease,
+        &s.sliding_window_lease,
         &s.token_bucket_ops,
         &s.sliding_window_ops,
         &s.token_bucket_charge,
@@ -317,6 +344,8 @@ mod tests {
         for source in [
             TOKEN_BUCKET_LUA,
             SLIDING_WINDOW_LUA,
+            TOKEN_BUCKET_LEASE_LUA,
+            SLIDING_WINDOW_LEASE_LUA,
             TOKEN_BUCKET_OPS_LUA,
             SLIDING_WINDOW_OPS_LUA,
             TOKEN_BUCKET_CHARGE_LUA,

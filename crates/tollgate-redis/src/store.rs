@@ -418,6 +418,20 @@ impl Store for RedisStore {
         true
     }
 
+    /// A token lease call on Redis's clock (see [`RedisStore::lease_tokens_at`]).
+    async fn lease_tokens(
+        &self,
+        key: &str,
+        policy: &Policy,
+        request: &tollgate_core::token_lease::TokenLeaseRequest,
+    ) -> Result<tollgate_core::token_lease::TokenLeaseGrant, StoreError> {
+        self.lease(key, policy, request, None).await
+    }
+
+    fn supports_token_leases(&self) -> bool {
+        true
+    }
+
     /// One read-only round trip on Redis's clock: the decision script in peek mode by `EVALSHA_RO`, which the
     /// server refuses to let write (Redis 7 and later; before, the same script by `EVALSHA`, which writes nothing
     /// in peek mode). From the primary, like every call. Errors as [`check`](Store::check)'s (the circuit and

@@ -264,8 +264,8 @@ fn calls_of(server: &RedisServer, command: &str) -> (u64, u64) {
 }
 
 /// The scripts a connection loads: the two algorithms, each also wrapped in the store operations (peek,
-/// lockouts) and as its charge after the response, and the three concurrency-lease scripts.
-const PINNED: u64 = 9;
+/// lockouts), as its charge after the response and as its token lease, and the three concurrency-lease scripts.
+const PINNED: u64 = 11;
 
 #[tokio::test]
 async fn scripts_are_loaded_at_start_and_after_a_reconnect_so_a_decision_is_one_evalsha() {

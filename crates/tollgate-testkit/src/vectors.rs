@@ -144,3 +144,172 @@ impl Step {
         }
     }
 }
+
+/// The token lease vectors: `tests/vectors/leases.json` (written by `tests/vectors/generate_leases.py`), plain
+/// requests and lease calls of several instances mixed, with what every store must answer.
+#[derive(Debug, Deserialize)]
+pub struct LeaseVectors {
+    /// The cases.
+    pub cases: Vec<LeaseCase>,
+}
+
+/// One policy and the calls made on its one key.
+#[derive(Debug, Deserialize)]
+pub struct LeaseCase {
+    /// What the case checks.
+    pub name: String,
+    /// `token_bucket` or `sliding_window`.
+    pub algorithm: String,
+    /// Requests per period.
+    pub limit: u64,
+    /// The period in microseconds.
+    pub period_us: u64,
+    /// Token bucket capacity (defaults to `limit`).
+    #[serde(default)]
+    pub burst: Option<u64>,
+    /// The calls, in order.
+    pub steps: Vec<LeaseStep>,
+}
+
+/// One call and its expected answer.
+#[derive(Debug, Deserialize)]
+pub struct LeaseStep {
+    /// `check` (a plain request) or `lease`.
+    pub op: String,
+    /// When the call is made, µs since the epoch.
+    pub at_us: u64,
+    /// A plain request's cost.
+    #[serde(default)]
+    pub cost: u64,
+    /// A lease call's instance.
+    #[serde(default)]
+    pub instance: u64,
+    /// A lease call's number.
+    #[serde(default)]
+    pub seq: u64,
+    /// Tokens or slots wanted.
+    #[serde(default)]
+    pub want: u64,
+    /// What the instance reports left.
+    #[serde(default)]
+    pub unspent: u64,
+    /// The window the unspent slots were granted in (sliding window).
+    #[serde(default)]
+    pub window_start_us: u64,
+    /// The lease's lifetime.
+    #[serde(default)]
+    pub ttl_us: u64,
+    /// Whether the call ends the lease.
+    #[serde(default)]
+    pub end: bool,
+    /// The expected answer's fields.
+    pub expect: serde_json::Map<String, serde_json::Value>,
+}
+
+impl LeaseVectors {
+    /// Loads the workspace's lease vector file.
+    ///
+    /// # Panics
+    /// When the file is missing or malformed.
+    #[must_use]
+    pub fn load() -> Self {
+        let path =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/vectors/leases.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("malformed {}: {e}", path.display()))
+    }
+}
+
+impl LeaseCase {
+    /// The case's policy.
+    ///
+    /// # Panics
+    /// When the case describes an invalid policy.
+    #[must_use]
+    pub fn policy(&self) -> Policy {
+        Case {
+            name: self.name.clone(),
+            algorithm: self.algorithm.clone(),
+            limit: self.limit,
+            period_us: self.period_us,
+            burst: self.burst,
+            lockout_us: None,
+            steps: Vec::new(),
+        }
+        .policy()
+    }
+}
+
+impl LeaseStep {
+    fn field(&self, name: &str) -> Option<u64> {
+        self.expect.get(name).and_then(serde_json::Value::as_u64)
+    }
+
+    /// The call's instant.
+    #[must_use]
+    pub const fn at(&self) -> Timestamp {
+        Timestamp::from_micros(self.at_us)
+    }
+
+    /// Whether this is a lease call (else a plain request).
+    #[must_use]
+    pub fn is_lease(&self) -> bool {
+        self.op == "lease"
+    }
+
+    /// The lease call.
+    #[must_use]
+    pub fn request(&self) -> tollgate_core::token_lease::TokenLeaseRequest {
+        tollgate_core::token_lease::TokenLeaseRequest {
+            instance: self.instance,
+            seq: self.seq,
+            want: self.want,
+            unspent: self.unspent,
+            window_start: self.window_start_us,
+            ttl: Duration::from_micros(self.ttl_us),
+            end: self.end,
+        }
+    }
+
+    /// The plain request's expected decision.
+    ///
+    /// # Panics
+    /// On a malformed step.
+    #[must_use]
+    pub fn expected_decision(&self, policy: &Policy) -> Decision {
+        let outcome = self.expect["outcome"].as_str().unwrap_or_default();
+        Step {
+            at_us: self.at_us,
+            key: String::new(),
+            cost: self.cost,
+            outcome: outcome.to_owned(),
+            remaining: self.field("remaining").expect("remaining"),
+            reset_us: self.field("reset_us").expect("reset_us"),
+            retry_after_us: self.field("retry_after_us"),
+            peek: false,
+            charge: None,
+            decided_at_us: None,
+        }
+        .expected(policy)
+    }
+
+    /// The lease call's expected grant.
+    ///
+    /// # Panics
+    /// On a malformed step.
+    #[must_use]
+    pub fn expected_grant(&self) -> tollgate_core::token_lease::TokenLeaseGrant {
+        let get = |name: &str| self.field(name).unwrap_or_else(|| panic!("{name}"));
+        tollgate_core::token_lease::TokenLeaseGrant {
+            granted: get("granted"),
+            remaining: get("remaining"),
+            reset: Timestamp::from_micros(get("reset_us")),
+            retry_after: self.field("retry_after_us").map(Duration::from_micros),
+            now: self.at(),
+            expires: Timestamp::from_micros(get("expires_us")),
+            window_start: get("window_start_us"),
+            stale: self.expect["stale"].as_bool().unwrap_or_default(),
+        }
+    }
+}

@@ -51,6 +51,8 @@ pub use cost::{Cost, CostAfter, CostFn, FinalCost, UnitCost};
 pub use error::ConfigError;
 pub use key::{ConstKey, KeyError, KeyExtractor, KeyFn};
 pub use limit::rate::{DenyCache, DenyCacheHandle, RateLimit, RateLimitLayer};
+#[cfg(feature = "leases")]
+pub use limit::rate::{LeaseConfig, LeaseHandle, LeaseShareError};
 #[cfg(feature = "stack")]
 pub use limit::{
     adaptive::{AdaptiveLimit, AdaptiveLimitLayer},

@@ -19,7 +19,9 @@ pub mod charge;
 pub mod lockout;
 pub mod sliding_log;
 pub mod sliding_window;
+pub mod sliding_window_lease;
 pub mod token_bucket;
+pub mod token_bucket_lease;
 
 use crate::Decision;
 

@@ -20,8 +20,8 @@ pub enum StoreError {
     CircuitOpen,
     /// The backend answered with an error or could not be reached.
     Backend(Box<dyn Error + Send + Sync>),
-    /// The store does not offer this operation (e.g. [`Store::peek`](crate::Store::peek) on a store that does not
-    /// implement it); the message names it.
+    /// The store does not offer this operation (e.g. [`Store::peek`](crate::Store::peek), or token leases, on a store that does
+    /// not implement them); the message names it.
     Unsupported(&'static str),
 }
 

@@ -21,9 +21,11 @@ use crate::algorithm::charge;
 use crate::algorithm::lockout::{self, Locked};
 use crate::algorithm::sliding_window::{self, SlidingWindowState};
 use crate::algorithm::token_bucket::{self, TokenBucketState};
+use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
 use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, Timestamp};
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
+use super::memory_lease::LeaseBooks;
 use super::table::{Arena, Expiry, Links, List, MAX_SHARD_KEYS, Slab};
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
@@ -87,11 +89,13 @@ pub struct MemoryStore<C = SystemClock> {
     bound: Bound,
     log: EvictionLog,
     clock: C,
+    /// Token leases' books (see [`MemoryStore::lease_tokens_at`]), empty unless someone leases.
+    pub(super) leases: LeaseBooks,
 }
 
 /// The bound, as each shard applies it.
 #[derive(Debug, Clone, Copy)]
-struct Bound {
+pub(super) struct Bound {
     shard_capacity: usize,
     max_keys: usize,
     on_full: OnFull,
@@ -204,6 +208,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
             },
             log: EvictionLog::new(self.name.unwrap_or_else(|| DEFAULT_NAME.to_owned())),
             clock: self.clock,
+            leases: LeaseBooks::default(),
         }
     }
 }
@@ -274,6 +279,9 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<Decision, StoreError> {
         // The algorithms decide at no later instant; expiry and sweeping must agree with them.
         let now = now.min(Timestamp::LATEST);
+        if policy.algorithm() == Algorithm::TokenBucket && self.leases.active() {
+            return self.check_leased_at(hash, policy, cost, now);
+        }
         let mut shard = lock(self.shard(hash));
         let (bound, log) = (&self.bound, &self.log);
         let check = Check { policy, cost, now };
@@ -385,7 +393,7 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
-    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+    pub(super) fn shard(&self, hash: u64) -> &Mutex<Shard> {
         let index = if self.shard_bits == 0 {
             0
         } else {
@@ -401,6 +409,16 @@ impl<C: Clock> MemoryStore<C> {
         for shard in &*self.shards {
             lock(shard).sweep(now, &self.bound);
         }
+    }
+
+    /// The store's key seed.
+    pub(super) fn seed(&self) -> &RandomState {
+        &self.seed
+    }
+
+    /// The bound and the eviction log, as [`Shard::apply`] takes them.
+    pub(super) fn bound_and_log(&self) -> (&Bound, &EvictionLog) {
+        (&self.bound, &self.log)
     }
 
     /// The store's clock.
@@ -463,6 +481,19 @@ impl<C: Clock> Store for MemoryStore<C> {
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         ready(self.charge_at(key, policy, delta, decided_at, self.clock.now()))
     }
+
+    fn lease_tokens(
+        &self,
+        key: &str,
+        policy: &Policy,
+        request: &TokenLeaseRequest,
+    ) -> impl Future<Output = Result<TokenLeaseGrant, StoreError>> + Send {
+        ready(self.lease_tokens_now(key, policy, request))
+    }
+
+    fn supports_token_leases(&self) -> bool {
+        true
+    }
 }
 
 /// The step of a charge: the charged state, always written, and the decision a request of cost 0 gets on it.
@@ -481,7 +512,7 @@ fn charged<S: Copy + Default>(
 /// which measured level with governor's compare-and-swap where std's convoyed (docs/BENCHMARKS.md); and a shard
 /// cannot be poisoned.
 #[inline]
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock()
 }
 
@@ -514,7 +545,7 @@ impl<S> Decide<S> for Check<'_> {
 }
 
 /// A stored algorithm state, which knows when it has decayed back to "fresh".
-trait Entry: Copy + Expiry {
+pub(super) trait Entry: Copy + Expiry {
     type State: Copy;
     /// Tells this algorithm's links from the other's on the shard's one list.
     const TAG: u32;
@@ -559,7 +590,7 @@ impl Entry for Locked<TokenBucketState> {
 }
 
 #[derive(Clone, Copy)]
-struct WindowEntry {
+pub(super) struct WindowEntry {
     state: Locked<SlidingWindowState>,
     /// The decision's reset, which a lockout's end never precedes.
     expires_at: u64,
@@ -605,7 +636,7 @@ const WINDOW: u32 = 1 << 31;
 
 /// A shard's two slabs, one per algorithm, which its one list runs through.
 #[derive(Default)]
-struct Slabs {
+pub(super) struct Slabs {
     buckets: Slab<Locked<TokenBucketState>>,
     windows: Slab<WindowEntry>,
 }
@@ -630,7 +661,7 @@ impl Arena for Slabs {
 }
 
 #[derive(Default)]
-struct Shard {
+pub(super) struct Shard {
     slabs: Slabs,
     list: List,
     evictions: EvictionCounts,
@@ -646,7 +677,7 @@ impl Shard {
     }
 
     #[inline(always)]
-    fn apply<E: Entry>(
+    pub(super) fn apply<E: Entry>(
         &mut self,
         hash: u64,
         now: Timestamp,

@@ -7,6 +7,7 @@ mod bounded;
 mod error;
 mod evictions;
 mod memory;
+mod memory_lease;
 mod table;
 
 use std::future::Future;
@@ -19,6 +20,7 @@ pub use evictions::{DEFAULT_NAME, EVICTIONS_TOTAL, EvictionCounts, OnFull};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
 pub use table::Expiry;
 
+use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
 use crate::{Decision, Policy, Timestamp};
 
 /// Decides requests against state kept somewhere.
@@ -147,6 +149,24 @@ pub trait Store: Send + Sync + 'static {
     fn is_shared(&self) -> bool {
         false
     }
+
+    /// Answers a [token lease](crate::token_lease) call on the store's clock: a batch of `key`'s tokens (token
+    /// bucket) or window slots (sliding window) debited at once, a report of what is left, or a return. The
+    /// default answers [`StoreError::Unsupported`]; see [`supports_token_leases`](Self::supports_token_leases).
+    fn lease_tokens(
+        &self,
+        key: &str,
+        policy: &Policy,
+        request: &TokenLeaseRequest,
+    ) -> impl Future<Output = Result<TokenLeaseGrant, StoreError>> + Send {
+        let _ = (key, policy, request);
+        std::future::ready(Err(StoreError::Unsupported("token leases")))
+    }
+
+    /// Whether [`lease_tokens`](Self::lease_tokens) is answered (the in-process and Redis stores: true).
+    fn supports_token_leases(&self) -> bool {
+        false
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -210,5 +230,18 @@ impl<S: Store> Store for Arc<S> {
 
     fn is_shared(&self) -> bool {
         (**self).is_shared()
+    }
+
+    fn lease_tokens(
+        &self,
+        key: &str,
+        policy: &Policy,
+        request: &TokenLeaseRequest,
+    ) -> impl Future<Output = Result<TokenLeaseGrant, StoreError>> + Send {
+        (**self).lease_tokens(key, policy, request)
+    }
+
+    fn supports_token_leases(&self) -> bool {
+        (**self).supports_token_leases()
     }
 }

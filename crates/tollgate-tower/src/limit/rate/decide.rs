@@ -30,6 +30,9 @@ pub(crate) struct Shared<K, St, C> {
     digest_prefix: Option<DefaultHasher>,
     /// The deny cache, when on (a shared store's denials answered locally until their retry instant).
     deny: Option<Arc<DenyTable>>,
+    /// Token leases, when on (hot keys admitted from batches leased from the store).
+    #[cfg(feature = "leases")]
+    leases: Option<Arc<super::token_lease::LeaseTable<St>>>,
     /// What the keys' text and digests start with: the limiter's name, or `<name>#<policy>` for a bucket family
     /// of its own (an override's policy).
     key_prefix: Name,
@@ -60,10 +63,18 @@ impl<K, St: Store, C> Shared<K, St, C> {
         near_limit: NearLimitShare,
         deny: Option<Arc<DenyTable>>,
         after: Option<crate::CostAfter>,
+        #[cfg(feature = "leases")] leases: Option<Arc<super::token_lease::LeaseTable<St>>>,
     ) -> Self {
         let algorithm = policy.algorithm().as_str();
         let signals = Signals::new(&name, "limited", algorithm, store_name::<St>(), near_limit);
         let digest_prefix = digest_prefix(&*store, &name, after.is_some());
+        // A limiter with leases decides by the key's text (the lease table keys by it), whatever the store.
+        #[cfg(feature = "leases")]
+        let digest_prefix = if leases.is_some() {
+            None
+        } else {
+            digest_prefix
+        };
         Self {
             key_prefix: name.clone(),
             plans: None,
@@ -76,6 +87,8 @@ impl<K, St: Store, C> Shared<K, St, C> {
             fallback,
             digest_prefix,
             deny,
+            #[cfg(feature = "leases")]
+            leases,
             after,
         }
     }
@@ -139,6 +152,34 @@ impl<K, St: Store, C> Shared<K, St, C> {
                 None
             }
         }
+    }
+
+    /// Answers from the key's leased batch (admitted, or refused while the store said it is short); `None` for
+    /// the plain path. Starts a fetch when one is due.
+    #[cfg(feature = "leases")]
+    #[inline]
+    pub(crate) fn decide_leased(
+        &self,
+        key: &str,
+        cost: u64,
+        mode: Mode,
+        keep: bool,
+    ) -> Option<Conclusion> {
+        let decision = self.leases.as_ref()?.take(key, cost)?;
+        Some(self.judge(decision, mode, keep))
+    }
+
+    /// Without the `leases` feature every request takes the plain path.
+    #[cfg(not(feature = "leases"))]
+    #[inline(always)]
+    pub(crate) fn decide_leased(
+        &self,
+        _key: &str,
+        _cost: u64,
+        _mode: Mode,
+        _keep: bool,
+    ) -> Option<Conclusion> {
+        None
     }
 
     /// Decides one request in `mode` (`Enforce` or `Shadow`; `Off` never gets here); an admission carries its

@@ -34,6 +34,11 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     deny_on: Option<bool>,
     deny_config: DenyCache,
     deny_table: Arc<OnceLock<Arc<DenyTable>>>,
+    /// Token leases: off unless configured.
+    #[cfg(feature = "leases")]
+    leases: Option<super::LeaseConfig>,
+    #[cfg(feature = "leases")]
+    lease_table: Arc<OnceLock<Arc<dyn super::token_lease::LeaseControl>>>,
     overrides: Overrides,
     /// The limiter's own buckets are named by its policy too (`<name>#<policy>`).
     per_policy: bool,
@@ -60,6 +65,10 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             deny_on: None,
             deny_config: DenyCache::new(),
             deny_table: Arc::default(),
+            #[cfg(feature = "leases")]
+            leases: None,
+            #[cfg(feature = "leases")]
+            lease_table: Arc::default(),
             overrides: Overrides::new(),
             per_policy: false,
             after: None,
@@ -84,6 +93,10 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
             deny_on: self.deny_on,
             deny_config: self.deny_config,
             deny_table: Arc::default(),
+            #[cfg(feature = "leases")]
+            leases: self.leases,
+            #[cfg(feature = "leases")]
+            lease_table: Arc::default(),
             overrides: self.overrides,
             per_policy: self.per_policy,
             after: self.after,
@@ -169,12 +182,31 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
         DenyCacheHandle::new(self.name.clone(), self.deny_table.clone())
     }
 
+    /// Admits hot keys from batches of tokens leased from the store ([token leases](super::token_lease)), with
+    /// `config`; the store must support them ([`Store::supports_token_leases`]: Redis and the in-process store
+    /// do; for another store this logs a warning and keeps the plain path). Off by default.
+    #[cfg(feature = "leases")]
+    pub fn leases(mut self, config: super::LeaseConfig) -> Self {
+        self.leases = Some(config);
+        self.lease_table = Arc::default();
+        self.built = Built::default();
+        self
+    }
+
     /// Per-key overrides and exemptions (see [`Overrides`]): a key's own policy, in a bucket of its own, or no
     /// limit at all (counted as `outcome="exempt"`).
     pub fn overrides(mut self, overrides: Overrides) -> Self {
         self.overrides = overrides;
         self.built = Built::default();
         self
+    }
+
+    /// A handle on this layer's token leases: shut them down (return unspent batches), read their figures. Take
+    /// it after [`leases`](Self::leases): it follows the leases this layer (and its clones) builds.
+    #[cfg(feature = "leases")]
+    #[must_use]
+    pub fn lease_handle(&self) -> super::LeaseHandle {
+        super::LeaseHandle::new(self.name.clone(), self.lease_table.clone())
     }
 
     /// Names this limiter's own buckets by its policy too, `<name>#<policy>:<key>` as overrides' buckets are:
@@ -215,6 +247,10 @@ impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
             deny_on: self.deny_on,
             deny_config: self.deny_config.clone(),
             deny_table: self.deny_table.clone(),
+            #[cfg(feature = "leases")]
+            leases: self.leases.clone(),
+            #[cfg(feature = "leases")]
+            lease_table: self.lease_table.clone(),
             overrides: self.overrides.clone(),
             per_policy: self.per_policy,
             after: self.after.clone(),
@@ -232,6 +268,13 @@ impl<K, St, C> fmt::Debug for RateLimitLayer<K, St, C> {
             .field("on_store_error", &self.on_error)
             .field("near_limit", &self.near_limit.get())
             .field("deny_cache", &self.deny_on)
+            .field("leases", &{
+                #[cfg(feature = "leases")]
+                let on = self.leases.is_some();
+                #[cfg(not(feature = "leases"))]
+                let on = false;
+                on
+            })
             .finish_non_exhaustive()
     }
 }
@@ -298,7 +341,32 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                         .get_or_init(|| Arc::new(self.deny_config.build(&self.name)))
                         .clone()
                 });
-            let state = |policy: Policy| {
+            #[cfg(feature = "leases")]
+            let leases = self.leases.as_ref().and_then(|config| {
+                if !self.store.supports_token_leases() {
+                    tracing::warn!(
+                        limiter = &*self.name,
+                        "token leases asked for on a store that does not support them: plain path"
+                    );
+                    return None;
+                }
+                if self.after.is_some() {
+                    // A refund after the response would put tokens back under leased ones (the charge script does
+                    // not floor at the leased tokens): the two are exclusive for now.
+                    tracing::warn!(
+                        limiter = &*self.name,
+                        "token leases are not combined with a cost charged after the response: plain path"
+                    );
+                    return None;
+                }
+                let table = config.build(&self.name, &self.policy, self.store.clone());
+                let _ = self.lease_table.set(table.handle());
+                Some(table)
+            });
+            // Overrides' states decide on the plain path: leases are the limiter's own policy's.
+            #[cfg(feature = "leases")]
+            let mut own_leases = leases;
+            let mut state = |policy: Policy| {
                 Shared::new(
                     self.name.clone(),
                     policy,
@@ -311,6 +379,8 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                     self.near_limit,
                     deny.clone(),
                     self.after.clone(),
+                    #[cfg(feature = "leases")]
+                    own_leases.take(),
                 )
             };
             let mut shared = state(self.policy);

@@ -20,6 +20,9 @@
 //! On a shared store (Redis) the layer answers denied keys locally until the store's retry instant, exactly:
 //! see [`deny_cache`].
 //!
+//! With the `leases` feature, [`RateLimitLayer::leases`] admits hot keys from batches of tokens leased from the
+//! store, exactly: see [`token_lease`].
+//!
 //! Shadow mode and the kill switch ([`Mode`](crate::Mode)) can be changed at run time through
 //! [`RateLimitLayer::enforcement`].
 //!
@@ -84,9 +87,13 @@ mod layer;
 pub mod overrides;
 mod service;
 pub mod set;
+#[cfg(feature = "leases")]
+pub mod token_lease;
 
 pub use deny_cache::{DenyCache, DenyCacheHandle};
 pub use layer::RateLimitLayer;
 pub use overrides::{Overrides, Plan, PrefixError};
 pub use service::RateLimit;
 pub use set::{Applies, Everywhere, RateLimitSet, RateLimitSetHandle, RateLimitSetLayer, SetEntry};
+#[cfg(feature = "leases")]
+pub use token_lease::{LeaseConfig, LeaseHandle, LeaseShareError};

@@ -129,12 +129,16 @@ where
                     |key| {
                         shared.write_key(&req, key)?;
                         let cost = shared.cost.cost(&req);
-                        Ok::<_, KeyError>(match shared.decide_now(key, cost, mode, keep) {
+                        // A hot key's leased batch first (any store), then a store that answers at once,
+                        // then a shared store's cached denial: all without a future or a key copy.
+                        Ok::<_, KeyError>(match shared.decide_leased(key, cost, mode, keep) {
                             Some(conclusion) => Ok(conclusion),
-                            // A shared store's cached denial is answered here, without a future or a key copy.
-                            None => match shared.decide_cached(key, cost, mode, keep) {
+                            None => match shared.decide_now(key, cost, mode, keep) {
                                 Some(conclusion) => Ok(conclusion),
-                                None => Err((key.clone(), cost)),
+                                None => match shared.decide_cached(key, cost, mode, keep) {
+                                    Some(conclusion) => Ok(conclusion),
+                                    None => Err((key.clone(), cost)),
+                                },
                             },
                         })
                     },

@@ -1,0 +1,230 @@
+//! One hot key on a fleet of 4 instances sharing Redis, offered more than its limit: the in-process store, Redis
+//! without leases and Redis with token leases, in one run.
+//!
+//! `cargo bench --bench token_leases_hot_key -- [--limit 20000] [--offered 30000] [--seconds 3] [--warmup 2.5]`
+//!
+//! Each variant is 4 `RateLimitLayer`s (4 instances: their own store, or their own Redis pool on one private
+//! `redis-server` from the testkit), one token bucket of `--limit` per second (burst = limit) on one key. An
+//! open-loop generator offers `--offered` req/s in total (a quarter per instance, in 1 ms ticks) for `--warmup`
+//! (which spends the burst) and then `--seconds` measured. Reported per variant: offered and admitted req/s,
+//! admitted over the measured window against `limit × T + burst` (the plain path's bound) and `limit × T`,
+//! Redis script calls per decision (`INFO commandstats`), and the decision latency (p50, p99) through the layer,
+//! with the added p50 against the in-process store's.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tollgate_core::{MemoryStore, Policy, Quota, Store};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::redis::RedisServer;
+use tollgate_tower::{BoxError, ConstKey, LeaseConfig, RateLimitLayer, VerdictSink, Verdicts};
+use tower::util::BoxCloneService;
+use tower::{Service, ServiceExt};
+
+#[derive(Debug, Default)]
+struct Reply(Verdicts);
+impl VerdictSink for Reply {
+    fn verdicts_mut(&mut self) -> &mut Verdicts {
+        &mut self.0
+    }
+}
+
+type Svc = BoxCloneService<(), Reply, BoxError>;
+
+fn arg(name: &str, default: f64) -> f64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn service<St: Store>(store: Arc<St>, policy: Policy, leases: bool) -> Svc {
+    let layer = RateLimitLayer::new("hot", policy, store, ConstKey::new("api"));
+    let layer = if leases {
+        layer.leases(LeaseConfig::new())
+    } else {
+        layer
+    };
+    BoxCloneService::new(
+        tower::ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) }),
+    )
+}
+
+struct Result {
+    offered: u64,
+    admitted: u64,
+    latencies: Vec<u32>,
+}
+
+/// Offers `per_ms` requests per millisecond to one instance for `warmup` and then `measured` (wall clock), one
+/// request at a time as the schedule owes them (an instance whose decisions are slower than the schedule falls
+/// behind: its offered rate is what it reached). The requests sent in the measured window are counted, with
+/// their latencies.
+async fn offer(mut svc: Svc, per_ms: f64, warmup: Duration, measured: Duration) -> Result {
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut sent = 0_u64;
+    let (mut offered, mut admitted, mut latencies) = (0, 0, Vec::with_capacity(200_000));
+    loop {
+        tick.tick().await;
+        let elapsed = start.elapsed();
+        if elapsed >= warmup + measured {
+            break;
+        }
+        let due = (elapsed.as_secs_f64() * 1_000.0 * per_ms) as u64;
+        while sent < due && start.elapsed() < warmup + measured {
+            sent += 1;
+            let t = Instant::now();
+            let counted = t.duration_since(start) >= warmup;
+            let ok = svc.ready().await.unwrap().call(()).await.is_ok();
+            if counted {
+                offered += 1;
+                admitted += u64::from(ok);
+                latencies.push(u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX));
+            }
+        }
+    }
+    Result {
+        offered,
+        admitted,
+        latencies,
+    }
+}
+
+fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p / 100.0).round() as usize;
+    f64::from(sorted[i]) / 1_000.0
+}
+
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap_or(0))
+}
+
+fn main() {
+    let limit = arg("--limit", 20_000.0) as u64;
+    let offered = arg("--offered", 30_000.0);
+    let seconds = arg("--seconds", 3.0);
+    let warmup = Duration::from_secs_f64(arg("--warmup", 2.5));
+    let measured = Duration::from_secs_f64(seconds);
+    let instances = 4;
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let policy = Policy::token_bucket(Quota::per_second(limit).unwrap());
+    println!(
+        "one hot key, {instances} instances, token bucket {limit}/s (burst {limit}), {offered} req/s offered, \
+         {warmup:?} warm-up then {seconds} s measured"
+    );
+    println!(
+        "{:<22} {:>10} {:>11} {:>10} {:>16} {:>15} {:>9} {:>9} {:>10}",
+        "variant",
+        "offered/s",
+        "admitted/s",
+        "admitted",
+        "÷(limit×T+burst)",
+        "calls/decision",
+        "p50",
+        "p99",
+        "added p50"
+    );
+    let mut base_p50 = None;
+    for (name, kind) in [
+        ("in-process (per instance)", 0),
+        ("Redis", 1),
+        ("Redis + leases", 2),
+    ] {
+        let namespace = format!("hot-bench-{kind}-{}", std::process::id());
+        let results = runtime.block_on(async {
+            let mut svcs = Vec::new();
+            for _ in 0..instances {
+                svcs.push(match kind {
+                    0 => service(Arc::new(MemoryStore::new()), policy, false),
+                    _ => {
+                        let store = RedisStore::builder(redis.url())
+                            .namespace(namespace.clone())
+                            .timeout(Duration::from_secs(1))
+                            .build()
+                            .await
+                            .unwrap();
+                        service(Arc::new(store), policy, kind == 2)
+                    }
+                });
+            }
+            let before = evalsha_calls(&redis);
+            let _ = before;
+            let calls_at_measure = Arc::new(AtomicU64::new(0));
+            let probe = {
+                let calls = calls_at_measure.clone();
+                let url = redis.url();
+                tokio::spawn(async move {
+                    tokio::time::sleep(warmup).await;
+                    let n = tollgate_testkit::redis::cli_url(&url, &["INFO", "commandstats"]);
+                    let n = n
+                        .lines()
+                        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+                        .and_then(|rest| rest.split(',').next())
+                        .map_or(0, |n| n.parse().unwrap_or(0));
+                    calls.store(n, Ordering::Relaxed);
+                })
+            };
+            let per_ms = offered / f64::from(instances) / 1_000.0;
+            let tasks: Vec<_> = svcs
+                .into_iter()
+                .map(|svc| tokio::spawn(offer(svc, per_ms, warmup, measured)))
+                .collect();
+            let mut results = Vec::new();
+            for t in tasks {
+                results.push(t.await.unwrap());
+            }
+            probe.await.unwrap();
+            (results, calls_at_measure.load(Ordering::Relaxed))
+        });
+        let (results, calls_before) = results;
+        let calls = evalsha_calls(&redis).saturating_sub(calls_before);
+        let offered_n: u64 = results.iter().map(|r| r.offered).sum();
+        let admitted: u64 = results.iter().map(|r| r.admitted).sum();
+        let mut latencies: Vec<u32> = results.into_iter().flat_map(|r| r.latencies).collect();
+        latencies.sort_unstable();
+        let (p50, p99) = (percentile(&latencies, 50.0), percentile(&latencies, 99.0));
+        let base = *base_p50.get_or_insert(p50);
+        let bound = limit as f64 * seconds + limit as f64;
+        println!(
+            "{:<22} {:>10.0} {:>11.0} {:>10} {:>16.3} {:>15} {:>7.1}µs {:>7.1}µs {:>+8.1}µs",
+            name,
+            offered_n as f64 / seconds,
+            admitted as f64 / seconds,
+            admitted,
+            admitted as f64 / bound,
+            if kind == 0 {
+                "-".to_owned()
+            } else {
+                format!("{:.4}", calls as f64 / offered_n.max(1) as f64)
+            },
+            p50,
+            p99,
+            p50 - base,
+        );
+    }
+    println!(
+        "(in-process: each instance its own {limit}/s, so the fleet admits up to {instances}× — the latency baseline; \
+         the Redis rows share one bucket: ÷(limit×T+burst) ≤ 1.02 is the goal, ≈ limit×T/(limit×T+burst) = {:.3} when exact)",
+        seconds / (seconds + 1.0)
+    );
+}

@@ -1,0 +1,884 @@
+//! Token leases: a hot key's tokens spent from a local batch leased from the shared store, exactly.
+//!
+//! With [`RateLimitLayer::leases`](crate::RateLimitLayer::leases) (opt-in; stores whose
+//! [`supports_token_leases`](tollgate_core::Store::supports_token_leases) is true), the layer watches each key's
+//! local demand. A key that asks for at least two tokens within a batch's time is **hot**: the layer leases a batch
+//! of k tokens (token bucket) or window slots (sliding window) for it in **one** store call
+//! ([`Store::lease_tokens`], one Lua script on Redis: the store debits them at
+//! once, as if k requests had been admitted) and admits locally from it, with no round trip. Cold keys keep the
+//! plain path (one store call each, the deny cache included).
+//!
+//! - **k adapts** to the key's local demand: the tokens asked in the last [`batch_lasts`](LeaseConfig::batch_lasts)
+//!   of the period (a tenth by default: a batch lasts about 100 ms of a per-second limit), never above
+//!   [`share_percent`](LeaseConfig::share_percent) of the burst (10 % by default).
+//! - **Fetched ahead**: when a take leaves the batch below half of k, the next batch is fetched by a tokio task
+//!   (one at a time per key), so a steady hot key never waits for the store. A request that finds the batch empty
+//!   while a fetch is under way takes the plain path.
+//! - **A short grant** (the store had less than k): the store says when k would be there; the layer fetches no
+//!   earlier and, once the batch is spent, refuses locally until then (as the deny cache does), so a key over its
+//!   limit costs no store call per refused request. The tokens that accrue meanwhile are not lost: the next fetch
+//!   takes them.
+//! - **Deadlines**: a token bucket batch is spent until the instance's send instant + the lease
+//!   [`ttl`](LeaseConfig::ttl), a sliding window batch until the end of the window it is counted in (measured
+//!   from the send instant too), both less the deny cache's clock-drift margin
+//!   ([`drift_margin`]): always before the store's own deadline.
+//! - **Returns**: unspent tokens go back to the store when the key is idle ([`idle`](LeaseConfig::idle)), when
+//!   an entry is evicted at the table's bound, on [`LeaseHandle::shutdown`] and, best effort, when the layer is
+//!   dropped. An instance that dies holding a batch loses at most that batch: its record expires at its deadline.
+//! - **Failures**: a failed fetch is retried no sooner than 100 ms later; meanwhile the held batch is still spent
+//!   (bounded by its size), and requests it cannot cover take the plain path, where the layer's failure policy
+//!   (the one decision core's judge) answers the store's error.
+//!
+//! # Why the fleet stays exact
+//!
+//! The store side is proved in [`token_bucket_lease`](tollgate_core::algorithm::token_bucket_lease) (leased
+//! tokens hold the bucket below its capacity: the fleet admits at most `burst + rate × T` in any interval T) and
+//! [`sliding_window_lease`](tollgate_core::algorithm::sliding_window_lease) (a batch is counted, and spent, in one
+//! window). This side keeps the two promises those proofs rest on: it never spends a token it was not granted
+//! (each take is under the entry's lock, and a report never claims more than was left when it was sent), and it
+//! never spends after its deadline. A token bucket's report of what is left is sent while the instance goes on
+//! spending: the store's record only counts more than the instance holds, never less. A sliding window batch of
+//! an earlier window is never reported while it can still be spent: its leftovers are given back by the first
+//! call after its deadline.
+//!
+//! # Headers under leases
+//!
+//! A locally admitted request's `remaining` is this instance's view: the global remaining the last fetch
+//! reported (tokens no instance held then) plus this instance's unspent batch after the take. Every take lowers
+//! it by its cost, so between two fetches it never rises between two responses of one instance, and it never
+//! exceeds the global remaining (as of the last fetch) plus the unspent batch — it is exactly that sum. A fetch
+//! replaces the view with the store's fresh figures: it can rise then only by what refilled in between, as the
+//! plain path's would (and not at all for a quota that does not refill meanwhile). `reset` is the store's at the
+//! last fetch; `now` is the store's instant then plus the local time elapsed since.
+//!
+//! # Metrics
+//!
+//! `tollgate_token_lease_calls_total{limiter, call}` with `call` = `fetch` or `return` (store calls made by
+//! leases), `tollgate_token_lease_local_total{limiter, outcome}` with `allowed` or `limited` (decisions answered
+//! from a batch, also counted as ordinary decisions in `tollgate_decisions_total`).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tollgate_core::{MemoryStore, Policy, Quota};
+//! use tollgate_tower::{BoxError, ConstKey, LeaseConfig, RateLimitLayer, Verdicts, VerdictSink};
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//!
+//! #[derive(Debug, Default)]
+//! struct Reply(Verdicts);
+//! impl VerdictSink for Reply {
+//!     fn verdicts_mut(&mut self) -> &mut Verdicts { &mut self.0 }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), BoxError> {
+//! // Any store that leases tokens: Redis in production, the in-process store here.
+//! let store = Arc::new(MemoryStore::new());
+//! let layer = RateLimitLayer::new("api", Policy::token_bucket(Quota::per_second(1_000)?), store, ConstKey::new("k"))
+//!     .leases(LeaseConfig::new().share_percent(5)?);
+//! let leases = layer.lease_handle();
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) });
+//! for _ in 0..200 {
+//!     svc.ready().await?.call(()).await?;
+//!     tokio::task::yield_now().await; // lets a fetch land
+//! }
+//! assert!(leases.local_admissions() > 100); // most were admitted from a batch
+//! leases.shutdown().await; // unspent tokens go back to the store
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use std::sync::Mutex;
+use tollgate_core::store::{BoundedTable, Evicted, Expiry, OnFull};
+use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
+use tollgate_core::{Algorithm, Clock, Decision, Outcome, Policy, Store, SystemClock, Timestamp};
+
+use super::deny_cache::drift_margin;
+use crate::Name;
+
+/// Store calls made by token leases, by limiter and `call` (`fetch`, `return`).
+pub const TOKEN_LEASE_CALLS_TOTAL: &str = "tollgate_token_lease_calls_total";
+/// Decisions answered from a leased batch, by limiter and `outcome` (`allowed`, `limited`).
+pub const TOKEN_LEASE_LOCAL_TOTAL: &str = "tollgate_token_lease_local_total";
+
+/// Keys a lease table holds by default (hot and recently seen keys).
+pub const DEFAULT_LEASE_KEYS: usize = 1 << 14;
+
+/// How long a failed fetch keeps the next one off, in µs.
+const RETRY_FAILED_MICROS: u64 = 100_000;
+
+/// The token lease configuration, for [`RateLimitLayer::leases`](crate::RateLimitLayer::leases).
+#[must_use]
+#[derive(Clone)]
+pub struct LeaseConfig {
+    share_ppm: u64,
+    batch_lasts: u32,
+    ttl: Option<Duration>,
+    idle: Option<Duration>,
+    max_keys: usize,
+    return_on_drop: bool,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl fmt::Debug for LeaseConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseConfig")
+            .field("share_ppm", &self.share_ppm)
+            .field(
+                "batch_lasts",
+                &format_args!("1/{} of the period", self.batch_lasts),
+            )
+            .field("ttl", &self.ttl)
+            .field("idle", &self.idle)
+            .field("max_keys", &self.max_keys)
+            .field("return_on_drop", &self.return_on_drop)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A lease share outside 1 to 100 %.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseShareError(u32);
+
+impl fmt::Display for LeaseShareError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a lease share is a percentage of the burst from 1 to 100, not {}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for LeaseShareError {}
+
+impl LeaseConfig {
+    /// Batches of at most 10 % of the burst, each sized for a tenth of the period, a lease lifetime of the
+    /// period (at least 100 ms, at most 10 s), returned after twice a batch's time idle.
+    pub fn new() -> Self {
+        Self {
+            share_ppm: 100_000,
+            batch_lasts: 10,
+            ttl: None,
+            idle: None,
+            max_keys: DEFAULT_LEASE_KEYS,
+            return_on_drop: true,
+            clock: None,
+        }
+    }
+
+    /// The largest batch, as a percentage of the burst (1 to 100): what one instance can take from the others
+    /// at once, and the most a crash of it can lose.
+    ///
+    /// # Errors
+    /// When `percent` is not from 1 to 100.
+    pub fn share_percent(mut self, percent: u32) -> Result<Self, LeaseShareError> {
+        if !(1..=100).contains(&percent) {
+            return Err(LeaseShareError(percent));
+        }
+        self.share_ppm = u64::from(percent) * 10_000;
+        Ok(self)
+    }
+
+    /// A batch is sized for `1 / divisor` of the period of the key's local demand (default 10; at least 1).
+    pub fn batch_lasts(mut self, divisor: u32) -> Self {
+        self.batch_lasts = divisor.max(1);
+        self
+    }
+
+    /// How long a token bucket lease lives (from the instance's send instant; a sliding window batch ends with
+    /// its window anyway).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// How long a key must go without requests before its unspent tokens are returned.
+    pub fn idle(mut self, idle: Duration) -> Self {
+        self.idle = Some(idle);
+        self
+    }
+
+    /// Holds at most `max_keys` keys (hot ones and recently seen ones; at least 1): at the bound the least
+    /// recently used of a sample is evicted, and returns its batch.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// Whether dropping the layer returns unspent tokens (default true, best effort: on the runtime it is dropped
+    /// in). `false` is what a crash does, for tests.
+    pub fn return_on_drop(mut self, on: bool) -> Self {
+        self.return_on_drop = on;
+        self
+    }
+
+    /// Measures local time with `clock` (tests drive a [`ManualClock`](tollgate_core::ManualClock)); it must not
+    /// run slower than real time.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    pub(crate) fn build<St: Store>(
+        &self,
+        name: &Name,
+        policy: &Policy,
+        store: Arc<St>,
+    ) -> Arc<LeaseTable<St>> {
+        let quota = policy.quota();
+        let period = quota.period_micros();
+        let ttl = self.ttl.unwrap_or_else(|| {
+            quota
+                .period()
+                .clamp(Duration::from_millis(100), Duration::from_secs(10))
+        });
+        let epoch = (period / u64::from(self.batch_lasts)).max(1);
+        let idle = self.idle.map_or(2 * epoch, |d| {
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+        });
+        let label = name.to_string();
+        let inner = Arc::new(Inner {
+            name: name.clone(),
+            policy: *policy,
+            store,
+            table: BoundedTable::builder()
+                .max_keys(self.max_keys)
+                .on_full(OnFull::EvictLru)
+                .name(label.clone())
+                .build(),
+            check: RandomState::new(),
+            leasing: Mutex::new(HashMap::new()),
+            clock: self
+                .clock
+                .clone()
+                .unwrap_or_else(|| Arc::new(SystemClock::new())),
+            instance: random_u64(),
+            seq: AtomicU64::new(0),
+            epoch,
+            max_batch: (quota.burst() * self.share_ppm / 1_000_000).max(1),
+            ttl,
+            idle,
+            margin: u64::try_from(drift_margin(ttl).as_micros()).unwrap_or(u64::MAX),
+            fetching: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            return_on_drop: self.return_on_drop,
+            sweeper: OnceLock::new(),
+            local_allowed: AtomicU64::new(0),
+            local_limited: AtomicU64::new(0),
+            fetches: metrics::counter!(TOKEN_LEASE_CALLS_TOTAL, "limiter" => label.clone(), "call" => "fetch"),
+            returns: metrics::counter!(TOKEN_LEASE_CALLS_TOTAL, "limiter" => label.clone(), "call" => "return"),
+            allowed: metrics::counter!(TOKEN_LEASE_LOCAL_TOTAL, "limiter" => label.clone(), "outcome" => "allowed"),
+            limited: metrics::counter!(TOKEN_LEASE_LOCAL_TOTAL, "limiter" => label, "outcome" => "limited"),
+            store_calls: AtomicU64::new(0),
+        });
+        Arc::new(LeaseTable {
+            on_drop: drop_hook(&inner),
+            inner,
+        })
+    }
+}
+
+/// A random 64-bit instance id: RandomState is seeded by the OS per process, and the counter tells two tables
+/// of one process apart.
+fn random_u64() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    RandomState::new().hash_one(COUNTER.fetch_add(1, Ordering::Relaxed)) >> 1
+}
+
+/// One key's lease state (or, for a cold key, only its demand).
+struct Entry {
+    check: u64,
+    /// The key's text, once it leases (fetches and returns need it).
+    key: Option<Box<str>>,
+    /// Local demand: tokens asked in the epoch starting at `epoch`, and in the one before.
+    epoch: u64,
+    demand: u64,
+    last_demand: u64,
+    last_use: u64,
+    /// The batch: unspent tokens, spendable until `deadline` (local µs).
+    tokens: u64,
+    deadline: u64,
+    /// Sliding window: the window the batch is counted in, and an earlier batch's leftovers to give back.
+    window_start: u64,
+    leftover: u64,
+    leftover_window: u64,
+    /// The last fetch: the store's figures, and the local instant it was sent at.
+    global: u64,
+    reset: Timestamp,
+    store_now: Timestamp,
+    sent: u64,
+    fetching: bool,
+    /// No fetch before this local instant; refuse locally until `denied_until` when the batch cannot pay.
+    next_fetch: u64,
+    denied_until: u64,
+}
+
+impl Expiry for Entry {
+    fn expires_at(&self) -> u64 {
+        if self.fetching {
+            return u64::MAX;
+        }
+        self.last_use
+            .saturating_add(1)
+            .max(if self.tokens > 0 { self.deadline } else { 0 })
+    }
+}
+
+/// What a request's look-up decided, outside the table's lock.
+enum Take {
+    Admit(Decision, Option<Fetch>),
+    Deny(Decision),
+    Plain(Option<Fetch>),
+}
+
+/// A fetch to start.
+struct Fetch {
+    digest: u64,
+    key: Box<str>,
+    request: TokenLeaseRequest,
+    sent: u64,
+}
+
+pub(crate) struct LeaseTable<St> {
+    inner: Arc<Inner<St>>,
+    /// Returns every batch, best effort (built where the store type is known: `Drop` cannot bound it).
+    on_drop: Box<dyn Fn() + Send + Sync>,
+}
+
+struct Inner<St> {
+    name: Name,
+    policy: Policy,
+    store: Arc<St>,
+    table: BoundedTable<Entry>,
+    check: RandomState,
+    /// Keys that hold (or may hold) a batch: the idle sweep and the shutdown walk these.
+    leasing: Mutex<HashMap<u64, Box<str>>>,
+    clock: Arc<dyn Clock>,
+    instance: u64,
+    seq: AtomicU64,
+    epoch: u64,
+    max_batch: u64,
+    ttl: Duration,
+    idle: u64,
+    margin: u64,
+    fetching: AtomicUsize,
+    closed: AtomicBool,
+    return_on_drop: bool,
+    sweeper: OnceLock<()>,
+    local_allowed: AtomicU64,
+    local_limited: AtomicU64,
+    fetches: metrics::Counter,
+    returns: metrics::Counter,
+    allowed: metrics::Counter,
+    limited: metrics::Counter,
+    store_calls: AtomicU64,
+}
+
+impl<St: Store> LeaseTable<St> {
+    /// Answers a request from the key's batch (admitted, or refused while the store said it is short), or
+    /// `None` for the plain path; starts a fetch when one is due.
+    pub(crate) fn take(&self, key: &str, cost: u64) -> Option<Decision> {
+        let inner = &*self.inner;
+        if inner.closed.load(Ordering::Relaxed) {
+            return None;
+        }
+        let now = inner.clock.now().as_micros();
+        let digest = inner.table.digest(key.as_bytes());
+        let check = inner.check.hash_one(key.as_bytes());
+        let take = inner.table.get(digest, |e| {
+            if e.check != check {
+                return Take::Plain(None);
+            }
+            inner.lookup(e, digest, key, cost, now)
+        });
+        match take {
+            None => {
+                let entry = Entry::cold(check, cost, now);
+                if let Ok(Some(evicted)) = inner.table.insert(digest, entry, now) {
+                    self.evicted(evicted);
+                }
+                None
+            }
+            Some(Take::Admit(decision, fetch)) => {
+                inner.local_allowed.fetch_add(1, Ordering::Relaxed);
+                inner.allowed.increment(1);
+                if let Some(fetch) = fetch {
+                    self.start(fetch);
+                }
+                Some(decision)
+            }
+            Some(Take::Deny(decision)) => {
+                inner.local_limited.fetch_add(1, Ordering::Relaxed);
+                inner.limited.increment(1);
+                Some(decision)
+            }
+            Some(Take::Plain(fetch)) => {
+                if let Some(fetch) = fetch {
+                    self.start(fetch);
+                }
+                None
+            }
+        }
+    }
+
+    fn start(&self, fetch: Fetch) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to fetch on: this key stays on the plain path.
+            self.inner.table.get(fetch.digest, |e| e.fetching = false);
+            return;
+        };
+        {
+            let mut leasing = self.inner.leasing.lock().unwrap_or_else(|p| p.into_inner());
+            leasing
+                .entry(fetch.digest)
+                .or_insert_with(|| fetch.key.clone());
+        }
+        self.inner.fetching.fetch_add(1, Ordering::AcqRel);
+        self.inner.spawn_sweeper(&runtime, &self.inner);
+        let inner = self.inner.clone();
+        runtime.spawn(async move { inner.fetch(fetch).await });
+    }
+
+    /// An entry the table evicted at its bound: its batch ends as a lease does.
+    fn evicted(&self, evicted: Evicted<Entry>) {
+        let inner = &self.inner;
+        let e = evicted.value;
+        inner
+            .leasing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&evicted.key);
+        if let (Some(key), Ok(runtime)) = (e.key.clone(), tokio::runtime::Handle::try_current())
+            && let Some(request) = inner.ending(&e)
+        {
+            let inner = inner.clone();
+            runtime.spawn(async move { inner.give_back(&key, request).await });
+        }
+    }
+
+    /// A handle for shutdown, idle returns and figures.
+    pub(crate) fn handle(self: &Arc<Self>) -> Arc<dyn LeaseControl> {
+        self.clone()
+    }
+}
+
+impl Entry {
+    fn cold(check: u64, cost: u64, now: u64) -> Self {
+        Self {
+            check,
+            key: None,
+            epoch: now,
+            demand: cost,
+            last_demand: 0,
+            last_use: now,
+            tokens: 0,
+            deadline: 0,
+            window_start: 0,
+            leftover: 0,
+            leftover_window: 0,
+            global: 0,
+            reset: Timestamp::from_micros(0),
+            store_now: Timestamp::from_micros(0),
+            sent: 0,
+            fetching: false,
+            next_fetch: 0,
+            denied_until: 0,
+        }
+    }
+
+    /// The store's instant now, as of the last fetch plus the local time since.
+    fn store_now(&self, now: u64) -> Timestamp {
+        Timestamp::from_micros(self.store_now.as_micros() + now.saturating_sub(self.sent))
+    }
+}
+
+impl<St: Store> Inner<St> {
+    /// The decision for one request on the key's entry, under its lock.
+    fn lookup(&self, e: &mut Entry, digest: u64, key: &str, cost: u64, now: u64) -> Take {
+        // Demand per epoch (a batch's time): the epoch before, unless the key was idle longer than that.
+        if now >= e.epoch + self.epoch {
+            e.last_demand = if now < e.epoch + 2 * self.epoch {
+                e.demand
+            } else {
+                0
+            };
+            e.demand = 0;
+            e.epoch = now - (now - e.epoch) % self.epoch;
+        }
+        e.demand = e.demand.saturating_add(cost);
+        e.last_use = now;
+        let want = e.last_demand.max(e.demand).min(self.max_batch);
+        if now >= e.deadline && e.tokens > 0 {
+            // Past its deadline a batch is not spent: a sliding window gives its slots back with the next call; a
+            // token bucket's record expires in the store (its tokens are lost, as the proof requires).
+            if self.policy.algorithm() == Algorithm::SlidingWindowCounter {
+                e.leftover = e.tokens;
+                e.leftover_window = e.window_start;
+            }
+            e.tokens = 0;
+        }
+        let limit = self.policy.quota().burst();
+        if e.tokens >= cost && cost > 0 {
+            e.tokens -= cost;
+            let decision = Decision {
+                outcome: Outcome::Allowed,
+                limit,
+                remaining: (e.global + e.tokens).min(limit),
+                reset: e.reset,
+                retry_after: None,
+                now: e.store_now(now),
+            };
+            let due = e.tokens < want.div_ceil(2);
+            return Take::Admit(decision, self.fetch_if(e, due, digest, key, want, now));
+        }
+        if now < e.denied_until && cost > 0 {
+            return Take::Deny(Decision {
+                outcome: Outcome::Limited,
+                limit,
+                remaining: (e.global + e.tokens).min(limit),
+                reset: e.reset,
+                retry_after: Some(Duration::from_micros(e.denied_until - now)),
+                now: e.store_now(now),
+            });
+        }
+        Take::Plain(self.fetch_if(e, true, digest, key, want, now))
+    }
+
+    /// The fetch to start now, if one is `due` and allowed (not under way, not too early, a hot key).
+    fn fetch_if(
+        &self,
+        e: &mut Entry,
+        due: bool,
+        digest: u64,
+        key: &str,
+        want: u64,
+        now: u64,
+    ) -> Option<Fetch> {
+        if !due || e.fetching || now < e.next_fetch || want < 2 {
+            return None;
+        }
+        e.fetching = true;
+        let key = e.key.get_or_insert_with(|| key.into()).clone();
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut request = TokenLeaseRequest::take(self.instance, seq, want, self.ttl);
+        request = match self.policy.algorithm() {
+            // What is left of the batch now: the instance goes on spending it, and only ever reports less later.
+            Algorithm::TokenBucket => request.holding(e.tokens, 0),
+            // Only slots that can no longer be spent are given back.
+            Algorithm::SlidingWindowCounter => {
+                let back = request.holding(e.leftover, e.leftover_window);
+                e.leftover = 0;
+                back
+            }
+        };
+        Some(Fetch {
+            digest,
+            key,
+            request,
+            sent: now,
+        })
+    }
+
+    /// Runs one fetch and applies its grant.
+    async fn fetch(self: Arc<Self>, fetch: Fetch) {
+        self.fetches.increment(1);
+        self.store_calls.fetch_add(1, Ordering::Relaxed);
+        let result = self
+            .store
+            .lease_tokens(&fetch.key, &self.policy, &fetch.request)
+            .await;
+        let now = self.clock.now().as_micros();
+        let orphan = self
+            .table
+            .get(fetch.digest, |e| {
+                if !e.fetching || e.key.as_deref() != Some(&*fetch.key) {
+                    return true;
+                }
+                e.fetching = false;
+                match &result {
+                    Ok(grant) => self.apply(e, &fetch, grant),
+                    Err(err) => {
+                        tracing::debug!(limiter = &*self.name, error = %err, "token lease fetch failed");
+                        e.next_fetch = now + RETRY_FAILED_MICROS;
+                    }
+                }
+                false
+            })
+            .unwrap_or(true);
+        self.fetching.fetch_sub(1, Ordering::AcqRel);
+        if orphan && let Ok(grant) = result {
+            // The entry went (evicted) while the call was out: what it granted goes straight back.
+            if grant.granted > 0 {
+                let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+                let back = TokenLeaseRequest::take(self.instance, seq, 0, self.ttl)
+                    .ending(grant.granted)
+                    .holding(grant.granted, grant.window_start);
+                self.give_back(&fetch.key, back).await;
+            }
+        }
+    }
+
+    /// A grant landed: the batch grows by it and lives until the new deadline.
+    fn apply(&self, e: &mut Entry, fetch: &Fetch, grant: &TokenLeaseGrant) {
+        if grant.stale {
+            return;
+        }
+        let lifetime = grant
+            .expires
+            .as_micros()
+            .saturating_sub(grant.now.as_micros());
+        let deadline = (fetch.sent + lifetime).saturating_sub(self.margin);
+        if self.policy.algorithm() == Algorithm::SlidingWindowCounter
+            && grant.window_start != e.window_start
+            && e.tokens > 0
+        {
+            // A new window: what is left of the old batch can no longer be spent (its deadline has passed, as the
+            // old window ended before this call ran); given back with the next call.
+            e.leftover += e.tokens;
+            e.leftover_window = e.window_start;
+            e.tokens = 0;
+        }
+        e.tokens += grant.granted;
+        e.deadline = deadline;
+        e.window_start = grant.window_start;
+        e.global = grant.remaining;
+        e.reset = grant.reset;
+        e.store_now = grant.now;
+        e.sent = fetch.sent;
+        match grant.retry_after {
+            Some(retry) => {
+                // The store is short: no fetch, and no plain call, before `want` is there.
+                let until = (fetch.sent + u64::try_from(retry.as_micros()).unwrap_or(u64::MAX))
+                    .saturating_sub(self.margin);
+                e.next_fetch = until;
+                e.denied_until = until;
+            }
+            None => {
+                e.next_fetch = 0;
+                e.denied_until = 0;
+            }
+        }
+    }
+
+    /// The call that ends `e`'s lease, if it holds anything to give back; clears the batch.
+    fn ending(&self, e: &Entry) -> Option<TokenLeaseRequest> {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let base = TokenLeaseRequest::take(self.instance, seq, 0, self.ttl);
+        match self.policy.algorithm() {
+            Algorithm::TokenBucket => (e.tokens > 0 || e.fetching).then(|| base.ending(e.tokens)),
+            Algorithm::SlidingWindowCounter => {
+                // Unspent slots of the current batch and leftovers of an earlier one: one call gives back either.
+                if e.tokens > 0 {
+                    Some(base.ending(e.tokens).holding(e.tokens, e.window_start))
+                } else {
+                    (e.leftover > 0).then(|| {
+                        base.ending(e.leftover)
+                            .holding(e.leftover, e.leftover_window)
+                    })
+                }
+            }
+        }
+    }
+
+    async fn give_back(&self, key: &str, request: TokenLeaseRequest) {
+        self.returns.increment(1);
+        self.store_calls.fetch_add(1, Ordering::Relaxed);
+        // A failed return loses nothing but the tokens it carried: the record expires at its deadline.
+        let _ = self.store.lease_tokens(key, &self.policy, &request).await;
+    }
+
+    /// Ends the leases of keys idle for `idle` (or all of them, `all`): their batches go back to the store.
+    async fn end_leases(&self, all: bool) {
+        let now = self.clock.now().as_micros();
+        let keys: Vec<(u64, Box<str>)> = self
+            .leasing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(d, k)| (*d, k.clone()))
+            .collect();
+        for (digest, key) in keys {
+            let ended = self
+                .table
+                .get(digest, |e| {
+                    if e.fetching || (!all && now < e.last_use + self.idle) {
+                        return None;
+                    }
+                    let request = self.ending(e);
+                    e.tokens = 0;
+                    e.leftover = 0;
+                    e.key = None;
+                    Some(request)
+                })
+                .unwrap_or(Some(None));
+            if let Some(request) = ended {
+                self.leasing
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&digest);
+                if let Some(request) = request {
+                    self.give_back(&key, request).await;
+                }
+            }
+        }
+    }
+
+    /// Starts the idle sweep on the first fetch: every `idle`, idle keys' batches go back. It holds the table
+    /// weakly, and ends with it.
+    fn spawn_sweeper(&self, runtime: &tokio::runtime::Handle, this: &Arc<Self>) {
+        if self.sweeper.set(()).is_err() {
+            return;
+        }
+        let weak: Weak<Self> = Arc::downgrade(this);
+        let every = Duration::from_micros(self.idle.max(1_000));
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.closed.load(Ordering::Relaxed) {
+                    return;
+                }
+                inner.end_leases(false).await;
+            }
+        });
+    }
+}
+
+/// What a [`LeaseHandle`] reaches, whatever the store type.
+pub(crate) trait LeaseControl: Send + Sync {
+    fn shutdown(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+    fn return_idle(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+    fn figures(&self) -> (u64, u64, u64, usize);
+}
+
+impl<St: Store> LeaseControl for LeaseTable<St> {
+    fn shutdown(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            self.inner.closed.store(true, Ordering::Relaxed);
+            while self.inner.fetching.load(Ordering::Acquire) > 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            self.inner.end_leases(true).await;
+        })
+    }
+
+    fn return_idle(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(self.inner.end_leases(false))
+    }
+
+    fn figures(&self) -> (u64, u64, u64, usize) {
+        let i = &self.inner;
+        (
+            i.local_allowed.load(Ordering::Relaxed),
+            i.local_limited.load(Ordering::Relaxed),
+            i.store_calls.load(Ordering::Relaxed),
+            i.fetching.load(Ordering::Acquire),
+        )
+    }
+}
+
+impl<St> Drop for LeaseTable<St> {
+    fn drop(&mut self) {
+        (self.on_drop)();
+    }
+}
+
+/// The best-effort return of a dropped table's batches, on the runtime it is dropped in (without one, the
+/// records expire at their deadlines). Fetches under way hold `Inner` and land in the table; their grants then
+/// expire likewise.
+fn drop_hook<St: Store>(inner: &Arc<Inner<St>>) -> Box<dyn Fn() + Send + Sync> {
+    let weak = Arc::downgrade(inner);
+    Box::new(move || {
+        let Some(inner) = weak.upgrade() else { return };
+        if !inner.return_on_drop || inner.closed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { inner.end_leases(true).await });
+        }
+    })
+}
+
+/// A handle on a layer's token leases: shut them down (return every unspent batch), return idle ones now, and
+/// read what they did. From [`RateLimitLayer::lease_handle`](crate::RateLimitLayer::lease_handle); cheap to clone.
+#[derive(Clone)]
+pub struct LeaseHandle {
+    name: Name,
+    table: Arc<OnceLock<Arc<dyn LeaseControl>>>,
+}
+
+impl fmt::Debug for LeaseHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseHandle")
+            .field("limiter", &self.name)
+            .field("active", &self.table.get().is_some())
+            .finish()
+    }
+}
+
+impl LeaseHandle {
+    pub(crate) fn new(name: Name, table: Arc<OnceLock<Arc<dyn LeaseControl>>>) -> Self {
+        Self { name, table }
+    }
+
+    /// Stops leasing (later requests take the plain path), waits for fetches under way, and returns every
+    /// unspent batch to the store. Call it before the process exits.
+    pub async fn shutdown(&self) {
+        if let Some(table) = self.table.get() {
+            table.shutdown().await;
+        }
+    }
+
+    /// Returns the batches of keys idle for the configured time now, rather than at the next sweep.
+    pub async fn return_idle(&self) {
+        if let Some(table) = self.table.get() {
+            table.return_idle().await;
+        }
+    }
+
+    /// Requests admitted from a leased batch so far.
+    #[must_use]
+    pub fn local_admissions(&self) -> u64 {
+        self.table.get().map_or(0, |t| t.figures().0)
+    }
+
+    /// Requests refused locally (a batch spent while the store said it was short) so far.
+    #[must_use]
+    pub fn local_denials(&self) -> u64 {
+        self.table.get().map_or(0, |t| t.figures().1)
+    }
+
+    /// Store calls leases made so far (fetches and returns; the plain path's calls are not counted here).
+    #[must_use]
+    pub fn store_calls(&self) -> u64 {
+        self.table.get().map_or(0, |t| t.figures().2)
+    }
+
+    /// Fetches under way now.
+    #[must_use]
+    pub fn fetches_in_flight(&self) -> usize {
+        self.table.get().map_or(0, |t| t.figures().3)
+    }
+
+    /// Waits until no fetch is under way (tests and benchmarks that step a manual clock).
+    pub async fn settled(&self) {
+        while self.fetches_in_flight() > 0 {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! Token leases against real Redis: N instances (N layers on one Redis, each its own instance id) with random
+//! arrival timings never admit more than the plain path's bound; an instance killed holding a batch costs the
+//! others at most that batch; a paused or killed Redis mid-lease meets each failure policy once the batch is
+//! spent; headers stay this instance's monotone view.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
+use tollgate_core::{
+    Clock, Decision, FailurePolicy, ManualClock, Policy, Quota, Store, StoreError, Timestamp,
+};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::redis::{RedisServer, cli_url, redis_url, unique_prefix};
+use tollgate_tower::{
+    BoxError, ConstKey, LeaseConfig, LeaseHandle, RateLimitLayer, Rejection, RejectionKind,
+    VerdictSink, Verdicts,
+};
+use tower::{Service, ServiceExt, util::BoxCloneService};
+
+#[derive(Debug, Default)]
+struct Reply(Verdicts);
+impl VerdictSink for Reply {
+    fn verdicts_mut(&mut self) -> &mut Verdicts {
+        &mut self.0
+    }
+}
+
+type Svc = BoxCloneService<(), Reply, BoxError>;
+
+/// Redis deciding at a manual clock's instants (plain requests and lease calls alike), counting its calls.
+struct Clocked {
+    redis: Arc<RedisStore>,
+    clock: ManualClock,
+    calls: AtomicUsize,
+}
+
+impl Store for Clocked {
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.redis
+            .check_at(key, policy, cost, self.clock.now())
+            .await
+    }
+    async fn lease_tokens(
+        &self,
+        key: &str,
+        policy: &Policy,
+        request: &TokenLeaseRequest,
+    ) -> Result<TokenLeaseGrant, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.redis
+            .lease_tokens_at(key, policy, request, self.clock.now())
+            .await
+    }
+    fn is_shared(&self) -> bool {
+        true
+    }
+    fn supports_token_leases(&self) -> bool {
+        true
+    }
+}
+
+fn instance(store: Arc<Clocked>, policy: Policy, config: LeaseConfig) -> (Svc, LeaseHandle) {
+    let layer = RateLimitLayer::new("leased", policy, store, ConstKey::new("hot")).leases(config);
+    let handle = layer.lease_handle();
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) });
+    (BoxCloneService::new(svc), handle)
+}
+
+async fn call(svc: &mut Svc) -> Result<Reply, BoxError> {
+    svc.ready().await?.call(()).await
+}
+
+fn start() -> Timestamp {
+    // A whole second: sliding windows start at round instants.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    Timestamp::from_micros(now * 1_000_000)
+}
+
+async fn fleet(
+    redis: &Arc<RedisStore>,
+    policy: Policy,
+    n: usize,
+    clock: &ManualClock,
+) -> Vec<(Svc, LeaseHandle)> {
+    let store = Arc::new(Clocked {
+        redis: redis.clone(),
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    (0..n)
+        .map(|_| {
+            let config = LeaseConfig::new()
+                .share_percent(25)
+                .unwrap()
+                .clock(clock.clone());
+            instance(store.clone(), policy, config)
+        })
+        .collect()
+}
+
+/// Runs `events` (instance, µs to wait before its request, whether to let fetches land first) and returns the
+/// instants of the admissions, and how many were admitted from batches.
+async fn run(
+    redis: &Arc<RedisStore>,
+    policy: Policy,
+    n: usize,
+    events: &[(usize, u64, bool)],
+) -> (Vec<u64>, u64) {
+    let clock = ManualClock::new(start());
+    let mut instances = fleet(redis, policy, n, &clock).await;
+    let mut admitted = Vec::new();
+    for &(i, wait, settle) in events {
+        clock.advance(Duration::from_micros(wait));
+        let (svc, handle) = &mut instances[i % n];
+        if settle {
+            handle.settled().await;
+        }
+        if call(svc).await.is_ok() {
+            admitted.push(clock.now().as_micros());
+        }
+        tokio::task::yield_now().await;
+    }
+    let local = instances.iter().map(|(_, h)| h.local_admissions()).sum();
+    for (_, h) in &instances {
+        h.shutdown().await;
+    }
+    (admitted, local)
+}
+
+fn events() -> impl Strategy<Value = Vec<(usize, u64, bool)>> {
+    prop::collection::vec(
+        (0..4usize, 0..3_000u64, prop::bool::weighted(0.7)),
+        100..220,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Token bucket, 200/s with a burst of 40: in every interval [a, b] the fleet admits at most
+    /// 40 + 200 × (b − a) / 1 s, whatever the arrival timings and however the fetches interleave.
+    #[test]
+    fn the_fleet_never_admits_more_than_burst_plus_rate_times_t(n in 2..=4usize, events in events()) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (admitted, local) = runtime.block_on(async {
+            let redis = Arc::new(
+                RedisStore::builder(redis_url())
+                    .namespace(unique_prefix("lease-prop"))
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .await
+                    .unwrap(),
+            );
+            let policy = Policy::token_bucket(Quota::per_second(200).unwrap().with_burst(40).unwrap());
+            run(&redis, policy, n, &events).await
+        });
+        for (i, a) in admitted.iter().enumerate() {
+            for (j, b) in admitted.iter().enumerate().skip(i) {
+                let bound = 40 + (b - a) * 200 / 1_000_000;
+                prop_assert!((j - i + 1) as u64 <= bound, "{} admitted in [{a}, {b}], bound {bound}", j - i + 1);
+            }
+        }
+        prop_assert!(local > 0, "no request was admitted from a batch");
+    }
+
+    /// Sliding window, 60 per second: no aligned window counts more than 60 admissions.
+    #[test]
+    fn a_sliding_window_fleet_never_admits_more_than_the_limit_per_window(n in 2..=4usize, events in events()) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (admitted, _) = runtime.block_on(async {
+            let redis = Arc::new(
+                RedisStore::builder(redis_url())
+                    .namespace(unique_prefix("lease-prop-sw"))
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .await
+                    .unwrap(),
+            );
+            let policy = Policy::sliding_window(Quota::per_second(60).unwrap()).unwrap();
+            run(&redis, policy, n, &events).await
+        });
+        let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
+        for t in &admitted {
+            *per_window.entry(t / 1_000_000).or_default() += 1;
+        }
+        for (w, count) in per_window {
+            prop_assert!(count <= 60, "window {w}: {count} admitted");
+        }
+    }
+}
+
+/// An instance dies holding a batch (dropped without returning it): the others lose at most that batch, and get
+/// its share back by refill from the lease's deadline.
+#[tokio::test]
+async fn an_instance_killed_holding_a_batch_costs_at_most_that_batch() {
+    let redis = Arc::new(
+        RedisStore::builder(redis_url())
+            .namespace(unique_prefix("lease-kill"))
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap(),
+    );
+    let clock = ManualClock::new(start());
+    let store = Arc::new(Clocked {
+        redis,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    // 100 per 10 s (10/s), burst 100, batches of up to 20, leases of 2 s.
+    let policy = Policy::token_bucket(Quota::new(100, Duration::from_secs(10)).unwrap());
+    let config = |crash: bool| {
+        LeaseConfig::new()
+            .share_percent(20)
+            .unwrap()
+            .ttl(Duration::from_secs(2))
+            .return_on_drop(!crash)
+            .clock(clock.clone())
+    };
+    let (mut doomed, doomed_leases) = instance(store.clone(), policy, config(true));
+    // Hot: its batches land between requests.
+    let mut spent_by_doomed = 0;
+    for _ in 0..12 {
+        call(&mut doomed).await.unwrap();
+        spent_by_doomed += 1;
+        doomed_leases.settled().await;
+    }
+    assert!(doomed_leases.local_admissions() > 0);
+    drop(doomed);
+    drop(doomed_leases);
+    // What the dead instance's record holds: its unspent batch, and what it spent since its last report.
+    let key = store.redis.redis_key("leased:hot", policy.algorithm());
+    let fields = cli_url(&redis_url(), &["HGETALL", &key]);
+    let record: u64 = fields
+        .lines()
+        .skip_while(|l| !l.starts_with("l:"))
+        .nth(1)
+        .and_then(|v| v.split(':').next()?.parse().ok())
+        .expect("the dead instance's lease record");
+    assert!((1..=20).contains(&record), "record {record}");
+
+    let (mut survivor, survivor_leases) = instance(store.clone(), policy, config(false));
+    let mut admitted = 0;
+    for _ in 0..200 {
+        if call(&mut survivor).await.is_ok() {
+            admitted += 1;
+        }
+        survivor_leases.settled().await;
+    }
+    // Never more than the bucket's 100 less what the dead one spent; at most its record lost.
+    assert!(admitted <= 100 - spent_by_doomed, "admitted {admitted}");
+    assert!(
+        admitted >= 100 - spent_by_doomed - record,
+        "admitted {admitted}, record {record}"
+    );
+    // Past the dead lease's deadline its tokens stay spent, and the bucket refills from there at 10/s.
+    clock.advance(Duration::from_secs(3));
+    let mut later = 0;
+    for _ in 0..100 {
+        if call(&mut survivor).await.is_ok() {
+            later += 1;
+        }
+        survivor_leases.settled().await;
+    }
+    assert!(
+        (29..=31).contains(&later),
+        "admitted {later} after 3 s at 10/s"
+    );
+    survivor_leases.shutdown().await;
+}
+
+/// Redis paused, then killed, while an instance holds a batch: the batch is spent (bounded by its size), then
+/// each request meets the failure policy.
+#[tokio::test]
+async fn a_paused_or_killed_redis_mid_lease_meets_each_failure_policy() {
+    for policy in [
+        FailurePolicy::Open,
+        FailurePolicy::Closed,
+        FailurePolicy::Local,
+    ] {
+        let mut server = RedisServer::start();
+        let redis = RedisStore::builder(server.url())
+            .timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap();
+        let layer = RateLimitLayer::new(
+            "paused",
+            Policy::token_bucket(Quota::per_hour(1_000).unwrap()),
+            Arc::new(redis),
+            ConstKey::new("hot"),
+        )
+        .on_store_error(policy)
+        .leases(
+            LeaseConfig::new()
+                .share_percent(2)
+                .unwrap()
+                .ttl(Duration::from_secs(60)),
+        );
+        let leases = layer.lease_handle();
+        let mut svc = BoxCloneService::new(
+            tower::ServiceBuilder::new()
+                .layer(layer)
+                .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) }),
+        );
+        // Hot, with a batch of 20 in hand.
+        for _ in 0..3 {
+            call(&mut svc).await.unwrap();
+            leases.settled().await;
+        }
+        let fetched = leases.store_calls();
+        for outage in ["pause", "kill"] {
+            if outage == "pause" {
+                server.pause();
+            } else {
+                server.resume();
+                server.kill();
+            }
+            let mut from_batch = 0;
+            let mut failed = Vec::new();
+            for _ in 0..30 {
+                let before = leases.local_admissions();
+                let result = call(&mut svc).await;
+                leases.settled().await;
+                if leases.local_admissions() > before {
+                    from_batch += 1;
+                } else {
+                    failed.push(result);
+                }
+            }
+            // The batch is bounded: at most its 20 tokens (fewer after the pause spent some) are admitted locally.
+            assert!(
+                from_batch <= 20,
+                "{policy:?} {outage}: {from_batch} from the batch"
+            );
+            assert!(
+                !failed.is_empty(),
+                "{policy:?} {outage}: the batch never ran out"
+            );
+            for result in failed {
+                match policy {
+                    FailurePolicy::Open | FailurePolicy::Local => {
+                        assert!(result.is_ok(), "{policy:?} {outage}: refused");
+                    }
+                    FailurePolicy::Closed => {
+                        let err = result.expect_err("closed refuses");
+                        let rejection = err.downcast_ref::<Rejection>().expect("a rejection");
+                        assert_eq!(rejection.kind(), RejectionKind::StoreUnavailable);
+                    }
+                }
+            }
+        }
+        assert!(
+            leases.store_calls() > fetched,
+            "{policy:?}: no fetch was tried during the outage"
+        );
+        leases.shutdown().await;
+    }
+}

@@ -1,0 +1,151 @@
+//! `examples/axum_server --leases` as a black box over real TCP and a private Redis: a hot client is admitted
+//! from leased batches (a fraction of the script calls), exactly the limit is admitted, and the `RateLimit`
+//! header's remaining is this instance's view: it never rises, and never exceeds what the store holds plus the
+//! batch.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use tollgate_testkit::examples::example;
+use tollgate_testkit::redis::RedisServer;
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> (Self, String) {
+        let mut child = Command::new(example("axum_server"))
+            .args(["--addr", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the example server");
+        let mut stdout = BufReader::new(child.stdout.take().expect("its stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("its first line");
+        let addr = line
+            .strip_prefix("listening on http://")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|addr| addr.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        (
+            Self {
+                child,
+                addr,
+                _stdout: stdout,
+            },
+            line,
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One GET over its own connection: the status and the `ratelimit` field's remaining (`r=`).
+fn get(addr: SocketAddr) -> (u16, Option<u64>) {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nhost: example\r\nconnection: close\r\n\r\n")
+        .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {response:?}"));
+    let remaining = response
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("ratelimit:"))
+        .and_then(|l| l.split(';').find_map(|p| p.trim().strip_prefix("r=")))
+        .and_then(|r| r.trim().parse().ok());
+    (status, remaining)
+}
+
+fn script_calls(redis: &RedisServer) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a number of calls"))
+}
+
+#[test]
+fn leases_admit_a_hot_client_from_batches_exactly_and_remaining_stays_within_the_view() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    // 200 an hour with batches of up to 20 %: no token accrues during the test, however slow the machine, so the
+    // view can only fall, and exactly 200 are admitted.
+    let (server, line) = Server::start(&[
+        "--limit",
+        "200",
+        "--period",
+        "1h",
+        "--redis-url",
+        &url,
+        "--leases",
+        "--lease-share",
+        "20",
+    ]);
+    assert!(
+        line.contains("leases on (batches up to 20 % of the burst)"),
+        "{line}"
+    );
+    let before = script_calls(&redis);
+    let mut admitted = 0;
+    let mut last = u64::MAX;
+    for i in 0..260 {
+        let (status, remaining) = get(server.addr);
+        if status == 200 {
+            admitted += 1;
+            let remaining = remaining.expect("a remaining on an admitted response");
+            assert!(
+                remaining <= last,
+                "request {i}: remaining rose from {last} to {remaining}"
+            );
+            // The store's view plus the batch can be no more than the 200 less what this instance admitted.
+            assert!(
+                remaining <= 200 - admitted,
+                "request {i}: remaining {remaining} after {admitted} admitted"
+            );
+            last = remaining;
+        } else {
+            assert_eq!(status, 429, "request {i}");
+        }
+    }
+    assert_eq!(admitted, 200);
+    let calls = script_calls(&redis) - before;
+    assert!(calls < 80, "{calls} script calls for 260 requests");
+}
+
+#[test]
+fn lease_flags_are_checked() {
+    for (args, expect) in [
+        (&["--lease-share", "20"][..], "needs --leases"),
+        (&["--leases", "--lease-share", "0"][..], "from 1 to 100"),
+        (&["--leases", "--lease-share", "x"][..], "from 1 to 100"),
+    ] {
+        let out = Command::new(example("axum_server"))
+            .args(args)
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Writes leases.json: the shared vectors of token leases (plain requests and lease calls mixed) for every store.
+
+Like generate.py, the expected answers come from this file's own reference model, written from the rules in
+exact rational arithmetic (fractions.Fraction), sharing no formula with the Rust twins
+(crates/tollgate-core/src/algorithm/*_lease.rs) or the Lua scripts (lua/*lease*.lua) it checks. The rules:
+
+token bucket: the bucket holds C tokens and instances hold records (amount, deadline, seq) summing to O; C + O <=
+burst, and the refill goes into C only up to burst - O. At each call, records whose deadline has passed are
+dropped (their tokens lost); then a plain request is the textbook decision on C, a lease call sets the caller's
+record to min(reported unspent, record), grants min(want, floor C) (record += grant, deadline = now + ttl), and a
+return puts min(unspent, record) back into C and drops the record. A call whose number is not above its record's
+changes nothing.
+
+sliding window: a lease adds the most slots k <= want that keep estimate + k <= limit to the current window; a
+return takes unspent slots off the window they were granted in (current or previous).
+Run: python3 tests/vectors/generate_leases.py
+"""
+import json
+import random
+from fractions import Fraction
+from math import ceil, floor
+from pathlib import Path
+
+from generate import S, T0, SlidingWindow
+
+MAX_SCALED = 1 << 52
+
+
+class LeasedBucket:
+    def __init__(self, limit, period, burst):
+        self.limit, self.period, self.burst = limit, period, burst
+        self.c, self.t, self.records = Fraction(burst), None, {}
+
+    def advance(self, t):
+        leased = sum(a for a, _, _ in self.records.values())
+        if self.t is not None:
+            self.c = min(Fraction(self.burst - leased), self.c + Fraction((t - self.t) * self.limit, self.period))
+        self.t = t
+        self.records = {i: r for i, r in self.records.items() if r[1] > t}
+
+    def wait_for(self, tokens):
+        return ceil((tokens - self.c) * Fraction(self.period, self.limit))
+
+    def full_at(self, t):
+        return t + ceil((self.burst - self.c) * Fraction(self.period, self.limit))
+
+    def check(self, t, cost):
+        self.advance(t)
+        if cost > self.burst:
+            return {"outcome": "cost_exceeds_capacity", "remaining": floor(self.c), "reset_us": self.full_at(t)}
+        if self.c >= cost:
+            self.c -= cost
+            return {"outcome": "allowed", "remaining": floor(self.c), "reset_us": self.full_at(t)}
+        return {"outcome": "limited", "remaining": floor(self.c), "reset_us": self.full_at(t),
+                "retry_after_us": self.wait_for(cost)}
+
+    def lease(self, t, instance, seq, want, unspent, ttl, end):
+        self.advance(t)
+        want = min(want, self.burst)
+        record = self.records.get(instance)
+        stale = record is not None and seq <= record[2]
+        granted, deadline = 0, record[1] if record else 0
+        if not stale:
+            left = min(unspent, record[0] if record else 0)
+            self.records.pop(instance, None)
+            if end:
+                self.c += left
+            else:
+                granted = min(want, floor(self.c))
+                self.c -= granted
+                deadline = t + ttl
+                self.records[instance] = (left + granted, deadline, seq)
+        out = {"granted": granted, "remaining": floor(self.c), "reset_us": self.full_at(t), "expires_us": deadline,
+               "window_start_us": 0, "stale": stale}
+        if granted < want and not end and not stale:
+            out["retry_after_us"] = self.wait_for(want)
+        return out
+
+
+class LeasedWindow(SlidingWindow):
+    def check(self, t, cost):
+        outcome, remaining, reset, retry = self.decide("k", t, cost)
+        out = {"outcome": outcome, "remaining": remaining, "reset_us": reset}
+        if retry is not None:
+            out["retry_after_us"] = retry
+        return out
+
+    def fits(self, t, k):
+        return self.estimate("k", t) + k <= self.limit
+
+    def lease(self, t, instance, seq, want, unspent, window_start, end):
+        want = min(want, self.limit)
+        start, prev, cur = self.counts("k", t)
+        if unspent > 0:
+            if window_start == start:
+                cur -= min(unspent, cur)
+            elif window_start + self.period == start:
+                prev -= min(unspent, prev)
+        self.keys["k"] = (start, prev, cur)
+        granted = max(k for k in range(want + 1) if k == 0 or self.fits(t, k))
+        self.keys["k"] = (start, prev, cur + granted)
+        est = self.estimate("k", t)
+        out = {"granted": granted, "remaining": max(0, floor(self.limit - est)),
+               "reset_us": self.reset(start, prev, cur + granted, t), "expires_us": start + self.period,
+               "window_start_us": start, "stale": False}
+        if granted < want:
+            # The first tick boundary from which `want` more fit (admission only grows as time passes).
+            lo, hi = (t - start) // self.tick, 2 * (self.period // self.tick)
+            at = lambda i: start + i * self.tick
+            assert not self.fits(at(lo), want) and self.fits(at(hi), want)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if self.fits(at(mid), want):
+                    hi = mid
+                else:
+                    lo = mid
+            out["retry_after_us"] = at(hi) - t
+        return out
+
+
+def run(name, algorithm, limit, period, ops, burst=None):
+    model = LeasedBucket(limit, period, burst or limit) if algorithm == "token_bucket" else LeasedWindow(limit, period)
+    steps = []
+    for op in ops:
+        at = op["at_us"]
+        if op["op"] == "check":
+            expected = model.check(at, op["cost"])
+        elif algorithm == "token_bucket":
+            expected = model.lease(at, op["instance"], op["seq"], op["want"], op["unspent"], op["ttl_us"], op["end"])
+        else:
+            expected = model.lease(at, op["instance"], op["seq"], op["want"], op["unspent"], op["window_start_us"],
+                                   op["end"])
+        steps.append({**op, "expect": expected})
+    case = {"name": name, "algorithm": algorithm, "limit": limit, "period_us": period, "steps": steps}
+    if burst is not None:
+        case["burst"] = burst
+    return case
+
+
+def check(at, cost=1):
+    return {"op": "check", "at_us": at, "cost": cost}
+
+
+def lease(at, instance, seq, want, unspent=0, ttl=S, end=False, window_start=0):
+    return {"op": "lease", "at_us": at, "instance": instance, "seq": seq, "want": want, "unspent": unspent,
+            "window_start_us": window_start, "ttl_us": ttl, "end": end}
+
+
+def random_ops(seed, n, span, instances, max_want, ttl, window=None):
+    """Random traffic: plain requests and lease calls of several instances, each reporting plausible leftovers."""
+    rng = random.Random(seed)
+    t = T0 + rng.randrange(span)
+    seqs = {i: 0 for i in range(1, instances + 1)}
+    ops = []
+    for _ in range(n):
+        t += int(rng.expovariate(1 / span)) if rng.random() < 0.7 else 0
+        if rng.random() < 0.4:
+            ops.append(check(t, rng.randint(1, 3)))
+            continue
+        i = rng.randint(1, instances)
+        seqs[i] += 1 if rng.random() < 0.9 else -1  # now and then a late, stale call
+        unspent = rng.randint(0, max_want)
+        ws = t - t % window - (window if rng.random() < 0.3 else 0) if window else 0
+        ops.append(lease(t, i, max(seqs[i], 0), rng.randint(0, max_want), unspent, ttl, rng.random() < 0.15, ws))
+    return ops
+
+
+def cases():
+    tb, sw = "token_bucket", "sliding_window"
+    yield run("tb lease: a batch is debited at once, plain requests see the rest", tb, 10, S,
+              [lease(T0, 1, 1, 6), check(T0), check(T0), check(T0), check(T0), check(T0)])
+    yield run("tb lease: leased tokens hold the refill below the burst", tb, 10, S,
+              [lease(T0, 1, 1, 8, ttl=10 * S), check(T0 + 5 * S), check(T0 + 5 * S), check(T0 + 5 * S)])
+    yield run("tb lease: a report lowers the record, the spent tokens stay spent", tb, 10, S,
+              [lease(T0, 1, 1, 8, ttl=10 * S), lease(T0 + 100_000, 1, 2, 0, unspent=3, ttl=10 * S),
+               check(T0 + 2 * S, 6), check(T0 + 2 * S, 2)])
+    yield run("tb lease: a return gives the unspent tokens back", tb, 10, S,
+              [lease(T0, 1, 1, 8), check(T0, 3), lease(T0, 1, 2, 0, unspent=5, end=True), check(T0, 7)])
+    yield run("tb lease: a report never raises a record", tb, 10, S,
+              [lease(T0, 1, 1, 4), lease(T0, 1, 2, 0, unspent=9, end=True), check(T0, 10)])
+    yield run("tb lease: an expired record's tokens are lost, the bucket refills from its deadline", tb, 10, S,
+              [lease(T0, 1, 1, 10, ttl=S // 2), check(T0 + S // 2 - 1), check(T0 + S // 2), check(T0 + S // 2 + 100_000),
+               check(T0 + S // 2 + 100_000)])
+    yield run("tb lease: a stale call changes nothing", tb, 10, S,
+              [lease(T0, 1, 2, 3), lease(T0, 1, 1, 5), lease(T0, 1, 2, 5), check(T0, 7), check(T0, 1)])
+    yield run("tb lease: an empty bucket grants what it has and says when the rest comes", tb, 10, S,
+              [check(T0, 8), lease(T0, 1, 1, 5), lease(T0 + 150_000, 2, 1, 5), lease(T0 + 200_000, 1, 2, 5, unspent=2)])
+    yield run("tb lease: two instances share the burst", tb, 20, S,
+              [lease(T0, 1, 1, 8), lease(T0, 2, 1, 8), lease(T0, 3, 1, 8), check(T0, 4), check(T0, 5),
+               lease(T0 + 100_000, 1, 2, 8, unspent=0), lease(T0 + 200_000, 2, 2, 0, unspent=8, end=True)])
+    yield run("tb lease: want above the burst is capped", tb, 5, S, [lease(T0, 1, 1, 50), check(T0)], burst=5)
+    yield run("tb lease: random traffic, 3 instances, 50 per second", tb, 50, S,
+              random_ops(11, 160, 40_000, 3, 12, 300_000))
+    yield run("tb lease: random traffic, 2 instances, 7 per 3 s, burst 9", tb, 7, 3 * S,
+              random_ops(12, 160, 150_000, 2, 5, 2 * S), burst=9)
+
+    yield run("sw lease: a batch counts in the current window", sw, 10, S,
+              [lease(T0 + 250_000, 1, 1, 6), check(T0 + 250_000, 4), check(T0 + 250_000)])
+    yield run("sw lease: a grant is the most that fits", sw, 10, S,
+              [check(T0 + 500_000, 6), lease(T0 + S + 500_000, 1, 1, 9), check(T0 + S + 500_000)])
+    yield run("sw lease: unspent slots come off the current window", sw, 10, S,
+              [lease(T0, 1, 1, 8), lease(T0 + 10, 1, 2, 0, unspent=5, window_start=T0, end=True), check(T0 + 10, 7)])
+    yield run("sw lease: unspent slots come off the previous window", sw, 10, S,
+              [lease(T0 + 900_000, 1, 1, 10), lease(T0 + S + 100_000, 1, 2, 4, unspent=6, window_start=T0),
+               check(T0 + S + 100_000, 3)])
+    yield run("sw lease: slots of an older window are forgotten", sw, 10, S,
+              [lease(T0, 1, 1, 10), lease(T0 + 2 * S, 1, 2, 3, unspent=6, window_start=T0), check(T0 + 2 * S, 7),
+               check(T0 + 2 * S)])
+    yield run("sw lease: nothing fits, retry when the batch would", sw, 10, S,
+              [check(T0 + 500_000, 10), lease(T0 + S + 200_000, 1, 1, 4), lease(T0 + S + 700_000, 1, 2, 4)])
+    yield run("sw lease: random traffic, 3 instances, 40 per second", sw, 40, S,
+              random_ops(13, 160, 50_000, 3, 10, S, window=S))
+    yield run("sw lease: random traffic, 2 instances, 15 per 2 s", sw, 15, 2 * S,
+              random_ops(14, 160, 120_000, 2, 6, S, window=2 * S))
+
+
+def main():
+    data = {"note": "generated by tests/vectors/generate_leases.py; edit that file, not this one",
+            "cases": list(cases())}
+    path = Path(__file__).with_name("leases.json")
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{len(data['cases'])} cases, {sum(len(c['steps']) for c in data['cases'])} steps -> {path}")
+
+
+if __name__ == "__main__":
+    main()
