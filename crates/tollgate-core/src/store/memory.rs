@@ -279,18 +279,17 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<Decision, StoreError> {
         // The algorithms decide at no later instant; expiry and sweeping must agree with them.
         let now = now.min(Timestamp::LATEST);
-        if policy.algorithm() == Algorithm::TokenBucket && self.leases.active() {
-            return self.check_leased_at(hash, policy, cost, now);
-        }
-        let mut shard = lock(self.shard(hash));
         let (bound, log) = (&self.bound, &self.log);
         let check = Check { policy, cost, now };
+        // One match on the algorithm, the lease flag read in the token bucket's arm only.
         match policy.algorithm() {
-            Algorithm::TokenBucket => {
-                shard.apply::<Locked<TokenBucketState>>(hash, now, bound, log, check)
+            Algorithm::TokenBucket if self.leases.active() => {
+                self.check_leased_at(hash, policy, cost, now)
             }
+            Algorithm::TokenBucket => lock(self.shard(hash))
+                .apply::<Locked<TokenBucketState>>(hash, now, bound, log, check),
             Algorithm::SlidingWindowCounter => {
-                shard.apply::<WindowEntry>(hash, now, bound, log, check)
+                lock(self.shard(hash)).apply::<WindowEntry>(hash, now, bound, log, check)
             }
         }
     }
