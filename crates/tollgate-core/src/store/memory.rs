@@ -517,7 +517,7 @@ pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 /// How a shard's `apply` decides: a request ([`Check`]), or any step (a charge's closure).
-trait Decide<S> {
+pub(super) trait Decide<S> {
     fn decide<E: Entry<State = S>>(self, state: Option<S>) -> Step<S>;
 }
 

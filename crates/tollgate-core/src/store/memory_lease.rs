@@ -81,19 +81,25 @@ impl<C: Clock> MemoryStore<C> {
         let (bound, log) = self.bound_and_log();
         match policy.algorithm() {
             Algorithm::SlidingWindowCounter => {
-                lock(self.shard(hash)).apply::<WindowEntry>(hash, now, bound, log, |s| {
-                    let locked_until = s.map_or(0, |s| s.locked_until);
-                    let (g, state) =
-                        sliding_window_lease::lease(s.map(|s| s.state), policy, request, now);
-                    grant = Some(g);
-                    as_step(
-                        &g,
-                        state.map(|state| Locked {
-                            state,
-                            locked_until,
-                        }),
-                    )
-                })?;
+                lock(self.shard(hash)).apply::<WindowEntry>(
+                    hash,
+                    now,
+                    bound,
+                    log,
+                    |s: Option<Locked<_>>| {
+                        let locked_until = s.map_or(0, |s| s.locked_until);
+                        let (g, state) =
+                            sliding_window_lease::lease(s.map(|s| s.state), policy, request, now);
+                        grant = Some(g);
+                        as_step(
+                            &g,
+                            state.map(|state| Locked {
+                                state,
+                                locked_until,
+                            }),
+                        )
+                    },
+                )?;
             }
             Algorithm::TokenBucket => {
                 // The books' lock, then the shard's: the order every token bucket call takes them in.
@@ -110,7 +116,7 @@ impl<C: Clock> MemoryStore<C> {
                     now,
                     bound,
                     log,
-                    |s| {
+                    |s: Option<Locked<_>>| {
                         let locked_until = s.map_or(0, |s| s.locked_until);
                         let (g, state) = token_bucket_lease::lease(
                             s.map(|s| s.state),
