@@ -366,3 +366,67 @@ async fn a_paused_or_killed_redis_mid_lease_meets_each_failure_policy() {
         leases.shutdown().await;
     }
 }
+
+/// A policy with a lockout keeps the plain path under `.leases(..)` (the lease scripts do not read lockouts): a
+/// hot key that is denied stays locked out for the whole lockout, though its bucket refills meanwhile, and nothing
+/// is admitted from a batch.
+#[tokio::test]
+async fn leases_leave_a_lockout_policy_on_the_exact_plain_path() {
+    let redis = Arc::new(
+        RedisStore::builder(redis_url())
+            .namespace(unique_prefix("lease-lockout"))
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap(),
+    );
+    let clock = ManualClock::new(start());
+    // A burst of 100 makes batches of up to 10 (the default share) worth leasing for a key asked 1 000 times/s.
+    let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(100).unwrap())
+        .with_lockout(Duration::from_secs(60))
+        .unwrap();
+    let store = Arc::new(Clocked {
+        redis,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    // The deny cache off: every decision is the store's, at the manual clock's instants.
+    let layer = RateLimitLayer::new("leased", policy, store.clone(), ConstKey::new("hot"))
+        .deny_cache(false)
+        .leases(LeaseConfig::new().clock(clock.clone()));
+    let handle = layer.lease_handle();
+    let mut svc: Svc = BoxCloneService::new(
+        tower::ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) }),
+    );
+    let mut admitted = 0;
+    for _ in 0..300 {
+        clock.advance(Duration::from_millis(1));
+        handle.settled().await;
+        if call(&mut svc).await.is_ok() {
+            admitted += 1;
+        }
+    }
+    // The burst plus what accrued (0.1 a ms) until the first denial, then the lockout from that denial.
+    assert!((100..=125).contains(&admitted), "admitted {admitted}");
+    clock.advance(Duration::from_secs(30)); // the bucket is full again; the key is still locked out
+    let err = call(&mut svc).await.err().expect("locked out");
+    let rejection = err.downcast_ref::<Rejection>().expect("a rejection");
+    assert_eq!(rejection.kind(), RejectionKind::RateLimited);
+    let retry = rejection.retry_after().expect("a retry instant");
+    assert!(
+        retry > Duration::from_secs(29) && retry <= Duration::from_secs(30),
+        "retry after {retry:?}"
+    );
+    assert_eq!(
+        handle.local_admissions(),
+        0,
+        "nothing admitted from a batch"
+    );
+    assert_eq!(
+        store.calls.load(Ordering::Relaxed),
+        301,
+        "every decision went to the store's plain path"
+    );
+}
