@@ -411,7 +411,9 @@ async fn leases_leave_a_lockout_policy_on_the_exact_plain_path() {
     // The burst plus what accrued (0.1 a ms) until the first denial, then the lockout from that denial.
     assert!((100..=125).contains(&admitted), "admitted {admitted}");
     clock.advance(Duration::from_secs(30)); // the bucket is full again; the key is still locked out
-    let err = call(&mut svc).await.err().expect("locked out");
+    let Err(err) = call(&mut svc).await else {
+        panic!("locked out: expected an error");
+    };
     let rejection = err.downcast_ref::<Rejection>().expect("a rejection");
     assert_eq!(rejection.kind(), RejectionKind::RateLimited);
     let retry = rejection.retry_after().expect("a retry instant");
