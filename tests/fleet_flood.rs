@@ -98,9 +98,17 @@ fn the_flood_holds_the_limit_and_the_deny_cache_spares_redis() {
             "in-process" => instances * limit,
             _ => limit,
         };
+        // A sliding window's leased slots are spent in their window or lost to it: each instance may lose its
+        // batch (at most 10 % of the limit, `LeaseConfig`'s default share) at a window's end, and its unreturned
+        // leftovers weigh on the next window's estimate until its next call gives them back.
+        let lost = if state == "Redis + leases" && row["design"] == "sliding window" {
+            2.0 * instances * (limit * 0.1).ceil()
+        } else {
+            0.0
+        };
         assert!(
-            (admitted - expected).abs() <= 0.25 * expected,
-            "{row}: admitted {admitted}/s, expected about {expected}/s"
+            admitted <= 1.25 * expected && admitted >= 0.75 * expected - lost,
+            "{row}: admitted {admitted}/s, expected about {expected}/s (less at most {lost} lost to leases)"
         );
         if state != "-" {
             assert!(served > 2.0 * admitted, "far over its limit: {row}");

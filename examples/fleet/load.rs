@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -173,19 +173,24 @@ pub(crate) async fn flood(
     let start = Instant::now();
     let (measure_from, until) = (start + warmup, start + warmup + duration);
     let seconds = duration.as_secs().max(1) as usize;
+    // The window is the span between the two call counts, whenever this task wakes to take them: responses
+    // count while `phase` is MEASURING, so a late wake-up on a loaded machine shifts both counts alike.
+    let phase = Arc::new(AtomicU8::new(WARMING));
     let tasks: Vec<_> = (0..connections)
         .map(|i| {
             tokio::spawn(flood_one(
                 targets[i % targets.len()],
+                phase.clone(),
                 measure_from,
-                until,
                 seconds,
             ))
         })
         .collect();
     tokio::time::sleep_until(measure_from.into()).await;
     let calls_before = calls();
+    phase.store(MEASURING, Ordering::SeqCst);
     tokio::time::sleep_until(until.into()).await;
+    phase.store(DONE, Ordering::SeqCst);
     let mut total = Flooded {
         calls: calls() - calls_before,
         admitted_per_second: vec![0; seconds],
@@ -207,11 +212,15 @@ pub(crate) async fn flood(
     total
 }
 
+const WARMING: u8 = 0;
+const MEASURING: u8 = 1;
+const DONE: u8 = 2;
+
 /// One connection of the flood (HTTP/1.1 by hand: the generator must not be what limits the rate).
 async fn flood_one(
     target: SocketAddr,
+    phase: Arc<AtomicU8>,
     measure_from: Instant,
-    until: Instant,
     seconds: usize,
 ) -> Flooded {
     let mut out = Flooded {
@@ -225,8 +234,7 @@ async fn flood_one(
     let _ = stream.set_nodelay(true);
     let (mut buf, mut chunk) = (Vec::with_capacity(8192), vec![0_u8; 8192]);
     loop {
-        let now = Instant::now();
-        if now >= until {
+        if phase.load(Ordering::SeqCst) == DONE {
             return out;
         }
         if stream
@@ -241,15 +249,15 @@ async fn flood_one(
             out.failed += 1;
             return out;
         };
-        let done = Instant::now();
-        if done < measure_from || done >= until {
+        if phase.load(Ordering::SeqCst) != MEASURING {
             continue;
         }
+        let done = Instant::now();
         out.served += 1;
         match status {
             200 => {
                 out.admitted += 1;
-                let second = (done - measure_from).as_secs() as usize;
+                let second = done.saturating_duration_since(measure_from).as_secs() as usize;
                 if let Some(slot) = out.admitted_per_second.get_mut(second) {
                     *slot += 1;
                 }
