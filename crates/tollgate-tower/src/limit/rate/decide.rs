@@ -241,6 +241,21 @@ impl<K, St: Store, C> Shared<K, St, C> {
         Some(self.conclude(result, key, cost, mode, keep))
     }
 
+    /// Decides without a future or a key copy where anything can: a hot key's leased batch first (any store),
+    /// then a store that answers at once, then a shared store's cached denial. `None`: the store must be awaited.
+    #[inline(always)]
+    pub(crate) fn decide_at_once(
+        &self,
+        key: &str,
+        cost: u64,
+        mode: Mode,
+        keep: bool,
+    ) -> Option<Conclusion> {
+        self.decide_leased(key, cost, mode, keep)
+            .or_else(|| self.decide_now(key, cost, mode, keep))
+            .or_else(|| self.decide_cached(key, cost, mode, keep))
+    }
+
     /// What `req` would get from the store now, without consuming (see [`Store::peek`]): by the key's digest
     /// where the store keys by digest, as [`decide_digested`](Self::decide_digested) does, else by its text.
     pub(crate) async fn peek<Req>(&self, req: &Req) -> Result<Decision, crate::BoxError>

@@ -129,18 +129,11 @@ where
                     |key| {
                         shared.write_key(&req, key)?;
                         let cost = shared.cost.cost(&req);
-                        // A hot key's leased batch first (any store), then a store that answers at once,
-                        // then a shared store's cached denial: all without a future or a key copy.
-                        Ok::<_, KeyError>(match shared.decide_leased(key, cost, mode, keep) {
-                            Some(conclusion) => Ok(conclusion),
-                            None => match shared.decide_now(key, cost, mode, keep) {
-                                Some(conclusion) => Ok(conclusion),
-                                None => match shared.decide_cached(key, cost, mode, keep) {
-                                    Some(conclusion) => Ok(conclusion),
-                                    None => Err((key.clone(), cost)),
-                                },
-                            },
-                        })
+                        Ok::<_, KeyError>(
+                            shared
+                                .decide_at_once(key, cost, mode, keep)
+                                .ok_or_else(|| (key.clone(), cost)),
+                        )
                     },
                 );
                 match decided {
@@ -229,10 +222,7 @@ where
         upfront: cost,
         source,
     });
-    let conclusion = shared
-        .decide_now(&key, cost, mode, true)
-        .or_else(|| shared.decide_cached(&key, cost, mode, true));
-    match conclusion {
+    match shared.decide_at_once(&key, cost, mode, true) {
         Some(Conclusion::Admit(verdict)) => {
             ResponseFuture::calling(inner.call(req), verdict, answer)
         }

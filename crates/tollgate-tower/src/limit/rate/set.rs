@@ -382,12 +382,9 @@ where
     with_key_buffer(|key| {
         shared.write_key(req, key)?;
         let cost = shared.cost.cost(req);
-        Ok(match shared.decide_now(key, cost, mode, true) {
+        Ok(match shared.decide_at_once(key, cost, mode, true) {
             Some(conclusion) => Now::Decided(conclusion),
-            None => match shared.decide_cached(key, cost, mode, true) {
-                Some(conclusion) => Now::Decided(conclusion),
-                None => Now::Later(key.clone(), cost),
-            },
+            None => Now::Later(key.clone(), cost),
         })
     })
 }
