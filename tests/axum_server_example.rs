@@ -1,99 +1,29 @@
 //! `examples/axum_server` as a black box: the binary `cargo test` builds, started with each of its flags, asked over
 //! real TCP. Redis-backed runs use a private `redis-server` (fresh state, and one the test may kill).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::net::SocketAddr;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use tollgate_testkit::examples::{ExampleServer, example};
+use tollgate_testkit::http::{Reply, get};
 use tollgate_testkit::redis::RedisServer;
 
-/// A running example server, killed when dropped.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    // Kept open: the server writes more lines, and a closed pipe would make it fail.
-    _stdout: BufReader<ChildStdout>,
-}
-
-use tollgate_testkit::examples::example;
+/// `axum_server` running with the test's flags, asked over TCP.
+struct Server(ExampleServer);
 
 impl Server {
     fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(example("axum_server"))
-            .args(["--addr", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the example server");
-        let mut stdout = BufReader::new(child.stdout.take().expect("its stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("its first line");
-        let addr = line
-            .strip_prefix("listening on http://")
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|addr| addr.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected first line {line:?} for {args:?}"));
-        Self {
-            child,
-            addr,
-            _stdout: stdout,
-        }
+        Self(ExampleServer::start("axum_server", args))
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.0.addr()
     }
 
     fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
-        get(self.addr, path, headers)
+        get(self.addr(), path, headers)
     }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("a read timeout");
-    let mut request = format!("GET {path} HTTP/1.1\r\nhost: example\r\nconnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let head = response.split("\r\n\r\n").next().unwrap_or_default();
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {response:?}"));
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Reply { status, headers }
 }
 
 fn statuses(server: &Server, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
@@ -255,7 +185,7 @@ fn stack_flags_limit_concurrency() {
         "--worker-capacity",
         "50",
     ]);
-    let addr = server.addr;
+    let addr = server.addr();
     // While a slow request holds the client's one lease, another request from the client is turned away. The slow
     // request needs a moment to arrive; give it longer on each attempt rather than guess one delay.
     let mut seen = Vec::new();
@@ -292,16 +222,6 @@ fn decimal_durations_are_exact() {
     );
 }
 
-/// `EVALSHA` calls a private server has served.
-fn script_calls(redis: &RedisServer) -> u64 {
-    redis
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().expect("a number of calls"))
-}
-
 #[test]
 fn deny_cache_spares_redis_a_flood_and_can_be_switched_off() {
     let redis = RedisServer::start();
@@ -311,14 +231,14 @@ fn deny_cache_spares_redis_a_flood_and_can_be_switched_off() {
         let mut args = vec!["--limit", "3", "--period", "1h", "--redis-url", &url];
         args.extend(flag.map(|f| ["--deny-cache", f]).into_iter().flatten());
         let server = Server::start(&args);
-        let before = script_calls(&redis);
+        let before = redis.command_calls("evalsha");
         let statuses = statuses(&server, "/", &[], 40);
         assert_eq!(
             statuses.iter().filter(|s| **s == 200).count(),
             3,
             "{flag:?}: {statuses:?}"
         );
-        let calls = script_calls(&redis) - before;
+        let calls = redis.command_calls("evalsha") - before;
         assert_eq!(
             calls, most_calls,
             "--deny-cache {flag:?}: {calls} script calls for 40 requests"
@@ -371,7 +291,7 @@ fn a_burst_of_low_leaves_the_capacity_to_critical() {
         "--worker-capacity",
         "10",
     ]);
-    let addr = server.addr;
+    let addr = server.addr();
     let (tx, answers) = std::sync::mpsc::channel();
     for _ in 0..20 {
         let tx = tx.clone();

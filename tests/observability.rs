@@ -3,93 +3,36 @@
 //! dashboard `docs/grafana/tollgate.json` queries found in a live scrape.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use tollgate_testkit::examples::{ExampleServer, example};
+use tollgate_testkit::http::get;
 use tollgate_testkit::redis::RedisServer;
 
-use tollgate_testkit::examples::example;
-
-/// A running example server, killed when dropped, with the addresses it printed.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    metrics: SocketAddr,
-    _stdout: BufReader<ChildStdout>,
-}
+/// An example server with `--metrics-addr`, asked over TCP and scraped.
+struct Server(ExampleServer);
 
 impl Server {
     fn start(name: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(example(name))
-            .args(["--addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the example server");
-        let mut stdout = BufReader::new(child.stdout.take().expect("its stdout"));
-        let (mut addr, mut metrics) = (None, None);
-        let mut lines = Vec::new();
-        while metrics.is_none() {
-            let mut line = String::new();
-            if stdout.read_line(&mut line).expect("a line") == 0 {
-                panic!("{name} {args:?} ended after {lines:?}");
-            }
-            let field = |prefix: &str| {
-                line.strip_prefix(prefix)
-                    .and_then(|rest| rest.split(|c: char| c.is_whitespace() || c == '/').next())
-                    .and_then(|a| a.parse::<SocketAddr>().ok())
-            };
-            addr =
-                addr.or_else(|| field("listening on http://").or_else(|| field("listening on ")));
-            metrics = field("metrics on http://");
-            lines.push(line);
-        }
-        Self {
-            child,
-            addr: addr.unwrap_or_else(|| panic!("no listening line in {lines:?}")),
-            metrics: metrics.expect("the metrics line"),
-            _stdout: stdout,
-        }
+        let args: Vec<&str> = ["--metrics-addr", "127.0.0.1:0"]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        Self(ExampleServer::start(name, &args))
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.0.addr()
     }
 
     fn scrape(&self) -> Scrape {
-        let (status, body) = http_get(self.metrics, "/metrics", &[]);
-        assert_eq!(status, 200, "{body}");
-        Scrape::parse(&body)
+        let reply = get(self.0.metrics_addr(), "/metrics", &[]);
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        Scrape::parse(&reply.body)
     }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// One HTTP/1.1 GET over a fresh TCP connection: the status and the body.
-fn http_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("a read timeout");
-    let mut request = format!("GET {path} HTTP/1.1\r\nhost: example\r\nconnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {response:?}"));
-    (status, body.to_owned())
 }
 
 /// A Prometheus text exposition: every sample by name and labels.
@@ -200,17 +143,17 @@ fn stack_server(redis: &RedisServer) -> Server {
 fn scrape_counts_every_outcome_and_the_near_limit_boundary() {
     let redis = RedisServer::start();
     let server = stack_server(&redis);
-    let get = |headers: &[(&str, &str)]| http_get(server.addr, "/", headers).0;
+    let status = |headers: &[(&str, &str)]| get(server.addr(), "/", headers).status;
 
     // Six critical requests: 9 … 4 of the 10 left, far from the limit.
     for _ in 0..6 {
-        assert_eq!(get(&CRITICAL), 200);
+        assert_eq!(status(&CRITICAL), 200);
     }
     // A normal one passes the rate and concurrency limits (3 left) and is shed by the fleet: no share for it.
-    assert_eq!(get(&[]), 503);
+    assert_eq!(status(&[]), 503);
     // A slow critical request takes 2 left — exactly 20 % of the limit, which is not less than 20 % — and holds the
     // client's one concurrency lease (it sleeps a minute; the server is killed long before).
-    let addr = server.addr;
+    let addr = server.addr();
     std::thread::spawn(move || {
         // Sent and left hanging: the answer (or the server's end) is read and dropped, whatever it is.
         let mut stream = TcpStream::connect(addr).expect("connect");
@@ -237,16 +180,16 @@ fn scrape_counts_every_outcome_and_the_near_limit_boundary() {
     );
 
     // The next two take 1 and 0 left (near the limit: under 2) and are over the concurrency limit.
-    assert_eq!(get(&CRITICAL), 429);
+    assert_eq!(status(&CRITICAL), 429);
     assert_eq!(
         server.scrape().near_limit("per-client"),
         1.0,
         "1 of 10 left"
     );
-    assert_eq!(get(&CRITICAL), 429);
+    assert_eq!(status(&CRITICAL), 429);
     // The rate limit is spent.
-    assert_eq!(get(&CRITICAL), 429);
-    assert_eq!(get(&[]), 429);
+    assert_eq!(status(&CRITICAL), 429);
+    assert_eq!(status(&[]), 429);
 
     let scrape = server.scrape();
     let counts = |pairs: &[(&str, f64)]| -> BTreeMap<String, f64> {
@@ -331,7 +274,7 @@ fn every_dashboard_query_names_a_live_series() {
     let redis = RedisServer::start();
     let server = stack_server(&redis);
     for headers in [&CRITICAL[..], &[]] {
-        http_get(server.addr, "/", headers);
+        let _ = get(server.addr(), "/", headers);
     }
     let scrape = server.scrape();
     let live = scrape.names();
@@ -349,7 +292,12 @@ fn every_dashboard_query_names_a_live_series() {
 fn the_grpc_server_exposes_its_decisions() {
     let server = Server::start("grpc_server", &["--limit", "3", "--period", "1h"]);
     let out = Command::new(example("grpc_client"))
-        .args(["--addr", &format!("http://{}", server.addr), "--count", "5"])
+        .args([
+            "--addr",
+            &format!("http://{}", server.addr()),
+            "--count",
+            "5",
+        ])
         .output()
         .expect("run the gRPC client");
     assert!(

@@ -3,60 +3,37 @@
 //! policy is unchanged keeps its state, an invalid file keeps the old set and says where it is wrong), and an
 //! invalid file at start, on the in-process store and on a private Redis.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tollgate_testkit::examples::example;
+use tollgate_testkit::examples::{ExampleServer, example};
+use tollgate_testkit::http::{Reply, get};
 use tollgate_testkit::redis::RedisServer;
 
 /// The policy file shipped with the examples: the issue's example as written.
 const POLICY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policy.toml");
 
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    metrics: Option<SocketAddr>,
-    stdout: BufReader<ChildStdout>,
-}
+/// `axum_server --config FILE` running, asked over TCP.
+struct Server(ExampleServer);
 
 impl Server {
     fn start(config: &Path, args: &[&str]) -> Self {
-        let mut child = Command::new(example("axum_server"))
-            .args(["--addr", "127.0.0.1:0", "--config"])
-            .arg(config)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the example server");
-        let mut stdout = BufReader::new(child.stdout.take().expect("its stdout"));
-        let first = line(&mut stdout);
-        let addr = first
-            .strip_prefix("listening on http://")
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|addr| addr.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"));
-        let metrics = args.contains(&"--metrics-addr").then(|| {
-            let second = line(&mut stdout);
-            second
-                .strip_prefix("metrics on http://")
-                .and_then(|rest| rest.strip_suffix("/metrics"))
-                .and_then(|addr| addr.parse().ok())
-                .unwrap_or_else(|| panic!("unexpected second line {second:?}"))
-        });
-        Self {
-            child,
-            addr,
-            metrics,
-            stdout,
-        }
+        let config = config.to_str().expect("a UTF-8 path");
+        let args: Vec<&str> = ["--config", config]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        Self(ExampleServer::start("axum_server", &args))
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.0.addr()
     }
 
     fn get(&self, key: &str) -> Reply {
-        get(self.addr, "/", &[("x-api-key", key)])
+        get(self.addr(), "/", &[("x-api-key", key)])
     }
 
     /// `n` requests with API key `key`, and how long they took from the first sent to the last answered.
@@ -68,87 +45,15 @@ impl Server {
 
     /// Sends SIGHUP and returns the line the server answers it with.
     fn reload(&mut self) -> String {
-        let status = Command::new("kill")
-            .args(["-HUP", &self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success());
-        line(&mut self.stdout)
+        self.0.signal("-HUP");
+        self.0.next_line()
     }
 
     fn metric(&self, series: &str) -> Option<u64> {
-        let text = get_text(self.metrics.expect("--metrics-addr"), "/metrics");
+        let text = get(self.0.metrics_addr(), "/metrics", &[]).body;
         text.lines()
             .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
     }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn line(stdout: &mut BufReader<ChildStdout>) -> String {
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("a line from the server");
-    line.trim_end().to_owned()
-}
-
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-fn exchange(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("a read timeout");
-    let mut request = format!("GET {path} HTTP/1.1\r\nhost: example\r\nconnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    response
-}
-
-fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let response = exchange(addr, path, headers);
-    let head = response.split("\r\n\r\n").next().unwrap_or_default();
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {response:?}"));
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Reply { status, headers }
-}
-
-fn get_text(addr: SocketAddr, path: &str) -> String {
-    let response = exchange(addr, path, &[]);
-    response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default()
 }
 
 /// The most a token bucket of `burst` refilling `limit` per `period` can admit in `elapsed`: the burst, plus the
@@ -206,8 +111,8 @@ fn the_issue_example(store_args: &[&str]) {
         "every exemption counted"
     );
     // A request without the key's header is a configuration error, not a free pass.
-    assert_eq!(get(server.addr, "/", &[]).status, 500);
-    assert_eq!(get(server.addr, "/health", &[]).status, 200);
+    assert_eq!(get(server.addr(), "/", &[]).status, 500);
+    assert_eq!(get(server.addr(), "/health", &[]).status, 200);
 }
 
 #[test]

@@ -1,8 +1,10 @@
 //! Test support shared by every tollgate crate's tests: the decision vectors that keep the in-process and
-//! Redis stores honest, (in [`redis`]) real Redis servers for tests, and (in [`tls`]) their certificates.
+//! Redis stores honest, (in [`redis`]) real Redis servers for tests, (in [`tls`]) their certificates, and (in [`examples`] and [`http`])
+//! the example servers run as black boxes and asked over TCP.
 #![forbid(unsafe_code)]
 
 pub mod examples;
+pub mod http;
 pub mod redis;
 pub mod tls;
 pub mod vectors;

@@ -427,6 +427,17 @@ impl RedisServer {
         run_cli(&self.cli_args(), args)
     }
 
+    /// How many times this server has run `command` (lower case, as `INFO commandstats` names it: `evalsha`).
+    #[must_use]
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().expect("a number of calls"))
+    }
+
     /// Sends `signal` (`-STOP`, `-CONT`) through the `kill` program (procps; `scripts/test.sh` installs it where a
     /// minimal image lacks it), which the test runs before the server handle is dropped.
     fn signal(&self, signal: &str) {
