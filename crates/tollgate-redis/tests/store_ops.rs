@@ -173,3 +173,57 @@ async fn a_lockout_is_kept_with_the_key_on_redis_time() {
         assert_eq!(stored_again, end, "a refusal extended the lockout");
     }
 }
+
+/// Before Redis 7 there is no `EVALSHA_RO`. A server without it (renamed away, so it answers "unknown command"
+/// as Redis 6 does) still serves peeks: the store notices once and runs the same script by `EVALSHA`, whose peek
+/// flag skips every write.
+#[tokio::test]
+async fn a_peek_falls_back_to_evalsha_where_the_server_has_no_evalsha_ro() {
+    let server = tollgate_testkit::redis::RedisServer::start_with(&[
+        "--rename-command",
+        "EVALSHA_RO",
+        "",
+        "--rename-command",
+        "EVAL_RO",
+        "",
+    ]);
+    assert!(
+        server
+            .cli(&["EVALSHA_RO", "0", "0"])
+            .contains("unknown command"),
+        "the server still knows EVALSHA_RO"
+    );
+    let store = common::store(&server.url(), "peek-fallback").await;
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindowCounter] {
+        let policy = Policy::new(algorithm, Quota::per_hour(3).unwrap()).unwrap();
+        let key = format!("used-{algorithm}");
+        store.check(&key, &policy, 1).await.unwrap();
+        let redis_key = store.redis_key(&key, algorithm);
+        let before = snapshot(&mut conn, &redis_key).await;
+        assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
+        for _ in 0..3 {
+            let d = store.peek(&key, &policy, 1).await.unwrap();
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining, 1, "2 of 3 left; a cost of 1 would leave 1");
+        }
+        let fresh = store.peek("never-used", &policy, 1).await.unwrap();
+        assert_eq!(fresh.remaining, 2);
+        let calls = command_calls(&server);
+        // Four peeks, each one script call: `EVALSHA_RO` is known to be missing after the first store call.
+        assert_eq!(calls.get("evalsha"), Some(&4), "{algorithm}: {calls:?}");
+        let (fields, ttl) = snapshot(&mut conn, &redis_key).await;
+        assert_eq!(fields, before.0, "{algorithm}: a peek wrote");
+        assert!(
+            ttl > 0 && ttl <= before.1,
+            "{algorithm}: {} then {ttl}",
+            before.1
+        );
+        let exists: bool = conn
+            .exists(store.redis_key("never-used", algorithm))
+            .await
+            .unwrap();
+        assert!(!exists, "{algorithm}: a peek created a key");
+    }
+}
