@@ -138,10 +138,6 @@ impl<V> Slab<V> {
             entry.remove();
         }
     }
-
-    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
-        self.nodes.iter().map(|n| &n.value)
-    }
 }
 
 /// What a [`List`] runs through: one slab, or a store's two.
