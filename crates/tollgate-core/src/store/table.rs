@@ -179,10 +179,30 @@ impl List {
     /// Marks `link` (in the list) as the most recently used.
     #[inline]
     pub(crate) fn touch(&mut self, arena: &mut impl Arena, link: u32) {
-        if self.head != link {
-            self.unlink(arena, link);
-            self.push_front(arena, link);
+        let head = self.head;
+        if head == link {
+            return;
         }
+        // `unlink` and `push_front` in one, for a node that is not the head (so it has a `prev`, and the list a
+        // head): its own links read and written in one place, no test for ends it cannot be at (the move a hit
+        // pays on many keys; docs/BENCHMARKS.md, issue 21).
+        let own = arena.links(link);
+        let Links { prev, next } = *own;
+        *own = Links {
+            prev: NIL,
+            next: head,
+        };
+        if self.hand == link {
+            self.hand = prev;
+        }
+        arena.links(prev).next = next;
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            arena.links(next).prev = prev;
+        }
+        arena.links(head).prev = link;
+        self.head = link;
     }
 
     /// Takes `link` out of the list. A hand on it moves on towards the head (where it would have gone next).
