@@ -86,7 +86,9 @@ const MIN_SHARD_KEYS: usize = 256;
 pub struct MemoryStore<C = SystemClock> {
     shards: Box<[Mutex<Shard>]>,
     seed: RandomState,
-    shard_bits: u32,
+    /// A digest's shard is `(digest >> shard_shift) & shard_mask` (the shard count is a power of two).
+    shard_shift: u32,
+    shard_mask: usize,
     bound: Bound,
     log: EvictionLog,
     clock: C,
@@ -201,7 +203,8 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         MemoryStore {
             shards: (0..count).map(|_| Mutex::new(Shard::default())).collect(),
             seed,
-            shard_bits: count.trailing_zeros(),
+            shard_shift: 40 - count.trailing_zeros().min(24),
+            shard_mask: count - 1,
             bound: Bound {
                 shard_capacity: self.max_keys.div_ceil(count).min(MAX_SHARD_KEYS),
                 max_keys: self.max_keys,
@@ -423,13 +426,12 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    /// The key's shard: the digest's `log2(shards)` bits below bit 40.
+    #[inline(always)]
     pub(super) fn shard(&self, hash: u64) -> &Mutex<Shard> {
-        let index = if self.shard_bits == 0 {
-            0
-        } else {
-            (hash >> (40 - self.shard_bits.min(24))) as usize
-        };
-        &self.shards[index & (self.shards.len() - 1)]
+        // Shift and mask derived once (the test for one shard and the `min` per check were ~8 instructions of the
+        // steady path; docs/BENCHMARKS.md, issue 21).
+        &self.shards[(hash >> self.shard_shift) as usize & self.shard_mask]
     }
 
     /// Drops every key whose state is indistinguishable from a fresh one. Never required: the store sweeps
