@@ -61,6 +61,10 @@ const MIN_SHARD_KEYS: usize = 256;
 /// are evicted, a warning is logged (at most one every 10 s): `max_keys` is too small for the traffic, or a flood
 /// of new keys is on. A token bucket and a sliding window sharing a store share its bound and its recency list.
 ///
+/// Lockout ends ([`Policy::with_lockout`]) are kept beside the entries, in a per-shard table of the keys that have
+/// one: an entry is only its algorithm's state, and a policy without a lockout never reads the table. An end
+/// lives as long as its key's entry, which is not dropped as decayed before the end.
+///
 /// With [`OnFull::Refuse`], a key that is not tracked yet at the bound gets [`StoreError::KeyCapacity`] (the
 /// limiter's failure policy decides what that means) and keys already tracked keep their state. New keys are
 /// admitted again once expired ones can be swept: at the bound, once an eighth of the shard has expired (a sweep
