@@ -1,8 +1,8 @@
 //! MemoryStore's lockouts, kept in a side table beside the entries (issue 21), against a model of the entry that
 //! carries its own lockout end (`Locked<state>`, what the store kept before): checks, peeks and charges by
 //! policies with and without a lockout sharing keys, both algorithms, time advancing and sweeps, on a manual
-//! clock. Every decision and the store's size must equal the model's. Then evictions: a lockout goes with its
-//! evicted entry, and a locked entry is not evicted as decayed.
+//! clock. Every decision and the store's size must equal the model's. Then evictions and sweeps: a lockout goes with
+//! its evicted or swept entry, and a locked entry is not evicted as decayed.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -291,4 +291,27 @@ fn a_locked_entry_whose_state_decayed_is_not_evicted_as_decayed() {
     assert_eq!(locked.retry_after, Some(Duration::from_millis(100)));
     // And "idle" is a fresh key again.
     assert_eq!(store.peek_now("idle", &plain, 1).remaining, 2);
+}
+
+/// A sweep drops a lockout with its entry: after a clock step back to within the old lockout, the key is new (a
+/// lockout left behind in the side table would lock it again).
+#[test]
+fn a_swept_entry_takes_its_lockout_with_it() {
+    for window in [false, true] {
+        let (store, clock) = small_store(64);
+        let locking = policy(window, true);
+        for _ in 0..3 {
+            assert!(store.check_now("a", &locking, 1).unwrap().is_allowed());
+        }
+        assert!(!store.check_now("a", &locking, 1).unwrap().is_allowed()); // locked for 2 s
+        clock.advance(Duration::from_secs(5));
+        store.sweep();
+        assert_eq!(store.len(), 0, "{window}");
+        // Back to 1 s after the lockout began: "a" is a new key, decided by its own fresh state.
+        let back = Timestamp::from_micros(T0 + 1_000_000);
+        assert!(store.check_at("a", &locking, 1, back).unwrap().is_allowed());
+        let next = store.check_at("a", &locking, 1, back).unwrap();
+        assert!(next.is_allowed(), "{window}: {next:?}");
+        assert_eq!(next.remaining, 1, "{window}");
+    }
 }
