@@ -3,21 +3,25 @@
 //! `cargo bench --bench bytes_per_key` — each contender runs in a fresh child process, which reads its own
 //! resident set size (VmRSS) before and after tracking 1 M keys `client-0000000` … `client-0999999`. The
 //! `_at_bound` contenders flood a store bounded at 1 M keys with 4 M distinct keys (it evicts the least recently
-//! used past the bound): resident growth ÷ the keys it holds at the end.
+//! used past the bound): resident growth ÷ the keys it holds at the end. The `_locked` contenders lock every key out
+//! (a lockout policy, each key denied once).
 
 use std::num::NonZeroU32;
 use std::process::Command;
+use std::time::Duration;
 
 use governor::{Quota as GQuota, RateLimiter};
 use tollgate_core::{MemoryStore, Policy, Quota};
 
 const KEYS: usize = 1_000_000;
-const CONTENDERS: [&str; 5] = [
+const CONTENDERS: [&str; 7] = [
     "tollgate_token_bucket",
     "tollgate_sliding_window",
     "governor_gcra",
     "tollgate_token_bucket_at_bound",
     "tollgate_sliding_window_at_bound",
+    "tollgate_token_bucket_locked",
+    "tollgate_sliding_window_locked",
 ];
 
 fn rss_bytes() -> usize {
@@ -61,14 +65,33 @@ fn measure(contender: &str) -> usize {
             rss
         }
         name => {
+            // `_locked`: one request an hour and a lockout of an hour, two requests per key: every key is locked
+            // out (its lockout end is in the shard's side table, beside its entry).
+            let locked = name.ends_with("_locked");
+            let quota = if locked {
+                Quota::per_hour(1).unwrap()
+            } else {
+                quota
+            };
             let policy = if name.contains("token_bucket") {
                 Policy::token_bucket(quota)
             } else {
                 Policy::sliding_window(quota).unwrap()
             };
+            let policy = if locked {
+                policy.with_lockout(Duration::from_secs(3_600)).unwrap()
+            } else {
+                policy
+            };
             let bound = if flood > 1 { KEYS } else { 2 * KEYS };
             let store = MemoryStore::builder().max_keys(bound).build();
-            fill(&mut |k| assert!(store.check_now(k, &policy, 1).unwrap().is_allowed()));
+            fill(&mut |k| {
+                assert!(store.check_now(k, &policy, 1).unwrap().is_allowed());
+                if locked {
+                    let denied = store.check_now(k, &policy, 1).unwrap();
+                    assert!(denied.retry_after >= Some(Duration::from_secs(3_599)));
+                }
+            });
             let rss = rss_bytes();
             // Unbounded: every key; at the bound: each shard full (the bound, rounded up to the shards).
             assert!(

@@ -3,7 +3,8 @@
 //! `cargo bench --bench memory_store` — criterion prints time per check for each pair side by side; the ratio
 //! is tollgate ÷ governor for the same group. Memory per key: `cargo bench --bench bytes_per_key`.
 //!
-//! `COUNT=<group>/<contender> N=<checks>` runs one contender without criterion, for valgrind (see `count`).
+//! `COUNT=<group>/<contender> N=<checks>` runs one contender without criterion, for valgrind (see `count`); there a
+//! contender `tollgate_<algorithm>_lockout` is that policy with a lockout.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -201,6 +202,13 @@ fn count(what: &str, n: usize) {
         window
     } else {
         bucket
+    };
+    // `tollgate_<algorithm>_lockout`: the same policy with a lockout, which these quotas never start: what a
+    // lockout policy's check pays for its lockout (the read of the shard's lockout table, the wrapper's branches).
+    let policy = if contender.ends_with("_lockout") {
+        policy.with_lockout(Duration::from_secs(60)).unwrap()
+    } else {
+        policy
     };
     let (keys, bound) = match group {
         "single_key" => (

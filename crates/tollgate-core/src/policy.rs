@@ -20,6 +20,7 @@
 //! ```
 
 use std::fmt;
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 /// The largest product of a count and a duration the integer arithmetic accepts.
@@ -247,14 +248,14 @@ impl Quota {
 
     /// The sliding window's time resolution in microseconds: 1 µs, 1 ms or 1 s, the finest that keeps
     /// `limit × period` exact.
-    const fn sliding_window_tick(&self) -> Option<u64> {
+    const fn sliding_window_tick(&self) -> Option<NonZeroU64> {
         let ticks = [1, 1_000, 1_000_000];
         let mut i = 0;
         while i < ticks.len() {
             let tick = ticks[i];
             if self.period_us.is_multiple_of(tick) {
                 match self.limit.checked_mul(self.period_us / tick) {
-                    Some(p) if p <= MAX_SCALED => return Some(tick),
+                    Some(p) if p <= MAX_SCALED => return NonZeroU64::new(tick),
                     _ => {}
                 }
             }
@@ -269,7 +270,10 @@ impl Quota {
 pub struct Policy {
     algorithm: Algorithm,
     quota: Quota,
-    tick_us: u64,
+    tick_us: NonZeroU64,
+    // Derived once here, not per request (a division the sliding window's steady path paid; docs/BENCHMARKS.md,
+    // issue 21): the period in ticks.
+    ticks: u64,
     /// 0: no lockout.
     lockout_us: u64,
 }
@@ -281,7 +285,8 @@ impl Policy {
         Self {
             algorithm: Algorithm::TokenBucket,
             quota,
-            tick_us: 1,
+            tick_us: NonZeroU64::MIN,
+            ticks: quota.period_us,
             lockout_us: 0,
         }
     }
@@ -296,6 +301,7 @@ impl Policy {
                 algorithm: Algorithm::SlidingWindowCounter,
                 quota,
                 tick_us,
+                ticks: quota.period_us / tick_us.get(),
                 lockout_us: 0,
             }),
             None => Err(PolicyError::TooLarge {
@@ -386,7 +392,17 @@ impl Policy {
     /// The sliding window's resolution in microseconds (1 for the token bucket).
     #[must_use]
     pub const fn tick_micros(&self) -> u64 {
+        self.tick_us.get()
+    }
+
+    /// [`tick_micros`](Self::tick_micros), which is never 0 (so a division by it needs no test).
+    pub(crate) const fn tick(&self) -> NonZeroU64 {
         self.tick_us
+    }
+
+    /// The period in ticks: `quota.period_micros() / tick_micros()`.
+    pub(crate) const fn ticks(&self) -> u64 {
+        self.ticks
     }
 
     /// The largest cost a single request may have: a larger one can never be admitted.

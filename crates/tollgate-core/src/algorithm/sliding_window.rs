@@ -51,7 +51,7 @@ pub fn decide(
     let limit = quota.limit();
     let period = quota.period_micros();
     let tick = policy.tick_micros();
-    let ticks = period / tick;
+    let ticks = policy.ticks(); // period / tick
     // `now` is when the request is decided as of; `clock` is the clock's own reading, which retry delays and the
     // decision's instant are measured from (they differ only after the clock stepped back).
     let clock = now.min(Timestamp::LATEST).as_micros();
@@ -70,7 +70,7 @@ pub fn decide(
             previous = s.current;
         }
     }
-    let elapsed = (now - start) / tick;
+    let elapsed = (now - start) / policy.tick(); // never 0: no test for it
     // estimate × ticks = current × ticks + previous × (ticks − elapsed)
     let weighted_previous = previous * (ticks - elapsed);
     let mut outcome = Outcome::Limited;

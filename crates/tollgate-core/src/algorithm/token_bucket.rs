@@ -23,8 +23,9 @@ pub struct TokenBucketState {
 
 /// Decides one request of `cost` tokens at `now`.
 #[must_use]
-// Inlined into the store's check, which is generic over the clock and so compiled in the caller's crate.
-#[inline]
+// Inlined into the store's check, which is generic over the clock and so compiled in the caller's crate (a plain
+// `#[inline]` measured not always taken: 14 instructions of call and copies per check; docs/BENCHMARKS.md, issue 21).
+#[inline(always)]
 pub fn decide(
     state: Option<TokenBucketState>,
     quota: &Quota,

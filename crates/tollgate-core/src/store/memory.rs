@@ -23,6 +23,7 @@ use crate::algorithm::sliding_window::{self, SlidingWindowState};
 use crate::algorithm::token_bucket::{self, TokenBucketState};
 use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
 use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, Timestamp};
+use hashbrown::HashTable;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
 use super::memory_lease::LeaseBooks;
@@ -60,6 +61,10 @@ const MIN_SHARD_KEYS: usize = 256;
 /// are evicted, a warning is logged (at most one every 10 s): `max_keys` is too small for the traffic, or a flood
 /// of new keys is on. A token bucket and a sliding window sharing a store share its bound and its recency list.
 ///
+/// Lockout ends ([`Policy::with_lockout`]) are kept beside the entries, in a per-shard table of the keys that have
+/// one: an entry is only its algorithm's state, and a policy without a lockout never reads the table. An end
+/// lives as long as its key's entry, which is not dropped as decayed before the end.
+///
 /// With [`OnFull::Refuse`], a key that is not tracked yet at the bound gets [`StoreError::KeyCapacity`] (the
 /// limiter's failure policy decides what that means) and keys already tracked keep their state. New keys are
 /// admitted again once expired ones can be swept: at the bound, once an eighth of the shard has expired (a sweep
@@ -85,7 +90,9 @@ const MIN_SHARD_KEYS: usize = 256;
 pub struct MemoryStore<C = SystemClock> {
     shards: Box<[Mutex<Shard>]>,
     seed: RandomState,
-    shard_bits: u32,
+    /// A digest's shard is `(digest >> shard_shift) & shard_mask` (the shard count is a power of two).
+    shard_shift: u32,
+    shard_mask: usize,
     bound: Bound,
     log: EvictionLog,
     clock: C,
@@ -200,7 +207,8 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         MemoryStore {
             shards: (0..count).map(|_| Mutex::new(Shard::default())).collect(),
             seed,
-            shard_bits: count.trailing_zeros(),
+            shard_shift: 40 - count.trailing_zeros().min(24),
+            shard_mask: count - 1,
             bound: Bound {
                 shard_capacity: self.max_keys.div_ceil(count).min(MAX_SHARD_KEYS),
                 max_keys: self.max_keys,
@@ -281,16 +289,41 @@ impl<C: Clock> MemoryStore<C> {
         let now = now.min(Timestamp::LATEST);
         let (bound, log) = (&self.bound, &self.log);
         let check = Check { policy, cost, now };
-        // One match on the algorithm, the lease flag read in the token bucket's arm only.
-        match policy.algorithm() {
-            Algorithm::TokenBucket if self.leases.active() => {
+        // One match on the algorithm, the lease flag read in the token bucket's arm only; a policy with a
+        // lockout takes its own arms (the only ones that read the shard's lockout table).
+        match (policy.algorithm(), policy.lockout_micros()) {
+            (Algorithm::TokenBucket, _) if self.leases.active() => {
                 self.check_leased_at(hash, policy, cost, now)
             }
-            Algorithm::TokenBucket => lock(self.shard(hash))
-                .apply::<Locked<TokenBucketState>>(hash, now, bound, log, check),
-            Algorithm::SlidingWindowCounter => {
-                lock(self.shard(hash)).apply::<WindowEntry>(hash, now, bound, log, check)
+            (Algorithm::TokenBucket, 0) => {
+                lock(self.shard(hash)).apply::<BucketEntry, _>(hash, now, bound, log, check)
             }
+            (Algorithm::SlidingWindowCounter, 0) => {
+                lock(self.shard(hash)).apply::<WindowEntry, _>(hash, now, bound, log, check)
+            }
+            (Algorithm::TokenBucket, lockout) => lock(self.shard(hash)).apply::<BucketEntry, _>(
+                hash,
+                now,
+                bound,
+                log,
+                WithLockout(|s| {
+                    lockout::decide(s, lockout, |s| {
+                        token_bucket::decide(s, policy.quota_ref(), cost, now)
+                    })
+                }),
+            ),
+            (Algorithm::SlidingWindowCounter, lockout) => lock(self.shard(hash))
+                .apply::<WindowEntry, _>(
+                    hash,
+                    now,
+                    bound,
+                    log,
+                    WithLockout(|s| {
+                        lockout::decide(s, lockout, |s| {
+                            sliding_window::decide(s, policy, cost, now)
+                        })
+                    }),
+                ),
         }
     }
 
@@ -323,14 +356,14 @@ impl<C: Clock> MemoryStore<C> {
         // Only read: the entry is not moved on the recency list.
         match policy.algorithm() {
             Algorithm::TokenBucket => {
-                let state = shard.slabs.buckets.get(hash).map(Entry::state);
+                let state = shard.slabs.locked::<BucketEntry>(hash, lockout);
                 lockout::decide(state, lockout, |s| {
                     token_bucket::decide(s, policy.quota_ref(), cost, now)
                 })
                 .decision
             }
             Algorithm::SlidingWindowCounter => {
-                let state = shard.slabs.windows.get(hash).map(Entry::state);
+                let state = shard.slabs.locked::<WindowEntry>(hash, lockout);
                 lockout::decide(state, lockout, |s| {
                     sliding_window::decide(s, policy, cost, now)
                 })
@@ -356,13 +389,14 @@ impl<C: Clock> MemoryStore<C> {
         let lockout = policy.lockout_micros();
         let mut shard = lock(self.shard(hash));
         let (bound, log) = (&self.bound, &self.log);
+        // A charge writes the state and keeps the key's lockout as it is; a policy with a lockout reports it.
         match policy.algorithm() {
-            Algorithm::TokenBucket => shard.apply::<Locked<TokenBucketState>>(
+            Algorithm::TokenBucket => shard.apply::<BucketEntry, _>(
                 hash,
                 now,
                 bound,
                 log,
-                |s: Option<Locked<_>>| {
+                WithLockout(|s: Option<Locked<_>>| {
                     let state = Locked {
                         state: charge::token_bucket(
                             s.map(|s| s.state),
@@ -375,10 +409,14 @@ impl<C: Clock> MemoryStore<C> {
                     charged(state, lockout, |s| {
                         token_bucket::decide(s, policy.quota_ref(), 0, now)
                     })
-                },
+                }),
             ),
-            Algorithm::SlidingWindowCounter => {
-                shard.apply::<WindowEntry>(hash, now, bound, log, |s: Option<Locked<_>>| {
+            Algorithm::SlidingWindowCounter => shard.apply::<WindowEntry, _>(
+                hash,
+                now,
+                bound,
+                log,
+                WithLockout(|s: Option<Locked<_>>| {
                     let inner = s.map(|s| s.state);
                     let state = Locked {
                         state: charge::sliding_window(inner, policy, delta, decided_at, now),
@@ -387,18 +425,17 @@ impl<C: Clock> MemoryStore<C> {
                     charged(state, lockout, |s| {
                         sliding_window::decide(s, policy, 0, now)
                     })
-                })
-            }
+                }),
+            ),
         }
     }
 
+    /// The key's shard: the digest's `log2(shards)` bits below bit 40.
+    #[inline(always)]
     pub(super) fn shard(&self, hash: u64) -> &Mutex<Shard> {
-        let index = if self.shard_bits == 0 {
-            0
-        } else {
-            (hash >> (40 - self.shard_bits.min(24))) as usize
-        };
-        &self.shards[index & (self.shards.len() - 1)]
+        // Shift and mask derived once (the test for one shard and the `min` per check were ~8 instructions of the
+        // steady path; docs/BENCHMARKS.md, issue 21).
+        &self.shards[(hash >> self.shard_shift) as usize & self.shard_mask]
     }
 
     /// Drops every key whose state is indistinguishable from a fresh one. Never required: the store sweeps
@@ -515,20 +552,26 @@ pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock()
 }
 
-/// How a shard's `apply` decides: a request ([`Check`]), or any step (a charge's closure).
+/// How a shard's `apply` decides: a request without a lockout ([`Check`]), any step on the algorithm's state (a
+/// closure: leases), or a step on the state with its lockout ([`WithLockout`]: a lockout policy, a charge).
 pub(super) trait Decide<S> {
-    fn decide<E: Entry<State = S>>(self, state: Option<S>) -> Step<S>;
+    /// Whether the step reads and may set the key's lockout (in the shard's lockout table).
+    const LOCKOUT: bool;
+    /// The step on the key's state (`None`: not held) under the lockout ending at `locked_until` (0: none, or not
+    /// read), and the lockout end to keep with the new state.
+    fn decide<E: Entry<State = S>>(self, state: Option<S>, locked_until: u64) -> (Step<S>, u64);
 }
 
 impl<S, F: FnOnce(Option<S>) -> Step<S>> Decide<S> for F {
+    const LOCKOUT: bool = false;
     #[inline]
-    fn decide<E: Entry<State = S>>(self, state: Option<S>) -> Step<S> {
-        self(state)
+    fn decide<E: Entry<State = S>>(self, state: Option<S>, _: u64) -> (Step<S>, u64) {
+        (self(state), 0)
     }
 }
 
-/// A request's check: [`Entry::check`], a direct call the compiler inlines (a closure measured called out of
-/// line, ~50 instructions more per check).
+/// A request's check without a lockout: [`Entry::check`], a direct call the compiler inlines (a closure measured
+/// called out of line, ~50 instructions more per check).
 #[derive(Clone, Copy)]
 struct Check<'a> {
     policy: &'a Policy,
@@ -537,19 +580,42 @@ struct Check<'a> {
 }
 
 impl<S> Decide<S> for Check<'_> {
+    const LOCKOUT: bool = false;
     #[inline(always)]
-    fn decide<E: Entry<State = S>>(self, state: Option<S>) -> Step<S> {
-        E::check(state, self.policy, self.cost, self.now)
+    fn decide<E: Entry<State = S>>(self, state: Option<S>, _: u64) -> (Step<S>, u64) {
+        (E::check(state, self.policy, self.cost, self.now), 0)
     }
 }
 
-/// A stored algorithm state, which knows when it has decayed back to "fresh".
+/// A step on the state and its lockout ([`lockout::decide`], a charge), for the policies that have one.
+pub(super) struct WithLockout<F>(pub(super) F);
+
+impl<S: Copy, F: FnOnce(Option<Locked<S>>) -> Step<Locked<S>>> Decide<S> for WithLockout<F> {
+    const LOCKOUT: bool = true;
+    #[inline(always)]
+    fn decide<E: Entry<State = S>>(self, state: Option<S>, locked_until: u64) -> (Step<S>, u64) {
+        let step = (self.0)(state.map(|state| Locked {
+            state,
+            locked_until,
+        }));
+        let kept = step.state.map_or(locked_until, |s| s.locked_until);
+        let step = Step {
+            decision: step.decision,
+            state: step.state.map(|s| s.state),
+        };
+        (step, kept)
+    }
+}
+
+/// A stored algorithm state, which knows when it has decayed back to "fresh" (its lockout aside, which the
+/// shard's lockout table keeps).
 pub(super) trait Entry: Copy + Expiry {
     type State: Copy;
     /// Tells this algorithm's links from the other's on the shard's one list.
     const TAG: u32;
     fn slab(slabs: &mut Slabs) -> &mut Slab<Self>;
-    /// A request's decision under the policy's lockout.
+    fn slab_ref(slabs: &Slabs) -> &Slab<Self>;
+    /// A request's decision, without a lockout.
     fn check(
         state: Option<Self::State>,
         policy: &Policy,
@@ -560,66 +626,81 @@ pub(super) trait Entry: Copy + Expiry {
     fn state(&self) -> Self::State;
 }
 
-/// A bucket lives until it is full again and its lockout, if any, has ended.
-impl Expiry for Locked<TokenBucketState> {
+/// A token bucket's entry: its state alone, 16 bytes (a lockout, if any, is in the shard's lockout table).
+#[derive(Clone, Copy)]
+pub(super) struct BucketEntry(TokenBucketState);
+
+/// A bucket lives until it is full again.
+impl Expiry for BucketEntry {
     fn expires_at(&self) -> u64 {
-        self.state.full_at.max(self.locked_until)
+        self.0.full_at
     }
 }
 
-impl Entry for Locked<TokenBucketState> {
-    type State = Self;
+impl Entry for BucketEntry {
+    type State = TokenBucketState;
     const TAG: u32 = 0;
     #[inline]
     fn slab(slabs: &mut Slabs) -> &mut Slab<Self> {
         &mut slabs.buckets
     }
+    fn slab_ref(slabs: &Slabs) -> &Slab<Self> {
+        &slabs.buckets
+    }
     #[inline(always)]
-    fn check(state: Option<Self>, policy: &Policy, cost: u64, now: Timestamp) -> Step<Self> {
-        lockout::decide(state, policy.lockout_micros(), |s| {
-            token_bucket::decide(s, policy.quota_ref(), cost, now)
-        })
+    fn check(
+        state: Option<TokenBucketState>,
+        policy: &Policy,
+        cost: u64,
+        now: Timestamp,
+    ) -> Step<TokenBucketState> {
+        token_bucket::decide(state, policy.quota_ref(), cost, now)
     }
-    fn new(state: Self, _: &Decision) -> Self {
-        state
+    #[inline(always)]
+    fn new(state: TokenBucketState, _: &Decision) -> Self {
+        Self(state)
     }
-    fn state(&self) -> Self {
-        *self
+    #[inline(always)]
+    fn state(&self) -> TokenBucketState {
+        self.0
     }
 }
 
 #[derive(Clone, Copy)]
 pub(super) struct WindowEntry {
-    state: Locked<SlidingWindowState>,
-    /// The decision's reset, which a lockout's end never precedes.
+    state: SlidingWindowState,
+    /// The decision's reset.
     expires_at: u64,
 }
 
 impl Entry for WindowEntry {
-    type State = Locked<SlidingWindowState>;
+    type State = SlidingWindowState;
     const TAG: u32 = WINDOW;
     #[inline]
     fn slab(slabs: &mut Slabs) -> &mut Slab<Self> {
         &mut slabs.windows
     }
+    fn slab_ref(slabs: &Slabs) -> &Slab<Self> {
+        &slabs.windows
+    }
     #[inline(always)]
     fn check(
-        state: Option<Self::State>,
+        state: Option<SlidingWindowState>,
         policy: &Policy,
         cost: u64,
         now: Timestamp,
-    ) -> Step<Self::State> {
-        lockout::decide(state, policy.lockout_micros(), |s| {
-            sliding_window::decide(s, policy, cost, now)
-        })
+    ) -> Step<SlidingWindowState> {
+        sliding_window::decide(state, policy, cost, now)
     }
-    fn new(state: Locked<SlidingWindowState>, decision: &Decision) -> Self {
+    #[inline(always)]
+    fn new(state: SlidingWindowState, decision: &Decision) -> Self {
         Self {
             state,
             expires_at: decision.reset.as_micros(),
         }
     }
-    fn state(&self) -> Locked<SlidingWindowState> {
+    #[inline(always)]
+    fn state(&self) -> SlidingWindowState {
         self.state
     }
 }
@@ -633,11 +714,78 @@ impl Expiry for WindowEntry {
 /// The top bit of a link on a shard's list: the sliding-window slab (clear: the token-bucket slab).
 const WINDOW: u32 = 1 << 31;
 
-/// A shard's two slabs, one per algorithm, which its one list runs through.
+/// The keys of a shard that carry a lockout end (`Policy::with_lockout`), per algorithm: a side table, so that
+/// entries of policies without a lockout carry no lockout bytes and their checks never read it. An end lives as
+/// long as its key's entry (removed with it; the entry is not swept or evicted as decayed before it), as it did
+/// inside the entry; only a lockout policy's checks, charges and peeks read it, and only a lockout sets it.
+#[derive(Default)]
+pub(super) struct Lockouts {
+    /// `(key digest, locked until)`; the digest is its own hash.
+    by_algorithm: [HashTable<(u64, u64)>; 2],
+}
+
+impl Lockouts {
+    #[inline(always)]
+    fn table(&self, tag: u32) -> &HashTable<(u64, u64)> {
+        &self.by_algorithm[(tag >> 31) as usize]
+    }
+
+    /// The key's lockout end (0: none).
+    #[inline]
+    fn get(&self, tag: u32, key: u64) -> u64 {
+        let table = self.table(tag);
+        if table.is_empty() {
+            return 0;
+        }
+        table.find(key, |e| e.0 == key).map_or(0, |e| e.1)
+    }
+
+    fn set(&mut self, tag: u32, key: u64, until: u64) {
+        let table = &mut self.by_algorithm[(tag >> 31) as usize];
+        match table.find_mut(key, |e| e.0 == key) {
+            Some(e) => e.1 = until,
+            None => {
+                table.insert_unique(key, (key, until), |e| e.0);
+            }
+        }
+    }
+
+    /// Forgets the key's lockout end, if any (its entry is gone).
+    #[inline]
+    fn remove(&mut self, tag: u32, key: u64) {
+        let table = &mut self.by_algorithm[(tag >> 31) as usize];
+        if table.is_empty() {
+            return;
+        }
+        if let Ok(e) = table.find_entry(key, |e| e.0 == key) {
+            e.remove();
+        }
+    }
+}
+
+/// A shard's two slabs, one per algorithm, which its one list runs through, and their keys' lockout ends.
 #[derive(Default)]
 pub(super) struct Slabs {
-    buckets: Slab<Locked<TokenBucketState>>,
+    buckets: Slab<BucketEntry>,
     windows: Slab<WindowEntry>,
+    lockouts: Lockouts,
+}
+
+impl Slabs {
+    /// The key's state with its lockout end, read only; the end is read only for a policy with a lockout
+    /// (`lockout_us > 0`: one without ignores it).
+    fn locked<E: Entry>(&self, key: u64, lockout_us: u64) -> Option<Locked<E::State>> {
+        let state = E::slab_ref(self).get(key)?.state();
+        let locked_until = if lockout_us == 0 {
+            0
+        } else {
+            self.lockouts.get(E::TAG, key)
+        };
+        Some(Locked {
+            state,
+            locked_until,
+        })
+    }
 }
 
 impl Arena for Slabs {
@@ -650,12 +798,18 @@ impl Arena for Slabs {
         }
     }
 
+    /// The entry's own expiry, or its lockout's end if later: a locked key is neither swept nor evicted as
+    /// decayed (the table is read only while some key of this algorithm in the shard has a lockout end).
     fn expires_at(&self, link: u32) -> u64 {
-        if link & WINDOW == 0 {
-            self.buckets.expires_at(link)
+        let (tag, slot) = (link & WINDOW, link & !WINDOW);
+        let (own, key) = if tag == 0 {
+            let node = self.buckets.node(slot);
+            (node.value.expires_at(), node.key)
         } else {
-            self.windows.expires_at(link & !WINDOW)
-        }
+            let node = self.windows.node(slot);
+            (node.value.expires_at(), node.key)
+        };
+        own.max(self.lockouts.get(tag, key))
     }
 }
 
@@ -676,20 +830,30 @@ impl Shard {
     }
 
     #[inline(always)]
-    pub(super) fn apply<E: Entry>(
+    pub(super) fn apply<E: Entry, D: Decide<E::State>>(
         &mut self,
         hash: u64,
         now: Timestamp,
         bound: &Bound,
         log: &EvictionLog,
-        decide: impl Decide<E::State>,
+        decide: D,
     ) -> Result<Decision, StoreError> {
         let slab = E::slab(&mut self.slabs);
         let slot = slab.find(hash);
-        let step = decide.decide::<E>(slot.map(|slot| slab.node_mut(slot).value.state()));
+        let state = slot.map(|slot| slab.node_mut(slot).value.state());
+        // Only a step with a lockout reads the key's end (only a held key has one).
+        let held = if D::LOCKOUT && slot.is_some() {
+            self.slabs.lockouts.get(E::TAG, hash)
+        } else {
+            0
+        };
+        let (step, locked_until) = decide.decide::<E>(state, held);
         if let Some(slot) = slot {
             if let Some(state) = step.state {
-                slab.node_mut(slot).value = E::new(state, &step.decision);
+                E::slab(&mut self.slabs).node_mut(slot).value = E::new(state, &step.decision);
+                if D::LOCKOUT && locked_until != held {
+                    self.slabs.lockouts.set(E::TAG, hash, locked_until);
+                }
             }
             self.list.touch(&mut self.slabs, slot | E::TAG);
             return Ok(step.decision);
@@ -699,7 +863,8 @@ impl Shard {
         };
         let entry = E::new(state, &step.decision);
         let now = now.as_micros();
-        if entry.expires_at() <= now {
+        let expires_at = entry.expires_at().max(locked_until);
+        if expires_at <= now {
             return Ok(step.decision); // already indistinguishable from fresh
         }
         let cap = bound.shard_capacity;
@@ -711,7 +876,10 @@ impl Shard {
                 if len < cap && len >= self.sweep_at.max(MIN_SWEEP) && now >= self.next_expiry {
                     self.sweep(now, bound);
                 }
-                if self.len() >= cap && self.evict_for(hash, entry, now, bound, log) {
+                if self.len() >= cap && self.evict_for(hash, entry, expires_at, now, bound, log) {
+                    if D::LOCKOUT && locked_until != 0 {
+                        self.slabs.lockouts.set(E::TAG, hash, locked_until);
+                    }
                     return Ok(step.decision);
                 }
             }
@@ -726,9 +894,12 @@ impl Shard {
                 }
             }
         }
-        self.next_expiry = self.next_expiry.min(entry.expires_at());
+        self.next_expiry = self.next_expiry.min(expires_at);
         let slot = E::slab(&mut self.slabs).push(hash, entry);
         self.list.push_front(&mut self.slabs, slot | E::TAG);
+        if D::LOCKOUT && locked_until != 0 {
+            self.slabs.lockouts.set(E::TAG, hash, locked_until);
+        }
         Ok(step.decision)
     }
 
@@ -739,6 +910,7 @@ impl Shard {
         &mut self,
         hash: u64,
         entry: E,
+        expires_at: u64,
         now: u64,
         bound: &Bound,
         log: &EvictionLog,
@@ -746,11 +918,12 @@ impl Shard {
         let Some((victim, decayed)) = self.list.victim(&mut self.slabs, now) else {
             return false; // an empty shard is never full (its capacity is at least 1)
         };
-        self.next_expiry = self.next_expiry.min(entry.expires_at());
+        self.next_expiry = self.next_expiry.min(expires_at);
         self.list.unlink(&mut self.slabs, victim);
         let replaced = victim & WINDOW == E::TAG;
         if replaced {
-            E::slab(&mut self.slabs).replace(victim & !WINDOW, hash, entry);
+            let (old, _) = E::slab(&mut self.slabs).replace(victim & !WINDOW, hash, entry);
+            self.slabs.lockouts.remove(E::TAG, old);
             self.list.push_front(&mut self.slabs, victim);
         } else {
             self.remove_unlinked(victim);
@@ -763,11 +936,14 @@ impl Shard {
     /// Removes the entry at `link`, already out of the list, from its slab (whose last entry moves into its slot).
     fn remove_unlinked(&mut self, link: u32) {
         let (tag, slot) = (link & WINDOW, link & !WINDOW);
-        let moved = if tag == 0 {
-            self.slabs.buckets.swap_remove(slot).1
+        let (key, moved) = if tag == 0 {
+            let (node, moved) = self.slabs.buckets.swap_remove(slot);
+            (node.key, moved)
         } else {
-            self.slabs.windows.swap_remove(slot).1
+            let (node, moved) = self.slabs.windows.swap_remove(slot);
+            (node.key, moved)
         };
+        self.slabs.lockouts.remove(tag, key);
         if let Some(from) = moved {
             self.list.relink(&mut self.slabs, from | tag, link);
         }
@@ -800,13 +976,9 @@ impl Shard {
         let cap = bound.shard_capacity;
         let batch = (cap / 8).max(1);
         if bound.on_full == OnFull::Refuse && self.len() + batch > cap {
-            let mut expiries: Vec<u64> = self
-                .slabs
-                .buckets
-                .values()
-                .map(Expiry::expires_at)
-                .chain(self.slabs.windows.values().map(Expiry::expires_at))
-                .collect();
+            let links = (0..self.slabs.buckets.len() as u32)
+                .chain((0..self.slabs.windows.len() as u32).map(|slot| slot | WINDOW));
+            let mut expiries: Vec<u64> = links.map(|link| self.slabs.expires_at(link)).collect();
             if !expiries.is_empty() {
                 let index = batch.min(expiries.len()) - 1;
                 self.next_expiry = *expiries.select_nth_unstable(index).1;

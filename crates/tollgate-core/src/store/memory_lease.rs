@@ -13,11 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use super::memory::{MemoryStore, WindowEntry, lock};
+use super::memory::{BucketEntry, MemoryStore, WindowEntry, WithLockout, lock};
 use crate::algorithm::Step;
-use crate::algorithm::lockout::{self, Locked};
+use crate::algorithm::lockout;
 use crate::algorithm::sliding_window_lease;
-use crate::algorithm::token_bucket::TokenBucketState;
 use crate::algorithm::token_bucket_lease::{self, LeaseBook};
 use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
 use crate::{Algorithm, Clock, Decision, Outcome, Policy, StoreError, Timestamp};
@@ -81,25 +80,12 @@ impl<C: Clock> MemoryStore<C> {
         let (bound, log) = self.bound_and_log();
         match policy.algorithm() {
             Algorithm::SlidingWindowCounter => {
-                lock(self.shard(hash)).apply::<WindowEntry>(
-                    hash,
-                    now,
-                    bound,
-                    log,
-                    |s: Option<Locked<_>>| {
-                        let locked_until = s.map_or(0, |s| s.locked_until);
-                        let (g, state) =
-                            sliding_window_lease::lease(s.map(|s| s.state), policy, request, now);
-                        grant = Some(g);
-                        as_step(
-                            &g,
-                            state.map(|state| Locked {
-                                state,
-                                locked_until,
-                            }),
-                        )
-                    },
-                )?;
+                // A lease neither reads nor sets a lockout (the key's end, if any, stays as it is).
+                lock(self.shard(hash)).apply::<WindowEntry, _>(hash, now, bound, log, |s| {
+                    let (g, state) = sliding_window_lease::lease(s, policy, request, now);
+                    grant = Some(g);
+                    as_step(&g, state)
+                })?;
             }
             Algorithm::TokenBucket => {
                 // The books' lock, then the shard's: the order every token bucket call takes them in.
@@ -111,30 +97,12 @@ impl<C: Clock> MemoryStore<C> {
                 }
                 self.leases.active.store(true, Ordering::Release);
                 let book = books.entry(hash).or_default();
-                lock(self.shard(hash)).apply::<Locked<TokenBucketState>>(
-                    hash,
-                    now,
-                    bound,
-                    log,
-                    |s: Option<Locked<_>>| {
-                        let locked_until = s.map_or(0, |s| s.locked_until);
-                        let (g, state) = token_bucket_lease::lease(
-                            s.map(|s| s.state),
-                            book,
-                            &policy.quota(),
-                            request,
-                            now,
-                        );
-                        grant = Some(g);
-                        as_step(
-                            &g,
-                            Some(Locked {
-                                state,
-                                locked_until,
-                            }),
-                        )
-                    },
-                )?;
+                lock(self.shard(hash)).apply::<BucketEntry, _>(hash, now, bound, log, |s| {
+                    let (g, state) =
+                        token_bucket_lease::lease(s, book, &policy.quota(), request, now);
+                    grant = Some(g);
+                    as_step(&g, Some(state))
+                })?;
                 if book.is_empty() {
                     books.remove(&hash);
                 }
@@ -159,16 +127,16 @@ impl<C: Clock> MemoryStore<C> {
         let book = books.get_mut(&hash).unwrap_or(&mut empty);
         let (bound, log) = self.bound_and_log();
         let lockout = policy.lockout_micros();
-        let decision = lock(self.shard(hash)).apply::<Locked<TokenBucketState>>(
+        let decision = lock(self.shard(hash)).apply::<BucketEntry, _>(
             hash,
             now,
             bound,
             log,
-            |s: Option<Locked<_>>| {
+            WithLockout(|s| {
                 lockout::decide(s, lockout, |s| {
                     token_bucket_lease::decide(s, book, policy.quota_ref(), cost, now)
                 })
-            },
+            }),
         )?;
         if books.get(&hash).is_some_and(LeaseBook::is_empty) {
             books.remove(&hash);

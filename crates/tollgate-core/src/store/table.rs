@@ -138,10 +138,6 @@ impl<V> Slab<V> {
             entry.remove();
         }
     }
-
-    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
-        self.nodes.iter().map(|n| &n.value)
-    }
 }
 
 /// What a [`List`] runs through: one slab, or a store's two.
@@ -181,12 +177,37 @@ impl Default for List {
 
 impl List {
     /// Marks `link` (in the list) as the most recently used.
-    #[inline]
+    // The test inlined into the store's check (a call measured 6 instructions on the single-key path).
+    #[inline(always)]
     pub(crate) fn touch(&mut self, arena: &mut impl Arena, link: u32) {
         if self.head != link {
-            self.unlink(arena, link);
-            self.push_front(arena, link);
+            self.move_to_front(arena, link);
         }
+    }
+
+    /// `unlink` and `push_front` in one, for a node that is not the head (so it has a `prev`, and the list a
+    /// head): its own links read and written in one place, no test for ends it cannot be at (the move a hit pays
+    /// on many keys; docs/BENCHMARKS.md, issue 21).
+    #[inline]
+    fn move_to_front(&mut self, arena: &mut impl Arena, link: u32) {
+        let head = self.head;
+        let own = arena.links(link);
+        let Links { prev, next } = *own;
+        *own = Links {
+            prev: NIL,
+            next: head,
+        };
+        if self.hand == link {
+            self.hand = prev;
+        }
+        arena.links(prev).next = next;
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            arena.links(next).prev = prev;
+        }
+        arena.links(head).prev = link;
+        self.head = link;
     }
 
     /// Takes `link` out of the list. A hand on it moves on towards the head (where it would have gone next).
