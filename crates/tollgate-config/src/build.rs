@@ -172,7 +172,11 @@ pub(crate) fn entry<St: Store>(
         return None;
     }
     let key = FileKey::new(&limiter.key, protocol, proxies);
-    let layer = RateLimitLayer::new(limiter.name.clone(), limiter.policy, store.clone(), key)
+    let mut layer = RateLimitLayer::new(limiter.name.clone(), limiter.policy, store.clone(), key);
+    if let Some(source) = &limiter.cost_after {
+        layer = layer.cost_after(source.clone());
+    }
+    let layer = layer
         .cost(FileCost(limiter.cost))
         .on_store_error(limiter.on_store_error)
         .overrides(limiter.overrides.clone())
