@@ -320,7 +320,10 @@ impl<K, St: Store, C> Shared<K, St, C> {
         }
         let cost = self.cost.cost(req);
         Some(
-            match timed(|| self.store.check_digest(state.finish(), &self.policy, cost))? {
+            match timed(
+                #[inline(always)]
+                || self.store.check_digest(state.finish(), &self.policy, cost),
+            )? {
                 Ok(decision) => Ok(self.judge(decision, mode, keep)),
                 Err(err) => self.digest_failed(req, &err, cost, mode, keep),
             },
