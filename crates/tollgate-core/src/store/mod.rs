@@ -183,7 +183,10 @@ pub trait Store: Send + Sync + 'static {
 
 /// What a [`Store::charge_detached`] calls when its charge cannot reach the store (an error, or no way to run
 /// it): how a limiter counts its lost charges (`tollgate_charges_lost_total{limiter}`). Called at most once.
-pub struct LostCharge(Option<Box<dyn FnOnce(&StoreError) + Send>>);
+pub struct LostCharge(Option<Box<Report>>);
+
+/// What a [`LostCharge`] calls.
+type Report = dyn FnOnce(&StoreError) + Send;
 
 impl LostCharge {
     /// Calls `f` with the reason the charge was lost.

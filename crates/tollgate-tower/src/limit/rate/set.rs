@@ -10,7 +10,11 @@
 //! keys' state where the old one left it.
 //!
 //! The service answers as [`Forward`](crate::respond::Forward) does (verdicts in the response, rejections as
-//! errors): wrap it in `tollgate-http`'s `HttpLimitLayer` or `tollgate-grpc`'s `GrpcLimitLayer`.
+//! errors): wrap it in `tollgate-http`'s `HttpLimitLayer` or `tollgate-grpc`'s `GrpcLimitLayer`. Or it answers
+//! through a [`Respond`]er of its own ([`RateLimitSetLayer::layer_with`]): `tollgate-http`'s
+//! `HttpRateLimitSetLayer` answers in place, as `HttpRateLimitLayer` does for one limiter. A limiter of the set
+//! that charges after the response ([`RateLimitLayer::cost_after`]) is charged once the response states its real
+//! cost, through either.
 //!
 //! ```
 //! use std::sync::Arc;
