@@ -9,7 +9,7 @@
 //! counters); a new entry on the same store with the same bucket names (same limiter name and policy) finds its
 //! keys' state where the old one left it.
 //!
-//! The service answers as [`Forward`](crate::respond::Forward) does (verdicts in the response, rejections as
+//! The service answers as [`Forward`] does (verdicts in the response, rejections as
 //! errors): wrap it in `tollgate-http`'s `HttpLimitLayer` or `tollgate-grpc`'s `GrpcLimitLayer`. Or it answers
 //! through a [`Respond`]er of its own ([`RateLimitSetLayer::layer_with`]): `tollgate-http`'s
 //! `HttpRateLimitSetLayer` answers in place, as `HttpRateLimitLayer` does for one limiter. A limiter of the set
