@@ -257,6 +257,7 @@ impl<B> VerdictSink for http::Request<B> {
 
 /// Appends `s` as a structured-field string (RFC 8941): quoted, `"` and `\` escaped, characters outside printable
 /// ASCII replaced by `?`. Limiter names are rendered this way in the HTTP headers and the gRPC metadata alike.
+#[cfg_attr(not(feature = "http"), allow(dead_code))] // the header fields are the `http` feature's
 pub(crate) fn push_sf_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars().map(visible_char) {
@@ -270,6 +271,7 @@ pub(crate) fn push_sf_string(out: &mut String, s: &str) {
 
 /// `c` if a header or metadata value may carry it as is (space and visible ASCII), `?` otherwise.
 #[must_use]
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) const fn visible_char(c: char) -> char {
     if c == ' ' || c.is_ascii_graphic() {
         c

@@ -380,6 +380,8 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
             // Overrides' states decide on the plain path: leases are the limiter's own policy's.
             #[cfg(feature = "leases")]
             let mut own_leases = leases;
+            // Mutable only to take the leases out (with the `leases` feature).
+            #[cfg_attr(not(feature = "leases"), allow(unused_mut))]
             let mut state = |policy: Policy| {
                 Shared::new(
                     self.name.clone(),
