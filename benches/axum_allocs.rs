@@ -25,7 +25,7 @@ fn main() {
     let variants = axum_variants::variants();
     let mut per_request = Vec::new();
     for v in &variants {
-        let mut router = v.router.clone().with_state(());
+        let mut router = (v.router)().with_state(());
         let (allocations, bytes) = runtime.block_on(async {
             for _ in 0..1_000 {
                 axum_variants::call(&mut router).await;

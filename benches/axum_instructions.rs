@@ -41,7 +41,7 @@ fn child(v: usize, requests: u64) {
         }
         None => v,
     };
-    let router = axum_variants::variants().swap_remove(v).router;
+    let router = (axum_variants::variants().swap_remove(v).router)();
     let addr = runtime.block_on(http_load::serve(router));
     // Connections, buckets, caches and lazily built statics: none of it counts.
     load(&runtime, addr, 1_000);

@@ -291,7 +291,7 @@ fn main() {
                 continue;
             }
             // `with_state` turns handlers into routes once, as `axum::serve` does for each connection.
-            let router = variants[v].router.clone().with_state(());
+            let router = (variants[v].router)().with_state(());
             ns[v].push(client.block_on(in_process_ns(router, o.calls)));
         }
     }
@@ -319,7 +319,7 @@ fn main() {
     let addrs: Vec<SocketAddr> = servers.block_on(async {
         let mut addrs = Vec::new();
         for v in &variants {
-            addrs.push(http_load::serve(v.router.clone()).await);
+            addrs.push(http_load::serve((v.router)()).await);
         }
         addrs
     });

@@ -13,7 +13,10 @@
 //! period = "10s"                # 500ms, 10s, 15m, 1h, 1d
 //! burst = 3                     # token bucket only (default: the limit)
 //! lockout = "15m"               # after a denial, refuse the key this long (default: none)
-//! cost = 1                      # tokens per request (default 1)
+//! cost = 1                      # tokens per request (default 1), charged up front
+//! cost-after = "header:x-cost"  # the real cost, read from the response: header:<name> (gRPC: metadata) or
+//!                               # extension (a `FinalCost` the handler sets); the difference is charged or
+//!                               # refunded then (default: none, the cost is final)
 //! mode = "enforce"              # enforce | shadow | off (default enforce)
 //! on-store-error = "closed"     # open | closed | local (default closed)
 //! routes = ["/api/*"]           # HTTP paths, `*` at the end for a prefix (default: every route)
@@ -82,7 +85,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tollgate_core::Store;
 use tollgate_grpc::GrpcLimitLayer;
-use tollgate_http::HttpLimitLayer;
+use tollgate_http::HttpRateLimitSetLayer;
 use tollgate_tower::limit::rate::{RateLimitSetHandle, RateLimitSetLayer};
 
 pub use build::{FileCost, FileEntry, FileKey, Routes};
@@ -179,8 +182,9 @@ impl<'a> Source<'a> {
 /// The set of a policy file's limiters on store `St`.
 pub type PolicySetLayer<St> = RateLimitSetLayer<FileKey, St, FileCost, Routes>;
 
-/// A policy file's layer for an axum router: 429 with `Retry-After` and the file's header families.
-pub type AxumLayer<St> = HttpLimitLayer<PolicySetLayer<St>>;
+/// A policy file's layer for an axum router: 429 with `Retry-After` and the file's header families, answered in
+/// place by the set (as `HttpRateLimitLayer` answers for one limiter built in code).
+pub type AxumLayer<St> = HttpRateLimitSetLayer<FileKey, St, FileCost, Routes>;
 
 /// A policy file's layer for a tonic server: `RESOURCE_EXHAUSTED` with `RetryInfo`.
 pub type TonicLayer<St> = GrpcLimitLayer<PolicySetLayer<St>>;
@@ -196,7 +200,7 @@ pub fn axum<St: Store>(
 ) -> Result<(AxumLayer<St>, Reloader<St>), ConfigError> {
     let (set, reloader) = build(source, store, Protocol::Http)?;
     let headers = reloader.state().resolved.headers;
-    Ok((HttpLimitLayer::new(set).headers(headers), reloader))
+    Ok((HttpRateLimitSetLayer::new(set).headers(headers), reloader))
 }
 
 /// Builds the policy in `source` on `store` into a layer for a tonic server (`Server::builder().layer(..)`): keys

@@ -21,6 +21,8 @@ pub(crate) struct Limiter {
     pub(crate) key: Vec<KeyPart>,
     pub(crate) policy: Policy,
     pub(crate) cost: u64,
+    /// Where the real cost is read after the response, if it is charged then.
+    pub(crate) cost_after: Option<tollgate_tower::CostAfter>,
     pub(crate) mode: Mode,
     pub(crate) on_store_error: FailurePolicy,
     pub(crate) routes: Vec<String>,
@@ -158,6 +160,7 @@ fn resolve_limiter(spec: LimiterSpec, places: &Places<'_>) -> Result<Limiter, Co
         key,
         policy,
         cost,
+        cost_after: spec.cost_after.map(|c| c.into_inner().0),
         mode: spec.mode.map_or(Mode::Enforce, |m| m.0),
         on_store_error: spec.on_store_error.map_or(FailurePolicy::Closed, |f| f.0),
         routes,

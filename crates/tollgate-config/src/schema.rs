@@ -41,6 +41,10 @@ pub(crate) struct LimiterSpec {
     /// Tokens per request (default 1).
     #[serde(default)]
     pub(crate) cost: Option<Spanned<u64>>,
+    /// Where the request's real cost is read once its response is ready (`header:<name>` or `extension`): the
+    /// difference from `cost`, charged up front, is charged (or refunded) then.
+    #[serde(default)]
+    pub(crate) cost_after: Option<Spanned<CostAfterSpec>>,
     #[serde(default)]
     pub(crate) mode: Option<ModeSpec>,
     #[serde(default)]
@@ -146,6 +150,38 @@ impl<'de> Deserialize<'de> for KeySpec {
     }
 }
 
+/// `cost-after`: `header:<name>` (a response header, gRPC: response metadata, holding a whole number) or
+/// `extension` (the `FinalCost` the handler puts in the response's extensions).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CostAfterSpec(pub(crate) tollgate_tower::CostAfter);
+
+const COST_AFTER_EXPECTED: &str = "header:<name> or extension";
+
+fn cost_after(text: &str) -> Result<tollgate_tower::CostAfter, String> {
+    use tollgate_tower::CostAfter;
+    if text == "extension" {
+        return Ok(CostAfter::Extension);
+    }
+    match text.strip_prefix("header:") {
+        Some(name) if http::HeaderName::try_from(name).is_ok() => {
+            Ok(CostAfter::Header(name.to_ascii_lowercase().into()))
+        }
+        Some(name) => Err(format!(
+            "{name:?} is not a header name (letters, digits and -, e.g. header:x-cost)"
+        )),
+        None => Err(format!(
+            "unknown cost-after {text:?}: expected {COST_AFTER_EXPECTED}"
+        )),
+    }
+}
+
+impl<'de> Deserialize<'de> for CostAfterSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        cost_after(&text).map(Self).map_err(de::Error::custom)
+    }
+}
+
 /// `algorithm`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AlgorithmSpec(pub(crate) tollgate_core::Algorithm);
@@ -248,6 +284,31 @@ mod tests {
         }
         assert!(duration("0s").unwrap_err().contains("longer than zero"));
         assert!(duration("99999999999d").unwrap_err().contains("too long"));
+    }
+
+    #[test]
+    fn cost_after_is_a_header_or_the_extension() {
+        use tollgate_tower::CostAfter;
+        assert_eq!(cost_after("extension"), Ok(CostAfter::Extension));
+        assert_eq!(
+            cost_after("header:X-Cost"),
+            Ok(CostAfter::Header("x-cost".into()))
+        );
+        assert!(
+            cost_after("header:a b")
+                .unwrap_err()
+                .contains("not a header name")
+        );
+        assert!(
+            cost_after("header:")
+                .unwrap_err()
+                .contains("not a header name")
+        );
+        assert!(
+            cost_after("body")
+                .unwrap_err()
+                .contains("expected header:<name> or extension")
+        );
     }
 
     #[test]

@@ -64,6 +64,7 @@ period = "10s"
 burst = 5
 lockout = "15m"
 cost = 2
+cost-after = "header:X-Cost"
 mode = "shadow"
 on-store-error = "local"
 routes = ["/", "/api/*"]
@@ -108,6 +109,7 @@ name = "everyone"
 key = "global"
 limit = 10000
 period = "1d"
+cost-after = "extension"
 "#;
     let file = PolicyFile::parse(text, "limits.toml").unwrap();
     assert_eq!(
@@ -119,6 +121,11 @@ period = "1d"
     assert_ne!(
         file,
         PolicyFile::parse(&text.replace("limit = 1000", "limit = 999"), "limits.toml").unwrap()
+    );
+    assert_ne!(
+        file,
+        PolicyFile::parse(&text.replace("X-Cost", "x-tokens"), "limits.toml").unwrap(),
+        "where the cost is read is part of a limiter"
     );
     // No limiter at all is a valid (empty) policy.
     assert_eq!(PolicyFile::parse("", "x").unwrap().limiters().count(), 0);
@@ -211,6 +218,18 @@ fn bad_values_name_what_was_expected() {
             "6:12: \"/a*/b\": a gRPC method is a path from /, with at most one * at its end (a prefix)",
         ),
         ("exempt = [\"\"]", "6:11: an empty key value"),
+        (
+            "cost-after = \"body\"",
+            "6:14: unknown cost-after \"body\": expected header:<name> or extension",
+        ),
+        (
+            "cost-after = \"header:x cost\"",
+            "6:14: \"x cost\" is not a header name (letters, digits and -, e.g. header:x-cost)",
+        ),
+        (
+            "cost-after = 3",
+            "6:14: invalid type: integer `3`, expected a string",
+        ),
     ];
     for (line, expected) in cases {
         let text = limiter_with(line);

@@ -38,5 +38,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
 pub use failure::{FailurePolicy, ParseFailurePolicyError};
 pub use policy::{Algorithm, MAX_SCALED, Policy, PolicyError, Quota};
-pub use store::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder, OnFull, Store, StoreError};
+pub use store::{
+    DEFAULT_MAX_KEYS, LostCharge, MemoryStore, MemoryStoreBuilder, OnFull, Store, StoreError,
+};
 pub use time::Timestamp;

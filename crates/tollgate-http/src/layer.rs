@@ -1,6 +1,7 @@
 use std::fmt;
 
 use tollgate_core::Store;
+use tollgate_tower::limit::rate::{RateLimitSet, RateLimitSetLayer};
 use tollgate_tower::{RateLimit, RateLimitLayer};
 use tower_layer::Layer;
 
@@ -127,5 +128,69 @@ impl<S, K: Clone, St: Store, C: Clone> Layer<S> for HttpRateLimitLayer<K, St, C>
 
     fn layer(&self, inner: S) -> Self::Service {
         self.0.inner.layer_with(inner, self.0.responder)
+    }
+}
+
+/// A [`RateLimitSetLayer`] adapted to HTTP in place, as [`HttpRateLimitLayer`] adapts one limiter: the set answers
+/// through the [`HttpResponder`] itself, so a request that one of its limiters decides costs what the same
+/// limiter built in code and adapted in place costs (no second service, no verdict list in the response's
+/// extensions). It answers exactly as [`HttpLimitLayer`] around the same set does. What a policy file builds for
+/// axum (`tollgate_config::axum`).
+#[must_use]
+pub struct HttpRateLimitSetLayer<K, St, C, A> {
+    inner: RateLimitSetLayer<K, St, C, A>,
+    responder: HttpResponder,
+}
+
+impl<K, St, C, A> HttpRateLimitSetLayer<K, St, C, A> {
+    /// Adapts `inner`, writing every header family.
+    pub fn new(inner: RateLimitSetLayer<K, St, C, A>) -> Self {
+        Self {
+            inner,
+            responder: HttpResponder::new(HeaderSet::ALL),
+        }
+    }
+
+    /// Chooses the header families to write.
+    pub fn headers(mut self, headers: HeaderSet) -> Self {
+        self.responder = self.responder.with_headers(headers);
+        self
+    }
+
+    /// Chooses the problem types of the rejections' bodies (see [`HttpLimitLayer::problem_types`]).
+    pub fn problem_types(mut self, types: &'static ProblemTypes) -> Self {
+        self.responder = self.responder.with_problem_types(types);
+        self
+    }
+
+    /// The wrapped set.
+    pub fn get_ref(&self) -> &RateLimitSetLayer<K, St, C, A> {
+        &self.inner
+    }
+}
+
+impl<K, St, C, A> Clone for HttpRateLimitSetLayer<K, St, C, A> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            responder: self.responder,
+        }
+    }
+}
+
+impl<K, St, C, A> fmt::Debug for HttpRateLimitSetLayer<K, St, C, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpRateLimitSetLayer")
+            .field("inner", &self.inner)
+            .field("responder", &self.responder)
+            .finish()
+    }
+}
+
+impl<S, K, St, C, A> Layer<S> for HttpRateLimitSetLayer<K, St, C, A> {
+    type Service = RateLimitSet<S, K, St, C, A, HttpResponder>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        self.inner.layer_with(inner, self.responder)
     }
 }

@@ -50,7 +50,7 @@ mod respond;
 mod service;
 
 pub use future::ResponseFuture;
-pub use layer::{HttpLimitLayer, HttpRateLimitLayer};
+pub use layer::{HttpLimitLayer, HttpRateLimitLayer, HttpRateLimitSetLayer};
 pub use respond::HttpResponder;
 pub use service::HttpLimit;
 pub use tollgate_tower::headers;

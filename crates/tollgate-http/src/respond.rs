@@ -203,28 +203,15 @@ impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>
         None
     }
 
-    /// The [`FinalCost`](tollgate_tower::FinalCost) extension, or the header's whole number (a missing or
-    /// unreadable header charges nothing more).
+    /// What the response states ([`VerdictSink::final_cost`](tollgate_tower::VerdictSink::final_cost)): the
+    /// [`FinalCost`](tollgate_tower::FinalCost) extension, or the header's whole number.
     fn final_cost(
         &self,
         _: &bool,
         response: &Response<ResBody>,
         source: &tollgate_tower::CostAfter,
     ) -> Option<u64> {
-        match source {
-            tollgate_tower::CostAfter::Extension => response
-                .extensions()
-                .get::<tollgate_tower::FinalCost>()
-                .map(|cost| cost.0),
-            tollgate_tower::CostAfter::Header(name) => response
-                .headers()
-                .get(name.as_ref())?
-                .to_str()
-                .ok()?
-                .trim()
-                .parse()
-                .ok(),
-        }
+        tollgate_tower::VerdictSink::final_cost(response, source)
     }
 
     #[inline(always)]

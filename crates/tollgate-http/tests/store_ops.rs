@@ -194,35 +194,43 @@ async fn lockout_on_redis_time() {
     );
 }
 
-/// `GET /gen` limited by `layer` (adapted in place: the HTTP responder reads the real cost), answering with the real cost the request header `x-want` asks for, in the
+/// `GET /gen` limited by `layer` (adapted in place, or by the generic `HttpLimitLayer` if `generic`: the limiter's
+/// own responder or `Forward` reads the real cost), answering with the real cost the request header `x-want` asks for, in the
 /// header `x-cost` and in the `FinalCost` extension; `GET /left` peeks at what a request of cost 1 would get.
 fn generation_app<St: Store>(layer: RateLimitLayer<PeerIp, St>) -> Router {
+    generation_app_with(layer, false)
+}
+
+fn generation_app_with<St: Store>(layer: RateLimitLayer<PeerIp, St>, generic: bool) -> Router {
     let peeker = layer.clone();
-    Router::new()
-        .route(
-            "/gen",
-            get(|req: Request| async move {
-                let want: u64 = req.headers()["x-want"].to_str().unwrap().parse().unwrap();
-                (
-                    [("x-cost", want.to_string())],
-                    axum::Extension(FinalCost(want)),
-                    "generated",
-                )
-            }),
-        )
-        .layer(HttpRateLimitLayer::new(layer))
-        .route(
-            "/left",
-            get(move |req: Request| {
-                let peeker = peeker.clone();
-                let head = Request::from_parts(req.into_parts().0, ());
-                async move {
-                    let d = peeker.peek(&head).await.expect("peek");
-                    let left = if d.is_allowed() { d.remaining + 1 } else { 0 };
-                    format!("{left} {}", d.retry_after.map_or(0, |r| r.as_secs()))
-                }
-            }),
-        )
+    let generate = Router::new().route(
+        "/gen",
+        get(|req: Request| async move {
+            let want: u64 = req.headers()["x-want"].to_str().unwrap().parse().unwrap();
+            (
+                [("x-cost", want.to_string())],
+                axum::Extension(FinalCost(want)),
+                "generated",
+            )
+        }),
+    );
+    let generate = if generic {
+        generate.layer(HttpLimitLayer::new(layer))
+    } else {
+        generate.layer(HttpRateLimitLayer::new(layer))
+    };
+    generate.route(
+        "/left",
+        get(move |req: Request| {
+            let peeker = peeker.clone();
+            let head = Request::from_parts(req.into_parts().0, ());
+            async move {
+                let d = peeker.peek(&head).await.expect("peek");
+                let left = if d.is_allowed() { d.remaining + 1 } else { 0 };
+                format!("{left} {}", d.retry_after.map_or(0, |r| r.as_secs()))
+            }
+        }),
+    )
 }
 
 /// Peeks until `/left` says `want`: a shared store's charge runs as a task after the response, so the next
@@ -244,11 +252,21 @@ async fn cost_after_the_response_overdraws_and_refunds<St: Store>(
     store: Arc<St>,
     clock: ManualClock,
 ) {
+    overdraws_and_refunds(store, clock, false).await;
+}
+
+/// The same through the generic adapter: the limiter forwards its verdict, and `Forward` reads the real cost.
+async fn cost_after_through_the_generic_adapter<St: Store>(store: Arc<St>, clock: ManualClock) {
+    overdraws_and_refunds(store, clock, true).await;
+}
+both_clocked_stores!(cost_after_generic, cost_after_through_the_generic_adapter);
+
+async fn overdraws_and_refunds<St: Store>(store: Arc<St>, clock: ManualClock, generic: bool) {
     // 10 per minute: a token every 6 s, whole seconds in every header.
     let policy = Policy::token_bucket(Quota::per_minute(10).unwrap());
     let layer = RateLimitLayer::new("gen", policy, store, PeerIp)
         .cost_after(CostAfter::Header("x-cost".into()));
-    let addr = serve(generation_app(layer)).await;
+    let addr = serve(generation_app_with(layer, generic)).await;
     assert_eq!(http_get(addr, "/left", &[]).await.body, "10 0");
     // Charged 1 up front, 0 in the end: refunded, the bucket is full again.
     let free = http_get(addr, "/gen", &[("x-want", "0")]).await;

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use tollgate_core::{Algorithm, Decision, Policy, Store, StoreError, Timestamp};
+use tollgate_core::{Algorithm, Decision, LostCharge, Policy, Store, StoreError, Timestamp};
 
 use crate::backend::Backend;
 use crate::circuit::{Admission, Circuit, CircuitState};
@@ -442,17 +442,26 @@ impl Store for RedisStore {
 
     /// Spawned on the current tokio runtime (the response is not held back for the round trip); a failure, or no
     /// runtime, is logged.
-    fn charge_detached(&self, key: String, policy: &Policy, delta: i64, decided_at: Timestamp) {
+    fn charge_detached(
+        &self,
+        key: String,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        lost: LostCharge,
+    ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
                 "a charge after the response needs a tokio runtime to reach Redis: it is lost"
             );
+            lost.report(&StoreError::Unsupported("a charge without a tokio runtime"));
             return;
         };
         let (store, policy) = (self.clone(), *policy);
         runtime.spawn(async move {
             if let Err(e) = store.charge(&key, &policy, delta, decided_at).await {
                 tracing::warn!(error = %e, "a charge after the response failed on Redis; it is lost");
+                lost.report(&e);
             }
         });
     }

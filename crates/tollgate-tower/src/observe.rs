@@ -7,7 +7,10 @@
 //! - `tollgate_store_errors_total{limiter, kind, failure_policy}` ([`STORE_ERRORS_TOTAL`]): every store error, by
 //!   [`StoreError::kind`](tollgate_core::StoreError::kind);
 //! - `tollgate_near_limit_total{limiter}` ([`NEAR_LIMIT_TOTAL`]): admissions that left less than the limiter's
-//!   [`NearLimitShare`] of its limit (default 20 %), the alerting signal before clients see 429s.
+//!   [`NearLimitShare`] of its limit (default 20 %), the alerting signal before clients see 429s;
+//! - `tollgate_charges_lost_total{limiter}` ([`CHARGES_LOST_TOTAL`]): charges after the response
+//!   ([`RateLimitLayer::cost_after`](crate::RateLimitLayer::cost_after)) that could not reach the store (it
+//!   failed, or could not be reached): the request was served, its real cost never counted.
 //!
 //! Every decision is also one `tracing` span, with one event inside it, at DEBUG on the target
 //! [`DECISION_TARGET`] (`tollgate::decision`), both with the fields `limiter`, `algorithm`, `store`, `outcome`, `remaining` and `store_latency_us`; with no
@@ -35,6 +38,9 @@ pub(crate) use signal::{Signals, store_name, timed, timed_async};
 
 /// The counter every limiter reports its decisions to: `tollgate_decisions_total{limiter, outcome}`.
 pub const DECISIONS_TOTAL: &str = "tollgate_decisions_total";
+
+/// The counter of charges after the response that never reached the store: `tollgate_charges_lost_total{limiter}`.
+pub const CHARGES_LOST_TOTAL: &str = "tollgate_charges_lost_total";
 
 /// A limiter's decision counters, registered once (per layer) so that deciding does no label work.
 #[derive(Debug)]

@@ -157,6 +157,12 @@ impl<Req, T: VerdictSink> Respond<Req, T> for Forward {
         None
     }
 
+    /// What the response states ([`VerdictSink::final_cost`]): the HTTP and gRPC adapters around a limiter that
+    /// forwards read it as the in-place HTTP one does.
+    fn final_cost(&self, (): &(), response: &T, source: &crate::CostAfter) -> Option<u64> {
+        response.final_cost(source)
+    }
+
     fn finish_ok(&self, (): (), response: T, _: Option<Box<Verdict>>) -> Result<T, BoxError> {
         Ok(response)
     }

@@ -210,12 +210,41 @@ impl Extend<Verdict> for Verdicts {
 pub trait VerdictSink {
     /// The verdicts carried so far (created empty on first use).
     fn verdicts_mut(&mut self) -> &mut Verdicts;
+
+    /// The request's real cost this response states at `source`, for a limiter that charges the cost after the
+    /// response ([`RateLimitLayer::cost_after`](crate::RateLimitLayer::cost_after)) under the default
+    /// [`Forward`](crate::respond::Forward) responder or in a [`RateLimitSet`](crate::limit::rate::RateLimitSet);
+    /// `None` (the default) leaves the cost charged up front. `http::Response` reads the
+    /// [`FinalCost`](crate::FinalCost) extension or the header (gRPC: the initial metadata).
+    fn final_cost(&self, source: &crate::CostAfter) -> Option<u64> {
+        let _ = source;
+        None
+    }
 }
 
 #[cfg(feature = "http")]
 impl<B> VerdictSink for http::Response<B> {
     fn verdicts_mut(&mut self) -> &mut Verdicts {
         self.extensions_mut().get_or_insert_default::<Verdicts>()
+    }
+
+    /// The [`FinalCost`](crate::FinalCost) extension, or the header's whole number (a missing or unreadable header
+    /// charges nothing more).
+    fn final_cost(&self, source: &crate::CostAfter) -> Option<u64> {
+        match source {
+            crate::CostAfter::Extension => self
+                .extensions()
+                .get::<crate::FinalCost>()
+                .map(|cost| cost.0),
+            crate::CostAfter::Header(name) => self
+                .headers()
+                .get(name.as_ref())?
+                .to_str()
+                .ok()?
+                .trim()
+                .parse()
+                .ok(),
+        }
     }
 }
 
@@ -228,6 +257,7 @@ impl<B> VerdictSink for http::Request<B> {
 
 /// Appends `s` as a structured-field string (RFC 8941): quoted, `"` and `\` escaped, characters outside printable
 /// ASCII replaced by `?`. Limiter names are rendered this way in the HTTP headers and the gRPC metadata alike.
+#[cfg_attr(not(feature = "http"), allow(dead_code))] // the header fields are the `http` feature's
 pub(crate) fn push_sf_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars().map(visible_char) {
@@ -241,6 +271,7 @@ pub(crate) fn push_sf_string(out: &mut String, s: &str) {
 
 /// `c` if a header or metadata value may carry it as is (space and visible ASCII), `?` otherwise.
 #[must_use]
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) const fn visible_char(c: char) -> char {
     if c == ' ' || c.is_ascii_graphic() {
         c

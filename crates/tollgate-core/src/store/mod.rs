@@ -119,8 +119,16 @@ pub trait Store: Send + Sync + 'static {
     /// Runs [`charge`](Self::charge) without waiting for its answer: how a limiter charges a cost known only when
     /// the response is ready, without holding the response back. The default polls the charge once, which is
     /// all an in-process store needs; a store whose charge needs I/O overrides it (the Redis store spawns it on
-    /// the current tokio runtime). A failure is logged: the charge is lost, the request was already served.
-    fn charge_detached(&self, key: String, policy: &Policy, delta: i64, decided_at: Timestamp) {
+    /// the current tokio runtime). A failure is logged and handed to `lost` (the limiter counts it): the charge
+    /// is lost, the request was already served.
+    fn charge_detached(
+        &self,
+        key: String,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        lost: LostCharge,
+    ) {
         let charge = self.charge(&key, policy, delta, decided_at);
         let mut charge = std::pin::pin!(charge);
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -128,10 +136,14 @@ pub trait Store: Send + Sync + 'static {
             std::task::Poll::Ready(Ok(_)) => {}
             std::task::Poll::Ready(Err(e)) => {
                 tracing::warn!(error = %e, "a charge after the response failed; it is lost");
+                lost.report(&e);
             }
-            std::task::Poll::Pending => tracing::warn!(
-                "this store's charge needs I/O and it does not override Store::charge_detached: the charge is lost"
-            ),
+            std::task::Poll::Pending => {
+                tracing::warn!(
+                    "this store's charge needs I/O and it does not override Store::charge_detached: the charge is lost"
+                );
+                lost.report(&StoreError::Unsupported("a detached charge that needs I/O"));
+            }
         }
     }
 
@@ -166,6 +178,41 @@ pub trait Store: Send + Sync + 'static {
     /// Whether [`lease_tokens`](Self::lease_tokens) is answered (the in-process and Redis stores: true).
     fn supports_token_leases(&self) -> bool {
         false
+    }
+}
+
+/// What a [`Store::charge_detached`] calls when its charge cannot reach the store (an error, or no way to run
+/// it): how a limiter counts its lost charges (`tollgate_charges_lost_total{limiter}`). Called at most once.
+pub struct LostCharge(Option<Box<Report>>);
+
+/// What a [`LostCharge`] calls.
+type Report = dyn FnOnce(&StoreError) + Send;
+
+impl LostCharge {
+    /// Calls `f` with the reason the charge was lost.
+    pub fn new(f: impl FnOnce(&StoreError) + Send + 'static) -> Self {
+        Self(Some(Box::new(f)))
+    }
+
+    /// Nobody to tell (the loss is logged only).
+    #[must_use]
+    pub const fn ignored() -> Self {
+        Self(None)
+    }
+
+    /// Tells that the charge was lost, and why.
+    pub fn report(self, reason: &StoreError) {
+        if let Some(f) = self.0 {
+            f(reason);
+        }
+    }
+}
+
+impl std::fmt::Debug for LostCharge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LostCharge")
+            .field("reported", &self.0.is_some())
+            .finish()
     }
 }
 
@@ -224,8 +271,15 @@ impl<S: Store> Store for Arc<S> {
         (**self).charge(key, policy, delta, decided_at)
     }
 
-    fn charge_detached(&self, key: String, policy: &Policy, delta: i64, decided_at: Timestamp) {
-        (**self).charge_detached(key, policy, delta, decided_at);
+    fn charge_detached(
+        &self,
+        key: String,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        lost: LostCharge,
+    ) {
+        (**self).charge_detached(key, policy, delta, decided_at, lost);
     }
 
     fn is_shared(&self) -> bool {

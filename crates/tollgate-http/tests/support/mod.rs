@@ -210,7 +210,14 @@ impl Store for ClockedRedis {
     }
 
     /// As `RedisStore` does: spawned, the response is not held back.
-    fn charge_detached(&self, key: String, policy: &Policy, delta: i64, decided_at: Timestamp) {
+    fn charge_detached(
+        &self,
+        key: String,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        _lost: tollgate_core::LostCharge,
+    ) {
         let (redis, policy, now) = (self.redis.clone(), *policy, self.clock.now());
         tokio::spawn(async move {
             redis

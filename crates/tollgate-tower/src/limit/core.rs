@@ -68,6 +68,7 @@ impl Judge {
 
     /// Counts an admission of a limiter without a quota to report (the worker shedder).
     #[inline(always)]
+    #[cfg(feature = "stack")]
     pub(crate) fn admitted_unmetered(&self) {
         self.counters.allowed.increment(1);
         self.signals.decided("allowed", None);

@@ -98,20 +98,29 @@ impl Settle {
     #[cold]
     #[inline(never)]
     fn after(&self, real: Option<u64>, verdict: Option<&crate::Verdict>) {
-        let (Some(real), Some(verdict)) = (real, verdict) else {
+        if let Some(verdict) = verdict {
+            self.after_decided(real, verdict.decision.is_allowed(), verdict.decision.now);
+        }
+    }
+
+    /// [`after`](Self::after) for a request decided at `decided_at`, `allowed` or over the limit (shadow mode).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn after_decided(
+        &self,
+        real: Option<u64>,
+        allowed: bool,
+        decided_at: tollgate_core::Timestamp,
+    ) {
+        let Some(real) = real else {
             return;
         };
-        let spent = if verdict.decision.is_allowed() {
-            self.upfront
-        } else {
-            0
-        };
+        let spent = if allowed { self.upfront } else { 0 };
         let delta = i64::try_from(real)
             .unwrap_or(i64::MAX)
             .saturating_sub(i64::try_from(spent).unwrap_or(i64::MAX));
         if delta != 0 {
-            self.charger
-                .charge(self.key.clone(), delta, verdict.decision.now);
+            self.charger.charge(self.key.clone(), delta, decided_at);
         }
     }
 }

@@ -4,14 +4,16 @@
 use std::hash::{DefaultHasher, Hasher};
 use std::sync::Arc;
 
-use tollgate_core::{Decision, FailurePolicy, MemoryStore, Policy, Store, StoreError, Timestamp};
+use tollgate_core::{
+    Decision, FailurePolicy, LostCharge, MemoryStore, Policy, Store, StoreError, Timestamp,
+};
 
 use super::deny_cache::{DenyTable, Turn};
 use super::overrides::{Choice, Plans};
 use crate::key::{hash_bytes, with_key_buffer};
 use crate::limit::core::{self, Judge};
 use crate::limit::future::Charger;
-use crate::observe::{NearLimitShare, Signals, store_name, timed, timed_async};
+use crate::observe::{CHARGES_LOST_TOTAL, NearLimitShare, Signals, store_name, timed, timed_async};
 use crate::{Cost, KeyError, KeyExtractor, Mode, Name, Rejection, Verdict};
 
 /// What the rate limiter concludes: an admission grants the verdict the headers are rendered from.
@@ -40,12 +42,21 @@ pub(crate) struct Shared<K, St, C> {
     plans: Option<Box<Plans<Arc<Self>>>>,
     /// Where the real cost is read after the response, when it is charged then.
     pub(crate) after: Option<crate::CostAfter>,
+    /// `tollgate_charges_lost_total{limiter}`, registered when the limiter charges after the response.
+    lost: Option<metrics::Counter>,
 }
 
 impl<K: Send + Sync, St: Store, C: Send + Sync> Charger for Shared<K, St, C> {
     fn charge(&self, key: String, delta: i64, decided_at: Timestamp) {
+        let lost = match &self.lost {
+            Some(counter) => {
+                let counter = counter.clone();
+                LostCharge::new(move |_| counter.increment(1))
+            }
+            None => LostCharge::ignored(),
+        };
         self.store
-            .charge_detached(key, &self.policy, delta, decided_at);
+            .charge_detached(key, &self.policy, delta, decided_at, lost);
     }
 }
 
@@ -68,6 +79,9 @@ impl<K, St: Store, C> Shared<K, St, C> {
         let algorithm = policy.algorithm().as_str();
         let signals = Signals::new(&name, "limited", algorithm, store_name::<St>(), near_limit);
         let digest_prefix = digest_prefix(&*store, &name, after.is_some());
+        let lost = after
+            .as_ref()
+            .map(|_| metrics::counter!(CHARGES_LOST_TOTAL, "limiter" => name.to_string()));
         // A limiter with leases decides by the key's text (the lease table keys by it), whatever the store.
         #[cfg(feature = "leases")]
         let digest_prefix = if leases.is_some() {
@@ -90,6 +104,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             #[cfg(feature = "leases")]
             leases,
             after,
+            lost,
         }
     }
 
@@ -305,7 +320,10 @@ impl<K, St: Store, C> Shared<K, St, C> {
         }
         let cost = self.cost.cost(req);
         Some(
-            match timed(|| self.store.check_digest(state.finish(), &self.policy, cost))? {
+            match timed(
+                #[inline(always)]
+                || self.store.check_digest(state.finish(), &self.policy, cost),
+            )? {
                 Ok(decision) => Ok(self.judge(decision, mode, keep)),
                 Err(err) => self.digest_failed(req, &err, cost, mode, keep),
             },

@@ -117,9 +117,12 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
     /// the key better off than if the request had not happened (never above a full bucket; a window gives back
     /// only what it still counts of the request).
     ///
-    /// Read by responders that know the response type: the HTTP adapter's in-place responder
-    /// (`tollgate_http::HttpRateLimitLayer`) reads both sources; the default [`Forward`] reads none (no charge),
-    /// so a limiter wrapped by the generic `HttpLimitLayer` charges nothing after the response.
+    /// Read through every adapter: the HTTP adapter's in-place responder (`tollgate_http::HttpRateLimitLayer`)
+    /// and the default [`Forward`] (under `HttpLimitLayer`, `GrpcLimitLayer`, or in a
+    /// [`RateLimitSet`](super::RateLimitSet)) read it through [`VerdictSink::final_cost`](crate::VerdictSink::final_cost),
+    /// which `http::Response` answers from both sources (gRPC: the header is the reply's metadata). A charge that
+    /// cannot reach the store is counted in `tollgate_charges_lost_total{limiter}`
+    /// ([`CHARGES_LOST_TOTAL`](crate::observe::CHARGES_LOST_TOTAL)).
     ///
     /// Such a limiter's [deny cache](super::deny_cache) is off by default even on a shared store: a refund (on
     /// any instance) can admit a key before a cached denial's retry instant, so a cached denial would no longer
@@ -377,6 +380,8 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
             // Overrides' states decide on the plain path: leases are the limiter's own policy's.
             #[cfg(feature = "leases")]
             let mut own_leases = leases;
+            // Mutable only to take the leases out (with the `leases` feature).
+            #[cfg_attr(not(feature = "leases"), allow(unused_mut))]
             let mut state = |policy: Policy| {
                 Shared::new(
                     self.name.clone(),

@@ -9,8 +9,12 @@
 //! counters); a new entry on the same store with the same bucket names (same limiter name and policy) finds its
 //! keys' state where the old one left it.
 //!
-//! The service answers as [`Forward`](crate::respond::Forward) does (verdicts in the response, rejections as
-//! errors): wrap it in `tollgate-http`'s `HttpLimitLayer` or `tollgate-grpc`'s `GrpcLimitLayer`.
+//! The service answers as [`Forward`] does (verdicts in the response, rejections as
+//! errors): wrap it in `tollgate-http`'s `HttpLimitLayer` or `tollgate-grpc`'s `GrpcLimitLayer`. Or it answers
+//! through a [`Respond`]er of its own ([`RateLimitSetLayer::layer_with`]): `tollgate-http`'s
+//! `HttpRateLimitSetLayer` answers in place, as `HttpRateLimitLayer` does for one limiter. A limiter of the set
+//! that charges after the response ([`RateLimitLayer::cost_after`]) is charged once the response states its real
+//! cost, through either.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -56,9 +60,12 @@ use super::RateLimitLayer;
 use super::decide::{Conclusion, Shared};
 use crate::key::with_key_buffer;
 use crate::limit::core;
-use crate::limit::future::{Answer, Deciding, Grants, ResponseFuture, decide_later, refuse};
+use crate::limit::future::{
+    Answer, Deciding, Grants, ResponseFuture, Settle, decide_later, refuse,
+};
 use crate::readiness::DeferredReadiness;
-use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode, Rejection, VerdictSink, Verdicts};
+use crate::respond::{Forward, Respond};
+use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode, Rejection, Verdict, VerdictSink};
 
 /// Which requests a [`SetEntry`] decides (its routes, its gRPC methods).
 pub trait Applies<Req>: Send + Sync + 'static {
@@ -168,15 +175,25 @@ impl<K, St, C, A> fmt::Debug for RateLimitSetLayer<K, St, C, A> {
     }
 }
 
+impl<K, St, C, A> RateLimitSetLayer<K, St, C, A> {
+    /// The set around `inner`, answering through `respond` instead of [`Forward`]: what a protocol adapter that
+    /// answers in place builds (`tollgate-http`'s `HttpRateLimitSetLayer`), as
+    /// [`RateLimitLayer::layer_with`] does for one limiter.
+    pub fn layer_with<S, R>(&self, inner: S, respond: R) -> RateLimitSet<S, K, St, C, A, R> {
+        RateLimitSet {
+            inner,
+            current: self.current.clone(),
+            respond,
+            not_ready: DeferredReadiness::default(),
+        }
+    }
+}
+
 impl<S, K, St, C, A> Layer<S> for RateLimitSetLayer<K, St, C, A> {
     type Service = RateLimitSet<S, K, St, C, A>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimitSet {
-            inner,
-            current: self.current.clone(),
-            not_ready: DeferredReadiness::default(),
-        }
+        self.layer_with(inner, Forward)
     }
 }
 
@@ -214,74 +231,200 @@ impl<K, St, C, A> fmt::Debug for RateLimitSetHandle<K, St, C, A> {
     }
 }
 
-/// A service limited by a [`RateLimitSetLayer`]. Errors are the inner service's, boxed, plus [`Rejection`] and
-/// [`KeyError`], as a [`RateLimit`](super::RateLimit)'s are.
-pub struct RateLimitSet<S, K, St, C, A> {
+/// A service limited by a [`RateLimitSetLayer`], answering through the [`Respond`]er `R`. With the default
+/// [`Forward`], errors are the inner service's, boxed, plus [`Rejection`] and [`KeyError`], as a
+/// [`RateLimit`](super::RateLimit)'s are.
+pub struct RateLimitSet<S, K, St, C, A, R = Forward> {
     inner: S,
     current: Arc<Entries<K, St, C, A>>,
+    respond: R,
     not_ready: DeferredReadiness,
 }
 
-impl<S: Clone, K, St, C, A> Clone for RateLimitSet<S, K, St, C, A> {
+impl<S: Clone, K, St, C, A, R: Clone> Clone for RateLimitSet<S, K, St, C, A, R> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             current: self.current.clone(),
+            respond: self.respond.clone(),
             not_ready: self.not_ready.clone(),
         }
     }
 }
 
-impl<S: fmt::Debug, K, St, C, A> fmt::Debug for RateLimitSet<S, K, St, C, A> {
+impl<S: fmt::Debug, K, St, C, A, R> fmt::Debug for RateLimitSet<S, K, St, C, A, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitSet")
             .field("inner", &self.inner)
             .field("entries", &**self.current.load())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
-/// The set's [`Answer`]: every admitting limiter's verdict into the response, as [`Forward`](crate::respond::Forward)
-/// puts one. The set's first limiter counts as the outermost: [`Verdicts`] lists the innermost first, so the set's
-/// verdicts go in last to first (and headers list the limiters in the set's order).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SetAnswer;
-
-impl Grants for SetAnswer {
-    type Grant = Verdicts;
+/// What a set's admission grants a request: the verdict of its first admitting limiter (the outermost), handed to
+/// the responder as a lone limiter's is, and — rarely — the others' and the charges due once the response states
+/// its real cost.
+#[derive(Debug, Default)]
+pub struct SetGrant {
+    own: Option<Box<Verdict>>,
+    more: Option<Box<More>>,
 }
 
-impl<Req, T: VerdictSink> Answer<Req, T> for SetAnswer {
-    type Output = Result<T, BoxError>;
+/// The part of a [`SetGrant`] a single limiter without a charge after the response never needs.
+#[derive(Debug, Default)]
+struct More {
+    /// The verdicts of the set's further limiters, in the set's order.
+    rest: Vec<Verdict>,
+    /// The limiters that charge after the response, with when and how each decided.
+    settles: Vec<Settled>,
+}
 
+#[derive(Debug)]
+struct Settled {
+    settle: Settle,
+    allowed: bool,
+    decided_at: tollgate_core::Timestamp,
+}
+
+impl SetGrant {
+    /// Adds a limiter's verdict (kept only if the responder reads verdicts).
     #[inline(always)]
-    fn amend_ok(&self, response: &mut T, grant: Option<Verdicts>) -> Option<Verdicts> {
-        if let Some(verdicts) = grant {
-            response.verdicts_mut().extend(verdicts.into_iter().rev());
+    fn push(&mut self, verdict: Option<Box<Verdict>>, keep: bool) {
+        let Some(verdict) = verdict.filter(|_| keep) else {
+            return;
+        };
+        if self.own.is_none() {
+            self.own = Some(verdict);
+        } else {
+            self.more().rest.push(*verdict);
         }
-        None
+    }
+
+    fn more(&mut self) -> &mut More {
+        self.more.get_or_insert_default()
+    }
+
+    /// Remembers a charge after the response for a limiter that decided `verdict`.
+    #[cold]
+    fn settle<K, St, C>(
+        &mut self,
+        shared: &Arc<Shared<K, St, C>>,
+        key: String,
+        cost: u64,
+        verdict: &Verdict,
+    ) where
+        K: Send + Sync + 'static,
+        St: Store,
+        C: Send + Sync + 'static,
+    {
+        let source = shared.after.clone().unwrap_or(crate::CostAfter::Extension);
+        let settle = Settle {
+            charger: shared.clone(),
+            key,
+            upfront: cost,
+            source,
+        };
+        self.more().settles.push(Settled {
+            settle,
+            allowed: verdict.decision.is_allowed(),
+            decided_at: verdict.decision.now,
+        });
+    }
+
+    /// A rejection (of a later limiter, or further in) carrying the verdicts of the limiters that admitted the
+    /// request before it: they counted it.
+    fn into_rejection(self, err: BoxError) -> BoxError {
+        let rest = self.more.map(|more| more.rest).unwrap_or_default();
+        with_admitted(with_admitted(err, rest), self.own.map(|v| *v))
+    }
+}
+
+/// The set's [`Answer`]: its [`Respond`]er and the ticket it took from the request. The set's first limiter
+/// counts as the outermost: verdicts are listed innermost first, so the others go into the response last to first
+/// (headers then list the limiters in the set's order) and the first is the responder's own, as a lone limiter's.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SetAnswer<R = Forward, Tk = ()> {
+    respond: R,
+    ticket: Tk,
+}
+
+impl<R, Tk> Grants for SetAnswer<R, Tk> {
+    type Grant = SetGrant;
+}
+
+impl<Req, T, R, Tk> Answer<Req, T> for SetAnswer<R, Tk>
+where
+    T: VerdictSink,
+    R: Respond<Req, T, Ticket = Tk>,
+    Tk: Copy,
+{
+    type Output = Result<R::Response, R::Error>;
+
+    #[inline(always)]
+    fn amend_ok(&self, response: &mut T, grant: Option<SetGrant>) -> Option<SetGrant> {
+        let (own, more) = grant.map_or((None, None), |g| (g.own, g.more));
+        if let Some(more) = more {
+            self.amend_more(response, *more);
+        }
+        let own = self.respond.amend_ok(&self.ticket, response, own)?;
+        Some(SetGrant {
+            own: Some(own),
+            more: None,
+        })
     }
 
     #[inline(always)]
-    fn finish_ok(&self, response: T, _: Option<Verdicts>) -> Self::Output {
-        Ok(response)
+    fn finish_ok(&self, response: T, grant: Option<SetGrant>) -> Self::Output {
+        self.respond
+            .finish_ok(self.ticket, response, grant.and_then(|g| g.own))
     }
 
-    fn respond(&self, result: Result<T, BoxError>, grant: Option<Verdicts>) -> Self::Output {
-        match result {
-            Ok(mut response) => {
-                if let Some(verdicts) = grant {
-                    response.verdicts_mut().extend(verdicts.into_iter().rev());
-                }
+    fn respond(&self, result: Result<T, BoxError>, grant: Option<SetGrant>) -> Self::Output {
+        let (own, more) = grant.map_or((None, None), |g| (g.own, g.more));
+        let result = match (result, more) {
+            (Ok(mut response), Some(more)) => {
+                self.amend_more(&mut response, *more);
                 Ok(response)
             }
-            Err(err) => Err(with_admitted(err, grant.unwrap_or_default())),
+            (Err(err), Some(more)) => Err(with_admitted(err, more.rest)),
+            (result, None) => result,
+        };
+        self.respond.respond(self.ticket, result, own.map(|v| *v))
+    }
+}
+
+impl<R, Tk> SetAnswer<R, Tk> {
+    /// Charges what the response states to the limiters that charge after it, and leaves the further limiters'
+    /// verdicts on it (last to first) for the responder.
+    #[cold]
+    #[inline(never)]
+    fn amend_more<Req, T>(&self, response: &mut T, more: More)
+    where
+        T: VerdictSink,
+        R: Respond<Req, T, Ticket = Tk>,
+    {
+        for Settled {
+            settle,
+            allowed,
+            decided_at,
+        } in &more.settles
+        {
+            let real = self
+                .respond
+                .final_cost(&self.ticket, response, &settle.source);
+            settle.after_decided(real, *allowed, *decided_at);
+        }
+        if !more.rest.is_empty() {
+            response.verdicts_mut().extend(more.rest.into_iter().rev());
         }
     }
 }
 
 /// A rejection further in carries the verdicts of the limiters that admitted the request before it.
-fn with_admitted(mut err: BoxError, admitted: Verdicts) -> BoxError {
+fn with_admitted(
+    mut err: BoxError,
+    admitted: impl IntoIterator<Item = Verdict, IntoIter: DoubleEndedIterator>,
+) -> BoxError {
     if let Some(rejection) = err.downcast_mut::<Rejection>() {
         admitted
             .into_iter()
@@ -297,7 +440,17 @@ enum Now {
     Later(String, u64),
 }
 
-impl<S, K, St, C, A, Req> Service<Req> for RateLimitSet<S, K, St, C, A>
+/// A limiter the set waits for (its store cannot answer at once), asked once the others have decided; `settle`:
+/// it charges after the response.
+struct Waiting<K, St, C> {
+    shared: Arc<Shared<K, St, C>>,
+    key: String,
+    cost: u64,
+    mode: Mode,
+    settle: bool,
+}
+
+impl<S, K, St, C, A, R, Req> Service<Req> for RateLimitSet<S, K, St, C, A, R>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
@@ -306,21 +459,29 @@ where
     St: Store,
     C: Cost<Req>,
     A: Applies<Req>,
+    R: Respond<Req, S::Response> + Clone,
+    R::Ticket: Copy,
 {
-    type Response = S::Response;
-    type Error = BoxError;
-    type Future = ResponseFuture<S::Future, S, Req, SetAnswer>;
+    type Response = R::Response;
+    type Error = R::Error;
+    type Future = ResponseFuture<S::Future, S, Req, SetAnswer<R, R::Ticket>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.not_ready.poll_ready(&mut self.inner, cx).map(Ok)
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, mut req: Req) -> Self::Future {
+        let ticket = self.respond.prepare(&mut req);
+        let keep = self.respond.wants_verdict(&ticket);
+        let answer = SetAnswer {
+            respond: self.respond.clone(),
+            ticket,
+        };
         if let Some(err) = self.not_ready.take() {
-            return ResponseFuture::failed(err, SetAnswer);
+            return ResponseFuture::failed(err, answer);
         }
         let entries = self.current.load();
-        let mut verdicts = Verdicts::default();
+        let mut grant = SetGrant::default();
         // The limiters whose store must be waited for (Redis), asked in order once the others have decided.
         let mut later = Vec::new();
         for entry in entries.iter() {
@@ -334,32 +495,50 @@ where
             let Some(shared) = Shared::select(&entry.shared, &req) else {
                 continue; // exempt (counted)
             };
-            match decide_now(shared, &req, mode) {
-                Ok(Now::Decided(Conclusion::Admit(verdict))) => {
-                    verdicts.extend(verdict.map(|v| *v))
-                }
+            let settle = shared.after.is_some();
+            let now = if settle {
+                decide_settled(shared, &req, mode, &mut grant, keep)
+            } else {
+                decide_now(shared, &req, mode, keep)
+            };
+            match now {
+                Ok(Now::Decided(Conclusion::Admit(verdict))) => grant.push(verdict, keep),
                 Ok(Now::Decided(Conclusion::Reject(refused))) => {
-                    return refuse(&mut self.inner, with_admitted(refused, verdicts), SetAnswer);
+                    return refuse(&mut self.inner, grant.into_rejection(refused), answer);
                 }
-                Ok(Now::Later(key, cost)) => later.push((shared.clone(), key, cost, mode)),
-                Err(err) => return refuse(&mut self.inner, err.into(), SetAnswer),
+                Ok(Now::Later(key, cost)) => later.push(Waiting {
+                    shared: shared.clone(),
+                    key,
+                    cost,
+                    mode,
+                    settle,
+                }),
+                Err(err) => return refuse(&mut self.inner, err.into(), answer),
             }
         }
+        drop(entries);
         if later.is_empty() {
-            return ResponseFuture::calling(self.inner.call(req), Some(verdicts), SetAnswer);
+            return ResponseFuture::calling(self.inner.call(req), Some(grant), answer);
         }
-        let decide: Deciding<Verdicts> = Box::pin(async move {
-            for (shared, key, cost, mode) in later {
-                match shared.decide(key, cost, mode, true).await {
-                    Conclusion::Admit(verdict) => verdicts.extend(verdict.map(|v| *v)),
+        let decide: Deciding<SetGrant> = Box::pin(async move {
+            for w in later {
+                let keep_this = keep || w.settle;
+                let key = if w.settle { Some(w.key.clone()) } else { None };
+                match w.shared.decide(w.key, w.cost, w.mode, keep_this).await {
+                    Conclusion::Admit(verdict) => {
+                        if let (Some(key), Some(v)) = (key, &verdict) {
+                            grant.settle(&w.shared, key, w.cost, v);
+                        }
+                        grant.push(verdict, keep);
+                    }
                     Conclusion::Reject(refused) => {
-                        return core::Conclusion::Reject(with_admitted(refused, verdicts));
+                        return core::Conclusion::Reject(grant.into_rejection(refused));
                     }
                 }
             }
-            core::Conclusion::Admit(Some(verdicts))
+            core::Conclusion::Admit(Some(grant))
         });
-        decide_later(&mut self.inner, decide, req, SetAnswer)
+        decide_later(&mut self.inner, decide, req, answer)
     }
 }
 
@@ -370,21 +549,53 @@ fn decide_now<K, St, C, Req>(
     shared: &Shared<K, St, C>,
     req: &Req,
     mode: Mode,
+    keep: bool,
 ) -> Result<Now, KeyError>
 where
     K: KeyExtractor<Req>,
     St: Store,
     C: Cost<Req>,
 {
-    if let Some(decided) = shared.decide_digested(req, mode, true) {
+    if let Some(decided) = shared.decide_digested(req, mode, keep) {
         return decided.map(Now::Decided);
     }
     with_key_buffer(|key| {
         shared.write_key(req, key)?;
         let cost = shared.cost.cost(req);
-        Ok(match shared.decide_at_once(key, cost, mode, true) {
+        Ok(match shared.decide_at_once(key, cost, mode, keep) {
             Some(conclusion) => Now::Decided(conclusion),
             None => Now::Later(key.clone(), cost),
         })
+    })
+}
+
+/// Decides `req` on a limiter that charges after the response, as [`RateLimit`](super::RateLimit) does: by the
+/// key's text, which the grant keeps for the charge, always with a verdict (its instant dates the charge).
+#[cold]
+#[inline(never)]
+fn decide_settled<K, St, C, Req>(
+    shared: &Arc<Shared<K, St, C>>,
+    req: &Req,
+    mode: Mode,
+    grant: &mut SetGrant,
+    keep: bool,
+) -> Result<Now, KeyError>
+where
+    K: KeyExtractor<Req>,
+    St: Store,
+    C: Cost<Req>,
+{
+    let mut key = String::new();
+    shared.write_key(req, &mut key)?;
+    let cost = shared.cost.cost(req);
+    Ok(match shared.decide_at_once(&key, cost, mode, true) {
+        Some(Conclusion::Admit(verdict)) => {
+            if let Some(v) = &verdict {
+                grant.settle(shared, key, cost, v);
+            }
+            Now::Decided(Conclusion::Admit(verdict.filter(|_| keep)))
+        }
+        Some(rejected) => Now::Decided(rejected),
+        None => Now::Later(key, cost),
     })
 }

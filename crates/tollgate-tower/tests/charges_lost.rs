@@ -1,0 +1,152 @@
+//! A charge after the response that cannot reach the store is counted in `tollgate_charges_lost_total{limiter}`,
+//! for a single limiter and for a limiter in a set (both forward their verdicts: `Forward` reads the real cost
+//! through `VerdictSink::final_cost`, here of a response type of the test's own). Real Redis, killed while the
+//! request is being served.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use tollgate_core::{Policy, Quota};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::redis::RedisServer;
+use tollgate_tower::limit::rate::{Everywhere, RateLimitSetLayer, SetEntry};
+use tollgate_tower::observe::CHARGES_LOST_TOTAL;
+use tollgate_tower::{BoxError, ConstKey, CostAfter, RateLimitLayer, VerdictSink, Verdicts};
+use tower::{Layer, Service, ServiceExt};
+
+/// Counters by `name{label=value,...}`.
+#[derive(Default, Clone)]
+struct Counts(Arc<Mutex<HashMap<String, Arc<AtomicU64>>>>);
+
+impl Counts {
+    fn get(&self, name: &str, limiter: &str) -> u64 {
+        let key = format!("{name}{{limiter={limiter}}}");
+        let map = self.0.lock().unwrap();
+        map.get(&key).map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+}
+
+impl Recorder for Counts {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        let counter = self.0.lock().unwrap().entry(name).or_default().clone();
+        Counter::from_arc(counter)
+    }
+
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+/// A response stating its real cost, read by the limiter after it is ready.
+#[derive(Debug, Default)]
+struct Reply {
+    verdicts: Verdicts,
+    cost: u64,
+}
+
+impl VerdictSink for Reply {
+    fn verdicts_mut(&mut self) -> &mut Verdicts {
+        &mut self.verdicts
+    }
+
+    fn final_cost(&self, source: &CostAfter) -> Option<u64> {
+        (*source == CostAfter::Extension).then_some(self.cost)
+    }
+}
+
+/// Waits (bounded) for `counter` to reach `want`: the charge runs as a task after the response.
+async fn wait_for(counts: &Counts, limiter: &str, want: u64) {
+    for _ in 0..1_000 {
+        if counts.get(CHARGES_LOST_TOTAL, limiter) >= want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(counts.get(CHARGES_LOST_TOTAL, limiter), want, "{limiter}");
+}
+
+/// A store on a private Redis server of its own, which the handler can kill.
+async fn private_store() -> (Arc<Mutex<RedisServer>>, Arc<RedisStore>) {
+    let redis = RedisServer::start();
+    let store = RedisStore::builder(redis.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("the private Redis");
+    (Arc::new(Mutex::new(redis)), Arc::new(store))
+}
+
+/// Serves a reply of cost 4, killing `redis` first when the request asks for it.
+fn handler(
+    redis: Arc<Mutex<RedisServer>>,
+) -> impl Service<bool, Response = Reply, Error = BoxError, Future: Send> + Clone {
+    tower::service_fn(move |kill: bool| {
+        if kill {
+            redis.lock().unwrap().kill();
+        }
+        async {
+            Ok::<_, BoxError>(Reply {
+                verdicts: Verdicts::default(),
+                cost: 4,
+            })
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_that_cannot_reach_the_store_is_counted() {
+    let counts = Counts::default();
+    metrics::set_global_recorder(counts.clone()).expect("the only recorder in this test binary");
+    let policy = Policy::token_bucket(Quota::per_hour(10).unwrap());
+    let (single_redis, single_store) = private_store().await;
+    let (set_redis, set_store) = private_store().await;
+    let single = RateLimitLayer::new("single", policy, single_store, ConstKey::new("k"))
+        .cost_after(CostAfter::Extension);
+    let in_set = RateLimitLayer::new("in-set", policy, set_store, ConstKey::new("k"))
+        .cost_after(CostAfter::Extension);
+    let set = RateLimitSetLayer::new([SetEntry::new(&in_set, Everywhere)]);
+    let mut single_svc = single.layer(handler(single_redis));
+    let mut set_svc = set.layer(handler(set_redis));
+
+    // Redis up: each charge lands (1 up front, 3 after), and nothing is lost.
+    single_svc.ready().await.unwrap().call(false).await.unwrap();
+    set_svc.ready().await.unwrap().call(false).await.unwrap();
+    for layer in [&single, &in_set] {
+        let mut left = 0;
+        for _ in 0..500 {
+            left = layer.peek(&false).await.expect("peek").remaining;
+            if left == 5 {
+                break; // a request of cost 1 would leave 5: 4 spent
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(left, 5, "the charge landed");
+    }
+    assert_eq!(counts.get(CHARGES_LOST_TOTAL, "single"), 0);
+    assert_eq!(counts.get(CHARGES_LOST_TOTAL, "in-set"), 0);
+
+    // Redis killed while the request is served: it was decided, and its charge cannot land.
+    single_svc.ready().await.unwrap().call(true).await.unwrap();
+    wait_for(&counts, "single", 1).await;
+    assert_eq!(counts.get(CHARGES_LOST_TOTAL, "in-set"), 0, "per limiter");
+    set_svc.ready().await.unwrap().call(true).await.unwrap();
+    wait_for(&counts, "in-set", 1).await;
+    assert_eq!(counts.get(CHARGES_LOST_TOTAL, "single"), 1);
+}
