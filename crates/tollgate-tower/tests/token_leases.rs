@@ -201,11 +201,27 @@ proptest! {
 /// The remaining a response shows: an admission's verdict, or a refusal's decision.
 fn remaining_of(result: &Result<Reply, BoxError>) -> u64 {
     match result {
-        Ok(reply) => reply.0.only().expect("an admission's verdict").decision.remaining,
+        Ok(reply) => {
+            reply
+                .0
+                .only()
+                .expect("an admission's verdict")
+                .decision
+                .remaining
+        }
         Err(err) => {
-            let rejection = err.downcast_ref::<Rejection>().expect("a rate-limit rejection");
-            assert_eq!(rejection.kind(), RejectionKind::RateLimited, "{rejection:?}");
-            rejection.decision().expect("a refusal's decision").remaining
+            let rejection = err
+                .downcast_ref::<Rejection>()
+                .expect("a rate-limit rejection");
+            assert_eq!(
+                rejection.kind(),
+                RejectionKind::RateLimited,
+                "{rejection:?}"
+            );
+            rejection
+                .decision()
+                .expect("a refusal's decision")
+                .remaining
         }
     }
 }

@@ -10,7 +10,9 @@
 //!
 //! - **k adapts** to the key's local demand: the tokens asked in the last [`batch_lasts`](LeaseConfig::batch_lasts)
 //!   of the period (a tenth by default: a batch lasts about 100 ms of a per-second limit), never above
-//!   [`share_percent`](LeaseConfig::share_percent) of the burst (10 % by default).
+//!   [`share_percent`](LeaseConfig::share_percent) of the burst (10 % by default). A sliding window batch also
+//!   shrinks over its window's last batch time, to what the rest of the window can spend: slots leased late and
+//!   left at the window's end are lost to it (they are given back, but to the next window's estimate).
 //! - **Fetched ahead**: when a take leaves the batch below half of k, the next batch is fetched by a tokio task
 //!   (one at a time per key), so a steady hot key never waits for the store.
 //! - **Waiting on the fetch under way**: a request that finds its key's batch unable to pay while a fetch is out
@@ -748,7 +750,7 @@ impl<St: Store> Inner<St> {
             e.demand = e.demand.saturating_add(cost);
         }
         e.last_use = now;
-        let want = e.last_demand.max(e.demand).min(self.max_batch);
+        let want = self.window_share(e, e.last_demand.max(e.demand).min(self.max_batch), now);
         if now >= e.deadline && e.tokens > 0 {
             // Past its deadline a batch is not spent: a sliding window gives its slots back with the next call; a
             // token bucket's record expires in the store (its tokens are lost, as the proof requires).
@@ -821,6 +823,28 @@ impl<St: Store> Inner<St> {
         e.shown = Some(shown);
         e.shown_at = now;
         shown / self.token
+    }
+
+    /// A sliding window batch no larger than the demand the rest of its window can spend (`want` is a batch's
+    /// time of demand): a slot leased late in a window and unspent at its end is lost to that window, so batches
+    /// shrink over the window's last batch time (to 1 in its last instants: the plain path, exact). A token bucket
+    /// batch is not tied to a window.
+    fn window_share(&self, e: &Entry, want: u64, now: u64) -> u64 {
+        if self.policy.algorithm() != Algorithm::SlidingWindowCounter || e.window_start == 0 {
+            return want;
+        }
+        let period = self.policy.quota().period_micros();
+        let at = e.store_now(now).as_micros();
+        if at < e.window_start {
+            return want;
+        }
+        let left = (period - (at - e.window_start) % period).saturating_sub(self.margin);
+        if left >= self.epoch {
+            return want;
+        }
+        // ⌈want × left ÷ epoch⌉ in u128: want ≤ the burst, left < epoch.
+        u64::try_from((u128::from(want) * u128::from(left)).div_ceil(u128::from(self.epoch)))
+            .unwrap_or(want)
     }
 
     /// The fetch to start now, if one is `due` and allowed (not under way, not too early, a hot key).
