@@ -546,3 +546,117 @@ async fn leases_leave_a_lockout_policy_on_the_exact_plain_path() {
         "every decision went to the store's plain path"
     );
 }
+
+/// Requests that find the batch spent while its next fetch is out wait for that fetch and are decided from its
+/// batch: a hot key's store calls are its fetches only, none on the plain path. (The runtime is single-threaded:
+/// the fetch a take starts runs only when a request waits, so every batch is spent before its successor lands.)
+#[tokio::test(flavor = "current_thread")]
+async fn requests_that_find_the_batch_spent_wait_for_the_fetch_under_way() {
+    let redis = Arc::new(
+        RedisStore::builder(redis_url())
+            .namespace(unique_prefix("lease-wait"))
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap(),
+    );
+    let clock = ManualClock::new(start());
+    let store = Arc::new(Clocked {
+        redis,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let policy = Policy::token_bucket(Quota::per_hour(10_000).unwrap());
+    let config = LeaseConfig::new()
+        .share_percent(1)
+        .unwrap()
+        .clock(clock.clone())
+        .wait(Duration::from_secs(30));
+    let (mut svc, leases) = instance(store.clone(), policy, config);
+    // Hot, with a batch in hand.
+    for _ in 0..3 {
+        call(&mut svc).await.unwrap();
+        leases.settled().await;
+    }
+    let plain = |store: &Clocked, leases: &LeaseHandle| {
+        store.calls.load(Ordering::Relaxed) as u64 - leases.store_calls()
+    };
+    let (plain_before, local_before) = (plain(&store, &leases), leases.local_admissions());
+    // 1 000 requests, a batch (at most 100) at a time, and 20 more at once on an empty batch.
+    for i in 0..1_000 {
+        assert!(call(&mut svc).await.is_ok(), "request {i}");
+    }
+    let together: Vec<_> = (0..20)
+        .map(|_| {
+            let mut svc = svc.clone();
+            async move { call(&mut svc).await.is_ok() }
+        })
+        .collect();
+    for admitted in futures_util::future::join_all(together).await {
+        assert!(admitted);
+    }
+    assert_eq!(
+        plain(&store, &leases),
+        plain_before,
+        "a plain call beside a fetch"
+    );
+    assert_eq!(leases.local_admissions() - local_before, 1_020);
+    leases.shutdown().await;
+}
+
+/// The wait is bounded: with Redis paused (its client's timeout far longer), a request whose batch is spent while
+/// the fetch hangs meets the failure policy once the configured wait is over, not when Redis comes back.
+#[tokio::test(flavor = "current_thread")]
+async fn a_fetch_that_outlasts_the_wait_leaves_its_waiters_to_the_failure_policy() {
+    let server = RedisServer::start();
+    let redis = RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(60))
+        .build()
+        .await
+        .unwrap();
+    let layer = RateLimitLayer::new(
+        "bounded-wait",
+        Policy::token_bucket(Quota::per_hour(1_000).unwrap()),
+        Arc::new(redis),
+        ConstKey::new("hot"),
+    )
+    .on_store_error(FailurePolicy::Closed)
+    .leases(
+        LeaseConfig::new()
+            .share_percent(2)
+            .unwrap()
+            .wait(Duration::from_millis(50)),
+    );
+    let leases = layer.lease_handle();
+    let mut svc = BoxCloneService::new(
+        tower::ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) }),
+    );
+    for _ in 0..3 {
+        call(&mut svc).await.unwrap();
+        leases.settled().await;
+    }
+    server.pause();
+    // The batch (20) is spent locally; the fetch started at its half hangs on the paused Redis; the request that
+    // finds the batch spent waits 50 ms of the 60 s the fetch could take, then the closed policy refuses it.
+    // (A 30 s guard, 600 × the wait and half the client's timeout: only a wait that is not bounded reaches it.)
+    let mut from_batch = 0;
+    let refused = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match call(&mut svc).await {
+                Ok(_) => from_batch += 1,
+                Err(err) => break err,
+            }
+            assert!(from_batch <= 20, "{from_batch} admitted from a batch of 20");
+        }
+    })
+    .await
+    .expect("the wait is bounded by 50 ms, not by the paused Redis");
+    let rejection = refused.downcast_ref::<Rejection>().expect("a rejection");
+    assert_eq!(rejection.kind(), RejectionKind::StoreUnavailable);
+    assert_eq!(leases.fetches_in_flight(), 1, "the fetch still hangs");
+    server.resume();
+    leases.settled().await;
+    leases.shutdown().await;
+}
