@@ -2,7 +2,7 @@
 //! without leases and Redis with token leases, in one run.
 //!
 //! `cargo bench --bench token_leases_hot_key -- [--limit 20000] [--offered 30000] [--seconds 3] [--warmup 2.5]
-//! [--open-loop]`
+//! [--open-loop] [--redis-load CLIENTS]`
 //!
 //! Each variant is 4 `RateLimitLayer`s (4 instances: their own store, or their own Redis pool on one private
 //! `redis-server` from the testkit), one token bucket of `--limit` per second (burst = limit) on one key. An
@@ -15,6 +15,8 @@
 //! `--open-loop`: each request is a task of its own, sent when the schedule owes it whether or not the earlier
 //! ones were answered (no instance falls behind its schedule): when Redis is slower than the offered rate,
 //! requests pile up on it — the overloaded case, where what counts is the Redis calls per decision.
+//! `--redis-load CLIENTS`: meanwhile `redis-benchmark` (CLIENTS connections, pipelines of 16 SETs on keys of its
+//! own) keeps the same Redis busy, so that every call waits behind that load: a slow Redis.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,6 +160,17 @@ fn main() {
     let measured = Duration::from_secs_f64(seconds);
     let instances = 4;
     let redis = RedisServer::start();
+    let load = arg("--redis-load", 0.0) as u32;
+    let mut loader = (load > 0).then(|| {
+        let port = redis.url().rsplit(':').next().unwrap_or("6379").trim_end_matches('/').to_owned();
+        std::process::Command::new("redis-benchmark")
+            .args(["-h", "127.0.0.1", "-p", &port, "-c", &load.to_string(), "-P", "16"])
+            .args(["-n", "2000000000", "-t", "set", "-r", "100000", "-q"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-benchmark for --redis-load")
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -169,6 +182,9 @@ fn main() {
          {warmup:?} warm-up then {seconds} s measured",
         if open_loop { " open loop" } else { "" }
     );
+    if load > 0 {
+        println!("Redis kept busy by redis-benchmark, {load} clients × pipelines of 16 SETs");
+    }
     println!(
         "{:<22} {:>10} {:>11} {:>10} {:>16} {:>15} {:>9} {:>9} {:>10}",
         "variant",
@@ -258,6 +274,10 @@ fn main() {
             p99,
             p50 - base,
         );
+    }
+    if let Some(loader) = &mut loader {
+        let _ = loader.kill();
+        let _ = loader.wait();
     }
     println!(
         "(in-process: each instance its own {limit}/s, so the fleet admits up to {instances}× — the latency baseline; \
