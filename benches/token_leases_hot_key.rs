@@ -162,9 +162,24 @@ fn main() {
     let redis = RedisServer::start();
     let load = arg("--redis-load", 0.0) as u32;
     let mut loader = (load > 0).then(|| {
-        let port = redis.url().rsplit(':').next().unwrap_or("6379").trim_end_matches('/').to_owned();
+        let port = redis
+            .url()
+            .rsplit(':')
+            .next()
+            .unwrap_or("6379")
+            .trim_end_matches('/')
+            .to_owned();
         std::process::Command::new("redis-benchmark")
-            .args(["-h", "127.0.0.1", "-p", &port, "-c", &load.to_string(), "-P", "16"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-c",
+                &load.to_string(),
+                "-P",
+                "16",
+            ])
             .args(["-n", "2000000000", "-t", "set", "-r", "100000", "-q"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

@@ -957,8 +957,19 @@ impl<St: Store> Inner<St> {
         match grant.retry_after {
             Some(retry) => {
                 // The store is short: no fetch, and no plain call, before `want` is there.
-                let until = (fetch.sent + u64::try_from(retry.as_micros()).unwrap_or(u64::MAX))
+                let mut until = (fetch.sent + u64::try_from(retry.as_micros()).unwrap_or(u64::MAX))
                     .saturating_sub(self.margin);
+                // A sliding window's slots that come free late in a window are its own: waiting for a whole batch
+                // past the window's end would lose them (in a flood, every window would end short of its limit).
+                // Ask again a tenth of a batch's time before the end, for the smaller batch the rest of the window
+                // can spend (`window_share`; the plain path in its last instants).
+                let end = deadline.saturating_sub(self.epoch / 10);
+                if self.policy.algorithm() == Algorithm::SlidingWindowCounter
+                    && until > end
+                    && end > fetch.sent
+                {
+                    until = end;
+                }
                 e.next_fetch = until;
                 e.denied_until = until;
             }
