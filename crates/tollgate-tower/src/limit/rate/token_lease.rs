@@ -24,7 +24,9 @@
 //! - **A short grant** (the store had less than k): the store says when k would be there; the layer fetches no
 //!   earlier and, once the batch is spent, refuses locally until then (as the deny cache does), so a key over its
 //!   limit costs no store call per refused request. The tokens that accrue meanwhile are not lost: the next fetch
-//!   takes them.
+//!   takes them. A sliding window's refusal ends a tenth of a batch's time before its window does, whatever the
+//!   store said: slots that come free late in a window are that window's, and would be lost to it if the
+//!   instance waited for a whole batch past its end.
 //! - **Deadlines**: a token bucket batch is spent until the instance's send instant + the lease
 //!   [`ttl`](LeaseConfig::ttl), a sliding window batch until the end of the window it is counted in (measured
 //!   from the send instant too), both less the deny cache's clock-drift margin
