@@ -1,7 +1,8 @@
 //! One hot key on a fleet of 4 instances sharing Redis, offered more than its limit: the in-process store, Redis
 //! without leases and Redis with token leases, in one run.
 //!
-//! `cargo bench --bench token_leases_hot_key -- [--limit 20000] [--offered 30000] [--seconds 3] [--warmup 2.5]`
+//! `cargo bench --bench token_leases_hot_key -- [--limit 20000] [--offered 30000] [--seconds 3] [--warmup 2.5]
+//! [--open-loop] [--redis-load CLIENTS]`
 //!
 //! Each variant is 4 `RateLimitLayer`s (4 instances: their own store, or their own Redis pool on one private
 //! `redis-server` from the testkit), one token bucket of `--limit` per second (burst = limit) on one key. An
@@ -10,6 +11,12 @@
 //! admitted over the measured window against `limit × T + burst` (the plain path's bound) and `limit × T`,
 //! Redis script calls per decision (`INFO commandstats`), and the decision latency (p50, p99) through the layer,
 //! with the added p50 against the in-process store's.
+//!
+//! `--open-loop`: each request is a task of its own, sent when the schedule owes it whether or not the earlier
+//! ones were answered (no instance falls behind its schedule): when Redis is slower than the offered rate,
+//! requests pile up on it — the overloaded case, where what counts is the Redis calls per decision.
+//! `--redis-load CLIENTS`: meanwhile `redis-benchmark` (CLIENTS connections, pipelines of 16 SETs on keys of its
+//! own) keeps the same Redis busy, so that every call waits behind that load: a slow Redis.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,14 +70,21 @@ struct Result {
 
 /// Offers `per_ms` requests per millisecond to one instance for `warmup` and then `measured` (wall clock), one
 /// request at a time as the schedule owes them (an instance whose decisions are slower than the schedule falls
-/// behind: its offered rate is what it reached). The requests sent in the measured window are counted, with
-/// their latencies.
-async fn offer(mut svc: Svc, per_ms: f64, warmup: Duration, measured: Duration) -> Result {
+/// behind: its offered rate is what it reached), or with `open_loop` each as a task of its own. The requests sent
+/// in the measured window are counted, with their latencies.
+async fn offer(
+    mut svc: Svc,
+    per_ms: f64,
+    warmup: Duration,
+    measured: Duration,
+    open_loop: bool,
+) -> Result {
     let start = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut sent = 0_u64;
     let (mut offered, mut admitted, mut latencies) = (0, 0, Vec::with_capacity(200_000));
+    let mut tasks = Vec::new();
     loop {
         tick.tick().await;
         let elapsed = start.elapsed();
@@ -82,12 +96,35 @@ async fn offer(mut svc: Svc, per_ms: f64, warmup: Duration, measured: Duration) 
             sent += 1;
             let t = Instant::now();
             let counted = t.duration_since(start) >= warmup;
+            if open_loop {
+                let mut svc = svc.clone();
+                tasks.push((
+                    counted,
+                    tokio::spawn(async move {
+                        let ok = svc.ready().await.unwrap().call(()).await.is_ok();
+                        (
+                            ok,
+                            u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX),
+                        )
+                    }),
+                ));
+                continue;
+            }
             let ok = svc.ready().await.unwrap().call(()).await.is_ok();
+            let latency = u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX);
             if counted {
                 offered += 1;
                 admitted += u64::from(ok);
-                latencies.push(u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX));
+                latencies.push(latency);
             }
+        }
+    }
+    for (counted, task) in tasks {
+        let (ok, latency) = task.await.unwrap();
+        if counted {
+            offered += 1;
+            admitted += u64::from(ok);
+            latencies.push(latency);
         }
     }
     Result {
@@ -119,9 +156,36 @@ fn main() {
     let offered = arg("--offered", 30_000.0);
     let seconds = arg("--seconds", 3.0);
     let warmup = Duration::from_secs_f64(arg("--warmup", 2.5));
+    let open_loop = std::env::args().any(|a| a == "--open-loop");
     let measured = Duration::from_secs_f64(seconds);
     let instances = 4;
     let redis = RedisServer::start();
+    let load = arg("--redis-load", 0.0) as u32;
+    let mut loader = (load > 0).then(|| {
+        let port = redis
+            .url()
+            .rsplit(':')
+            .next()
+            .unwrap_or("6379")
+            .trim_end_matches('/')
+            .to_owned();
+        std::process::Command::new("redis-benchmark")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-c",
+                &load.to_string(),
+                "-P",
+                "16",
+            ])
+            .args(["-n", "2000000000", "-t", "set", "-r", "100000", "-q"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-benchmark for --redis-load")
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -129,9 +193,13 @@ fn main() {
         .unwrap();
     let policy = Policy::token_bucket(Quota::per_second(limit).unwrap());
     println!(
-        "one hot key, {instances} instances, token bucket {limit}/s (burst {limit}), {offered} req/s offered, \
-         {warmup:?} warm-up then {seconds} s measured"
+        "one hot key, {instances} instances, token bucket {limit}/s (burst {limit}), {offered} req/s offered{}, \
+         {warmup:?} warm-up then {seconds} s measured",
+        if open_loop { " open loop" } else { "" }
     );
+    if load > 0 {
+        println!("Redis kept busy by redis-benchmark, {load} clients × pipelines of 16 SETs");
+    }
     println!(
         "{:<22} {:>10} {:>11} {:>10} {:>16} {:>15} {:>9} {:>9} {:>10}",
         "variant",
@@ -187,7 +255,7 @@ fn main() {
             let per_ms = offered / f64::from(instances) / 1_000.0;
             let tasks: Vec<_> = svcs
                 .into_iter()
-                .map(|svc| tokio::spawn(offer(svc, per_ms, warmup, measured)))
+                .map(|svc| tokio::spawn(offer(svc, per_ms, warmup, measured, open_loop)))
                 .collect();
             let mut results = Vec::new();
             for t in tasks {
@@ -221,6 +289,10 @@ fn main() {
             p99,
             p50 - base,
         );
+    }
+    if let Some(loader) = &mut loader {
+        let _ = loader.kill();
+        let _ = loader.wait();
     }
     println!(
         "(in-process: each instance its own {limit}/s, so the fleet admits up to {instances}× — the latency baseline; \

@@ -219,6 +219,7 @@ async fn run() -> Result<(), String> {
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
         )
+        .with_graceful_shutdown(flags::stop_signal())
         .await
         .map_err(|e| e.to_string());
     }
@@ -256,10 +257,14 @@ async fn run() -> Result<(), String> {
         let bound = observe::serve_metrics(addr, handle).await?;
         println!("metrics on http://{bound}/metrics");
     }
+    // SIGTERM or SIGINT: stop accepting, finish the requests in flight, then give the leased batches back.
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
+    .with_graceful_shutdown(flags::stop_signal())
     .await
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?;
+    flags::shutdown().await;
+    Ok(())
 }

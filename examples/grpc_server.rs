@@ -174,9 +174,15 @@ async fn serve<St: Store>(
     tonic::transport::Server::builder()
         .layer(layer)
         .add_service(GreeterServer::new(Hello))
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+        // SIGTERM or SIGINT: stop serving, then give the leased batches back.
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            flags::stop_signal(),
+        )
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    flags::shutdown().await;
+    Ok(())
 }
 
 /// The service behind a policy file's limits (`--config`), which `SIGHUP` reloads.
@@ -211,7 +217,10 @@ async fn serve_from_file<St: Store>(
     tonic::transport::Server::builder()
         .layer(layer)
         .add_service(GreeterServer::new(Hello))
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            flags::stop_signal(),
+        )
         .await
         .map_err(|e| e.to_string())
 }

@@ -11,7 +11,43 @@ use tollgate_core::{
     Algorithm, DEFAULT_MAX_KEYS, FailurePolicy, MemoryStore, Policy, Quota, Store,
 };
 use tollgate_redis::RedisStore;
-use tollgate_tower::{LeaseConfig, RateLimitLayer};
+use tollgate_tower::{LeaseConfig, LeaseHandle, RateLimitLayer};
+
+/// The token leases of every rate limiter [`ServerFlags::rate_limit`] built with `--leases`: [`shutdown`] returns
+/// their unspent batches before the process exits.
+static LEASES: std::sync::Mutex<Vec<LeaseHandle>> = std::sync::Mutex::new(Vec::new());
+
+/// Resolves on the first SIGTERM or SIGINT (ctrl-c): the signal to stop serving and [`shutdown`].
+pub(crate) async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            // Without the handlers the default action (exit) stays: nothing to wait for.
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Returns every leased batch to the store (each limiter's [`LeaseHandle::shutdown`]): an instance that exits
+/// this way takes no tokens from the fleet with it (one that crashes loses at most its batches, which expire).
+pub(crate) async fn shutdown() {
+    let leases = std::mem::take(&mut *LEASES.lock().unwrap_or_else(|p| p.into_inner()));
+    for lease in leases {
+        lease.shutdown().await;
+    }
+}
 
 /// Walks the arguments: yields each flag, and hands out its value on request.
 pub(crate) struct Flags<I> {
@@ -285,7 +321,14 @@ impl ServerFlags {
             _ => layer,
         };
         match self.lease_config() {
-            Some(config) => layer.leases(config),
+            Some(config) => {
+                let layer = layer.leases(config);
+                LEASES
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(layer.lease_handle());
+                layer
+            }
             None => layer,
         }
     }

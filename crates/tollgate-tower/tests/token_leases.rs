@@ -198,6 +198,120 @@ proptest! {
     }
 }
 
+/// The remaining a response shows: an admission's verdict, or a refusal's decision.
+fn remaining_of(result: &Result<Reply, BoxError>) -> u64 {
+    match result {
+        Ok(reply) => {
+            reply
+                .0
+                .only()
+                .expect("an admission's verdict")
+                .decision
+                .remaining
+        }
+        Err(err) => {
+            let rejection = err
+                .downcast_ref::<Rejection>()
+                .expect("a rate-limit rejection");
+            assert_eq!(
+                rejection.kind(),
+                RejectionKind::RateLimited,
+                "{rejection:?}"
+            );
+            rejection
+                .decision()
+                .expect("a refusal's decision")
+                .remaining
+        }
+    }
+}
+
+/// Clients hammering one hot key through `n` instances, round robin, each instance's next request less than a
+/// token's refill after its last (`gaps` µs between events, each below a token's time ÷ `n`); `land[k]`: whether
+/// the instance's fetches land before event k (otherwise a request may find its batch empty with a fetch out).
+/// Returns each instance's (remaining shown, admitted by it so far, µs since the start) per response.
+async fn hammer(
+    redis: &Arc<RedisStore>,
+    policy: Policy,
+    n: usize,
+    events: &[(u64, bool)],
+) -> Vec<Vec<(u64, u64, u64)>> {
+    let clock = ManualClock::new(start());
+    let store = Arc::new(Clocked {
+        redis: redis.clone(),
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let mut instances: Vec<_> = (0..n)
+        .map(|_| {
+            let config = LeaseConfig::new()
+                .share_percent(25)
+                .unwrap()
+                .clock(clock.clone())
+                // A loaded machine's Redis round trip never reaches the failure policy here.
+                .wait(Duration::from_secs(30));
+            instance(store.clone(), policy, config)
+        })
+        .collect();
+    let mut shown = vec![Vec::new(); n];
+    let mut admitted = vec![0; n];
+    let mut elapsed = 0;
+    for (k, &(gap, land)) in events.iter().enumerate() {
+        clock.advance(Duration::from_micros(gap));
+        elapsed += gap;
+        let i = k % n;
+        let (svc, handle) = &mut instances[i];
+        if land {
+            handle.settled().await;
+        }
+        let result = call(svc).await;
+        admitted[i] += u64::from(result.is_ok());
+        shown[i].push((remaining_of(&result), admitted[i], elapsed));
+    }
+    for (_, h) in &instances {
+        h.shutdown().await;
+    }
+    shown
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
+
+    /// Issue 16's headers under leases, for clients hammering a hot key (token bucket 100/s, burst 60: a token
+    /// refills every 10 ms, and each instance's requests come less than 10 ms apart), through 1 to 3 instances
+    /// with random timings and fetch interleavings: an instance's remaining never rises between two of its
+    /// responses, and never exceeds what the bucket can hold for it (the burst plus what refilled, less what it
+    /// admitted itself: the global remaining plus its unspent batch are no more).
+    #[test]
+    fn remaining_never_rises_for_clients_hammering_a_hot_key(
+        n in 1..=3usize,
+        events in prop::collection::vec((0..3_300u64, prop::bool::weighted(0.5)), 150..300),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let shown = runtime.block_on(async {
+            let redis = Arc::new(
+                RedisStore::builder(redis_url())
+                    .namespace(unique_prefix("lease-headers"))
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .await
+                    .unwrap(),
+            );
+            let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(60).unwrap());
+            hammer(&redis, policy, n, &events).await
+        });
+        for (i, responses) in shown.iter().enumerate() {
+            let mut last = u64::MAX;
+            for (k, &(remaining, admitted, elapsed)) in responses.iter().enumerate() {
+                prop_assert!(remaining <= last, "instance {i}, response {k}: remaining rose from {last} to {remaining}");
+                let bound = (60 + elapsed * 100 / 1_000_000).saturating_sub(admitted);
+                prop_assert!(remaining <= bound, "instance {i}, response {k}: remaining {remaining} above {bound}");
+                last = remaining;
+            }
+        }
+    }
+}
+
 /// An instance dies holding a batch (dropped without returning it): the others lose at most that batch, and get
 /// its share back by refill from the lease's deadline.
 #[tokio::test]
@@ -431,4 +545,181 @@ async fn leases_leave_a_lockout_policy_on_the_exact_plain_path() {
         301,
         "every decision went to the store's plain path"
     );
+}
+
+/// Requests that find the batch spent while its next fetch is out wait for that fetch and are decided from its
+/// batch: a hot key's store calls are its fetches only, none on the plain path. (The runtime is single-threaded:
+/// the fetch a take starts runs only when a request waits, so every batch is spent before its successor lands.)
+#[tokio::test(flavor = "current_thread")]
+async fn requests_that_find_the_batch_spent_wait_for_the_fetch_under_way() {
+    let redis = Arc::new(
+        RedisStore::builder(redis_url())
+            .namespace(unique_prefix("lease-wait"))
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap(),
+    );
+    let clock = ManualClock::new(start());
+    let store = Arc::new(Clocked {
+        redis,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let policy = Policy::token_bucket(Quota::per_hour(10_000).unwrap());
+    let config = LeaseConfig::new()
+        .share_percent(1)
+        .unwrap()
+        .clock(clock.clone())
+        .wait(Duration::from_secs(30));
+    let (mut svc, leases) = instance(store.clone(), policy, config);
+    // Hot, with a batch in hand.
+    for _ in 0..3 {
+        call(&mut svc).await.unwrap();
+        leases.settled().await;
+    }
+    let plain = |store: &Clocked, leases: &LeaseHandle| {
+        store.calls.load(Ordering::Relaxed) as u64 - leases.store_calls()
+    };
+    let (plain_before, local_before) = (plain(&store, &leases), leases.local_admissions());
+    // 1 000 requests, a batch (at most 100) at a time, and 20 more at once on an empty batch.
+    for i in 0..1_000 {
+        assert!(call(&mut svc).await.is_ok(), "request {i}");
+    }
+    let together: Vec<_> = (0..20)
+        .map(|_| {
+            let mut svc = svc.clone();
+            async move { call(&mut svc).await.is_ok() }
+        })
+        .collect();
+    for admitted in futures_util::future::join_all(together).await {
+        assert!(admitted);
+    }
+    assert_eq!(
+        plain(&store, &leases),
+        plain_before,
+        "a plain call beside a fetch"
+    );
+    assert_eq!(leases.local_admissions() - local_before, 1_020);
+    leases.shutdown().await;
+}
+
+/// The wait is bounded: with Redis paused (its client's timeout far longer), a request whose batch is spent while
+/// the fetch hangs meets the failure policy once the configured wait is over, not when Redis comes back.
+#[tokio::test(flavor = "current_thread")]
+async fn a_fetch_that_outlasts_the_wait_leaves_its_waiters_to_the_failure_policy() {
+    let server = RedisServer::start();
+    let redis = RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(60))
+        .build()
+        .await
+        .unwrap();
+    let layer = RateLimitLayer::new(
+        "bounded-wait",
+        Policy::token_bucket(Quota::per_hour(1_000).unwrap()),
+        Arc::new(redis),
+        ConstKey::new("hot"),
+    )
+    .on_store_error(FailurePolicy::Closed)
+    .leases(
+        LeaseConfig::new()
+            .share_percent(2)
+            .unwrap()
+            .wait(Duration::from_millis(50)),
+    );
+    let leases = layer.lease_handle();
+    let mut svc = BoxCloneService::new(
+        tower::ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) }),
+    );
+    for _ in 0..3 {
+        call(&mut svc).await.unwrap();
+        leases.settled().await;
+    }
+    server.pause();
+    // The batch (20) is spent locally; the fetch started at its half hangs on the paused Redis; the request that
+    // finds the batch spent waits 50 ms of the 60 s the fetch could take, then the closed policy refuses it.
+    // (A 30 s guard, 600 × the wait and half the client's timeout: only a wait that is not bounded reaches it.)
+    let mut from_batch = 0;
+    let refused = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match call(&mut svc).await {
+                Ok(_) => from_batch += 1,
+                Err(err) => break err,
+            }
+            assert!(from_batch <= 20, "{from_batch} admitted from a batch of 20");
+        }
+    })
+    .await
+    .expect("the wait is bounded by 50 ms, not by the paused Redis");
+    let rejection = refused.downcast_ref::<Rejection>().expect("a rejection");
+    assert_eq!(rejection.kind(), RejectionKind::StoreUnavailable);
+    assert_eq!(leases.fetches_in_flight(), 1, "the fetch still hangs");
+    server.resume();
+    leases.settled().await;
+    leases.shutdown().await;
+}
+
+/// A sliding window flooded through 2 instances (3 requests per instance per ms, 50 per second allowed) admits its
+/// limit in every window, to within a slot per instance: a short grant's local refusal ends a tenth of a batch's
+/// time before the window does, so the slots that come free late in a window are taken in it (waiting for a whole
+/// batch past its end lost about 5 per window: 45 of 50).
+#[tokio::test(flavor = "current_thread")]
+async fn a_flooded_sliding_window_admits_its_limit_in_every_window() {
+    let redis = Arc::new(
+        RedisStore::builder(redis_url())
+            .namespace(unique_prefix("lease-sw-flood"))
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap(),
+    );
+    let clock = ManualClock::new(start());
+    let store = Arc::new(Clocked {
+        redis,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let policy = Policy::sliding_window(Quota::per_second(50).unwrap()).unwrap();
+    let mut instances: Vec<_> = (0..2)
+        .map(|_| {
+            let layer =
+                RateLimitLayer::new("sw-flood", policy, store.clone(), ConstKey::new("hot"))
+                    .deny_cache_config(tollgate_tower::DenyCache::new().clock(clock.clone()))
+                    .leases(
+                        LeaseConfig::new()
+                            .clock(clock.clone())
+                            .wait(Duration::from_secs(30)),
+                    );
+            let handle = layer.lease_handle();
+            let svc = BoxCloneService::new(
+                tower::ServiceBuilder::new()
+                    .layer(layer)
+                    .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) }),
+            );
+            (svc, handle)
+        })
+        .collect();
+    let mut per_window = [0_u64; 6];
+    for ms in 0..6_000 {
+        clock.advance(Duration::from_millis(1));
+        for (svc, _) in &mut instances {
+            for _ in 0..3 {
+                if call(svc).await.is_ok() {
+                    per_window[ms / 1_000] += 1;
+                }
+            }
+        }
+        tokio::task::yield_now().await;
+    }
+    for (w, admitted) in per_window.iter().enumerate() {
+        assert!(
+            (48..=50).contains(admitted),
+            "window {w}: {admitted} admitted of 50 ({per_window:?})"
+        );
+    }
+    for (_, h) in &instances {
+        h.shutdown().await;
+    }
 }

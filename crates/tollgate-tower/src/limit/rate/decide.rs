@@ -10,6 +10,8 @@ use tollgate_core::{
 
 use super::deny_cache::{DenyTable, Turn};
 use super::overrides::{Choice, Plans};
+#[cfg(feature = "leases")]
+use super::token_lease::{Leased, Waited};
 use crate::key::{hash_bytes, with_key_buffer};
 use crate::limit::core::{self, Judge};
 use crate::limit::future::Charger;
@@ -18,6 +20,16 @@ use crate::{Cost, KeyError, KeyExtractor, Mode, Name, Rejection, Verdict};
 
 /// What the rate limiter concludes: an admission grants the verdict the headers are rendered from.
 pub(crate) type Conclusion = core::Conclusion<Box<Verdict>>;
+
+/// What a limiter's leases make of a request before the plain path.
+pub(crate) enum AtOnce {
+    /// Decided from the key's batch.
+    Done(Conclusion),
+    /// Decided later, from the fetch under way (see [`Shared::decide`]).
+    Later,
+    /// The plain path.
+    Plain,
+}
 
 pub(crate) struct Shared<K, St, C> {
     pub(crate) judge: Judge,
@@ -169,32 +181,40 @@ impl<K, St: Store, C> Shared<K, St, C> {
         }
     }
 
-    /// Answers from the key's leased batch (admitted, or refused while the store said it is short); `None` for
-    /// the plain path. Starts a fetch when one is due.
+    /// Answers from the key's leased batch (admitted, or refused while the store said it is short), or says to
+    /// wait for the key's fetch under way, or leaves it to the plain path. Starts a fetch when one is due.
     #[cfg(feature = "leases")]
     #[inline]
-    pub(crate) fn decide_leased(
-        &self,
-        key: &str,
-        cost: u64,
-        mode: Mode,
-        keep: bool,
-    ) -> Option<Conclusion> {
-        let decision = self.leases.as_ref()?.take(key, cost)?;
-        Some(self.judge(decision, mode, keep))
+    pub(crate) fn decide_leased(&self, key: &str, cost: u64, mode: Mode, keep: bool) -> AtOnce {
+        let Some(leases) = &self.leases else {
+            return AtOnce::Plain;
+        };
+        match leases.take(key, cost) {
+            Leased::Decided(decision) => AtOnce::Done(self.judge(decision, mode, keep)),
+            Leased::Wait => AtOnce::Later,
+            Leased::Plain => AtOnce::Plain,
+        }
     }
 
     /// Without the `leases` feature every request takes the plain path.
     #[cfg(not(feature = "leases"))]
     #[inline(always)]
-    pub(crate) fn decide_leased(
-        &self,
-        _key: &str,
-        _cost: u64,
-        _mode: Mode,
-        _keep: bool,
-    ) -> Option<Conclusion> {
-        None
+    pub(crate) fn decide_leased(&self, _key: &str, _cost: u64, _mode: Mode, _keep: bool) -> AtOnce {
+        AtOnce::Plain
+    }
+
+    /// The store's own answer to a request on the plain path, as this instance shows it: for a leasing limiter,
+    /// its view (the unspent batch included, never rising but by refill: see the token lease docs).
+    #[inline(always)]
+    fn shown(&self, key: &str, cost: u64, decision: Decision) -> Decision {
+        #[cfg(feature = "leases")]
+        if let Some(leases) = &self.leases {
+            let mut decision = decision;
+            leases.show_plain(key, cost, &mut decision);
+            return decision;
+        }
+        let _ = (key, cost);
+        decision
     }
 
     /// Decides one request in `mode` (`Enforce` or `Shadow`; `Off` never gets here); an admission carries its
@@ -206,6 +226,15 @@ impl<K, St: Store, C> Shared<K, St, C> {
         mode: Mode,
         keep: bool,
     ) -> Conclusion {
+        // A leasing key whose batch is empty while a fetch is under way is decided from that fetch's batch.
+        #[cfg(feature = "leases")]
+        if let Some(leases) = &self.leases {
+            match leases.wait(&key, cost).await {
+                Waited::Decided(decision) => return self.judge(decision, mode, keep),
+                Waited::Failed(err) => return self.store_failed(&err, &key, cost, mode, keep),
+                Waited::Plain => {}
+            }
+        }
         let Some(deny) = &self.deny else {
             let result = timed_async(self.store.check(&key, &self.policy, cost)).await;
             return self.conclude(result, &key, cost, mode, keep);
@@ -213,7 +242,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         // A key whose cached denial has just expired is asked once; the others wait for that reply.
         let flight = match deny.turn(&key, cost).await {
             Turn::Refuse(decision) => {
-                return self.over_limit(decision, mode, keep);
+                return self.over_limit(self.shown(&key, cost, decision), mode, keep);
             }
             Turn::Ask(flight) => flight,
         };
@@ -241,7 +270,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         keep: bool,
     ) -> Option<Conclusion> {
         let decision = self.deny.as_ref()?.lookup(key, cost)?;
-        Some(self.over_limit(decision, mode, keep))
+        Some(self.over_limit(self.shown(key, cost, decision), mode, keep))
     }
 
     /// Decides at once if the store can without waiting (see [`Store::check_immediate`]).
@@ -266,9 +295,13 @@ impl<K, St: Store, C> Shared<K, St, C> {
         mode: Mode,
         keep: bool,
     ) -> Option<Conclusion> {
-        self.decide_leased(key, cost, mode, keep)
-            .or_else(|| self.decide_now(key, cost, mode, keep))
-            .or_else(|| self.decide_cached(key, cost, mode, keep))
+        match self.decide_leased(key, cost, mode, keep) {
+            AtOnce::Done(conclusion) => Some(conclusion),
+            AtOnce::Later => None,
+            AtOnce::Plain => self
+                .decide_now(key, cost, mode, keep)
+                .or_else(|| self.decide_cached(key, cost, mode, keep)),
+        }
     }
 
     /// What `req` would get from the store now, without consuming (see [`Store::peek`]): by the key's digest
@@ -361,7 +394,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         keep: bool,
     ) -> Conclusion {
         match result {
-            Ok(decision) => self.judge(decision, mode, keep),
+            Ok(decision) => self.judge(self.shown(key, cost, decision), mode, keep),
             Err(err) => self.store_failed(&err, key, cost, mode, keep),
         }
     }

@@ -10,14 +10,23 @@
 //!
 //! - **k adapts** to the key's local demand: the tokens asked in the last [`batch_lasts`](LeaseConfig::batch_lasts)
 //!   of the period (a tenth by default: a batch lasts about 100 ms of a per-second limit), never above
-//!   [`share_percent`](LeaseConfig::share_percent) of the burst (10 % by default).
+//!   [`share_percent`](LeaseConfig::share_percent) of the burst (10 % by default). A sliding window batch also
+//!   shrinks over its window's last batch time, to what the rest of the window can spend: slots leased late and
+//!   left at the window's end are lost to it (they are given back, but to the next window's estimate).
 //! - **Fetched ahead**: when a take leaves the batch below half of k, the next batch is fetched by a tokio task
-//!   (one at a time per key), so a steady hot key never waits for the store. A request that finds the batch empty
-//!   while a fetch is under way takes the plain path.
+//!   (one at a time per key), so a steady hot key never waits for the store.
+//! - **Waiting on the fetch under way**: a request that finds its key's batch unable to pay while a fetch is out
+//!   (or due: it starts it) waits for that fetch and is decided from its batch — or from the next one, if the
+//!   requests ahead of it spent that — instead of asking the store beside it. One store call then serves a whole
+//!   batch of such requests, also when the store is slow, and the answer includes the batch (see the headers
+//!   below). The wait is bounded ([`wait`](LeaseConfig::wait)); a fetch that fails, or outlasts the bound, leaves
+//!   its waiters to the layer's failure policy, as a failed or timed-out plain call would.
 //! - **A short grant** (the store had less than k): the store says when k would be there; the layer fetches no
 //!   earlier and, once the batch is spent, refuses locally until then (as the deny cache does), so a key over its
 //!   limit costs no store call per refused request. The tokens that accrue meanwhile are not lost: the next fetch
-//!   takes them.
+//!   takes them. A sliding window's refusal ends a tenth of a batch's time before its window does, whatever the
+//!   store said: slots that come free late in a window are that window's, and would be lost to it if the
+//!   instance waited for a whole batch past its end.
 //! - **Deadlines**: a token bucket batch is spent until the instance's send instant + the lease
 //!   [`ttl`](LeaseConfig::ttl), a sliding window batch until the end of the window it is counted in (measured
 //!   from the send instant too), both less the deny cache's clock-drift margin
@@ -43,13 +52,37 @@
 //!
 //! # Headers under leases
 //!
-//! A locally admitted request's `remaining` is this instance's view: the global remaining the last fetch
-//! reported (tokens no instance held then) plus this instance's unspent batch after the take. Every take lowers
-//! it by its cost, so between two fetches it never rises between two responses of one instance, and it never
-//! exceeds the global remaining (as of the last fetch) plus the unspent batch — it is exactly that sum. A fetch
-//! replaces the view with the store's fresh figures: it can rise then only by what refilled in between, as the
-//! plain path's would (and not at all for a quota that does not refill meanwhile). `reset` is the store's at the
-//! last fetch; `now` is the store's instant then plus the local time elapsed since.
+//! A response's `remaining` is this instance's **view** of the key, kept per key in the lease table (for every
+//! request of the limiter, whichever path answered it):
+//!
+//! - the *view* V is the global remaining the store last reported (tokens no instance held then) plus this
+//!   instance's unspent batch, after the request's take: from a batch, the last fetch's figure; on the plain
+//!   path, the store's own remaining of that call plus the unspent batch;
+//! - the *shown* figure S is `min(V, S' − cost + refill)`, where S' is what the instance showed for the key last,
+//!   `cost` the request's if admitted (0 if refused), and `refill` what the quota refills (`limit / period`) in
+//!   the local time since that response — **except** that there is no refill credit while the store's last
+//!   answer left less than a batch unheld (a short grant, a denial, or a remaining below the batch wanted): the
+//!   key is being drained then, and what refills is the fleet's, not this instance's. S is kept in the quota's
+//!   fixed point (no fraction of a refill is lost between responses), floored at 0; the header shows ⌊S⌋.
+//!
+//! What holds, for the responses of one instance on one key:
+//!
+//! - **never above the view**: S ≤ V, the global remaining at the last fetch (or plain call) plus the unspent
+//!   batch;
+//! - **never rises but by refill**: between two responses S rises by at most what the quota refilled in the time
+//!   between them, less what this instance admitted; so for a client **hammering a hot key** — its requests
+//!   coming faster than the quota refills one token, or the store draining the key — `remaining` **never rises**:
+//!   each admission lowers S by its cost less a refill smaller than one token, and a refused request adds nothing;
+//! - a key under its limit is not ratcheted down to 0 while it is admitted: S regains what refills, up to V, as
+//!   the plain path's figure would (a strictly non-increasing figure would end at 0 on a key that is nowhere near
+//!   its limit).
+//!
+//! The sliding window's "refill" is the previous window's weight fading (at most `limit / period` per µs: its
+//! estimate is continuous across a window's end); its batch ends with the window it is counted in, and the view
+//! drops by what is left of it then. Not covered: answers of the failure policy (the store failing: what it
+//! synthesizes is not a view), and a key whose entry the table evicted at its bound (its next response starts a
+//! new view). `reset` is the store's at the last fetch; `now` is the store's instant then plus the local time
+//! elapsed since.
 //!
 //! # Metrics
 //!
@@ -96,10 +129,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
+use event_listener::{Event, EventListener};
 use std::sync::Mutex;
 use tollgate_core::store::{BoundedTable, Evicted, Expiry, OnFull};
 use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
-use tollgate_core::{Algorithm, Clock, Decision, Outcome, Policy, Store, SystemClock, Timestamp};
+use tollgate_core::{
+    Algorithm, Clock, Decision, Outcome, Policy, Store, StoreError, SystemClock, Timestamp,
+};
 
 use super::deny_cache::drift_margin;
 use crate::Name;
@@ -125,6 +161,7 @@ pub struct LeaseConfig {
     idle: Option<Duration>,
     max_keys: usize,
     return_on_drop: bool,
+    wait: Option<Duration>,
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -140,6 +177,7 @@ impl fmt::Debug for LeaseConfig {
             .field("idle", &self.idle)
             .field("max_keys", &self.max_keys)
             .field("return_on_drop", &self.return_on_drop)
+            .field("wait", &self.wait)
             .finish_non_exhaustive()
     }
 }
@@ -177,6 +215,7 @@ impl LeaseConfig {
             idle: None,
             max_keys: DEFAULT_LEASE_KEYS,
             return_on_drop: true,
+            wait: None,
             clock: None,
         }
     }
@@ -227,6 +266,14 @@ impl LeaseConfig {
         self
     }
 
+    /// The longest a request waits for the fetch under way when it finds its key's batch empty (default: a
+    /// batch's time, at least 10 ms, at most 1 s). A fetch that fails, or takes longer, leaves the request to the
+    /// layer's failure policy, as a store error or timeout on the plain path would.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
     /// Measures local time with `clock` (tests drive a [`ManualClock`](tollgate_core::ManualClock)); it must not
     /// run slower than real time.
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -251,6 +298,9 @@ impl LeaseConfig {
         let idle = self.idle.map_or(2 * epoch, |d| {
             u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
         });
+        let wait = self.wait.unwrap_or_else(|| {
+            Duration::from_micros(epoch).clamp(Duration::from_millis(10), Duration::from_secs(1))
+        });
         let label = name.to_string();
         let inner = Arc::new(Inner {
             name: name.clone(),
@@ -271,6 +321,9 @@ impl LeaseConfig {
             seq: AtomicU64::new(0),
             epoch,
             max_batch: (quota.burst() * self.share_ppm / 1_000_000).max(1),
+            token: quota.token_bucket_token(),
+            rate: quota.token_bucket_rate(),
+            wait,
             ttl,
             idle,
             margin: u64::try_from(drift_margin(ttl).as_micros()).unwrap_or(u64::MAX),
@@ -326,6 +379,45 @@ struct Entry {
     /// No fetch before this local instant; refuse locally until `denied_until` when the batch cannot pay.
     next_fetch: u64,
     denied_until: u64,
+    /// What requests that wait for the fetch under way listen on (made by the first of them).
+    landing: Option<Arc<Landing>>,
+    /// The remaining this instance last showed for the key (fixed point: `Inner::token` units per token), when,
+    /// and whether the store's last answer left less than a batch unheld (no credit for refill then): see
+    /// "Headers under leases".
+    shown: Option<u64>,
+    shown_at: u64,
+    exhausted: bool,
+}
+
+/// A fetch that requests wait for: woken when it lands, with its error if it failed.
+#[derive(Default)]
+struct Landing {
+    landed: Event,
+    failure: OnceLock<StoreError>,
+}
+
+impl Landing {
+    /// The fetch is over (`failure` if it failed): the waiters look at the entry again.
+    fn land(&self, failure: Option<StoreError>) {
+        if let Some(err) = failure {
+            let _ = self.failure.set(err);
+        }
+        self.landed.notify(usize::MAX);
+    }
+}
+
+/// A copy of a fetch's error for each request that waited on it (the error itself is not `Clone`).
+fn copy_error(err: &StoreError) -> StoreError {
+    match err {
+        StoreError::KeyCapacity { max_keys } => StoreError::KeyCapacity {
+            max_keys: *max_keys,
+        },
+        StoreError::Timeout(d) => StoreError::Timeout(*d),
+        StoreError::CircuitOpen => StoreError::CircuitOpen,
+        StoreError::Unsupported(what) => StoreError::Unsupported(what),
+        StoreError::Backend(e) => StoreError::Backend(format!("token lease fetch: {e}").into()),
+        other => StoreError::Backend(format!("token lease fetch: {other}").into()),
+    }
 }
 
 impl Expiry for Entry {
@@ -343,7 +435,28 @@ impl Expiry for Entry {
 enum Take {
     Admit(Decision, Option<Fetch>),
     Deny(Decision),
+    /// The batch cannot pay and a fetch is under way (`Fetch`: this request started it): wait for it (listening
+    /// when asked to).
+    Wait(Option<Fetch>, Option<(Arc<Landing>, EventListener)>),
     Plain(Option<Fetch>),
+}
+
+/// What the synchronous look-up of a request on a leasing limiter found.
+pub(crate) enum Leased {
+    /// Answered from the batch (admitted, or refused while the store said it is short).
+    Decided(Decision),
+    /// The batch is empty and a fetch is under way: [`LeaseTable::wait`] decides it from that fetch.
+    Wait,
+    /// The plain path (a cold key, or no fetch possible now).
+    Plain,
+}
+
+/// What a request that waited for its key's fetch got.
+pub(crate) enum Waited {
+    Decided(Decision),
+    /// The fetch failed or took longer than the bound: the failure policy answers.
+    Failed(StoreError),
+    Plain,
 }
 
 /// A fetch to start.
@@ -373,6 +486,11 @@ struct Inner<St> {
     seq: AtomicU64,
     epoch: u64,
     max_batch: u64,
+    /// The quota's fixed point (one token is `token` units, `rate` units accrue per µs): the shown remaining's.
+    token: u64,
+    rate: u64,
+    /// How long a request waits for a fetch under way.
+    wait: Duration,
     ttl: Duration,
     idle: u64,
     margin: u64,
@@ -390,12 +508,13 @@ struct Inner<St> {
 }
 
 impl<St: Store> LeaseTable<St> {
-    /// Answers a request from the key's batch (admitted, or refused while the store said it is short), or
-    /// `None` for the plain path; starts a fetch when one is due.
-    pub(crate) fn take(&self, key: &str, cost: u64) -> Option<Decision> {
+    /// Answers a request from the key's batch (admitted, or refused while the store said it is short), says to
+    /// wait for the fetch under way when the batch cannot pay, or leaves it to the plain path; starts a fetch when
+    /// one is due.
+    pub(crate) fn take(&self, key: &str, cost: u64) -> Leased {
         let inner = &*self.inner;
         if inner.closed.load(Ordering::Relaxed) {
-            return None;
+            return Leased::Plain;
         }
         let now = inner.clock.now().as_micros();
         let digest = inner.table.digest(key.as_bytes());
@@ -404,7 +523,7 @@ impl<St: Store> LeaseTable<St> {
             if e.check != check {
                 return Take::Plain(None);
             }
-            inner.lookup(e, digest, key, cost, now)
+            inner.lookup(e, digest, key, cost, now, false)
         });
         match take {
             None => {
@@ -412,22 +531,48 @@ impl<St: Store> LeaseTable<St> {
                 if let Ok(Some(evicted)) = inner.table.insert(digest, entry, now) {
                     self.evicted(evicted);
                 }
-                None
+                Leased::Plain
             }
-            Some(Take::Admit(decision, fetch)) => {
+            Some(take) => match self.settle(take) {
+                Some(Ok(decision)) => Leased::Decided(decision),
+                Some(Err(_)) => Leased::Wait,
+                None => Leased::Plain,
+            },
+        }
+    }
+
+    /// Counts a look-up's answer and starts the fetch it asks for: `Some(Ok)` decided, `Some(Err)` wait (with
+    /// the listener if one was asked for), `None` the plain path.
+    #[allow(clippy::type_complexity)]
+    fn settle(
+        &self,
+        take: Take,
+    ) -> Option<Result<Decision, Option<(Arc<Landing>, EventListener)>>> {
+        let inner = &*self.inner;
+        match take {
+            Take::Admit(decision, fetch) => {
                 inner.local_allowed.fetch_add(1, Ordering::Relaxed);
                 inner.allowed.increment(1);
                 if let Some(fetch) = fetch {
                     self.start(fetch);
                 }
-                Some(decision)
+                Some(Ok(decision))
             }
-            Some(Take::Deny(decision)) => {
+            Take::Deny(decision) => {
                 inner.local_limited.fetch_add(1, Ordering::Relaxed);
                 inner.limited.increment(1);
-                Some(decision)
+                Some(Ok(decision))
             }
-            Some(Take::Plain(fetch)) => {
+            Take::Wait(fetch, listener) => {
+                // Without a runtime to fetch on there is nothing to wait for.
+                if let Some(fetch) = fetch
+                    && !self.start(fetch)
+                {
+                    return None;
+                }
+                Some(Err(listener))
+            }
+            Take::Plain(fetch) => {
                 if let Some(fetch) = fetch {
                     self.start(fetch);
                 }
@@ -436,11 +581,76 @@ impl<St: Store> LeaseTable<St> {
         }
     }
 
-    fn start(&self, fetch: Fetch) {
+    /// Decides a request [`take`](Self::take) said to wait for: from the batch the fetch under way brings (or
+    /// the next one, if others spent it first), within the configured bound; past it, or when the fetch fails,
+    /// the failure policy answers. Its demand was counted by `take`.
+    pub(crate) async fn wait(&self, key: &str, cost: u64) -> Waited {
+        let inner = &*self.inner;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Waited::Plain;
+        }
+        let digest = inner.table.digest(key.as_bytes());
+        let check = inner.check.hash_one(key.as_bytes());
+        let deadline = tokio::time::Instant::now() + inner.wait;
+        loop {
+            if inner.closed.load(Ordering::Relaxed) {
+                return Waited::Plain;
+            }
+            let now = inner.clock.now().as_micros();
+            let take = inner.table.get(digest, |e| {
+                if e.check != check {
+                    return Take::Plain(None);
+                }
+                inner.lookup(e, digest, key, cost, now, true)
+            });
+            let Some(take) = take else {
+                return Waited::Plain;
+            };
+            let (landing, landed) = match self.settle(take) {
+                Some(Ok(decision)) => return Waited::Decided(decision),
+                Some(Err(Some(wait))) => wait,
+                Some(Err(None)) | None => return Waited::Plain,
+            };
+            if tokio::time::timeout_at(deadline, landed).await.is_err() {
+                return Waited::Failed(StoreError::Timeout(inner.wait));
+            }
+            if let Some(err) = landing.failure.get() {
+                return Waited::Failed(copy_error(err));
+            }
+        }
+    }
+
+    /// This instance's view on the store's own answer to a request on the plain path (see "Headers under
+    /// leases"): the store's remaining plus the unspent batch, never above what it showed before plus what
+    /// refilled since.
+    pub(crate) fn show_plain(&self, key: &str, cost: u64, decision: &mut Decision) {
+        let inner = &*self.inner;
+        let now = inner.clock.now().as_micros();
+        let digest = inner.table.digest(key.as_bytes());
+        let check = inner.check.hash_one(key.as_bytes());
+        let limit = inner.policy.quota().burst();
+        let shown = inner.table.get(digest, |e| {
+            if e.check != check {
+                return decision.remaining;
+            }
+            let tokens = if now < e.deadline { e.tokens } else { 0 };
+            let want = e.last_demand.max(e.demand).min(inner.max_batch).max(1);
+            e.exhausted = !decision.is_allowed() || decision.remaining < want;
+            let view = decision.remaining.saturating_add(tokens).min(limit);
+            let spent = if decision.is_allowed() { cost } else { 0 };
+            inner.show(e, view, spent, now)
+        });
+        if let Some(shown) = shown {
+            decision.remaining = shown;
+        }
+    }
+
+    /// Starts `fetch` on the current runtime; false (and the key left on the plain path) without one.
+    fn start(&self, fetch: Fetch) -> bool {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime to fetch on: this key stays on the plain path.
             self.inner.table.get(fetch.digest, |e| e.fetching = false);
-            return;
+            return false;
         };
         {
             let mut leasing = self.inner.leasing.lock().unwrap_or_else(|p| p.into_inner());
@@ -452,12 +662,17 @@ impl<St: Store> LeaseTable<St> {
         self.inner.spawn_sweeper(&runtime, &self.inner);
         let inner = self.inner.clone();
         runtime.spawn(async move { inner.fetch(fetch).await });
+        true
     }
 
     /// An entry the table evicted at its bound: its batch ends as a lease does.
     fn evicted(&self, evicted: Evicted<Entry>) {
         let inner = &self.inner;
         let e = evicted.value;
+        if let Some(landing) = &e.landing {
+            // Its waiters find no entry and take the plain path.
+            landing.land(None);
+        }
         inner
             .leasing
             .lock()
@@ -498,6 +713,10 @@ impl Entry {
             fetching: false,
             next_fetch: 0,
             denied_until: 0,
+            landing: None,
+            shown: None,
+            shown_at: 0,
+            exhausted: false,
         }
     }
 
@@ -508,8 +727,17 @@ impl Entry {
 }
 
 impl<St: Store> Inner<St> {
-    /// The decision for one request on the key's entry, under its lock.
-    fn lookup(&self, e: &mut Entry, digest: u64, key: &str, cost: u64, now: u64) -> Take {
+    /// The decision for one request on the key's entry, under its lock. `resume`: a request that waited (its
+    /// demand is counted already), which listens on the fetch under way if it must wait again.
+    fn lookup(
+        &self,
+        e: &mut Entry,
+        digest: u64,
+        key: &str,
+        cost: u64,
+        now: u64,
+        resume: bool,
+    ) -> Take {
         // Demand per epoch (a batch's time): the epoch before, unless the key was idle longer than that.
         if now >= e.epoch + self.epoch {
             e.last_demand = if now < e.epoch + 2 * self.epoch {
@@ -520,9 +748,11 @@ impl<St: Store> Inner<St> {
             e.demand = 0;
             e.epoch = now - (now - e.epoch) % self.epoch;
         }
-        e.demand = e.demand.saturating_add(cost);
+        if !resume {
+            e.demand = e.demand.saturating_add(cost);
+        }
         e.last_use = now;
-        let want = e.last_demand.max(e.demand).min(self.max_batch);
+        let want = self.window_share(e, e.last_demand.max(e.demand).min(self.max_batch), now);
         if now >= e.deadline && e.tokens > 0 {
             // Past its deadline a batch is not spent: a sliding window gives its slots back with the next call; a
             // token bucket's record expires in the store (its tokens are lost, as the proof requires).
@@ -535,10 +765,11 @@ impl<St: Store> Inner<St> {
         let limit = self.policy.quota().burst();
         if e.tokens >= cost && cost > 0 {
             e.tokens -= cost;
+            let view = (e.global + e.tokens).min(limit);
             let decision = Decision {
                 outcome: Outcome::Allowed,
                 limit,
-                remaining: (e.global + e.tokens).min(limit),
+                remaining: self.show(e, view, cost, now),
                 reset: e.reset,
                 retry_after: None,
                 now: e.store_now(now),
@@ -547,16 +778,75 @@ impl<St: Store> Inner<St> {
             return Take::Admit(decision, self.fetch_if(e, due, digest, key, want, now));
         }
         if now < e.denied_until && cost > 0 {
+            let view = (e.global + e.tokens).min(limit);
             return Take::Deny(Decision {
                 outcome: Outcome::Limited,
                 limit,
-                remaining: (e.global + e.tokens).min(limit),
+                remaining: self.show(e, view, 0, now),
                 reset: e.reset,
                 retry_after: Some(Duration::from_micros(e.denied_until - now)),
                 now: e.store_now(now),
             });
         }
-        Take::Plain(self.fetch_if(e, true, digest, key, want, now))
+        // The batch cannot pay: wait for the fetch under way (or the one due now) rather than ask the store beside
+        // it, whose answer would leave that batch out of this instance's view.
+        let fetch = self.fetch_if(e, true, digest, key, want, now);
+        if !e.fetching || cost == 0 {
+            return Take::Plain(fetch);
+        }
+        let listen = resume.then(|| {
+            let landing = e.landing.get_or_insert_with(Arc::default).clone();
+            let landed = landing.landed.listen();
+            (landing, landed)
+        });
+        Take::Wait(fetch, listen)
+    }
+
+    /// The remaining to show for a response whose view (the store's figure plus the unspent batch, after this
+    /// request's take) is `view`, `spent` its cost if admitted: the view, but never more than what this instance
+    /// showed last, less `spent`, plus what the quota refilled since — and no refill while the store's last answer
+    /// left less than a batch unheld (the key is being drained: what refills is not this instance's to show).
+    fn show(&self, e: &mut Entry, view: u64, spent: u64, now: u64) -> u64 {
+        let view = view.saturating_mul(self.token);
+        let shown = match e.shown {
+            None => view,
+            Some(shown) => {
+                let credit = if e.exhausted {
+                    0
+                } else {
+                    self.rate.saturating_mul(now.saturating_sub(e.shown_at))
+                };
+                shown
+                    .saturating_add(credit)
+                    .saturating_sub(spent.saturating_mul(self.token))
+                    .min(view)
+            }
+        };
+        e.shown = Some(shown);
+        e.shown_at = now;
+        shown / self.token
+    }
+
+    /// A sliding window batch no larger than the demand the rest of its window can spend (`want` is a batch's
+    /// time of demand): a slot leased late in a window and unspent at its end is lost to that window, so batches
+    /// shrink over the window's last batch time (to 1 in its last instants: the plain path, exact). A token bucket
+    /// batch is not tied to a window.
+    fn window_share(&self, e: &Entry, want: u64, now: u64) -> u64 {
+        if self.policy.algorithm() != Algorithm::SlidingWindowCounter || e.window_start == 0 {
+            return want;
+        }
+        let period = self.policy.quota().period_micros();
+        let at = e.store_now(now).as_micros();
+        if at < e.window_start {
+            return want;
+        }
+        let left = (period - (at - e.window_start) % period).saturating_sub(self.margin);
+        if left >= self.epoch {
+            return want;
+        }
+        // ⌈want × left ÷ epoch⌉ in u128: want ≤ the burst, left < epoch.
+        u64::try_from((u128::from(want) * u128::from(left)).div_ceil(u128::from(self.epoch)))
+            .unwrap_or(want)
     }
 
     /// The fetch to start now, if one is `due` and allowed (not under way, not too early, a hot key).
@@ -603,11 +893,11 @@ impl<St: Store> Inner<St> {
             .lease_tokens(&fetch.key, &self.policy, &fetch.request)
             .await;
         let now = self.clock.now().as_micros();
-        let orphan = self
+        let (orphan, landing) = self
             .table
             .get(fetch.digest, |e| {
                 if !e.fetching || e.key.as_deref() != Some(&*fetch.key) {
-                    return true;
+                    return (true, None);
                 }
                 e.fetching = false;
                 match &result {
@@ -617,9 +907,13 @@ impl<St: Store> Inner<St> {
                         e.next_fetch = now + RETRY_FAILED_MICROS;
                     }
                 }
-                false
+                (false, e.landing.take())
             })
-            .unwrap_or(true);
+            .unwrap_or((true, None));
+        if let Some(landing) = landing {
+            // Its waiters listened under the entry's lock, before it was taken out: none misses this.
+            landing.land(result.as_ref().err().map(copy_error));
+        }
         self.fetching.fetch_sub(1, Ordering::AcqRel);
         if orphan && let Ok(grant) = result {
             // The entry went (evicted) while the call was out: what it granted goes straight back.
@@ -657,14 +951,27 @@ impl<St: Store> Inner<St> {
         e.deadline = deadline;
         e.window_start = grant.window_start;
         e.global = grant.remaining;
+        // Less than another batch left unheld: the key is being drained, and its refill is not shown.
+        e.exhausted = grant.retry_after.is_some() || grant.remaining < fetch.request.want;
         e.reset = grant.reset;
         e.store_now = grant.now;
         e.sent = fetch.sent;
         match grant.retry_after {
             Some(retry) => {
                 // The store is short: no fetch, and no plain call, before `want` is there.
-                let until = (fetch.sent + u64::try_from(retry.as_micros()).unwrap_or(u64::MAX))
+                let mut until = (fetch.sent + u64::try_from(retry.as_micros()).unwrap_or(u64::MAX))
                     .saturating_sub(self.margin);
+                // A sliding window's slots that come free late in a window are its own: waiting for a whole batch
+                // past the window's end would lose them (in a flood, every window would end short of its limit).
+                // Ask again a tenth of a batch's time before the end, for the smaller batch the rest of the window
+                // can spend (`window_share`; the plain path in its last instants).
+                let end = deadline.saturating_sub(self.epoch / 10);
+                if self.policy.algorithm() == Algorithm::SlidingWindowCounter
+                    && until > end
+                    && end > fetch.sent
+                {
+                    until = end;
+                }
                 e.next_fetch = until;
                 e.denied_until = until;
             }
