@@ -11,7 +11,8 @@
 //! a private `redis-server` (from the testkit), whose `INFO commandstats` gives the script calls per turn. The report:
 //! served req/s (median over turns), its ratio to the in-process store's and to Redis without the cache (medians of
 //! per-round ratios), admitted per turn (sum, and the most over the bound), script calls per request and per rejected
-//! request ((calls − admitted) / rejected).
+//! request ((calls − admitted) / rejected), and script calls per admitted request (for a flooded key, per token
+//! that accrued). The machine's load average (`/proc/loadavg`) is printed at the start and at the end.
 //!
 //! `--keys cold` gives every request a key of its own instead (a full bucket each: all admitted, nothing to
 //! cache): what the cache costs the requests it cannot help, Redis with it against Redis without it.
@@ -194,6 +195,14 @@ struct Totals {
     over_bound: i64,
 }
 
+/// The 1, 5 and 15 minute load averages, as `/proc/loadavg` gives them ("-" where there is none).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").map_or_else(
+        |_| "-".into(),
+        |l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    )
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -204,6 +213,7 @@ fn main() {
         eprintln!("deny_cache_flood: {e}");
         std::process::exit(2)
     });
+    let load_before = load_average();
     let redis = RedisServer::start();
     let policy = Policy::token_bucket(Quota::new(o.limit, o.period).expect("a valid quota"));
     let servers = tokio::runtime::Builder::new_multi_thread()
@@ -319,7 +329,11 @@ fn main() {
         redis.url()
     );
     println!(
-        "{:<26} {:>10} {:>9} {:>9} {:>10} {:>10} {:>12} {:>14}",
+        "load average (1, 5, 15 min): {load_before} at the start, {} at the end",
+        load_average()
+    );
+    println!(
+        "{:<26} {:>10} {:>9} {:>9} {:>10} {:>10} {:>12} {:>14} {:>14}",
         "variant",
         "served/s",
         "vs mem",
@@ -327,12 +341,13 @@ fn main() {
         "admitted",
         "over bound",
         "calls/req",
-        "calls/rejected"
+        "calls/rejected",
+        "calls/admitted"
     );
     for (name, t) in names.iter().zip(&mut totals) {
         let rejected = t.served - t.admitted;
         println!(
-            "{:<26} {:>10.0} {:>8.3}x {:>8.3}x {:>10} {:>10} {:>12.4} {:>14.4}",
+            "{:<26} {:>10.0} {:>8.3}x {:>8.3}x {:>10} {:>10} {:>12.4} {:>14.4} {:>14.3}",
             name,
             median(&mut t.rates),
             median(&mut t.ratios),
@@ -341,6 +356,7 @@ fn main() {
             t.over_bound.max(0),
             t.calls as f64 / t.served as f64,
             t.calls.saturating_sub(t.admitted) as f64 / rejected.max(1) as f64,
+            t.calls as f64 / t.admitted.max(1) as f64,
         );
     }
 }
