@@ -2,7 +2,7 @@
 //! store, in one run.
 //!
 //! `cargo bench --bench deny_cache_flood -- [--rounds 8] [--seconds 0.5] [--connections 16] [--limit 100]
-//! [--period 1s] [--keys hot|cold]`
+//! [--period 1s] [--keys hot|cold] [--only 0|1|2] [--requests N]`
 //!
 //! Each variant is an axum server (one worker thread) with one token bucket (`--limit` per `--period`) on one key for
 //! every request; a load generator on its own thread keeps `--connections` keep-alive connections sending `GET /` back
@@ -13,6 +13,11 @@
 //! per-round ratios), admitted per turn (sum, and the most over the bound), script calls per request and per rejected
 //! request ((calls − admitted) / rejected), and script calls per admitted request (for a flooded key, per token
 //! that accrued). The machine's load average (`/proc/loadavg`) is printed at the start and at the end.
+//!
+//! `--only N` runs only variant N (0 in-process, 1 Redis + deny cache, 2 Redis without it) and `--requests N`
+//! ends a turn after N requests per connection instead of after `--seconds`: under `valgrind --tool=callgrind`
+//! two runs of different lengths give one variant's instructions per request (the difference over the
+//! difference in requests; start-up cancels out), a figure a loaded machine does not move.
 //!
 //! `--keys cold` gives every request a key of its own instead (a full bucket each: all admitted, nothing to
 //! cache): what the cache costs the requests it cannot help, Redis with it against Redis without it.
@@ -39,6 +44,8 @@ struct Options {
     limit: u64,
     period: Duration,
     cold: bool,
+    only: Option<usize>,
+    requests: Option<u64>,
 }
 
 fn options() -> Result<Options, String> {
@@ -49,6 +56,8 @@ fn options() -> Result<Options, String> {
         limit: 100,
         period: Duration::from_secs(1),
         cold: false,
+        only: None,
+        requests: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -62,6 +71,8 @@ fn options() -> Result<Options, String> {
             "--seconds" => o.seconds = value.parse().map_err(|_| bad())?,
             "--connections" => o.connections = value.parse().map_err(|_| bad())?,
             "--limit" => o.limit = value.parse().map_err(|_| bad())?,
+            "--only" => o.only = Some(value.parse().ok().filter(|v| *v < 3).ok_or_else(bad)?),
+            "--requests" => o.requests = Some(value.parse().map_err(|_| bad())?),
             "--keys" => {
                 o.cold = match value.as_str() {
                     "hot" => false,
@@ -133,14 +144,14 @@ async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-/// Sends `GET /` on one keep-alive connection until `until`: (responses, 200s).
-async fn flood(addr: SocketAddr, until: Instant) -> (u64, u64) {
+/// Sends `GET /` on one keep-alive connection until `until`, or `requests` times: (responses, 200s).
+async fn flood(addr: SocketAddr, until: Instant, requests: Option<u64>) -> (u64, u64) {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream.set_nodelay(true).expect("nodelay");
     let (mut served, mut admitted) = (0, 0);
     let mut buf = Vec::with_capacity(8192);
     let mut chunk = [0_u8; 8192];
-    while Instant::now() < until {
+    while requests.map_or(Instant::now() < until, |n| served < n) {
         stream
             .write_all(b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n")
             .await
@@ -203,9 +214,10 @@ fn load_average() -> String {
     )
 }
 
+/// The median; NaN for none (a variant `--only` left out).
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn main() {
@@ -282,13 +294,16 @@ fn main() {
         let mut rates = [0.0; 3];
         for k in 0..3 {
             let v = (round + k) % 3;
+            if o.only.is_some_and(|only| only != v) {
+                continue;
+            }
             turn.fetch_add(1, Ordering::Relaxed);
             let before = script_calls(&redis);
             let start = Instant::now();
             let until = start + turn_len;
             let (served, admitted) = load.block_on(async {
                 let tasks: Vec<_> = (0..o.connections)
-                    .map(|_| tokio::spawn(flood(addrs[v], until)))
+                    .map(|_| tokio::spawn(flood(addrs[v], until, o.requests)))
                     .collect();
                 let mut sum = (0, 0);
                 for t in tasks {
@@ -309,9 +324,14 @@ fn main() {
                 t.over_bound = t.over_bound.max(admitted as i64 - bound(elapsed) as i64);
             }
         }
+        // With `--only`, the other variants did not run: no ratios.
         for v in 0..3 {
-            totals[v].ratios.push(rates[v] / rates[0]);
-            totals[v].vs_plain.push(rates[v] / rates[2]);
+            if rates[v] > 0.0 && rates[0] > 0.0 {
+                totals[v].ratios.push(rates[v] / rates[0]);
+            }
+            if rates[v] > 0.0 && rates[2] > 0.0 {
+                totals[v].vs_plain.push(rates[v] / rates[2]);
+            }
         }
     }
     println!(
@@ -345,6 +365,9 @@ fn main() {
         "calls/admitted"
     );
     for (name, t) in names.iter().zip(&mut totals) {
+        if t.rates.is_empty() {
+            continue;
+        }
         let rejected = t.served - t.admitted;
         println!(
             "{:<26} {:>10.0} {:>8.3}x {:>8.3}x {:>10} {:>10} {:>12.4} {:>14.4} {:>14.3}",

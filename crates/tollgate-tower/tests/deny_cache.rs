@@ -453,6 +453,24 @@ async fn on_by_default_only_for_shared_stores() {
     assert!(handle.is_active());
 }
 
+/// A limiter charging the cost after the response has no deny cache unless told to, even on Redis: a refund
+/// (on any instance) can admit a key before a cached denial's instant.
+#[tokio::test]
+async fn off_by_default_when_the_cost_is_charged_after_the_response() {
+    let policy = Policy::token_bucket(Quota::per_hour(1).unwrap());
+    let shared = redis(&unique_prefix("deny-cache-after")).await;
+    let after = layer(shared.clone(), policy).cost_after(tollgate_tower::CostAfter::Extension);
+    let handle = after.deny_cache_handle();
+    let _svc = service(after);
+    assert!(!handle.is_active(), "off with a cost charged after");
+    let told = layer(shared, policy)
+        .cost_after(tollgate_tower::CostAfter::Extension)
+        .deny_cache(true);
+    let handle = told.deny_cache_handle();
+    let _svc = service(told);
+    assert!(handle.is_active(), "on when switched on");
+}
+
 /// Over HTTP: the cached 429s carry exactly the fields the store's 429s carry at the same instants.
 #[tokio::test]
 async fn cached_refusals_answer_with_the_stores_header_fields() {
@@ -669,6 +687,9 @@ struct Skewed {
     latency: std::sync::Mutex<(u64, u64)>,
     calls: AtomicUsize,
     last: std::sync::atomic::AtomicU64,
+    /// Set: the next call waits for a permit of `gate` before the store decides.
+    hold: std::sync::atomic::AtomicBool,
+    gate: tokio::sync::Semaphore,
 }
 
 impl Skewed {
@@ -682,6 +703,8 @@ impl Skewed {
             latency: std::sync::Mutex::new((0, 0)),
             calls: AtomicUsize::new(0),
             last: 0.into(),
+            hold: false.into(),
+            gate: tokio::sync::Semaphore::new(0),
         })
     }
 
@@ -712,6 +735,9 @@ impl Store for Skewed {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let (out, back) = *self.latency.lock().unwrap();
         self.clock.advance(Duration::from_micros(out));
+        if self.hold.swap(false, Ordering::SeqCst) {
+            self.gate.acquire().await.expect("open").forget();
+        }
         let at = self.server(self.clock.now().as_micros());
         self.last.store(at.as_micros(), Ordering::Relaxed);
         let decision = self.redis.check_at(key, policy, cost, at).await;
@@ -861,5 +887,55 @@ async fn a_flood_costs_two_calls_per_token_whatever_the_latency() {
     assert!(
         calls <= 10 + 2 * tokens + tokens / 20,
         "{calls} store calls for {admitted} admissions ({tokens} tokens after the burst)"
+    );
+}
+
+/// A probe denied a few µs before the instant whose reply lands after that instant: its entry has expired when the
+/// waiters look again, and they go on waiting for one probe at a time (the key's coalescing window is not cut
+/// to the short retry): one admission, one denial that refuses the rest — not one store call each.
+#[tokio::test]
+async fn a_denial_just_before_the_instant_keeps_the_waiters_coalesced() {
+    let clock = clock();
+    let store = Skewed::new(&unique_prefix("deny-cache-short"), &clock, 0, 0).await;
+    let policy = Policy::token_bucket(Quota::per_second(1).unwrap());
+    let cached = service(
+        layer(store.clone(), policy)
+            .deny_cache_config(DenyCache::new().steady_clock(clock.clone())),
+    );
+    {
+        let mut svc = cached.clone();
+        assert!(decide(&mut svc, "k", 1).await.is_allowed());
+        assert!(!decide(&mut svc, "k", 1).await.is_allowed()); // cached until 1 s on, less 501 µs
+    }
+    assert_eq!(store.calls.load(Ordering::Relaxed), 2);
+    clock.advance(Duration::from_micros(999_950));
+    // Every reply now lands 200 µs after the store decided.
+    *store.latency.lock().unwrap() = (0, 200);
+    store.hold.store(true, Ordering::SeqCst);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let mut svc = cached.clone();
+            tokio::spawn(async move { decide(&mut svc, "k", 1).await })
+        })
+        .collect();
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        store.calls.load(Ordering::Relaxed),
+        3,
+        "one probe, seven waiting"
+    );
+    // The probe is denied 50 µs before the token accrues; its reply lands 150 µs after it did.
+    store.gate.add_permits(1);
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.unwrap().is_allowed());
+    }
+    assert_eq!(admitted, 1, "the one token");
+    assert_eq!(
+        store.calls.load(Ordering::Relaxed),
+        3 + 2,
+        "after the short denial: the admission, then the denial that refuses the other six"
     );
 }

@@ -65,27 +65,30 @@
 //!
 //! # What frees tokens early
 //!
-//! A cached denial refuses K until T; anything that makes tokens available in the store before T makes the
-//! cache refuse, in the meantime, requests the store would have admitted. The cache never admits: each case is
-//! **under-admission**, bounded by the tokens freed, on each instance holding an entry for K, for at most the
-//! entry's remaining life (at most its `r`); the freed tokens stay in the store for the requests after T (and
-//! for other instances), except what the bucket's capacity cuts off meanwhile. Never over-admission.
+//! A cached denial refuses K until T; what puts tokens back into the store before T makes the cache refuse, in
+//! the meantime, requests the store would have admitted. The cache never admits: each case is
+//! **under-admission**, bounded by the tokens put back, on each instance holding an entry for K, for at most the
+//! entry's remaining life (at most its `r`); the tokens stay in the store for the requests after T (and for
+//! other instances), except what the bucket's capacity cuts off meanwhile. Never over-admission.
 //!
 //! - **A token lease returned** (token leases, feature `leases`: idle, evicted, `LeaseHandle::shutdown`, a
-//!   dropped layer): the unspent part of a batch goes back into the bucket, or off a sliding window's count, at
-//!   once. Bounded by the batch (at most `LeaseConfig::share_percent` of the burst) per returning instance.
-//! - **A lease report or an expired lease** (token bucket): the leased tokens O hold the bucket's refill cap at
-//!   `burst − O`; a report lowers O to what its holder still has, and an expired record (an instance that died
-//!   holding a batch, or let it lapse) drops out of O, so the cap rises and refill that was held back counts at
-//!   once. Bounded by the record's tokens. A sliding window's leftover slots are given back by a return (above).
+//!   dropped layer; for a sliding window also the leftovers of a batch whose window ended, given back by the
+//!   holder's next call): the unspent part goes back into the bucket, or off the window's count, at once.
+//!   Bounded by the batch (at most `LeaseConfig::share_percent` of the burst) per returning instance.
 //! - **A refund after the response** ([`cost_after`](crate::RateLimitLayer::cost_after), on any instance): a
 //!   negative charge puts tokens back (never above full, or outside the window the request was counted in).
 //!   Bounded by the refunds during `r`. This is why a limiter charging after the response has **no deny cache by
 //!   default**, even on a shared store; switched on explicitly, it refuses such a key until T. A positive charge
 //!   (debt) only delays admission, like other traffic.
 //!
-//! A lease's own grant (a batch debited) and a lockout (the key refused until the lockout's end, which is the
-//! retry instant the store gives) only delay admission: exact as any other traffic.
+//! What does **not** free tokens before T, though it lowers the leased tokens O that hold a token bucket's
+//! refill at `burst − O`: a lease report (an instance's renewal, setting its record to what it still holds) and
+//! an expired lease (an instance that died holding a batch, or let it lapse; its leftover is lost). Both lower O
+//! only after the content is floored with the book as it was, and the store's `retry_after` already counts the
+//! refill as if no cap held it (the token bucket's own arithmetic on the floored content): a lower cap lets the
+//! bucket catch up with the instant the denial announced, never pass it. A lease's grant (a batch debited) and
+//! a lockout (the key refused until the lockout's end, the retry instant the store gives) only delay admission,
+//! exact as any other traffic.
 //!
 //! # Single flight on expiry
 //!
@@ -101,8 +104,10 @@
 //! The wait is bounded: a request waits for at most 4 flights (each one store call, which the store's own timeout
 //! bounds), and when a flight ends without the store's decision (an error, or its request was dropped) the waiters
 //! ask on their own at once, so that none queues behind an outage. An expired entry coalesces only for one retry
-//! delay (at most a second) after its retry instant; after that, or for a key with no entry, the store is asked
-//! concurrently as without a cache. Requests that miss the cache pay one more look at the table.
+//! delay (at most a second) after its retry instant — or as long as the entry it replaced did: a denial just
+//! before the instant (a retry of some µs, whose entry expires before the waiters look again) does not shorten
+//! the key's window, or all of them would ask at once; after that, or for a key with no entry, the store is
+//! asked concurrently as without a cache. Requests that miss the cache pay one more look at the table.
 //!
 //! # What would break it, and how each case is handled
 //!
@@ -127,7 +132,7 @@
 //!
 //! # Memory
 //!
-//! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about 120
+//! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about 136
 //! bytes each with the table's own overhead): an entry past its coalescing window is replaced first, else the least
 //! recently used is evicted — evicting a live entry only costs its key one store call. Entries past their window are
 //! also swept (at most once a second, from an insertion, shard by shard). Evictions count in
@@ -407,7 +412,7 @@ struct Denial {
     /// Local instant (µs) the request was sent at.
     sent: u64,
     /// Local instant (µs) of the store's retry, as the headers count down to it: `sent + retry_after`, or later
-    /// where the key's replies bound the clocks' offset tighter (never after the store's instant).
+    /// where the key's replies bound the clocks' offset tighter (by that bound and its drift allowance).
     due: u64,
     /// Local instant (µs) from which the entry no longer answers: the store's retry instant by the tightest bound
     /// on the clocks' offset, less the drift since that bound and the clock's step allowance.
@@ -607,7 +612,7 @@ impl DenyTable {
             .get(digest, |d| {
                 (d.check == check).then(|| {
                     d.offset = d.offset.min(own);
-                    (d.offset, d.cost, d.expires)
+                    (d.offset, d.cost, d.expires, d.coalesce_until)
                 })
             })
             .flatten();
@@ -620,19 +625,24 @@ impl DenyTable {
             return;
         }
         let due = sent.saturating_add(retry_micros).max(latest);
+        // A denial just before the instant (a retry of some µs) does not shorten the key's coalescing window: its
+        // entry expires before the waiters look again, and they would all ask at once.
+        let coalesce_until = previous
+            .map_or(0, |(.., until)| until)
+            .max(due.saturating_add(retry_micros.min(FLIGHT_WINDOW_MICROS)));
         let entry = Denial {
             check,
             cost,
             sent,
             due,
             expires,
-            coalesce_until: due.saturating_add(retry_micros.min(FLIGHT_WINDOW_MICROS)),
+            coalesce_until,
             offset,
             flight: None,
             decision: *decision,
         };
         // Keep a live entry that already covers this one (a reply overtaken by a later one).
-        if previous.is_some_and(|(_, covering, until)| {
+        if previous.is_some_and(|(_, covering, until, _)| {
             now < until && covering <= cost && until >= entry.expires
         }) {
             return;
