@@ -61,7 +61,9 @@
 //! Redis host, or a failover or resharding to a server whose clock runs ahead) by more than the margin admits
 //! there earlier than an entry made before the step expires — by at most the step, for at most `r` after the
 //! step, plus the second an earlier reply's bound is kept; a step back only makes the cache more conservative
-//! than needed.
+//! than needed. (The margin no longer absorbs steps of up to 100 µs on the default clock, as the fixed 100 µs did:
+//! NTP daemons slew small offsets rather than step them (ntpd below 128 ms), so a step is rare, and far larger
+//! than 100 µs when it comes.)
 //!
 //! # What frees tokens early
 //!
