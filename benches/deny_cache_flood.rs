@@ -2,7 +2,7 @@
 //! store, in one run.
 //!
 //! `cargo bench --bench deny_cache_flood -- [--rounds 8] [--seconds 0.5] [--connections 16] [--limit 100]
-//! [--period 1s] [--keys hot|cold]`
+//! [--period 1s] [--keys hot|cold] [--only 0|1|2] [--requests N]`
 //!
 //! Each variant is an axum server (one worker thread) with one token bucket (`--limit` per `--period`) on one key for
 //! every request; a load generator on its own thread keeps `--connections` keep-alive connections sending `GET /` back
@@ -11,7 +11,13 @@
 //! a private `redis-server` (from the testkit), whose `INFO commandstats` gives the script calls per turn. The report:
 //! served req/s (median over turns), its ratio to the in-process store's and to Redis without the cache (medians of
 //! per-round ratios), admitted per turn (sum, and the most over the bound), script calls per request and per rejected
-//! request ((calls − admitted) / rejected).
+//! request ((calls − admitted) / rejected), and script calls per admitted request (for a flooded key, per token
+//! that accrued). The machine's load average (`/proc/loadavg`) is printed at the start and at the end.
+//!
+//! `--only N` runs only variant N (0 in-process, 1 Redis + deny cache, 2 Redis without it) and `--requests N`
+//! ends a turn after N requests per connection instead of after `--seconds`: under `valgrind --tool=callgrind`
+//! two runs of different lengths give one variant's instructions per request (the difference over the
+//! difference in requests; start-up cancels out), a figure a loaded machine does not move.
 //!
 //! `--keys cold` gives every request a key of its own instead (a full bucket each: all admitted, nothing to
 //! cache): what the cache costs the requests it cannot help, Redis with it against Redis without it.
@@ -38,6 +44,8 @@ struct Options {
     limit: u64,
     period: Duration,
     cold: bool,
+    only: Option<usize>,
+    requests: Option<u64>,
 }
 
 fn options() -> Result<Options, String> {
@@ -48,6 +56,8 @@ fn options() -> Result<Options, String> {
         limit: 100,
         period: Duration::from_secs(1),
         cold: false,
+        only: None,
+        requests: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -61,6 +71,8 @@ fn options() -> Result<Options, String> {
             "--seconds" => o.seconds = value.parse().map_err(|_| bad())?,
             "--connections" => o.connections = value.parse().map_err(|_| bad())?,
             "--limit" => o.limit = value.parse().map_err(|_| bad())?,
+            "--only" => o.only = Some(value.parse().ok().filter(|v| *v < 3).ok_or_else(bad)?),
+            "--requests" => o.requests = Some(value.parse().map_err(|_| bad())?),
             "--keys" => {
                 o.cold = match value.as_str() {
                     "hot" => false,
@@ -132,14 +144,14 @@ async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-/// Sends `GET /` on one keep-alive connection until `until`: (responses, 200s).
-async fn flood(addr: SocketAddr, until: Instant) -> (u64, u64) {
+/// Sends `GET /` on one keep-alive connection until `until`, or `requests` times: (responses, 200s).
+async fn flood(addr: SocketAddr, until: Instant, requests: Option<u64>) -> (u64, u64) {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream.set_nodelay(true).expect("nodelay");
     let (mut served, mut admitted) = (0, 0);
     let mut buf = Vec::with_capacity(8192);
     let mut chunk = [0_u8; 8192];
-    while Instant::now() < until {
+    while requests.map_or(Instant::now() < until, |n| served < n) {
         stream
             .write_all(b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n")
             .await
@@ -194,9 +206,18 @@ struct Totals {
     over_bound: i64,
 }
 
+/// The 1, 5 and 15 minute load averages, as `/proc/loadavg` gives them ("-" where there is none).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").map_or_else(
+        |_| "-".into(),
+        |l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    )
+}
+
+/// The median; NaN for none (a variant `--only` left out).
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn main() {
@@ -204,6 +225,7 @@ fn main() {
         eprintln!("deny_cache_flood: {e}");
         std::process::exit(2)
     });
+    let load_before = load_average();
     let redis = RedisServer::start();
     let policy = Policy::token_bucket(Quota::new(o.limit, o.period).expect("a valid quota"));
     let servers = tokio::runtime::Builder::new_multi_thread()
@@ -272,13 +294,16 @@ fn main() {
         let mut rates = [0.0; 3];
         for k in 0..3 {
             let v = (round + k) % 3;
+            if o.only.is_some_and(|only| only != v) {
+                continue;
+            }
             turn.fetch_add(1, Ordering::Relaxed);
             let before = script_calls(&redis);
             let start = Instant::now();
             let until = start + turn_len;
             let (served, admitted) = load.block_on(async {
                 let tasks: Vec<_> = (0..o.connections)
-                    .map(|_| tokio::spawn(flood(addrs[v], until)))
+                    .map(|_| tokio::spawn(flood(addrs[v], until, o.requests)))
                     .collect();
                 let mut sum = (0, 0);
                 for t in tasks {
@@ -299,9 +324,14 @@ fn main() {
                 t.over_bound = t.over_bound.max(admitted as i64 - bound(elapsed) as i64);
             }
         }
+        // With `--only`, the other variants did not run: no ratios.
         for v in 0..3 {
-            totals[v].ratios.push(rates[v] / rates[0]);
-            totals[v].vs_plain.push(rates[v] / rates[2]);
+            if rates[v] > 0.0 && rates[0] > 0.0 {
+                totals[v].ratios.push(rates[v] / rates[0]);
+            }
+            if rates[v] > 0.0 && rates[2] > 0.0 {
+                totals[v].vs_plain.push(rates[v] / rates[2]);
+            }
         }
     }
     println!(
@@ -319,7 +349,11 @@ fn main() {
         redis.url()
     );
     println!(
-        "{:<26} {:>10} {:>9} {:>9} {:>10} {:>10} {:>12} {:>14}",
+        "load average (1, 5, 15 min): {load_before} at the start, {} at the end",
+        load_average()
+    );
+    println!(
+        "{:<26} {:>10} {:>9} {:>9} {:>10} {:>10} {:>12} {:>14} {:>14}",
         "variant",
         "served/s",
         "vs mem",
@@ -327,12 +361,16 @@ fn main() {
         "admitted",
         "over bound",
         "calls/req",
-        "calls/rejected"
+        "calls/rejected",
+        "calls/admitted"
     );
     for (name, t) in names.iter().zip(&mut totals) {
+        if t.rates.is_empty() {
+            continue;
+        }
         let rejected = t.served - t.admitted;
         println!(
-            "{:<26} {:>10.0} {:>8.3}x {:>8.3}x {:>10} {:>10} {:>12.4} {:>14.4}",
+            "{:<26} {:>10.0} {:>8.3}x {:>8.3}x {:>10} {:>10} {:>12.4} {:>14.4} {:>14.3}",
             name,
             median(&mut t.rates),
             median(&mut t.ratios),
@@ -341,6 +379,7 @@ fn main() {
             t.over_bound.max(0),
             t.calls as f64 / t.served as f64,
             t.calls.saturating_sub(t.admitted) as f64 / rejected.max(1) as f64,
+            t.calls as f64 / t.admitted.max(1) as f64,
         );
     }
 }

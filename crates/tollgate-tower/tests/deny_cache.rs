@@ -453,6 +453,24 @@ async fn on_by_default_only_for_shared_stores() {
     assert!(handle.is_active());
 }
 
+/// A limiter charging the cost after the response has no deny cache unless told to, even on Redis: a refund
+/// (on any instance) can admit a key before a cached denial's instant.
+#[tokio::test]
+async fn off_by_default_when_the_cost_is_charged_after_the_response() {
+    let policy = Policy::token_bucket(Quota::per_hour(1).unwrap());
+    let shared = redis(&unique_prefix("deny-cache-after")).await;
+    let after = layer(shared.clone(), policy).cost_after(tollgate_tower::CostAfter::Extension);
+    let handle = after.deny_cache_handle();
+    let _svc = service(after);
+    assert!(!handle.is_active(), "off with a cost charged after");
+    let told = layer(shared, policy)
+        .cost_after(tollgate_tower::CostAfter::Extension)
+        .deny_cache(true);
+    let handle = told.deny_cache_handle();
+    let _svc = service(told);
+    assert!(handle.is_active(), "on when switched on");
+}
+
 /// Over HTTP: the cached 429s carry exactly the fields the store's 429s carry at the same instants.
 #[tokio::test]
 async fn cached_refusals_answer_with_the_stores_header_fields() {
@@ -653,5 +671,271 @@ async fn a_dropped_flight_lets_its_waiters_ask() {
         gated.inner.calls.load(Ordering::Relaxed),
         3 + 2,
         "each waiter asked the store itself"
+    );
+}
+
+/// Redis on a clock of its own, at a manual local clock's instants: the store's clock reads the local one plus
+/// `offset` µs, running `ppm` parts per million faster (or slower), and each call takes `latency` (µs on the way
+/// out, before the store decides, and on the way back) of local time. Its last decision's instant is kept, so a
+/// test can ask a twin store the same question at the same instant.
+struct Skewed {
+    redis: Arc<RedisStore>,
+    clock: ManualClock,
+    start: u64,
+    offset: i64,
+    ppm: i64,
+    latency: std::sync::Mutex<(u64, u64)>,
+    calls: AtomicUsize,
+    last: std::sync::atomic::AtomicU64,
+    /// Set: the next call waits for a permit of `gate` before the store decides.
+    hold: std::sync::atomic::AtomicBool,
+    gate: tokio::sync::Semaphore,
+}
+
+impl Skewed {
+    async fn new(prefix: &str, clock: &ManualClock, offset: i64, ppm: i64) -> Arc<Self> {
+        Arc::new(Self {
+            redis: redis(prefix).await,
+            clock: clock.clone(),
+            start: clock.now().as_micros(),
+            offset,
+            ppm,
+            latency: std::sync::Mutex::new((0, 0)),
+            calls: AtomicUsize::new(0),
+            last: 0.into(),
+            hold: false.into(),
+            gate: tokio::sync::Semaphore::new(0),
+        })
+    }
+
+    /// The store's clock at local instant `local` (µs).
+    fn server(&self, local: u64) -> Timestamp {
+        let elapsed = i128::from(local - self.start);
+        let at = i128::from(local)
+            + i128::from(self.offset)
+            + elapsed * i128::from(self.ppm) / 1_000_000;
+        Timestamp::from_micros(u64::try_from(at).unwrap())
+    }
+
+    /// The first local instant (µs) at which the store's clock reads `instant` or later.
+    fn local(&self, instant: Timestamp) -> u64 {
+        let target = i128::from(instant.as_micros()) - i128::from(self.offset);
+        let start = i128::from(self.start);
+        let guess = start + (target - start) * 1_000_000 / (1_000_000 + i128::from(self.ppm));
+        let mut local = u64::try_from((guess - 2).max(start)).unwrap();
+        while self.server(local) < instant {
+            local += 1;
+        }
+        local
+    }
+}
+
+impl Store for Skewed {
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let (out, back) = *self.latency.lock().unwrap();
+        self.clock.advance(Duration::from_micros(out));
+        if self.hold.swap(false, Ordering::SeqCst) {
+            self.gate.acquire().await.expect("open").forget();
+        }
+        let at = self.server(self.clock.now().as_micros());
+        self.last.store(at.as_micros(), Ordering::Relaxed);
+        let decision = self.redis.check_at(key, policy, cost, at).await;
+        self.clock.advance(Duration::from_micros(back));
+        decision
+    }
+    fn is_shared(&self) -> bool {
+        true
+    }
+}
+
+/// One step of a skewed run: local time to advance (µs; [`TO_RETRY`]: to the instant the store's last denial of
+/// the key said), key index, cost, the store call's latencies (µs).
+type SkewedStep = (u64, usize, u64, u64, u64);
+
+/// A step that advances the local clock to the first instant at which the store's clock reaches the retry instant
+/// of its last denial of the step's key: where an entry expiring a little late would refuse what the store admits.
+const TO_RETRY: u64 = u64::MAX;
+
+/// Runs `steps` through a cached layer on a [`Skewed`] store (its cache on the steady manual clock: no step
+/// allowance, only the learned offset and the drift allowance) and checks every decision against a cache-less
+/// twin asked at the same store instant: a request the store answered gets the twin's decision exactly; one the
+/// cache refused is one the twin refuses too (never refused where the store admits), with the same limit and
+/// reset and no more remaining. Returns (store calls, admitted).
+async fn skewed_run(
+    policy: Policy,
+    offset: i64,
+    ppm: i64,
+    steps: impl IntoIterator<Item = SkewedStep>,
+) -> (usize, usize) {
+    let clock = clock();
+    let prefix = unique_prefix("deny-cache-skew");
+    let store = Skewed::new(&prefix, &clock, offset, ppm).await;
+    let twin = redis(&format!("{prefix}-twin")).await;
+    let mut cached = service(
+        layer(store.clone(), policy)
+            .deny_cache_config(DenyCache::new().steady_clock(clock.clone())),
+    );
+    let mut admitted = 0;
+    // Per key, the store instant its last denial said it would admit at.
+    let mut retry_at = [None; 2];
+    for (i, (advance, index, cost, out, back)) in steps.into_iter().enumerate() {
+        if advance == TO_RETRY {
+            if let Some(at) = retry_at[index] {
+                let to = store.local(at);
+                let now = clock.now().as_micros();
+                clock.advance(Duration::from_micros(to.saturating_sub(now)));
+            }
+        } else {
+            clock.advance(Duration::from_micros(advance));
+        }
+        *store.latency.lock().unwrap() = (out, back);
+        let key = ["a", "b"][index];
+        let calls = store.calls.load(Ordering::Relaxed);
+        let local = clock.now().as_micros();
+        let with = decide(&mut cached, key, cost).await;
+        let asked = store.calls.load(Ordering::Relaxed) > calls;
+        let at = if asked {
+            Timestamp::from_micros(store.last.load(Ordering::Relaxed))
+        } else {
+            store.server(local)
+        };
+        let expected = twin
+            .check_at(&format!("dc:{key}"), &policy, cost, at)
+            .await
+            .unwrap();
+        if asked {
+            assert_eq!(with, expected, "step {i}: the store's own decision");
+        } else {
+            assert_eq!(
+                with.outcome, expected.outcome,
+                "step {i}: the cache refused what the store admits at {at:?}: {with:?} vs {expected:?}"
+            );
+            assert_eq!(
+                (with.limit, with.reset),
+                (expected.limit, expected.reset),
+                "step {i}"
+            );
+            assert!(
+                with.remaining <= expected.remaining,
+                "step {i}: {with:?} vs {expected:?}"
+            );
+        }
+        if let Some(retry) = expected.retry_after {
+            retry_at[index] = Some(expected.now.saturating_add(retry));
+        }
+        admitted += usize::from(with.is_allowed());
+    }
+    (store.calls.load(Ordering::Relaxed), admitted)
+}
+
+fn skewed_steps(max_cost: u64) -> impl Strategy<Value = Vec<SkewedStep>> {
+    prop::collection::vec(
+        (
+            prop_oneof![Just(0_u64), 0..2_000_u64, 0..400_000_u64, Just(TO_RETRY)],
+            0..2_usize,
+            1..=max_cost,
+            prop_oneof![Just(0_u64), 0..300_u64, 0..5_000_u64],
+            0..3_000_u64,
+        ),
+        1..60,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// The store on a clock of its own (seconds apart, drifting by up to 400 ppm), round trips of random
+    /// latency, requests at random instants and at the store's retry instants: entries expiring by the offset
+    /// the key's replies bound never refuse what the store admits.
+    #[test]
+    fn the_cache_is_exact_on_a_skewed_store_clock(
+        policy in policies(),
+        offset in -5_000_000_i64..5_000_000,
+        ppm in -400_i64..=400,
+        steps in skewed_steps(3),
+    ) {
+        runtime().block_on(skewed_run(policy, offset, ppm, steps));
+    }
+}
+
+/// A flood on one key whose store calls take from 0.1 to 3 ms to reach the store (one took 50 µs), on a store
+/// clock 2.5 s ahead and 300 ppm fast: after the burst each token costs about two store calls (the first request
+/// after the entry's expiry is admitted, the next one's denial makes the next entry), although a reply's own
+/// bound is up to 3 ms loose; every decision is the store's (checked against a twin). Entries expiring by their
+/// own reply's bound cost 2.5 calls per token on this run (1 030 calls for 403 tokens).
+#[tokio::test]
+async fn a_flood_costs_two_calls_per_token_whatever_the_latency() {
+    let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(10).unwrap());
+    let mut seed = 0x2545_f491_u64;
+    let steps = (0..12_000_u64).map(|i| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let out = if i == 20 {
+            50
+        } else {
+            100 + (seed >> 33) % 2_900
+        };
+        (200, 0, 1, out, 30)
+    });
+    let (calls, admitted) = skewed_run(policy, 2_500_000, 300, steps).await;
+    let tokens = admitted - 10;
+    assert!(tokens > 200, "{admitted} admitted");
+    // The burst's 10 admissions one call each, then 2 per token; a third only where the probe reached the store
+    // about as fast as the tightest bound (aged by the drift allowance) and was sent within a few µs of the
+    // expiry, then denied with a retry too short to cache: a few tokens in a hundred here (a 200 µs request
+    // spacing against a drift allowance of 5 µs per 10 ms of the bound's age).
+    assert!(
+        calls <= 10 + 2 * tokens + tokens / 20,
+        "{calls} store calls for {admitted} admissions ({tokens} tokens after the burst)"
+    );
+}
+
+/// A probe denied a few µs before the instant whose reply lands after that instant: its entry has expired when the
+/// waiters look again, and they go on waiting for one probe at a time (the key's coalescing window is not cut
+/// to the short retry): one admission, one denial that refuses the rest — not one store call each.
+#[tokio::test]
+async fn a_denial_just_before_the_instant_keeps_the_waiters_coalesced() {
+    let clock = clock();
+    let store = Skewed::new(&unique_prefix("deny-cache-short"), &clock, 0, 0).await;
+    let policy = Policy::token_bucket(Quota::per_second(1).unwrap());
+    let cached = service(
+        layer(store.clone(), policy)
+            .deny_cache_config(DenyCache::new().steady_clock(clock.clone())),
+    );
+    {
+        let mut svc = cached.clone();
+        assert!(decide(&mut svc, "k", 1).await.is_allowed());
+        assert!(!decide(&mut svc, "k", 1).await.is_allowed()); // cached until 1 s on, less 501 µs
+    }
+    assert_eq!(store.calls.load(Ordering::Relaxed), 2);
+    clock.advance(Duration::from_micros(999_950));
+    // Every reply now lands 200 µs after the store decided.
+    *store.latency.lock().unwrap() = (0, 200);
+    store.hold.store(true, Ordering::SeqCst);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let mut svc = cached.clone();
+            tokio::spawn(async move { decide(&mut svc, "k", 1).await })
+        })
+        .collect();
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        store.calls.load(Ordering::Relaxed),
+        3,
+        "one probe, seven waiting"
+    );
+    // The probe is denied 50 µs before the token accrues; its reply lands 150 µs after it did.
+    store.gate.add_permits(1);
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.unwrap().is_allowed());
+    }
+    assert_eq!(admitted, 1, "the one token");
+    assert_eq!(
+        store.calls.load(Ordering::Relaxed),
+        3 + 2,
+        "after the short denial: the admission, then the denial that refuses the other six"
     );
 }

@@ -17,8 +17,11 @@
 //! rate⌋` is the earliest microsecond with enough tokens, and the sliding window's `admit_at` is the first tick
 //! at which the previous window's weight has decayed enough (the same in `lua/*.lua`). Until then:
 //!
-//! - **other traffic only delays admission**: other instances can only spend more (admitted requests add to the
-//!   state; denied ones leave it alone), so the store would deny K until T at least;
+//! - **other traffic only delays admission**: other instances' plain requests can only spend more (admitted
+//!   requests add to the state; denied ones leave it alone), so the store would deny K until T at least. What
+//!   can give tokens back before T is listed under *What frees tokens early* below: each of them makes the cache
+//!   refuse, until T, requests the store would admit — bounded under-admission, never an admission the store
+//!   would refuse;
 //! - **a costlier request is denied at least as long**: both algorithms admit `c' ≥ c` only where they admit `c`,
 //!   so an entry answers every cost from `c` up to the burst (beyond it the store answers
 //!   `CostExceedsCapacity`, which is not cached); its `retry_after` is then the one for `c`, never later than the
@@ -27,17 +30,67 @@
 //!   store admits it, the entry is dropped (it would still refuse exactly, but with a `remaining` and `reset`
 //!   the store no longer gives).
 //!
-//! T is measured on the local clock from the instant the request was **sent** (before the store was asked), not from
-//! when the reply arrived: the store decided no earlier than that, so T = sent + `r` is no later than the store's retry
-//! instant, whatever the latency. What is left is the two clocks' rates: over `r` the local clock (a calibrated
-//! counter, see [`SystemClock`]) and Redis's `TIME` may drift apart by tens of parts per million, and the local clock's
-//! resynchronisation moves it by some microseconds either way, and an NTP daemon slewing either clock runs it at most
-//! 500 ppm off. The entry therefore expires a margin early, **100 µs + 500 ppm of `r`** ([`drift_margin`]), and a
-//! denial whose `r` is within that margin is not cached (the requests in the margin's window are coalesced like any
-//! after an expiry, below). The residual: a Redis clock stepped forward (an NTP step on the Redis host, or a failover
-//! to a replica whose clock runs ahead) by more than the margin while an entry is live admits there earlier than the
-//! entry expires — by at most the step, for at most `r`; a step back only makes the cache more conservative than
-//! needed.
+//! # Where T falls on the local clock
+//!
+//! The store's retry instant is `now + r` on **its** clock (Redis's `TIME`, µs): the decision's `now` and
+//! `retry_after`. The entry must stop answering no later than the local instant at which the store's clock reads
+//! that. Each reply bounds the two clocks' offset: the store decided after the request was sent, so at that
+//! moment the store's clock was ahead of the local one by at most `bound = now − sent` (`sent`: the local
+//! instant taken before the store was asked). The entry expires at the store's instant minus the tightest such
+//! bound the key's replies gave (the reply's own, or an earlier reply's for the same key — denials and admissions
+//! alike, at most a second old — whose request reached the store sooner after its send), less:
+//!
+//! - **500 ppm of the time since that bound's reply** (its request's send, to the expiry): the clocks' rates may
+//!   differ — the local clock and Redis's `TIME` by tens of parts per million, an NTP daemon slewing either by at
+//!   most 500 ppm (Linux's bound);
+//! - **the local clock's step allowance**: 1 µs for rounding on the default clock (the system's monotonic clock,
+//!   which is slewed but never stepped) or one given to [`DenyCache::steady_clock`]; 100 µs on a clock given to
+//!   [`DenyCache::clock`], which may be corrected by some µs either way (as
+//!   [`SystemClock`](tollgate_core::SystemClock) resynchronises).
+//!
+//! With only the reply's own bound this is `sent + r` less the margin — **100 µs + 500 ppm of `r`**
+//! ([`drift_margin`]) on a clock that may step — whatever the latency: the time the request took to reach the
+//! store only makes the entry expire earlier. A key denied over and over (a flood) keeps the tightest bound its
+//! replies gave, the one whose request reached the store soonest, so its entries expire within about that
+//! fastest one-way trip (and the drift allowance) of the store's instant, however slow the other round trips are
+//! on a loaded machine; the first request after the expiry then usually reaches the store after the instant and
+//! is admitted, and the next one's denial makes the next entry: about two store calls per accrued token. A
+//! denial whose entry would expire no later than its send is not cached (the requests in that window are
+//! coalesced like any after an expiry, below). The bound assumes one clock per key on the store's side (one
+//! Redis server; in a Cluster, the key's shard). The residual: a store clock stepped forward (an NTP step on the
+//! Redis host, or a failover or resharding to a server whose clock runs ahead) by more than the margin admits
+//! there earlier than an entry made before the step expires — by at most the step, for at most `r` after the
+//! step, plus the second an earlier reply's bound is kept; a step back only makes the cache more conservative
+//! than needed. (The margin no longer absorbs steps of up to 100 µs on the default clock, as the fixed 100 µs did:
+//! NTP daemons slew small offsets rather than step them (ntpd below 128 ms), so a step is rare, and far larger
+//! than 100 µs when it comes.)
+//!
+//! # What frees tokens early
+//!
+//! A cached denial refuses K until T; what puts tokens back into the store before T makes the cache refuse, in
+//! the meantime, requests the store would have admitted. The cache never admits: each case is
+//! **under-admission**, bounded by the tokens put back, on each instance holding an entry for K, for at most the
+//! entry's remaining life (at most its `r`); the tokens stay in the store for the requests after T (and for
+//! other instances), except what the bucket's capacity cuts off meanwhile. Never over-admission.
+//!
+//! - **A token lease returned** (token leases, feature `leases`: idle, evicted, `LeaseHandle::shutdown`, a
+//!   dropped layer; for a sliding window also the leftovers of a batch whose window ended, given back by the
+//!   holder's next call): the unspent part goes back into the bucket, or off the window's count, at once.
+//!   Bounded by the batch (at most `LeaseConfig::share_percent` of the burst) per returning instance.
+//! - **A refund after the response** ([`cost_after`](crate::RateLimitLayer::cost_after), on any instance): a
+//!   negative charge puts tokens back (never above full, or outside the window the request was counted in).
+//!   Bounded by the refunds during `r`. This is why a limiter charging after the response has **no deny cache by
+//!   default**, even on a shared store; switched on explicitly, it refuses such a key until T. A positive charge
+//!   (debt) only delays admission, like other traffic.
+//!
+//! What does **not** free tokens before T, though it lowers the leased tokens O that hold a token bucket's
+//! refill at `burst − O`: a lease report (an instance's renewal, setting its record to what it still holds) and
+//! an expired lease (an instance that died holding a batch, or let it lapse; its leftover is lost). Both lower O
+//! only after the content is floored with the book as it was, and the store's `retry_after` already counts the
+//! refill as if no cap held it (the token bucket's own arithmetic on the floored content): a lower cap lets the
+//! bucket catch up with the instant the denial announced, never pass it. A lease's grant (a batch debited) and
+//! a lockout (the key refused until the lockout's end, the retry instant the store gives) only delay admission,
+//! exact as any other traffic.
 //!
 //! # Single flight on expiry
 //!
@@ -53,8 +106,10 @@
 //! The wait is bounded: a request waits for at most 4 flights (each one store call, which the store's own timeout
 //! bounds), and when a flight ends without the store's decision (an error, or its request was dropped) the waiters
 //! ask on their own at once, so that none queues behind an outage. An expired entry coalesces only for one retry
-//! delay (at most a second) after its retry instant; after that, or for a key with no entry, the store is asked
-//! concurrently as without a cache. Requests that miss the cache pay one more look at the table.
+//! delay (at most a second) after its retry instant — or as long as the entry it replaced did: a denial just
+//! before the instant (a retry of some µs, whose entry expires before the waiters look again) does not shorten
+//! the key's window, or all of them would ask at once; after that, or for a key with no entry, the store is
+//! asked concurrently as without a cache. Requests that miss the cache pay one more look at the table.
 //!
 //! # What would break it, and how each case is handled
 //!
@@ -79,7 +134,7 @@
 //!
 //! # Memory
 //!
-//! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about 120
+//! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about 136
 //! bytes each with the table's own overhead): an entry past its coalescing window is replaced first, else the least
 //! recently used is evicted — evicting a live entry only costs its key one store call. Entries past their window are
 //! also swept (at most once a second, from an insertion, shard by shard). Evictions count in
@@ -148,11 +203,11 @@ use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use event_listener::{Event, EventListener};
 use tollgate_core::store::{BoundedTable, Expiry, OnFull};
-use tollgate_core::{Clock, Decision, Outcome, SystemClock};
+use tollgate_core::{Clock, Decision, Outcome, Timestamp};
 
 use crate::Name;
 
@@ -162,12 +217,20 @@ pub const DEFAULT_DENY_CACHE_KEYS: usize = 1 << 16;
 /// Cached denials served from the local cache, by limiter.
 pub const DENY_CACHE_HITS_TOTAL: &str = "tollgate_deny_cache_hits_total";
 
-/// The fixed part of the clock-drift margin an entry expires early by, in µs: ten times the largest correction
-/// the local clock's resynchronisation makes (some µs).
+/// The fixed part of the clock-drift margin an entry expires early by on a clock that may step (a clock of one's
+/// own, [`DenyCache::clock`]), in µs: ten times the largest correction [`SystemClock`](tollgate_core::SystemClock)'s
+/// resynchronisation makes (some µs).
 const MARGIN_FIXED_MICROS: u64 = 100;
+/// The fixed part on a clock that never steps (the default monotonic clock, [`DenyCache::steady_clock`]): the
+/// readings' rounding to whole µs, the local one's and the store's.
+const STEADY_FIXED_MICROS: u64 = 1;
 /// The proportional part: 1 / 2 000 of the retry delay is 500 ppm, the fastest an NTP daemon slews a clock
 /// (Linux's bound), far above two disciplined clocks' rate difference.
 const MARGIN_PPM_DIVISOR: u64 = 2_000;
+/// The oldest reply whose bound on the clocks' offset a key's next entry still uses, in µs: with 500 ppm of drift
+/// it is worth at most 500 µs less than a fresh one by then, and a key that moved to another server (a failover,
+/// resharding) keeps the old server's bound no longer than this.
+const OFFSET_MAX_AGE_MICROS: u64 = 1_000_000;
 /// The least time between two sweeps of expired entries, in µs.
 const SWEEP_EVERY_MICROS: u64 = 1_000_000;
 /// The longest an expired entry still coalesces its key's store calls after its retry instant, in µs (and at most
@@ -177,12 +240,81 @@ const FLIGHT_WINDOW_MICROS: u64 = 1_000_000;
 /// The most single flights one request waits for before it asks the store itself.
 const MAX_WAITS: u32 = 4;
 
-/// How long before the store's retry instant an entry for a retry delay of `retry` µs expires: the bound on
-/// the drift between the local clock and the store's over that delay (see the module docs).
+/// How long before the store's retry instant, `retry` after a request was sent, a local clock that may be
+/// corrected by some µs (such as [`SystemClock`](tollgate_core::SystemClock), or a clock given to
+/// [`DenyCache::clock`]) must stop counting on a denial: the bound on the drift between it and the store's clock over
+/// that delay, 100 µs + 500 ppm of `retry`. A deny cache entry expires by it when the reply is the only one that
+/// bounds the clocks' offset; on the default monotonic clock the fixed part is 1 µs, and a key's earlier replies
+/// can move the expiry closer to the store's instant (see the module docs).
 #[must_use]
 pub const fn drift_margin(retry: Duration) -> Duration {
     let micros = retry.as_micros() as u64;
     Duration::from_micros(MARGIN_FIXED_MICROS + micros / MARGIN_PPM_DIVISOR)
+}
+
+/// The default local clock: the system's monotonic clock (`Instant`: `CLOCK_MONOTONIC` on Linux), which an NTP
+/// daemon slews but never steps, so an entry on it needs no allowance for a step of its own clock.
+struct Monotonic(Instant);
+
+impl Clock for Monotonic {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_micros(u64::try_from(self.0.elapsed().as_micros()).unwrap_or(u64::MAX))
+    }
+}
+
+/// What the store's replies for a key say about its clock against the local one: `bound` is the store's
+/// instant of a decision minus the local instant `at` its request was sent at (µs). The store decided after the
+/// send, so its clock then ran ahead of the local one by at most `bound`; `at + Δ` later, by at most `bound` +
+/// 500 ppm of Δ.
+#[derive(Debug, Clone, Copy)]
+struct Offset {
+    bound: i64,
+    at: u64,
+}
+
+impl Offset {
+    /// The bound one reply gives: `decision` of a request sent at local instant `sent`.
+    fn of(sent: u64, decision: &Decision) -> Self {
+        Self {
+            bound: signed(decision.now.as_micros()).saturating_sub(signed(sent)),
+            at: sent,
+        }
+    }
+
+    /// The bound as of local instant `t` (no earlier than `at`): drift of at most 500 ppm since.
+    fn by(self, t: u64) -> i64 {
+        self.bound
+            .saturating_add(signed(t.saturating_sub(self.at) / MARGIN_PPM_DIVISOR))
+    }
+
+    /// The tighter of two bounds, as of the later one's instant (both then age alike); a bound older than
+    /// [`OFFSET_MAX_AGE_MICROS`] by then loses.
+    fn min(self, other: Self) -> Self {
+        let (older, newer) = if self.at <= other.at {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        if newer.at - older.at > OFFSET_MAX_AGE_MICROS || newer.bound <= older.by(newer.at) {
+            newer
+        } else {
+            older
+        }
+    }
+
+    /// The local instant, by this bound, no later than the one at which the store's clock reads `instant` (µs),
+    /// before the allowance for a step of the local clock: `instant − bound`, less 500 ppm of the time from `at`
+    /// to then.
+    fn local(self, instant: u64) -> u64 {
+        let estimate = i128::from(instant) - i128::from(self.bound);
+        let drift = (estimate - i128::from(self.at)).max(0) / i128::from(MARGIN_PPM_DIVISOR);
+        u64::try_from((estimate - drift).max(0)).unwrap_or(u64::MAX)
+    }
+}
+
+/// `x` as a signed number of µs (saturating: no clock reads 2^63 µs).
+fn signed(x: u64) -> i64 {
+    i64::try_from(x).unwrap_or(i64::MAX)
 }
 
 /// The deny cache's configuration, for [`RateLimitLayer::deny_cache_config`](crate::RateLimitLayer::deny_cache_config).
@@ -191,6 +323,8 @@ pub const fn drift_margin(retry: Duration) -> Duration {
 pub struct DenyCache {
     max_keys: usize,
     clock: Option<Arc<dyn Clock>>,
+    /// The fixed part of the margin (µs): how far the clock may step, with the readings' rounding.
+    fixed: u64,
 }
 
 impl Default for DenyCache {
@@ -205,10 +339,10 @@ impl fmt::Debug for DenyCache {
             .field("max_keys", &self.max_keys)
             .field(
                 "clock",
-                &if self.clock.is_some() {
-                    "custom"
-                } else {
-                    "system"
+                &match (&self.clock, self.fixed) {
+                    (None, _) => "monotonic",
+                    (Some(_), STEADY_FIXED_MICROS) => "custom, steady",
+                    (Some(_), _) => "custom",
                 },
             )
             .finish()
@@ -216,11 +350,12 @@ impl fmt::Debug for DenyCache {
 }
 
 impl DenyCache {
-    /// [`DEFAULT_DENY_CACHE_KEYS`] entries on the monotonic [`SystemClock`].
+    /// [`DEFAULT_DENY_CACHE_KEYS`] entries on the system's monotonic clock (`Instant`, which never steps).
     pub fn new() -> Self {
         Self {
             max_keys: DEFAULT_DENY_CACHE_KEYS,
             clock: None,
+            fixed: STEADY_FIXED_MICROS,
         }
     }
 
@@ -232,9 +367,21 @@ impl DenyCache {
     }
 
     /// Measures local time with `clock` (tests drive a [`ManualClock`](tollgate_core::ManualClock)). It must not
-    /// run slower than real time: an entry lasts its retry delay by this clock.
+    /// run slower than real time: an entry lasts its retry delay by this clock. It may be corrected (stepped
+    /// either way) by some µs, as [`SystemClock`](tollgate_core::SystemClock) is: entries then expire 100 µs
+    /// earlier than on a clock that never steps ([`drift_margin`]).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
+        self.fixed = MARGIN_FIXED_MICROS;
+        self
+    }
+
+    /// Measures local time with `clock`, which never steps: it runs at real time's rate (within 500 ppm) and is
+    /// never set back or forward (a monotonic clock; a [`ManualClock`](tollgate_core::ManualClock) only ever
+    /// advanced). Entries need no allowance for a step then, only 1 µs for rounding, as on the default clock.
+    pub fn steady_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self.fixed = STEADY_FIXED_MICROS;
         self
     }
 
@@ -249,7 +396,8 @@ impl DenyCache {
             clock: self
                 .clock
                 .clone()
-                .unwrap_or_else(|| Arc::new(SystemClock::new())),
+                .unwrap_or_else(|| Arc::new(Monotonic(Instant::now()))),
+            fixed: self.fixed,
             hits: metrics::counter!(DENY_CACHE_HITS_TOTAL, "limiter" => limiter.to_string()),
             next_sweep: AtomicU64::new(0),
         }
@@ -265,10 +413,14 @@ struct Denial {
     cost: u64,
     /// Local instant (µs) the request was sent at.
     sent: u64,
-    /// Local instant (µs) of the store's retry: `sent + retry_after`.
+    /// Local instant (µs) of the store's retry, as the headers count down to it: `sent + retry_after`, or later
+    /// where the key's replies bound the clocks' offset tighter (by that bound and its drift allowance).
     due: u64,
-    /// Local instant (µs) from which the entry no longer answers: `due` minus the drift margin.
+    /// Local instant (µs) from which the entry no longer answers: the store's retry instant by the tightest bound
+    /// on the clocks' offset, less the drift since that bound and the clock's step allowance.
     expires: u64,
+    /// The tightest bound on the clocks' offset the key's replies gave.
+    offset: Offset,
     /// Local instant (µs) until which the expired entry still coalesces the key's store calls (single flight).
     coalesce_until: u64,
     /// The store call under way for the key since the entry expired, which other requests for it wait for.
@@ -349,6 +501,8 @@ pub(crate) struct DenyTable {
     table: BoundedTable<Denial>,
     check: RandomState,
     clock: Arc<dyn Clock>,
+    /// The fixed part of the margin an entry expires early by (µs).
+    fixed: u64,
     hits: metrics::Counter,
     next_sweep: AtomicU64,
 }
@@ -440,58 +594,84 @@ impl DenyTable {
     }
 
     /// Remembers the store's `decision` on `key` for a request of `cost` sent at local instant `sent`, if it is
-    /// a denial that can be cached.
+    /// a denial that can be cached; any reply also tightens the bound on the clocks' offset an entry for the key
+    /// keeps.
     pub(crate) fn record(&self, key: &str, cost: u64, sent: u64, decision: &Decision) {
         if decision.is_allowed() {
-            self.admitted(key, decision);
+            self.admitted(key, sent, decision);
             return;
         }
         let (Outcome::Limited, Some(retry)) = (decision.outcome, decision.retry_after) else {
             return;
         };
-        let margin = drift_margin(retry);
-        if retry <= margin || cost == 0 {
+        let (digest, check) = self.digests(key);
+        let now = self.now();
+        let own = Offset::of(sent, decision);
+        // The key's earlier replies (to the same server, which keeps one clock) may bound the offset tighter:
+        // one whose request reached the store sooner after its send.
+        let previous = self
+            .table
+            .get(digest, |d| {
+                (d.check == check).then(|| {
+                    d.offset = d.offset.min(own);
+                    (d.offset, d.cost, d.expires, d.coalesce_until)
+                })
+            })
+            .flatten();
+        let offset = previous.map_or(own, |(offset, ..)| offset);
+        let retry_micros = u64::try_from(retry.as_micros()).unwrap_or(u64::MAX);
+        let instant = decision.now.as_micros().saturating_add(retry_micros);
+        let latest = own.local(instant).max(offset.local(instant));
+        let expires = latest.saturating_sub(self.fixed);
+        if expires <= sent || cost == 0 {
             return;
         }
-        let retry_micros = retry.as_micros() as u64;
-        let due = sent.saturating_add(retry_micros);
+        let due = sent.saturating_add(retry_micros).max(latest);
+        // A denial just before the instant (a retry of some µs) does not shorten the key's coalescing window: its
+        // entry expires before the waiters look again, and they would all ask at once.
+        let coalesce_until = previous
+            .map_or(0, |(.., until)| until)
+            .max(due.saturating_add(retry_micros.min(FLIGHT_WINDOW_MICROS)));
         let entry = Denial {
-            check: 0,
+            check,
             cost,
             sent,
             due,
-            expires: due - margin.as_micros() as u64,
-            coalesce_until: due.saturating_add(retry_micros.min(FLIGHT_WINDOW_MICROS)),
+            expires,
+            coalesce_until,
+            offset,
             flight: None,
             decision: *decision,
         };
-        let (digest, check) = self.digests(key);
-        let now = self.now();
         // Keep a live entry that already covers this one (a reply overtaken by a later one).
-        let covered = self
-            .table
-            .get(digest, |d| {
-                d.check == check && now < d.expires && d.cost <= cost && d.expires >= entry.expires
-            })
-            .unwrap_or(false);
-        if covered {
+        if previous.is_some_and(|(_, covering, until, _)| {
+            now < until && covering <= cost && until >= entry.expires
+        }) {
             return;
         }
         // Never refuses (`EvictLru`); an evicted entry only costs its key a store call.
-        let _ = self.table.insert(digest, Denial { check, ..entry }, now);
+        let _ = self.table.insert(digest, entry, now);
         self.sweep(now);
     }
 
-    /// The store admitted a request for `key`.
-    fn admitted(&self, key: &str, decision: &Decision) {
+    /// The store admitted a request for `key`, sent at local instant `sent`.
+    fn admitted(&self, key: &str, sent: u64, decision: &Decision) {
         let (digest, check) = self.digests(key);
         let now = self.now();
         // A live entry goes: a cheaper request spent from the key, and the entry would still refuse exactly, but
         // with numbers (`remaining`, `reset`) the store no longer gives; the next costly request asks again. An
         // expired one stays while the key has no room for another request of its cost (the token that accrued
-        // is spent): the next request then asks alone, the others wait for it, as after the expiry.
+        // is spent): the next request then asks alone, the others wait for it, as after the expiry; the reply
+        // bounds the clocks' offset for the entry the next denial makes.
         let drop = self.table.get(digest, |d| {
-            d.check == check && (now < d.expires || decision.remaining >= d.cost)
+            if d.check != check {
+                return false;
+            }
+            if now < d.expires || decision.remaining >= d.cost {
+                return true;
+            }
+            d.offset = d.offset.min(Offset::of(sent, decision));
+            false
         });
         if drop == Some(true) {
             self.table.remove(digest);
