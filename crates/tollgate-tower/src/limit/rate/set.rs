@@ -162,13 +162,22 @@ impl<K, St, C, A> Entries<K, St, C, A> {
             // before a reload answers as the requests before it did.
             let bits = self.headers.load(Ordering::Relaxed);
             if bits != OWN_HEADERS {
-                return respond
-                    .clone()
-                    .with_header_families(crate::headers::HeaderSet::from_bits(bits));
+                return reheadered(respond, bits);
             }
         }
         respond.clone()
     }
+}
+
+/// `respond` writing the header families of `bits`: out of line, so that a set never given any (built in code, or
+/// a file never reloaded with other families) pays one byte's load and compare per request.
+#[cfg(feature = "http")]
+#[cold]
+#[inline(never)]
+fn reheadered<Req, T, R: Respond<Req, T> + Clone>(respond: &R, bits: u8) -> R {
+    respond
+        .clone()
+        .with_header_families(crate::headers::HeaderSet::from_bits(bits))
 }
 
 /// Applies a replaceable set of rate limiters to a service: see the [module docs](self).
