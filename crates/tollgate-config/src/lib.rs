@@ -32,11 +32,13 @@
 //!
 //! Every table is closed: an unknown field is an error, as is a value of the wrong kind, each reported as
 //! `file:line:column: what was expected` ([`ConfigError`]). [`axum`] and [`tonic`] build a file into one layer for
-//! the router or the server and a [`Reloader`] that swaps in a new file without a restart, every field of it: requests in
-//! flight finish under the old set, the next ones see the new one, and a limiter the new file leaves as it was
-//! keeps everything (its deny cache, its counters); a limiter whose policy is unchanged keeps its keys' state
-//! wherever it lives (the buckets are named `<limiter>#<policy>:<key>`), a changed policy starts its keys afresh.
-//! An invalid new file changes nothing and says why.
+//! the router or the server and a [`Reloader`] that swaps in a new file without a restart, every field of it (the
+//! header families too): requests in flight finish under the old set, the next ones see the new one, and a limiter
+//! the new file leaves as it was keeps everything (its deny cache, its counters); a limiter whose policy is
+//! unchanged keeps its keys' state wherever it lives (the buckets are named `<limiter>#<policy>:<key>`), a changed
+//! policy starts its keys afresh. One exception: on the in-process store, turning `cost-after` on or off also starts
+//! the limiter's keys afresh (a limiter charging after the response keys its buckets by their text, the others by
+//! digest). An invalid new file changes nothing and says why.
 //!
 //! Each limiter is a [`RateLimitLayer`](tollgate_tower::RateLimitLayer) with its key, cost, mode, failure policy
 //! and overrides, inside a [`RateLimitSetLayer`]: decided on the one

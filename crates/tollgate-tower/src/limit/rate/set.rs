@@ -136,6 +136,9 @@ impl<K, St, C, A> fmt::Debug for SetEntry<K, St, C, A> {
     }
 }
 
+/// A set's list of entries, as one request reads it.
+type List<K, St, C, A> = Arc<Vec<SetEntry<K, St, C, A>>>;
+
 /// What every service of a set reads per request: the entries, and the header families its handle was given.
 struct Entries<K, St, C, A> {
     list: ArcSwap<Vec<SetEntry<K, St, C, A>>>,
@@ -149,7 +152,7 @@ struct Entries<K, St, C, A> {
 const OWN_HEADERS: u8 = u8::MAX;
 
 impl<K, St, C, A> Entries<K, St, C, A> {
-    fn load(&self) -> arc_swap::Guard<Arc<Vec<SetEntry<K, St, C, A>>>> {
+    fn load(&self) -> arc_swap::Guard<List<K, St, C, A>> {
         self.list.load()
     }
 
