@@ -8,23 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+mod common;
+
 use axum::Router;
 use axum::routing::get;
 use tollgate_config::{Reloader, Source};
 use tollgate_core::{MemoryStore, Store};
-use tollgate_redis::RedisStore;
 use tollgate_testkit::http::{Reply, get as testkit_get};
 use tollgate_testkit::redis::RedisServer;
-
-/// A store on the private `redis`.
-fn redis_store(redis: &RedisServer) -> RedisStore {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(RedisStore::builder(redis.url()).build())
-        .expect("the private Redis")
-}
 
 /// Serves `/` behind `policy` on `store` on a loopback port, on a runtime of its own (dropped with the process).
 fn serve<St: Store>(policy: &str, store: Arc<St>) -> (SocketAddr, Reloader<St>) {
@@ -35,25 +26,7 @@ fn serve<St: Store>(policy: &str, store: Arc<St>) -> (SocketAddr, Reloader<St>) 
         // States its real cost as 0: a limiter charging after the response refunds the request.
         .route("/refund", get(|| async { ([("x-cost", "0")], "free") }))
         .layer(limits);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
-    listener.set_nonblocking(true).expect("non-blocking");
-    let addr = listener.local_addr().expect("its address");
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-            .expect("serve");
-        });
-    });
+    let addr = common::serve_router(app);
     (addr, reloader)
 }
 
@@ -205,7 +178,7 @@ fn reload_under_load_in_process() {
 #[test]
 fn reload_under_load_on_redis() {
     let redis = RedisServer::start();
-    let store = redis_store(&redis);
+    let store = common::redis_store(&redis);
     reload_under_load(Arc::new(store));
 }
 
@@ -246,7 +219,7 @@ fn client_ip_networks_in_process() {
 #[test]
 fn client_ip_networks_on_redis() {
     let redis = RedisServer::start();
-    let store = redis_store(&redis);
+    let store = common::redis_store(&redis);
     client_ip_networks(Arc::new(store));
 }
 
@@ -289,7 +262,7 @@ fn lockout_from_the_file_in_process() {
 #[test]
 fn lockout_from_the_file_on_redis() {
     let redis = RedisServer::start();
-    let store = redis_store(&redis);
+    let store = common::redis_store(&redis);
     lockout(Arc::new(store));
 }
 
@@ -404,7 +377,7 @@ fn every_field_takes_effect_on_reload_in_process() {
 #[test]
 fn every_field_takes_effect_on_reload_on_redis() {
     let redis = RedisServer::start();
-    every_field_takes_effect(Arc::new(redis_store(&redis)));
+    every_field_takes_effect(Arc::new(common::redis_store(&redis)));
 }
 
 /// The file's trusted proxies take effect on reload: the client address is read from `X-Forwarded-For` once the
@@ -430,7 +403,7 @@ fn trusted_proxies_take_effect_on_reload() {
 #[test]
 fn on_store_error_takes_effect_on_reload() {
     let mut redis = RedisServer::start();
-    let (addr, reloader) = serve(&one("", ""), Arc::new(redis_store(&redis)));
+    let (addr, reloader) = serve(&one("", ""), Arc::new(common::redis_store(&redis)));
     assert_eq!(statuses(addr, "k", 1), [200]);
     redis.kill();
     assert_eq!(statuses(addr, "k", 1), [503], "closed by default");
