@@ -293,8 +293,9 @@ fn reload_changes_l<St: Store>(reloader: &Reloader<St>, text: &str) {
     assert_eq!(report.changed, ["l"], "{report}");
 }
 
-/// Every field of a limiter (and the file's trusted proxies) takes effect on reload, over TCP: the key, routes,
-/// mode, exempt, overrides, lockout and cost-after; a key whose policy is unchanged keeps its state through each.
+/// Every field of a limiter takes effect on reload, over TCP: the key, routes, mode, exempt, overrides, cost,
+/// cost-after and lockout (the limit and period with them); a key whose policy is unchanged keeps its state
+/// through the key, routes, mode and exempt changes.
 fn every_field_takes_effect<St: Store>(store: Arc<St>) {
     let (addr, reloader) = serve(&one("", ""), store);
     assert_eq!(statuses(addr, "spent", 2), [200, 429]);
@@ -340,6 +341,15 @@ fn every_field_takes_effect<St: Store>(store: Arc<St>) {
     );
     assert_eq!(statuses(addr, "spent", 4), [200, 200, 200, 429]);
     assert_eq!(statuses(addr, "other", 2), [200, 429]);
+
+    // cost: 2 a request out of 4 admits two (the limit changes too: a new policy, fresh keys).
+    reload_changes_l(
+        &reloader,
+        &one("", "cost = 2").replace("limit = 1", "limit = 4"),
+    );
+    assert_eq!(statuses(addr, "costly", 3), [200, 200, 429]);
+    reload_changes_l(&reloader, &one("", "").replace("limit = 1", "limit = 4"));
+    assert_eq!(statuses(addr, "cheap", 5), [200, 200, 200, 200, 429]);
 
     // cost-after: `/refund` states a cost of 0, so each request is refunded. (A key's state across turning
     // cost-after on is not asserted: the in-process store keys such a limiter by text, the others by digest.)
