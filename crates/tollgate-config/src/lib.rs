@@ -207,7 +207,7 @@ pub fn axum<St: Store>(
 
 /// Builds the policy in `source` on `store` into a layer for a tonic server (`Server::builder().layer(..)`): keys
 /// are read from metadata (`header:`), the peer address (`client-ip`) and the method (`route`); limiters naming
-/// `methods` apply to those.
+/// `methods` apply to those. The file's `headers` does not apply here: gRPC answers carry every field as metadata.
 ///
 /// # Errors
 /// If the policy cannot be read (with the place and what was expected).
