@@ -255,6 +255,72 @@ fn sighup_reloads_on_redis() {
     sighup_reloads("redis", &["--redis-url", &redis.url()]);
 }
 
+/// The fields of both families on `reply`: (IETF `RateLimit-Policy`, GitHub-style `X-RateLimit-Limit`).
+fn families(reply: &Reply) -> (Option<&str>, Option<&str>) {
+    (
+        reply.header("ratelimit-policy"),
+        reply.header("x-ratelimit-limit"),
+    )
+}
+
+/// `headers = ...` edited and SIGHUP sent: the next responses, admitted and refused, write the new families, and
+/// the limiter (its policy unchanged) is kept with its keys' state.
+fn sighup_changes_the_header_families(name: &str, store_args: &[&str]) {
+    let file = TempFile::new(name);
+    file.write(&hourly(6, ""));
+    let mut server = Server::start(&file.0, store_args);
+    let policy = r#""per-key";q=3;w=3600"#;
+    assert_eq!(
+        families(&server.get("a")),
+        (Some(policy), Some("3")),
+        "all by default"
+    );
+
+    file.write(&(String::from("headers = [\"ietf\"]\n") + &hourly(6, "")));
+    assert_eq!(
+        server.reload(),
+        "reloaded the policy file: kept per-key; changed -; added -; removed -; new header families"
+    );
+    assert_eq!(families(&server.get("a")), (Some(policy), None));
+
+    file.write(&(String::from("headers = [\"github\"]\n") + &hourly(6, "")));
+    assert!(server.reload().ends_with("; new header families"));
+    let third = server.get("a");
+    assert_eq!(
+        third.status, 200,
+        "the key's state is kept: its third request"
+    );
+    assert_eq!(families(&third), (None, Some("3")));
+    assert_eq!(third.header("x-ratelimit-remaining"), Some("0"));
+    let refused = server.get("a");
+    assert_eq!(refused.status, 429);
+    assert_eq!(families(&refused), (None, Some("3")));
+
+    file.write(&(String::from("headers = [\"none\"]\n") + &hourly(6, "")));
+    assert!(server.reload().ends_with("; new header families"));
+    let refused = server.get("a");
+    assert_eq!(refused.status, 429);
+    assert_eq!(families(&refused), (None, None));
+    assert!(refused.header("retry-after").is_some(), "{refused:#?}");
+    assert_eq!(families(&server.get("b")), (None, None));
+
+    // Back to the default (no `headers`): both again.
+    file.write(&hourly(6, ""));
+    assert!(server.reload().ends_with("; new header families"));
+    assert_eq!(families(&server.get("b")), (Some(policy), Some("3")));
+}
+
+#[test]
+fn sighup_changes_the_header_families_in_process() {
+    sighup_changes_the_header_families("families-memory", &[]);
+}
+
+#[test]
+fn sighup_changes_the_header_families_on_redis() {
+    let redis = RedisServer::start();
+    sighup_changes_the_header_families("families-redis", &["--redis-url", &redis.url()]);
+}
+
 #[test]
 fn an_invalid_file_at_start_exits_non_zero_with_its_place() {
     let file = TempFile::new("invalid");

@@ -32,11 +32,13 @@
 //!
 //! Every table is closed: an unknown field is an error, as is a value of the wrong kind, each reported as
 //! `file:line:column: what was expected` ([`ConfigError`]). [`axum`] and [`tonic`] build a file into one layer for
-//! the router or the server and a [`Reloader`] that swaps in a new file's limiters without a restart: requests in
-//! flight finish under the old set, the next ones see the new one, and a limiter the new file leaves as it was
-//! keeps everything (its deny cache, its counters); a limiter whose policy is unchanged keeps its keys' state
-//! wherever it lives (the buckets are named `<limiter>#<policy>:<key>`), a changed policy starts its keys afresh.
-//! An invalid new file changes nothing and says why.
+//! the router or the server and a [`Reloader`] that swaps in a new file without a restart, every field of it (the
+//! header families too): requests in flight finish under the old set, the next ones see the new one, and a limiter
+//! the new file leaves as it was keeps everything (its deny cache, its counters); a limiter whose policy is
+//! unchanged keeps its keys' state wherever it lives (the buckets are named `<limiter>#<policy>:<key>`), a changed
+//! policy starts its keys afresh. One exception: on the in-process store, turning `cost-after` on or off also starts
+//! the limiter's keys afresh (a limiter charging after the response keys its buckets by their text, the others by
+//! digest). An invalid new file changes nothing and says why.
 //!
 //! Each limiter is a [`RateLimitLayer`](tollgate_tower::RateLimitLayer) with its key, cost, mode, failure policy
 //! and overrides, inside a [`RateLimitSetLayer`]: decided on the one
@@ -205,7 +207,7 @@ pub fn axum<St: Store>(
 
 /// Builds the policy in `source` on `store` into a layer for a tonic server (`Server::builder().layer(..)`): keys
 /// are read from metadata (`header:`), the peer address (`client-ip`) and the method (`route`); limiters naming
-/// `methods` apply to those.
+/// `methods` apply to those. The file's `headers` does not apply here: gRPC answers carry every field as metadata.
 ///
 /// # Errors
 /// If the policy cannot be read (with the place and what was expected).
@@ -311,8 +313,9 @@ pub struct Reloaded {
     pub added: Vec<String>,
     /// Limiters the new policy no longer has.
     pub removed: Vec<String>,
-    /// The new file asks for other response header families, which only a restart applies.
-    pub headers_need_restart: bool,
+    /// The response header families (`headers = ...`) are other than the old file's: the next responses write
+    /// the new ones.
+    pub headers_changed: bool,
 }
 
 impl fmt::Display for Reloaded {
@@ -332,8 +335,8 @@ impl fmt::Display for Reloaded {
             list(&self.added),
             list(&self.removed)
         )?;
-        if self.headers_need_restart {
-            f.write_str("; the header families change only with a restart")?;
+        if self.headers_changed {
+            f.write_str("; new header families")?;
         }
         Ok(())
     }
@@ -380,7 +383,7 @@ impl<St: Store> Reloader<St> {
         };
         let entries = built(&file.resolved, &inner.store, inner.protocol, old);
         let mut report = Reloaded {
-            headers_need_restart: state.resolved.headers != file.resolved.headers
+            headers_changed: state.resolved.headers != file.resolved.headers
                 && inner.protocol == Protocol::Http,
             ..Reloaded::default()
         };
@@ -405,6 +408,10 @@ impl<St: Store> Reloader<St> {
         inner
             .handle
             .replace(entries.iter().filter_map(|(_, e)| e.clone()));
+        if report.headers_changed {
+            // The set's responders write these from the next request on (gRPC answers write none).
+            inner.handle.set_headers(file.resolved.headers);
+        }
         *state = State {
             resolved: file.resolved,
             entries,

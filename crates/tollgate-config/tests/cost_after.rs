@@ -7,6 +7,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod common;
+
 use axum::Router;
 use axum::extract::Request;
 use axum::routing::get;
@@ -34,26 +36,7 @@ fn serve<St: Store>(policy: &str, store: Arc<St>) -> SocketAddr {
             }),
         )
         .layer(limits);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
-    listener.set_nonblocking(true).expect("non-blocking");
-    let addr = listener.local_addr().expect("its address");
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-            .expect("serve");
-        });
-    });
-    addr
+    common::serve_router(app)
 }
 
 /// A response's status and its headers (names lower-cased).
@@ -210,12 +193,7 @@ fn beside_another<St: Store>(store: Arc<St>) {
 
 fn private_redis() -> (RedisServer, Arc<RedisStore>) {
     let redis = RedisServer::start();
-    let store = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(RedisStore::builder(redis.url()).build())
-        .expect("the private Redis");
+    let store = common::redis_store(&redis);
     (redis, Arc::new(store))
 }
 

@@ -8,11 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+mod common;
+
 use axum::Router;
 use axum::routing::get;
 use tollgate_config::{Reloader, Source};
 use tollgate_core::{MemoryStore, Store};
-use tollgate_redis::RedisStore;
+use tollgate_testkit::http::{Reply, get as testkit_get};
 use tollgate_testkit::redis::RedisServer;
 
 /// Serves `/` behind `policy` on `store` on a loopback port, on a runtime of its own (dropped with the process).
@@ -21,26 +23,10 @@ fn serve<St: Store>(policy: &str, store: Arc<St>) -> (SocketAddr, Reloader<St>) 
         tollgate_config::axum(Source::text(policy, "policy.toml"), store).expect("a valid policy");
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
+        // States its real cost as 0: a limiter charging after the response refunds the request.
+        .route("/refund", get(|| async { ([("x-cost", "0")], "free") }))
         .layer(limits);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
-    listener.set_nonblocking(true).expect("non-blocking");
-    let addr = listener.local_addr().expect("its address");
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-            .expect("serve");
-        });
-    });
+    let addr = common::serve_router(app);
     (addr, reloader)
 }
 
@@ -192,12 +178,7 @@ fn reload_under_load_in_process() {
 #[test]
 fn reload_under_load_on_redis() {
     let redis = RedisServer::start();
-    let store = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(RedisStore::builder(redis.url()).build())
-        .expect("the private Redis");
+    let store = common::redis_store(&redis);
     reload_under_load(Arc::new(store));
 }
 
@@ -238,39 +219,15 @@ fn client_ip_networks_in_process() {
 #[test]
 fn client_ip_networks_on_redis() {
     let redis = RedisServer::start();
-    let store = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(RedisStore::builder(redis.url()).build())
-        .expect("the private Redis");
+    let store = common::redis_store(&redis);
     client_ip_networks(Arc::new(store));
 }
 
 /// The status and `Retry-After` of `GET /` with API key `key`.
 fn retry_after(addr: SocketAddr, key: &str) -> (u16, Option<u64>) {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    write!(
-        stream,
-        "GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-api-key: {key}\r\n\r\n"
-    )
-    .expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("a status");
-    let retry = response
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("retry-after:")
-                .map(|v| v.trim().to_owned())
-        })
-        .and_then(|v| v.parse().ok());
-    (status, retry)
+    let reply = ask(addr, "/", key, &[]);
+    let retry = reply.header("retry-after").and_then(|v| v.parse().ok());
+    (reply.status, retry)
 }
 
 fn lockout<St: Store>(store: Arc<St>) {
@@ -305,11 +262,159 @@ fn lockout_from_the_file_in_process() {
 #[test]
 fn lockout_from_the_file_on_redis() {
     let redis = RedisServer::start();
-    let store = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(RedisStore::builder(redis.url()).build())
-        .expect("the private Redis");
+    let store = common::redis_store(&redis);
     lockout(Arc::new(store));
+}
+
+/// `GET path` with API key `key` (and `extra` header fields).
+fn ask(addr: SocketAddr, path: &str, key: &str, extra: &[(&str, &str)]) -> Reply {
+    let mut headers = vec![("x-api-key", key)];
+    headers.extend_from_slice(extra);
+    testkit_get(addr, path, &headers)
+}
+
+/// The statuses of `n` requests for `/` with API key `key`.
+fn statuses(addr: SocketAddr, key: &str, n: usize) -> Vec<u16> {
+    (0..n).map(|_| ask(addr, "/", key, &[]).status).collect()
+}
+
+/// One limiter `l` of 1 an hour keyed by `x-api-key`, with `fields` added to its table (and `top` above it).
+fn one(top: &str, fields: &str) -> String {
+    format!(
+        "{top}\n[[limiter]]\nname = \"l\"\nkey = \"header:x-api-key\"\nlimit = 1\nperiod = \"1h\"\n{fields}\n"
+    )
+}
+
+/// Reloads `text`, which changes limiter `l` only.
+fn reload_changes_l<St: Store>(reloader: &Reloader<St>, text: &str) {
+    let report = reloader
+        .reload_from(Source::text(text, "policy.toml"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.changed, ["l"], "{report}");
+}
+
+/// Every field of a limiter takes effect on reload, over TCP: the key, routes, mode, exempt, overrides, cost,
+/// cost-after and lockout (the limit and period with them); a key whose policy is unchanged keeps its state
+/// through the key, routes, mode and exempt changes.
+fn every_field_takes_effect<St: Store>(store: Arc<St>) {
+    let (addr, reloader) = serve(&one("", ""), store);
+    assert_eq!(statuses(addr, "spent", 2), [200, 429]);
+
+    // key: one bucket for everyone now.
+    reload_changes_l(
+        &reloader,
+        &one("", "").replace("header:x-api-key", "global"),
+    );
+    assert_eq!(statuses(addr, "k1", 1), [200]);
+    assert_eq!(statuses(addr, "k2", 1), [429], "the global key is shared");
+    reload_changes_l(&reloader, &one("", ""));
+    assert_eq!(
+        statuses(addr, "spent", 1),
+        [429],
+        "back: the key kept its state"
+    );
+
+    // routes: the limiter leaves `/` alone, then decides it again.
+    reload_changes_l(&reloader, &one("", "routes = [\"/other/*\"]"));
+    assert_eq!(statuses(addr, "spent", 3), [200; 3]);
+    reload_changes_l(&reloader, &one("", "routes = [\"/\"]"));
+    assert_eq!(statuses(addr, "spent", 1), [429]);
+
+    // mode: shadow and off admit, enforce refuses again.
+    reload_changes_l(&reloader, &one("", "mode = \"shadow\""));
+    assert_eq!(statuses(addr, "spent", 2), [200; 2]);
+    reload_changes_l(&reloader, &one("", "mode = \"off\""));
+    assert_eq!(statuses(addr, "spent", 2), [200; 2]);
+    reload_changes_l(&reloader, &one("", "mode = \"enforce\""));
+    assert_eq!(statuses(addr, "spent", 1), [429]);
+
+    // exempt: the key is free while exempt.
+    reload_changes_l(&reloader, &one("", "exempt = [\"spent\"]"));
+    assert_eq!(statuses(addr, "spent", 3), [200; 3]);
+    reload_changes_l(&reloader, &one("", ""));
+    assert_eq!(statuses(addr, "spent", 1), [429]);
+
+    // overrides: the key's own plan (3 an hour, a new policy: fresh), the others' unchanged.
+    reload_changes_l(
+        &reloader,
+        &one("", "[[limiter.override]]\nkey = \"spent\"\nlimit = 3"),
+    );
+    assert_eq!(statuses(addr, "spent", 4), [200, 200, 200, 429]);
+    assert_eq!(statuses(addr, "other", 2), [200, 429]);
+
+    // cost: 2 a request out of 4 admits two (the limit changes too: a new policy, fresh keys).
+    reload_changes_l(
+        &reloader,
+        &one("", "cost = 2").replace("limit = 1", "limit = 4"),
+    );
+    assert_eq!(statuses(addr, "costly", 3), [200, 200, 429]);
+    reload_changes_l(&reloader, &one("", "").replace("limit = 1", "limit = 4"));
+    assert_eq!(statuses(addr, "cheap", 5), [200, 200, 200, 200, 429]);
+
+    // cost-after: `/refund` states a cost of 0, so each request is refunded. (A key's state across turning
+    // cost-after on is not asserted: the in-process store keys such a limiter by text, the others by digest.)
+    reload_changes_l(&reloader, &one("", "cost-after = \"header:x-cost\""));
+    for _ in 0..3 {
+        assert_eq!(ask(addr, "/refund", "refunded", &[]).status, 200);
+    }
+    reload_changes_l(&reloader, &one("", ""));
+    let charged: Vec<_> = (0..2)
+        .map(|_| ask(addr, "/refund", "charged", &[]).status)
+        .collect();
+    assert_eq!(charged, [200, 429], "without cost-after the cost is final");
+
+    // lockout: a denial now locks the key out for 2 hours, past its token's refill (1 an hour): the denial's
+    // Retry-After names the lockout's end, not the token's.
+    reload_changes_l(&reloader, &one("", "lockout = \"2h\""));
+    assert_eq!(retry_after(addr, "mallory").0, 200);
+    let (status, retry) = retry_after(addr, "mallory");
+    assert_eq!(status, 429);
+    assert!(
+        retry.is_some_and(|r| (7000..=7200).contains(&r)),
+        "Retry-After tells the lockout's end (a token alone would be back within 3600 s): {retry:?}"
+    );
+}
+
+#[test]
+fn every_field_takes_effect_on_reload_in_process() {
+    every_field_takes_effect(Arc::new(MemoryStore::new()));
+}
+
+#[test]
+fn every_field_takes_effect_on_reload_on_redis() {
+    let redis = RedisServer::start();
+    every_field_takes_effect(Arc::new(common::redis_store(&redis)));
+}
+
+/// The file's trusted proxies take effect on reload: the client address is read from `X-Forwarded-For` once the
+/// peer (loopback) is trusted, and not before.
+#[test]
+fn trusted_proxies_take_effect_on_reload() {
+    let file = |top: &str| one(top, "").replace("header:x-api-key", "client-ip");
+    let (addr, reloader) = serve(&file(""), Arc::new(MemoryStore::new()));
+    let from = |client: &str| ask(addr, "/", "any", &[("x-forwarded-for", client)]).status;
+    assert_eq!(from("192.0.2.1"), 200);
+    assert_eq!(
+        from("192.0.2.2"),
+        429,
+        "untrusted: both are the loopback peer"
+    );
+    reload_changes_l(&reloader, &file("trusted-proxies = [\"127.0.0.0/8\"]"));
+    assert_eq!(from("192.0.2.3"), 200);
+    assert_eq!(from("192.0.2.3"), 429);
+    assert_eq!(from("192.0.2.4"), 200, "each forwarded client its own key");
+}
+
+/// The failure policy takes effect on reload: with the store gone, `closed` refuses (503) and `open` admits.
+#[test]
+fn on_store_error_takes_effect_on_reload() {
+    let mut redis = RedisServer::start();
+    let (addr, reloader) = serve(&one("", ""), Arc::new(common::redis_store(&redis)));
+    assert_eq!(statuses(addr, "k", 1), [200]);
+    redis.kill();
+    assert_eq!(statuses(addr, "k", 1), [503], "closed by default");
+    reload_changes_l(&reloader, &one("", "on-store-error = \"open\""));
+    assert_eq!(statuses(addr, "k", 2), [200; 2]);
+    reload_changes_l(&reloader, &one("", "on-store-error = \"closed\""));
+    assert_eq!(statuses(addr, "k", 1), [503]);
 }

@@ -173,6 +173,11 @@ impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>
     type Error = Infallible;
     type Ticket = bool;
 
+    /// A reloaded policy file's header families.
+    fn with_header_families(self, headers: HeaderSet) -> Self {
+        self.with_headers(headers)
+    }
+
     fn prepare(&self, req: &mut Request<ReqBody>) -> bool {
         self.mark(req)
     }

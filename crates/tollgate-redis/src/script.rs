@@ -169,15 +169,9 @@ pub(crate) fn pinned() -> [&'static Script; 11] {
 /// (empty: the server's `TIME`).
 pub(crate) fn args(policy: &Policy, cost: u64, now: Option<Timestamp>) -> [String; 5] {
     let quota = policy.quota();
-    let now = now.map_or_else(String::new, |t| t.as_micros().to_string());
+    let now = now_arg(now);
     match policy.algorithm() {
-        Algorithm::TokenBucket => [
-            quota.token_bucket_token().to_string(),
-            quota.token_bucket_rate().to_string(),
-            quota.burst().to_string(),
-            cost.to_string(),
-            now,
-        ],
+        Algorithm::TokenBucket => token_bucket_args(&quota, cost.to_string(), now),
         Algorithm::SlidingWindowCounter => [
             quota.limit().to_string(),
             quota.period_micros().to_string(),
@@ -186,6 +180,23 @@ pub(crate) fn args(policy: &Policy, cost: u64, now: Option<Timestamp>) -> [Strin
             now,
         ],
     }
+}
+
+/// The injected time argument (empty: the server's `TIME`).
+fn now_arg(now: Option<Timestamp>) -> String {
+    now.map_or_else(String::new, |t| t.as_micros().to_string())
+}
+
+/// The token bucket's ARGV, a decision's and a charge's alike: the quota's derived integers, then `amount` (the
+/// cost, or the charge's delta) and the time.
+fn token_bucket_args(quota: &tollgate_core::Quota, amount: String, now: String) -> [String; 5] {
+    [
+        quota.token_bucket_token().to_string(),
+        quota.token_bucket_rate().to_string(),
+        quota.burst().to_string(),
+        amount,
+        now,
+    ]
 }
 
 /// The wrapped script's ARGV: the algorithm's, then the lockout (µs, 0: none) and whether to peek.
@@ -209,15 +220,10 @@ pub(crate) fn charge_args(
     now: Option<Timestamp>,
 ) -> [String; 5] {
     let quota = policy.quota();
-    let now = now.map_or_else(String::new, |t| t.as_micros().to_string());
+    let now = now_arg(now);
     match policy.algorithm() {
-        Algorithm::TokenBucket => [
-            quota.token_bucket_token().to_string(),
-            quota.token_bucket_rate().to_string(),
-            quota.burst().to_string(),
-            delta.to_string(),
-            now,
-        ],
+        // The same script arguments as a decision's, the delta in the cost's place.
+        Algorithm::TokenBucket => token_bucket_args(&quota, delta.to_string(), now),
         Algorithm::SlidingWindowCounter => [
             quota.limit().to_string(),
             quota.period_micros().to_string(),

@@ -49,6 +49,20 @@ pub trait Respond<Req, T> {
     /// What [`prepare`](Self::prepare) learns from the request, handed back to [`respond`](Self::respond).
     type Ticket;
 
+    /// This responder writing the response header families `headers` instead of its own: what a
+    /// [`RateLimitSet`](crate::limit::rate::RateLimitSet) answers with once its handle was given header families
+    /// ([`RateLimitSetHandle::set_headers`](crate::limit::rate::RateLimitSetHandle::set_headers), a policy file's
+    /// reload). Defaults to `self`, for a responder that writes no headers.
+    #[cfg(feature = "http")]
+    #[must_use]
+    fn with_header_families(self, headers: crate::headers::HeaderSet) -> Self
+    where
+        Self: Sized,
+    {
+        let _ = headers;
+        self
+    }
+
     /// Called once per request before it is decided and passed on.
     fn prepare(&self, req: &mut Req) -> Self::Ticket;
 

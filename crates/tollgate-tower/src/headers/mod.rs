@@ -90,6 +90,19 @@ impl HeaderSet {
         github: false,
     };
 
+    /// The families as two bits (a set's handle keeps the families it was given in one atomic byte).
+    pub(crate) const fn bits(self) -> u8 {
+        self.ietf as u8 | (self.github as u8) << 1
+    }
+
+    /// The families of [`bits`](Self::bits).
+    pub(crate) const fn from_bits(bits: u8) -> Self {
+        Self {
+            ietf: bits & 1 != 0,
+            github: bits & 2 != 0,
+        }
+    }
+
     /// The families of either set.
     #[must_use]
     pub const fn union(self, other: Self) -> Self {

@@ -49,6 +49,8 @@
 
 use std::fmt;
 use std::sync::Arc;
+#[cfg(feature = "http")]
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
@@ -134,7 +136,52 @@ impl<K, St, C, A> fmt::Debug for SetEntry<K, St, C, A> {
     }
 }
 
-type Entries<K, St, C, A> = ArcSwap<Vec<SetEntry<K, St, C, A>>>;
+/// A set's list of entries, as one request reads it.
+type List<K, St, C, A> = Arc<Vec<SetEntry<K, St, C, A>>>;
+
+/// What every service of a set reads per request: the entries, and the header families its handle was given.
+struct Entries<K, St, C, A> {
+    list: ArcSwap<Vec<SetEntry<K, St, C, A>>>,
+    /// [`HeaderSet::bits`](crate::headers::HeaderSet), or [`OWN_HEADERS`]: each responder's own.
+    #[cfg(feature = "http")]
+    headers: AtomicU8,
+}
+
+/// No header families given: each responder writes those it was built with.
+#[cfg(feature = "http")]
+const OWN_HEADERS: u8 = u8::MAX;
+
+impl<K, St, C, A> Entries<K, St, C, A> {
+    fn load(&self) -> arc_swap::Guard<List<K, St, C, A>> {
+        self.list.load()
+    }
+
+    /// `respond`, writing the header families the handle was given, if any.
+    #[inline(always)]
+    fn responder<Req, T, R: Respond<Req, T> + Clone>(&self, respond: &R) -> R {
+        #[cfg(feature = "http")]
+        {
+            // Relaxed: the families are one byte read on their own; a request that reads the old ones just
+            // before a reload answers as the requests before it did.
+            let bits = self.headers.load(Ordering::Relaxed);
+            if bits != OWN_HEADERS {
+                return reheadered(respond, bits);
+            }
+        }
+        respond.clone()
+    }
+}
+
+/// `respond` writing the header families of `bits`: out of line, so that a set never given any (built in code, or
+/// a file never reloaded with other families) pays one byte's load and compare per request.
+#[cfg(feature = "http")]
+#[cold]
+#[inline(never)]
+fn reheadered<Req, T, R: Respond<Req, T> + Clone>(respond: &R, bits: u8) -> R {
+    respond
+        .clone()
+        .with_header_families(crate::headers::HeaderSet::from_bits(bits))
+}
 
 /// Applies a replaceable set of rate limiters to a service: see the [module docs](self).
 #[must_use]
@@ -146,7 +193,11 @@ impl<K, St, C, A> RateLimitSetLayer<K, St, C, A> {
     /// A set deciding `entries`, in order.
     pub fn new(entries: impl IntoIterator<Item = SetEntry<K, St, C, A>>) -> Self {
         Self {
-            current: Arc::new(ArcSwap::from_pointee(entries.into_iter().collect())),
+            current: Arc::new(Entries {
+                list: ArcSwap::from_pointee(entries.into_iter().collect()),
+                #[cfg(feature = "http")]
+                headers: AtomicU8::new(OWN_HEADERS),
+            }),
         }
     }
 
@@ -205,7 +256,19 @@ pub struct RateLimitSetHandle<K, St, C, A> {
 impl<K, St, C, A> RateLimitSetHandle<K, St, C, A> {
     /// Decides every request from now on with `entries`; requests already decided are not touched.
     pub fn replace(&self, entries: impl IntoIterator<Item = SetEntry<K, St, C, A>>) {
-        self.current.store(Arc::new(entries.into_iter().collect()));
+        self.current
+            .list
+            .store(Arc::new(entries.into_iter().collect()));
+    }
+
+    /// Every service of the set answers from now on writing the response header families `headers`, in place of
+    /// those its responder was built with (`tollgate-http`'s `HttpRateLimitSetLayer::headers`): a policy file's
+    /// reload changes them with the limiters. A responder that writes no headers ([`Forward`]) ignores them.
+    #[cfg(feature = "http")]
+    pub fn set_headers(&self, headers: crate::headers::HeaderSet) {
+        self.current
+            .headers
+            .store(headers.bits(), Ordering::Relaxed);
     }
 
     /// The entries deciding requests now (to carry unchanged ones over into a replacement).
@@ -471,12 +534,10 @@ where
     }
 
     fn call(&mut self, mut req: Req) -> Self::Future {
-        let ticket = self.respond.prepare(&mut req);
-        let keep = self.respond.wants_verdict(&ticket);
-        let answer = SetAnswer {
-            respond: self.respond.clone(),
-            ticket,
-        };
+        let respond = self.current.responder(&self.respond);
+        let ticket = respond.prepare(&mut req);
+        let keep = respond.wants_verdict(&ticket);
+        let answer = SetAnswer { respond, ticket };
         if let Some(err) = self.not_ready.take() {
             return ResponseFuture::failed(err, answer);
         }
