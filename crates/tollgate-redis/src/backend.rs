@@ -87,14 +87,10 @@ impl managed::Manager for Manager {
     type Error = redis::RedisError;
 
     async fn create(&self) -> Result<Conn, redis::RedisError> {
-        let generation = self.generation.load(Ordering::Relaxed);
-        let mut conn = self.connector.connect(&self.config).await?;
-        load_scripts(&mut conn).await?;
-        Ok(Conn {
-            conn,
-            broken: Arc::new(AtomicBool::new(false)),
-            generation,
-        })
+        // Boxed: connecting (TLS, Sentinel) is a future of kilobytes, and deadpool's `get` holds `create`'s future
+        // inline, so unboxed it made every checkout's future (and so every decision's, moved into a box per
+        // request by the limiter) that large. A connection is made rarely; the box costs nothing per decision.
+        Box::pin(self.connect_new()).await
     }
 
     async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<redis::RedisError> {
@@ -105,6 +101,20 @@ impl managed::Manager for Manager {
         } else {
             Ok(())
         }
+    }
+}
+
+impl Manager {
+    /// A new connection to the current server, its scripts loaded.
+    async fn connect_new(&self) -> Result<Conn, redis::RedisError> {
+        let generation = self.generation.load(Ordering::Relaxed);
+        let mut conn = self.connector.connect(&self.config).await?;
+        load_scripts(&mut conn).await?;
+        Ok(Conn {
+            conn,
+            broken: Arc::new(AtomicBool::new(false)),
+            generation,
+        })
     }
 }
 
@@ -282,10 +292,15 @@ impl Backend {
         match self {
             #[cfg(feature = "deadpool-redis")]
             Self::Deadpool(pool) => {
-                let mut conn = pool.get().await.map_err(deadpool_error)?;
-                eval(&mut conn, script, key, args, read_only)
-                    .await
-                    .map_err(classify)
+                // Boxed: deadpool-redis's checkout holds its manager's connect inline (kilobytes), and this arm's
+                // future would size every backend's. That pool already costs a second round trip per decision.
+                Box::pin(async {
+                    let mut conn = pool.get().await.map_err(deadpool_error)?;
+                    eval(&mut conn, script, key, args, read_only)
+                        .await
+                        .map_err(classify)
+                })
+                .await
             }
             Self::Pooled(pool) => {
                 let result = match run_pooled(pool, script, key, args, read_only).await? {

@@ -240,7 +240,9 @@ impl<K, St: Store, C> Shared<K, St, C> {
             return self.conclude(result, &key, cost, mode, keep);
         };
         // A key whose cached denial has just expired is asked once; the others wait for that reply.
-        let flight = match deny.turn(&key, cost).await {
+        // Hashed once, for the turn and the record.
+        let digests = deny.key(&key);
+        let flight = match deny.turn(digests, cost).await {
             Turn::Refuse(decision) => {
                 return self.over_limit(self.shown(&key, cost, decision), mode, keep);
             }
@@ -250,7 +252,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         let sent = deny.now();
         let result = timed_async(self.store.check(&key, &self.policy, cost)).await;
         if let Ok(decision) = &result {
-            deny.record(&key, cost, sent, decision);
+            deny.record(digests, cost, sent, decision);
             if let Some(flight) = &flight {
                 flight.decided();
             }

@@ -457,6 +457,13 @@ enum Enter {
     Alone,
 }
 
+/// A key's two digests in a [`DenyTable`]: the entry's and the check against collisions of the first.
+#[derive(Clone, Copy)]
+pub(crate) struct KeyDigests {
+    digest: u64,
+    check: u64,
+}
+
 /// A request's turn at a key the deny cache may hold.
 pub(crate) enum Turn<'a> {
     /// Refuse it with this cached decision.
@@ -520,6 +527,12 @@ impl DenyTable {
         )
     }
 
+    /// The key's digests, for a request's [`turn`](Self::turn) and [`record`](Self::record): hashed once.
+    pub(crate) fn key(&self, key: &str) -> KeyDigests {
+        let (digest, check) = self.digests(key);
+        KeyDigests { digest, check }
+    }
+
     /// The cached denial of `key` for a request of `cost`, as the store would give it now; `None` when the
     /// store must be asked.
     pub(crate) fn lookup(&self, key: &str, cost: u64) -> Option<Decision> {
@@ -538,8 +551,8 @@ impl DenyTable {
     /// A request the synchronous [`lookup`](Self::lookup) did not answer: refused from an entry (one a flight it
     /// waited for brought), or asking the store — as the key's single flight when its entry has just expired,
     /// while the others wait for that reply (at most [`MAX_WAITS`] flights, each one store call).
-    pub(crate) async fn turn(&self, key: &str, cost: u64) -> Turn<'_> {
-        let (digest, check) = self.digests(key);
+    pub(crate) async fn turn(&self, key: KeyDigests, cost: u64) -> Turn<'_> {
+        let KeyDigests { digest, check } = key;
         let mut waits = 0;
         loop {
             match self.enter(digest, check, cost, waits < MAX_WAITS) {
@@ -596,7 +609,7 @@ impl DenyTable {
     /// Remembers the store's `decision` on `key` for a request of `cost` sent at local instant `sent`, if it is
     /// a denial that can be cached; any reply also tightens the bound on the clocks' offset an entry for the key
     /// keeps.
-    pub(crate) fn record(&self, key: &str, cost: u64, sent: u64, decision: &Decision) {
+    pub(crate) fn record(&self, key: KeyDigests, cost: u64, sent: u64, decision: &Decision) {
         if decision.is_allowed() {
             self.admitted(key, sent, decision);
             return;
@@ -604,7 +617,7 @@ impl DenyTable {
         let (Outcome::Limited, Some(retry)) = (decision.outcome, decision.retry_after) else {
             return;
         };
-        let (digest, check) = self.digests(key);
+        let KeyDigests { digest, check } = key;
         let now = self.now();
         let own = Offset::of(sent, decision);
         // The key's earlier replies (to the same server, which keeps one clock) may bound the offset tighter:
@@ -655,8 +668,8 @@ impl DenyTable {
     }
 
     /// The store admitted a request for `key`, sent at local instant `sent`.
-    fn admitted(&self, key: &str, sent: u64, decision: &Decision) {
-        let (digest, check) = self.digests(key);
+    fn admitted(&self, key: KeyDigests, sent: u64, decision: &Decision) {
+        let KeyDigests { digest, check } = key;
         let now = self.now();
         // A live entry goes: a cheaper request spent from the key, and the entry would still refuse exactly, but
         // with numbers (`remaining`, `reset`) the store no longer gives; the next costly request asks again. An
