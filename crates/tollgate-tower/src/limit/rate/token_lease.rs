@@ -148,6 +148,9 @@ pub const TOKEN_LEASE_LOCAL_TOTAL: &str = "tollgate_token_lease_local_total";
 /// Keys a lease table holds by default (hot and recently seen keys).
 pub const DEFAULT_LEASE_KEYS: usize = 1 << 14;
 
+/// How long a request waits for its key's fetch under way by default ([`LeaseConfig::wait`]).
+const DEFAULT_WAIT: Duration = Duration::from_secs(1);
+
 /// How long a failed fetch keeps the next one off, in µs.
 const RETRY_FAILED_MICROS: u64 = 100_000;
 
@@ -266,9 +269,11 @@ impl LeaseConfig {
         self
     }
 
-    /// The longest a request waits for the fetch under way when it finds its key's batch empty (default: a
-    /// batch's time, at least 10 ms, at most 1 s). A fetch that fails, or takes longer, leaves the request to the
-    /// layer's failure policy, as a store error or timeout on the plain path would.
+    /// The longest a request waits for the fetch under way when it finds its key's batch empty (default 1 s). A
+    /// fetch that fails, or takes longer, leaves the request to the layer's failure policy, as a store error or
+    /// timeout on the plain path would. The fetch is itself bounded by the store's timeout, and its failure
+    /// releases its waiters at once, so the default is only a backstop: a bound shorter than the store's timeout
+    /// would fail requests on a slow round trip that the plain path would have waited out and answered.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
@@ -298,9 +303,7 @@ impl LeaseConfig {
         let idle = self.idle.map_or(2 * epoch, |d| {
             u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
         });
-        let wait = self.wait.unwrap_or_else(|| {
-            Duration::from_micros(epoch).clamp(Duration::from_millis(10), Duration::from_secs(1))
-        });
+        let wait = self.wait.unwrap_or(DEFAULT_WAIT);
         let label = name.to_string();
         let inner = Arc::new(Inner {
             name: name.clone(),
