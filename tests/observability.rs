@@ -145,7 +145,10 @@ fn wait_released(redis: &RedisServer) {
                         n = n + redis.call('ZCARD', k) end return n";
     let deadline = Instant::now() + Duration::from_secs(30);
     while redis.cli(&["EVAL", HELD, "0"]) != "0" {
-        assert!(Instant::now() < deadline, "a concurrency lease was never released");
+        assert!(
+            Instant::now() < deadline,
+            "a concurrency lease was never released"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
