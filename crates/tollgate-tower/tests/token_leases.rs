@@ -15,7 +15,7 @@ use tollgate_core::{
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{RedisServer, cli_url, redis_url, unique_prefix};
 use tollgate_tower::{
-    BoxError, ConstKey, LeaseConfig, LeaseHandle, RateLimitLayer, Rejection, RejectionKind,
+    BoxError, ConstKey, CostFn, LeaseConfig, LeaseHandle, RateLimitLayer, Rejection, RejectionKind,
     VerdictSink, Verdicts,
 };
 use tower::{Service, ServiceExt, util::BoxCloneService};
@@ -487,6 +487,8 @@ struct Granting {
     grants: std::sync::Mutex<Vec<(u64, u64)>>,
     /// The store key the layer asks for (its limiter's name and the request's key).
     key: std::sync::Mutex<String>,
+    /// What each return gave back.
+    returned: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Store for Granting {
@@ -503,6 +505,9 @@ impl Store for Granting {
         let grant = self.clocked.lease_tokens(key, policy, request).await?;
         let at = self.clocked.clock.now().as_micros();
         self.grants.lock().unwrap().push((at, grant.granted));
+        if request.end {
+            self.returned.lock().unwrap().push(request.unspent);
+        }
         Ok(grant)
     }
     fn is_shared(&self) -> bool {
@@ -542,6 +547,7 @@ async fn a_leased_lockout_policy_locks_a_hot_key_out_exactly_through_two_instanc
         },
         grants: std::sync::Mutex::default(),
         key: std::sync::Mutex::default(),
+        returned: std::sync::Mutex::default(),
     });
     let mut instances: Vec<(Svc, LeaseHandle)> = (0..2)
         .map(|_| {
@@ -842,4 +848,86 @@ async fn a_flooded_sliding_window_admits_its_limit_in_every_window() {
     for (_, h) in &instances {
         h.shutdown().await;
     }
+}
+
+/// An instance that learns a lockout from the store's denial stops spending the batch it still holds: a request
+/// its batch could pay is refused too, until the lockout's end (the batch goes back on shutdown).
+#[tokio::test]
+async fn an_instance_denied_under_a_lockout_stops_spending_its_batch() {
+    let redis = Arc::new(
+        RedisStore::builder(redis_url())
+            .namespace(unique_prefix("lease-lockout-learned"))
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap(),
+    );
+    let clock = ManualClock::new(start());
+    let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(100).unwrap())
+        .with_lockout(Duration::from_secs(60))
+        .unwrap();
+    let store = Arc::new(Granting {
+        clocked: Clocked {
+            redis,
+            clock: clock.clone(),
+            calls: AtomicUsize::new(0),
+        },
+        grants: std::sync::Mutex::default(),
+        key: std::sync::Mutex::default(),
+        returned: std::sync::Mutex::default(),
+    });
+    let layer = RateLimitLayer::new("leased", policy, store.clone(), ConstKey::new("hot"))
+        .cost(CostFn::new(|cost: &u64| *cost))
+        .deny_cache(false)
+        .leases(LeaseConfig::new().clock(clock.clone()));
+    let handle = layer.lease_handle();
+    let mut svc: BoxCloneService<u64, Reply, BoxError> = BoxCloneService::new(
+        tower::ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(|_: u64| async { Ok::<_, BoxError>(Reply::default()) }),
+    );
+    // Hot, with a batch in hand (fetched ahead: at least half a batch is held after each take).
+    for _ in 0..30 {
+        clock.advance(Duration::from_millis(1));
+        handle.settled().await;
+        svc.ready().await.unwrap().call(1).await.unwrap();
+    }
+    handle.settled().await;
+    assert!(handle.local_admissions() > 0, "no batch");
+    // Another client empties the bucket on the plain path (no denial: no lockout yet).
+    let key = store.key.lock().unwrap().clone();
+    loop {
+        let d = store.clocked.check(&key, &policy, 1).await.unwrap();
+        assert!(d.is_allowed());
+        if d.remaining == 0 {
+            break;
+        }
+    }
+    // A request the batch cannot pay goes to the store, whose denial starts the lockout.
+    let Err(err) = svc.ready().await.unwrap().call(50).await else {
+        panic!("a cost of 50 on an empty bucket was admitted");
+    };
+    let rejection = err.downcast_ref::<Rejection>().expect("a rejection");
+    assert_eq!(rejection.kind(), RejectionKind::RateLimited);
+    assert_eq!(rejection.retry_after(), Some(Duration::from_secs(60)));
+    // A request the batch could pay is refused as well, until the lockout's end.
+    clock.advance(Duration::from_millis(1));
+    let Err(err) = svc.ready().await.unwrap().call(1).await else {
+        panic!("admitted from the batch during the lockout");
+    };
+    let retry = err
+        .downcast_ref::<Rejection>()
+        .unwrap()
+        .retry_after()
+        .unwrap();
+    assert!(
+        retry > Duration::from_secs(59) && retry < Duration::from_secs(60),
+        "retry after {retry:?}"
+    );
+    handle.shutdown().await;
+    let returned: u64 = store.returned.lock().unwrap().iter().sum();
+    assert!(
+        returned > 0,
+        "the instance held no batch: the test shows nothing"
+    );
 }
