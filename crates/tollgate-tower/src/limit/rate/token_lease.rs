@@ -48,7 +48,9 @@
 //!   tokens were debited from the bucket (or counted in the window) when they were granted, before the lockout
 //!   began, so the fleet's bound is the plain path's — `burst + rate × T` — and the admissions after the denial
 //!   are at most the batches outstanding at that instant (each at most `share_percent` of the burst), never a
-//!   token granted during the lockout.
+//!   token granted during the lockout. Counted at their grant, the fleet's admissions are what the plain path with
+//!   the lockout admits: at most `burst + rate × (t − t0)` up to the denial at t, none after (the store's first
+//!   denial comes no later than the plain path's would: leased tokens only make it come sooner).
 //!
 //! # Why the fleet stays exact
 //!
@@ -654,7 +656,8 @@ impl<St: Store> LeaseTable<St> {
             {
                 // Under a lockout policy the store's refusal is a lockout (started or reported) until at least
                 // `retry`: refused here until then, the batch included, with no store call.
-                let until = (now + u64::try_from(retry.as_micros()).unwrap_or(u64::MAX))
+                let until = now
+                    .saturating_add(u64::try_from(retry.as_micros()).unwrap_or(u64::MAX))
                     .saturating_sub(inner.margin);
                 e.denied_until = e.denied_until.max(until);
                 e.next_fetch = e.next_fetch.max(until);
