@@ -1,7 +1,8 @@
 -- Store operations around a decision script: peek (decide, write nothing) and lockouts. tollgate-redis embeds
 -- prelude.lua, this file, an algorithm script (token_bucket.lua or sliding_window.lua) and ops_close.lua, in that
 -- order: the algorithm's body becomes the function `decide_unlocked` below, run once, so that these operations
--- share its every line instead of copying them. The Rust twin is crates/tollgate-core/src/algorithm/lockout.rs.
+-- share its every line instead of copying them. (token_bucket.lua's lease book, token_leases.lua, comes first in
+-- that body, so that its writes go through the wrapper below as well.) The Rust twin is crates/tollgate-core/src/algorithm/lockout.rs.
 --
 -- ARGV     the algorithm's own arguments (its ARGV[5] is the injected time), then:
 -- ARGV[n-1] lockout  µs a denial locks the key for (0: none)
@@ -22,7 +23,7 @@ end
 -- and its writes are skipped. (Under EVALSHA_RO a write that slipped through would fail the script, not write.)
 local ops_server = redis
 local ops_writes = true
-local ops_reads = { HMGET = true, HGET = true, TIME = true, PTTL = true }
+local ops_reads = { HMGET = true, HGET = true, HGETALL = true, TIME = true, PTTL = true }
 local redis = setmetatable({
   call = function(command, ...)
     if ops_writes or ops_reads[command] then

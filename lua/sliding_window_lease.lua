@@ -12,6 +12,9 @@
 -- ARGV[6]  from      the start of the window those were granted in (µs); they come off that window's count if it
 --                    is the current or the previous one, and are forgotten with it otherwise
 -- ARGV[7]  now       µs since the epoch; empty: the server's TIME
+-- ARGV[8]  lockout   the policy's lockout in µs (0: none, and a stored lockout is ignored): a locked key grants
+--                    nothing (the call is made with want 0) and answers as a refused request would, its
+--                    lockout's end in reset and retry (crates/tollgate-core/src/algorithm/lockout.rs, `lease`)
 --
 -- Returns {granted, remaining, reset_us, retry_after_us, now_us, window_end_us}: a batch is spent before
 -- window_end_us (the end of the window it is counted in); retry_after_us (-1 when everything wanted was
@@ -31,12 +34,18 @@ local returned = tonumber(ARGV[5])
 local from = tonumber(ARGV[6])
 local ticks = idiv(period, tick)
 local now, min_ttl_ms = decision_time(ARGV[7])
+local lockout = tonumber(ARGV[8])
 
 -- As sliding_window.lua: after a clock step back the window decides as of its stored start.
 local server_now = now
 local start = now - imod(now, period)
 local previous, current = 0, 0
-local stored = redis.call('HMGET', key, 'window_start', 'previous', 'current')
+local stored = redis.call('HMGET', key, 'window_start', 'previous', 'current', 'locked_until')
+local locked_until = 0
+if lockout > 0 and stored[4] and tonumber(stored[4]) > now then
+  locked_until = tonumber(stored[4])
+  want = 0
+end
 if stored[1] then
   local window_start = tonumber(stored[1])
   if window_start > start then
@@ -95,6 +104,11 @@ else
 end
 if changed and (reset > now or stored[1]) then
   redis.call('HSET', key, 'window_start', int(start), 'previous', int(previous), 'current', int(current))
-  redis.call('PEXPIRE', key, int(math.max(div_ceil(reset - server_now, 1000), min_ttl_ms)))
+  -- The key lives at least until its lockout ends.
+  redis.call('PEXPIRE', key, int(math.max(div_ceil(math.max(reset, locked_until) - server_now, 1000), min_ttl_ms)))
+end
+if locked_until > 0 then
+  -- Refused as a request is during the lockout (want is 0: no retry of its own).
+  remaining, reset, retry = 0, math.max(reset, locked_until), locked_until - server_now
 end
 return {granted, remaining, reset, retry, server_now, start + period}

@@ -13,6 +13,9 @@
 -- ARGV[8]  ttl       the lease's lifetime in µs: the caller spends nothing of it from its send instant + ttl on
 -- ARGV[9]  end       1: return the unspent tokens and drop the record
 -- ARGV[10] now       µs since the epoch; empty: the server's TIME
+-- ARGV[11] lockout   the policy's lockout in µs (0: none, and a stored lockout is ignored): a locked key grants
+--                    nothing (the call is made with want 0) and answers as a refused request would, its
+--                    lockout's end in reset and retry (crates/tollgate-core/src/algorithm/lockout.rs, `lease`)
 --
 -- Returns {granted, remaining, reset_us, retry_after_us, now_us, deadline_us, stale}: remaining is the bucket's
 -- content after the grant (tokens no instance holds), retry_after_us (-1 when everything wanted was granted) is
@@ -30,10 +33,17 @@ local unspent = tonumber(ARGV[7])
 local ttl = tonumber(ARGV[8])
 local ending = ARGV[9] == '1'
 local now, min_ttl_ms = decision_time(ARGV[10])
+local lockout = tonumber(ARGV[11])
 
 local capacity = burst * token
 local full_at, remainder = now, 0
-local stored = redis.call('HMGET', key, 'full_at', 'remainder', 'leased', 'lease_n', 'lease_due', 'lease_end', field)
+local stored = redis.call('HMGET', key, 'full_at', 'remainder', 'leased', 'lease_n', 'lease_due', 'lease_end', field,
+  'locked_until')
+local locked_until = 0
+if lockout > 0 and stored[8] and tonumber(stored[8]) > now then
+  locked_until = tonumber(stored[8])
+  want = 0
+end
 if stored[1] and tonumber(stored[1]) > now then
   full_at, remainder = tonumber(stored[1]), tonumber(stored[2])
 end
@@ -89,11 +99,18 @@ local wait = div_ceil(deficit, rate)
 full_at, remainder = now + wait, wait * rate - deficit
 redis.call('HSET', key, 'full_at', int(full_at), 'remainder', int(remainder))
 write_book(key, book)
-redis.call('PEXPIRE', key, int(math.max(div_ceil(keep_until(full_at, book, token, rate) - now, 1000), min_ttl_ms)))
+-- The key lives at least until its lockout ends.
+redis.call('PEXPIRE', key, int(math.max(div_ceil(math.max(keep_until(full_at, book, token, rate), locked_until) - now,
+  1000), min_ttl_ms)))
 
 local retry = -1
 if granted < want and not ending and stale == 0 then
   -- Earliest t with deficit - (t - now) * rate <= capacity - want * token.
   retry = div_ceil(deficit - (capacity - want * token), rate)
 end
-return {granted, idiv(capacity - deficit, token), full_at, retry, now, deadline, stale}
+local remaining, reset = idiv(capacity - deficit, token), full_at
+if locked_until > 0 and not ending and stale == 0 then
+  -- Refused as a request is during the lockout (want is 0: no retry of its own).
+  remaining, reset, retry = 0, math.max(full_at, locked_until), locked_until - now
+end
+return {granted, remaining, reset, retry, now, deadline, stale}

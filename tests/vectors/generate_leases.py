@@ -14,8 +14,15 @@ changes nothing.
 
 sliding window: a lease adds the most slots k <= want that keep estimate + k <= limit to the current window; a
 return takes unspent slots off the window they were granted in (current or previous).
+
+lockouts (a case's lockout_us): a plain request denied starts one (the key is refused until then: remaining 0,
+reset and retry no earlier than its end; a refused request changes nothing, leases' sweep included). A lease call
+on a locked key grants nothing: it is made with want 0 (a report or a return still applies) and answers as a
+refused request would (remaining 0, reset no earlier than the end, retry until the end); a token bucket's return
+answers as it is. A lease call never starts a lockout.
 Run: python3 tests/vectors/generate_leases.py
 """
+import copy
 import json
 import random
 from fractions import Fraction
@@ -119,22 +126,61 @@ class LeasedWindow(SlidingWindow):
         return out
 
 
-def run(name, algorithm, limit, period, ops, burst=None):
-    model = LeasedBucket(limit, period, burst or limit) if algorithm == "token_bucket" else LeasedWindow(limit, period)
+class Lockout:
+    """A lockout around a leased model (see the rules above); lockout 0: none."""
+
+    def __init__(self, model, lockout):
+        self.model, self.lockout, self.until = model, lockout, 0
+
+    def locked(self, t):
+        return self.lockout > 0 and self.until > t
+
+    def check(self, t, cost):
+        saved = copy.deepcopy(self.model.__dict__)
+        out = self.model.check(t, cost)
+        locked = self.locked(t)
+        if locked:
+            self.model.__dict__ = saved
+        if out["outcome"] == "cost_exceeds_capacity":
+            return out
+        if locked:
+            return {"outcome": "limited", "remaining": 0, "reset_us": max(out["reset_us"], self.until),
+                    "retry_after_us": max(out.get("retry_after_us", 0), self.until - t)}
+        if out["outcome"] == "limited" and self.lockout:
+            self.until = t + self.lockout
+            return {"outcome": "limited", "remaining": 0, "reset_us": max(out["reset_us"], self.until),
+                    "retry_after_us": max(out["retry_after_us"], self.lockout)}
+        return out
+
+    def lease(self, t, instance, seq, want, unspent, extra, end, ends):
+        locked = self.locked(t)
+        out = self.model.lease(t, instance, seq, 0 if locked else want, unspent, extra, end)
+        if locked and not out["stale"] and not ends:
+            out["remaining"], out["reset_us"] = 0, max(out["reset_us"], self.until)
+            out["retry_after_us"] = self.until - t
+        return out
+
+
+def run(name, algorithm, limit, period, ops, burst=None, lockout=0):
+    inner = LeasedBucket(limit, period, burst or limit) if algorithm == "token_bucket" else LeasedWindow(limit, period)
+    model = Lockout(inner, lockout)
     steps = []
     for op in ops:
         at = op["at_us"]
         if op["op"] == "check":
             expected = model.check(at, op["cost"])
         elif algorithm == "token_bucket":
-            expected = model.lease(at, op["instance"], op["seq"], op["want"], op["unspent"], op["ttl_us"], op["end"])
+            expected = model.lease(at, op["instance"], op["seq"], op["want"], op["unspent"], op["ttl_us"], op["end"],
+                                   op["end"])
         else:
             expected = model.lease(at, op["instance"], op["seq"], op["want"], op["unspent"], op["window_start_us"],
-                                   op["end"])
+                                   op["end"], False)
         steps.append({**op, "expect": expected})
     case = {"name": name, "algorithm": algorithm, "limit": limit, "period_us": period, "steps": steps}
     if burst is not None:
         case["burst"] = burst
+    if lockout:
+        case["lockout_us"] = lockout
     return case
 
 
@@ -213,6 +259,31 @@ def cases():
               random_ops(13, 160, 50_000, 3, 10, S, window=S))
     yield run("sw lease: random traffic, 2 instances, 15 per 2 s", sw, 15, 2 * S,
               random_ops(14, 160, 120_000, 2, 6, S, window=2 * S))
+
+    yield run("tb lockout: a locked key grants no lease until the lockout ends, and says when", tb, 10, S,
+              [lease(T0, 1, 1, 8), check(T0, 2), check(T0 + 1), lease(T0 + 100, 2, 1, 5), lease(T0 + S, 1, 2, 5),
+               check(T0 + 2 * S), lease(T0 + 5 * S - 1, 2, 2, 5), lease(T0 + 5 * S, 2, 3, 5), check(T0 + 5 * S, 5),
+               check(T0 + 5 * S, 1)], lockout=5 * S)
+    yield run("tb lockout: reports and returns still apply while locked", tb, 10, S,
+              [lease(T0, 1, 1, 6, ttl=10 * S), lease(T0, 2, 1, 4, ttl=10 * S), check(T0), check(T0 + 1),
+               lease(T0 + 10, 1, 2, 3, unspent=4, ttl=10 * S), lease(T0 + 20, 2, 2, 0, unspent=4, end=True),
+               check(T0 + 30), lease(T0 + 3 * S, 1, 3, 5, unspent=1, ttl=10 * S), check(T0 + 3 * S, 3)],
+              lockout=2 * S)
+    yield run("tb lockout: a refusal while locked sweeps no expired lease", tb, 10, S,
+              [lease(T0, 1, 1, 6, ttl=S // 2), check(T0, 4), check(T0 + 1), check(T0 + S), check(T0 + 2 * S + 1),
+               check(T0 + 2 * S + 1, 4)], lockout=2 * S)
+    yield run("tb lockout: a stale call while locked changes nothing", tb, 10, S,
+              [lease(T0, 1, 2, 10), check(T0), lease(T0 + 1, 1, 1, 5), lease(T0 + 2, 1, 3, 5, unspent=4)],
+              lockout=S)
+    yield run("sw lockout: a locked window grants no slots, returns still apply", sw, 10, S,
+              [lease(T0 + 100_000, 1, 1, 8), check(T0 + 100_000, 2), check(T0 + 200_000),
+               lease(T0 + 300_000, 1, 2, 4, unspent=3, window_start=T0), check(T0 + S + 500_000),
+               lease(T0 + 2 * S + 199_999, 2, 1, 4), lease(T0 + 2 * S + 200_000, 2, 2, 4),
+               check(T0 + 2 * S + 200_000)], lockout=2 * S)
+    yield run("tb lockout: random traffic, 3 instances, 20 per second, 300 ms lockouts", tb, 20, S,
+              random_ops(15, 200, 30_000, 3, 8, 200_000), lockout=300_000)
+    yield run("sw lockout: random traffic, 2 instances, 12 per second, 400 ms lockouts", sw, 12, S,
+              random_ops(16, 200, 40_000, 2, 6, S, window=S), lockout=400_000)
 
 
 def main():

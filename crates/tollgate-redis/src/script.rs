@@ -31,11 +31,12 @@ pub const SLIDING_WINDOW_LUA: &str = concat!(
 );
 
 /// `lua/token_bucket.lua` wrapped in the store operations (`lua/ops_open.lua`, `lua/ops_close.lua`: peek and
-/// lockouts), after `lua/prelude.lua`.
+/// lockouts), after `lua/prelude.lua`. The lease book's functions (`lua/token_leases.lua`) open the wrapped body,
+/// so that their writes go through the wrapper too: a peek or a locked key's refusal sweeps no lease.
 pub const TOKEN_BUCKET_OPS_LUA: &str = concat!(
     include_str!("../lua/prelude.lua"),
-    include_str!("../lua/token_leases.lua"),
     include_str!("../lua/ops_open.lua"),
+    include_str!("../lua/token_leases.lua"),
     include_str!("../lua/token_bucket.lua"),
     include_str!("../lua/ops_close.lua")
 );

@@ -33,6 +33,7 @@ fn args(policy: &Policy, request: &TokenLeaseRequest, now: Option<Timestamp>) ->
                 .to_string(),
             u8::from(request.end).to_string(),
             now,
+            policy.lockout_micros().to_string(),
         ],
         Algorithm::SlidingWindowCounter => vec![
             quota.limit().to_string(),
@@ -42,6 +43,7 @@ fn args(policy: &Policy, request: &TokenLeaseRequest, now: Option<Timestamp>) ->
             request.unspent.min(1 << 52).to_string(),
             request.window_start.min(1 << 53).to_string(),
             now,
+            policy.lockout_micros().to_string(),
         ],
     }
 }

@@ -167,6 +167,9 @@ pub struct LeaseCase {
     /// Token bucket capacity (defaults to `limit`).
     #[serde(default)]
     pub burst: Option<u64>,
+    /// The lockout a denial starts, µs (none when absent).
+    #[serde(default)]
+    pub lockout_us: Option<u64>,
     /// The calls, in order.
     pub steps: Vec<LeaseStep>,
 }
@@ -234,7 +237,7 @@ impl LeaseCase {
             limit: self.limit,
             period_us: self.period_us,
             burst: self.burst,
-            lockout_us: None,
+            lockout_us: self.lockout_us,
             steps: Vec::new(),
         }
         .policy()

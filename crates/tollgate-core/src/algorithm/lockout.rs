@@ -23,7 +23,8 @@
 use std::time::Duration;
 
 use super::Step;
-use crate::{Decision, Outcome};
+use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
+use crate::{Decision, Outcome, Timestamp};
 
 /// An algorithm's state with the instant its lockout ends (0, or any instant passed: not locked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -95,6 +96,42 @@ pub fn decide<S: Copy + Default>(
             locked_until,
         }),
     }
+}
+
+/// Answers a token lease call with `inner` (the algorithm's lease, called once) on a key whose lockout ends at
+/// `locked_until`, under a lockout of `lockout_us` (0: none, and a stored end is ignored). Mirrored by the lockout
+/// lines of `lua/token_bucket_lease.lua` and `lua/sliding_window_lease.lua`.
+///
+/// A locked key grants nothing: the call is made with `want` 0 (a report of what is left, or a return, is still
+/// applied: tokens go back, never out) and answers as a refused request would: nothing remains, the reset is no
+/// earlier and the retry no sooner than the lockout's end. A lease call never starts a lockout: it refuses no
+/// request (a short grant sends the instance's requests to the plain path, whose denial starts it). `ends`: the
+/// call ends the lease (a token bucket's return, `request.end`; a sliding window's calls never do), and is answered
+/// as it is.
+pub fn lease<T>(
+    ends: bool,
+    locked_until: u64,
+    lockout_us: u64,
+    request: &TokenLeaseRequest,
+    now: Timestamp,
+    inner: impl FnOnce(&TokenLeaseRequest) -> (TokenLeaseGrant, T),
+) -> (TokenLeaseGrant, T) {
+    let at = now.min(Timestamp::LATEST).as_micros();
+    if lockout_us == 0 || locked_until <= at {
+        return inner(request);
+    }
+    let refused = TokenLeaseRequest {
+        want: 0,
+        ..*request
+    };
+    let (mut grant, state) = inner(&refused);
+    if !grant.stale && !ends {
+        let retry = grant.retry_after.map_or(0, |r| r.as_micros() as u64);
+        grant.remaining = 0;
+        grant.reset = grant.reset.max(Timestamp::from_micros(locked_until));
+        grant.retry_after = Some(Duration::from_micros(retry.max(locked_until - at)));
+    }
+    (grant, state)
 }
 
 /// A refusal until `until` at the latest: nothing remains, the reset is no earlier, the retry no sooner.

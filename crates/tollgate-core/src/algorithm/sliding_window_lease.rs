@@ -10,6 +10,10 @@
 //! - **A return** takes unspent slots off the count of the window they were granted in, if that is still the
 //!   current or the previous window (older counts no longer matter), never below zero.
 //!
+//! - **A lockout** ([`lockout::lease`](super::lockout::lease)): a lease call on a locked key grants nothing
+//!   (returns still apply) and answers with the lockout's end; batches counted before it are spent in their
+//!   window.
+//!
 //! # Why it is exact
 //!
 //! The sliding window counter's state is per window: a request counted at t0 and one counted at t' in the same

@@ -17,6 +17,10 @@
 //! - **A return** gives back `u = min(reported unspent, record)`: C += u, O −= record, the record is dropped.
 //! - **A plain request** ([`decide`]) is the token bucket's own decision on the floored content; it sweeps
 //!   expired records too, so a crashed instance's lease ends even if only plain requests follow.
+//! - **A lockout** ([`lockout::lease`](super::lockout::lease)): a lease call on a locked key is made with
+//!   `want` 0 (nothing granted; a report or a return still applies) and answers with the lockout's end; a refusal
+//!   of a locked key writes nothing, the book's sweep included. Lease calls never start a lockout (plain denials
+//!   do), and the batches granted before it are spent: their tokens left the bucket before the lockout began.
 //! - **The instance** stops spending a batch at its own send instant + ttl (minus a clock-drift margin): that is
 //!   before the store's deadline (the store received the call later), so a record never expires while its
 //!   holder may still spend from it. Calls carry increasing numbers, and a call not above its record's is

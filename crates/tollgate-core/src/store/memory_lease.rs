@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use super::memory::{BucketEntry, MemoryStore, WindowEntry, WithLockout, lock};
 use crate::algorithm::Step;
-use crate::algorithm::lockout;
+use crate::algorithm::lockout::{self, Locked};
 use crate::algorithm::sliding_window_lease;
 use crate::algorithm::token_bucket_lease::{self, LeaseBook};
 use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
@@ -78,14 +78,36 @@ impl<C: Clock> MemoryStore<C> {
         let now = now.min(Timestamp::LATEST);
         let mut grant = None;
         let (bound, log) = self.bound_and_log();
+        let lockout = policy.lockout_micros();
         match policy.algorithm() {
             Algorithm::SlidingWindowCounter => {
-                // A lease neither reads nor sets a lockout (the key's end, if any, stays as it is).
-                lock(self.shard(hash)).apply::<WindowEntry, _>(hash, now, bound, log, |s| {
-                    let (g, state) = sliding_window_lease::lease(s, policy, request, now);
-                    grant = Some(g);
-                    as_step(&g, state)
-                })?;
+                // A lease reads the key's lockout (a locked key grants nothing) and never sets one.
+                lock(self.shard(hash)).apply::<WindowEntry, _>(
+                    hash,
+                    now,
+                    bound,
+                    log,
+                    WithLockout(|s: Option<Locked<_>>| {
+                        let locked_until = s.map_or(0, |s| s.locked_until);
+                        let (g, state) =
+                            lockout::lease(false, locked_until, lockout, request, now, |request| {
+                                sliding_window_lease::lease(
+                                    s.map(|s| s.state),
+                                    policy,
+                                    request,
+                                    now,
+                                )
+                            });
+                        grant = Some(g);
+                        as_step(
+                            &g,
+                            state.map(|state| Locked {
+                                state,
+                                locked_until,
+                            }),
+                        )
+                    }),
+                )?;
             }
             Algorithm::TokenBucket => {
                 // The books' lock, then the shard's: the order every token bucket call takes them in.
@@ -97,12 +119,40 @@ impl<C: Clock> MemoryStore<C> {
                 }
                 self.leases.active.store(true, Ordering::Release);
                 let book = books.entry(hash).or_default();
-                lock(self.shard(hash)).apply::<BucketEntry, _>(hash, now, bound, log, |s| {
-                    let (g, state) =
-                        token_bucket_lease::lease(s, book, &policy.quota(), request, now);
-                    grant = Some(g);
-                    as_step(&g, Some(state))
-                })?;
+                lock(self.shard(hash)).apply::<BucketEntry, _>(
+                    hash,
+                    now,
+                    bound,
+                    log,
+                    WithLockout(|s: Option<Locked<_>>| {
+                        let locked_until = s.map_or(0, |s| s.locked_until);
+                        let (g, state) = lockout::lease(
+                            request.end,
+                            locked_until,
+                            lockout,
+                            request,
+                            now,
+                            |request| {
+                                let quota = policy.quota();
+                                token_bucket_lease::lease(
+                                    s.map(|s| s.state),
+                                    book,
+                                    &quota,
+                                    request,
+                                    now,
+                                )
+                            },
+                        );
+                        grant = Some(g);
+                        as_step(
+                            &g,
+                            Some(Locked {
+                                state,
+                                locked_until,
+                            }),
+                        )
+                    }),
+                )?;
                 if book.is_empty() {
                     books.remove(&hash);
                 }
@@ -133,9 +183,21 @@ impl<C: Clock> MemoryStore<C> {
             bound,
             log,
             WithLockout(|s| {
-                lockout::decide(s, lockout, |s| {
-                    token_bucket_lease::decide(s, book, policy.quota_ref(), cost, now)
-                })
+                if lockout == 0 {
+                    return lockout::decide(s, lockout, |s| {
+                        token_bucket_lease::decide(s, book, policy.quota_ref(), cost, now)
+                    });
+                }
+                // A refusal while locked writes nothing, the book's sweep included (as `lua/ops_close.lua`
+                // skips every write of a locked key): the sweep is kept only with a state to write.
+                let mut swept = book.clone();
+                let step = lockout::decide(s, lockout, |s| {
+                    token_bucket_lease::decide(s, &mut swept, policy.quota_ref(), cost, now)
+                });
+                if step.state.is_some() {
+                    *book = swept;
+                }
+                step
             }),
         )?;
         if books.get(&hash).is_some_and(LeaseBook::is_empty) {

@@ -188,8 +188,8 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
     /// Admits hot keys from batches of tokens leased from the store ([token leases](super::token_lease)), with
     /// `config`; the store must support them ([`Store::supports_token_leases`]: Redis and the in-process store
     /// do; for another store this logs a warning and keeps the plain path). Off by default. Not combined, for now,
-    /// with [`cost_after`](Self::cost_after) or a policy with a lockout: either logs a warning and keeps the plain
-    /// path, which stays exact.
+    /// with [`cost_after`](Self::cost_after): that logs a warning and keeps the plain path, which stays exact. A
+    /// policy with a lockout is leased (see "Lockouts" in the [token lease docs](super::token_lease)).
     #[cfg(feature = "leases")]
     pub fn leases(mut self, config: super::LeaseConfig) -> Self {
         self.leases = Some(config);
@@ -361,15 +361,6 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                     tracing::warn!(
                         limiter = &*self.name,
                         "token leases are not combined with a cost charged after the response: plain path"
-                    );
-                    return None;
-                }
-                if self.policy.lockout().is_some() {
-                    // The lease scripts do not read a key's lockout: a batch could be spent while the key is
-                    // locked out. Exclusive until they do.
-                    tracing::warn!(
-                        limiter = &*self.name,
-                        "token leases are not combined with a lockout: plain path"
                     );
                     return None;
                 }

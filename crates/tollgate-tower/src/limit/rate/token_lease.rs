@@ -37,6 +37,20 @@
 //! - **Failures**: a failed fetch is retried no sooner than 100 ms later; meanwhile the held batch is still spent
 //!   (bounded by its size), and requests it cannot cover take the plain path, where the layer's failure policy
 //!   (the one decision core's judge) answers the store's error.
+//! - **Lockouts** ([`Policy::with_lockout`](tollgate_core::Policy::with_lockout)): a lockout begins when the store
+//!   denies a request, on the plain path, as without leases: under a lockout policy a short grant refuses nothing
+//!   locally, so the requests the batch cannot pay go to the store, whose first denial locks the key. A lease
+//!   fetch on a locked key is refused by the store (nothing granted, the retry at the lockout's end: both stores,
+//!   in Lua and in the Rust twin, [`lockout::lease`](tollgate_core::algorithm::lockout::lease)), and an instance
+//!   that got the denial stops spending its own batch and refuses locally until the lockout's end. **What the
+//!   store cannot do is recall batches it granted before the denial**: other instances spend what they hold, up
+//!   to each batch's deadline (the lease ttl) or until they learn the lockout from a denial of their own. Those
+//!   tokens were debited from the bucket (or counted in the window) when they were granted, before the lockout
+//!   began, so the fleet's bound is the plain path's — `burst + rate × T` — and the admissions after the denial
+//!   are at most the batches outstanding at that instant (each at most `share_percent` of the burst), never a
+//!   token granted during the lockout. Counted at their grant, the fleet's admissions are what the plain path with
+//!   the lockout admits: at most `burst + rate × (t − t0)` up to the denial at t, none after (the store's first
+//!   denial comes no later than the plain path's would: leased tokens only make it come sooner).
 //!
 //! # Why the fleet stays exact
 //!
@@ -639,6 +653,18 @@ impl<St: Store> LeaseTable<St> {
             let tokens = if now < e.deadline { e.tokens } else { 0 };
             let want = e.last_demand.max(e.demand).min(inner.max_batch).max(1);
             e.exhausted = !decision.is_allowed() || decision.remaining < want;
+            if inner.policy.lockout_micros() > 0
+                && !decision.is_allowed()
+                && let Some(retry) = decision.retry_after
+            {
+                // Under a lockout policy the store's refusal is a lockout (started or reported) until at least
+                // `retry`: refused here until then, the batch included, with no store call.
+                let until = now
+                    .saturating_add(u64::try_from(retry.as_micros()).unwrap_or(u64::MAX))
+                    .saturating_sub(inner.margin);
+                e.denied_until = e.denied_until.max(until);
+                e.next_fetch = e.next_fetch.max(until);
+            }
             let view = decision.remaining.saturating_add(tokens).min(limit);
             let spent = if decision.is_allowed() { cost } else { 0 };
             inner.show(e, view, spent, now)
@@ -766,7 +792,9 @@ impl<St: Store> Inner<St> {
             e.tokens = 0;
         }
         let limit = self.policy.quota().burst();
-        if e.tokens >= cost && cost > 0 {
+        // A lockout this instance learned (a plain denial) stops its batch too: the key is refused until then.
+        let learned = self.policy.lockout_micros() > 0 && now < e.denied_until;
+        if e.tokens >= cost && cost > 0 && !learned {
             e.tokens -= cost;
             let view = (e.global + e.tokens).min(limit);
             let decision = Decision {
@@ -976,7 +1004,11 @@ impl<St: Store> Inner<St> {
                     until = end;
                 }
                 e.next_fetch = until;
-                e.denied_until = until;
+                // Under a lockout a short store is no refusal: the requests the batch cannot pay take the plain
+                // path, whose denial starts the lockout (learned in `show_plain`), as without leases.
+                if self.policy.lockout_micros() == 0 {
+                    e.denied_until = until;
+                }
             }
             None => {
                 e.next_fetch = 0;
