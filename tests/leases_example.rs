@@ -3,86 +3,16 @@
 //! header's remaining is this instance's view: it never rises, and never exceeds what the store holds plus the
 //! batch. A server stopped with SIGTERM gives its unspent batch back.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
-use tollgate_testkit::examples::example;
+use tollgate_testkit::examples::{ExampleServer, example};
+use tollgate_testkit::http;
 use tollgate_testkit::redis::RedisServer;
 
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    _stdout: BufReader<ChildStdout>,
-}
-
-impl Server {
-    fn start(args: &[&str]) -> (Self, String) {
-        let mut child = Command::new(example("axum_server"))
-            .args(["--addr", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the example server");
-        let mut stdout = BufReader::new(child.stdout.take().expect("its stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("its first line");
-        let addr = line
-            .strip_prefix("listening on http://")
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|addr| addr.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        (
-            Self {
-                child,
-                addr,
-                _stdout: stdout,
-            },
-            line,
-        )
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// One GET over its own connection: the status and the `ratelimit` field's remaining (`r=`).
-fn get(addr: SocketAddr) -> (u16, Option<u64>) {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("a read timeout");
-    stream
-        .write_all(b"GET / HTTP/1.1\r\nhost: example\r\nconnection: close\r\n\r\n")
-        .expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {response:?}"));
-    let remaining = response
-        .lines()
-        .find(|l| l.to_ascii_lowercase().starts_with("ratelimit:"))
-        .and_then(|l| l.split(';').find_map(|p| p.trim().strip_prefix("r=")))
-        .and_then(|r| r.trim().parse().ok());
-    (status, remaining)
-}
-
-fn script_calls(redis: &RedisServer) -> u64 {
-    redis
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().expect("a number of calls"))
+fn get(server: &ExampleServer) -> (u16, Option<u64>) {
+    let reply = http::get(server.addr(), "/", &[]);
+    (reply.status, reply.remaining())
 }
 
 /// The example's flags for 200 per 30 days with batches of up to 20 % of the burst: one token refills every
@@ -106,16 +36,17 @@ fn hot_flags(url: &str) -> Vec<&str> {
 fn leases_admit_a_hot_client_from_batches_exactly_and_remaining_never_rises() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let (server, line) = Server::start(&hot_flags(&url));
+    let server = ExampleServer::start("axum_server", &hot_flags(&url));
+    let line = server.first_line();
     assert!(
         line.contains("leases on (batches up to 20 % of the burst)"),
         "{line}"
     );
-    let before = script_calls(&redis);
+    let before = redis.command_calls("evalsha");
     let mut admitted = 0;
     let mut last = u64::MAX;
     for i in 0..260 {
-        let (status, remaining) = get(server.addr);
+        let (status, remaining) = get(&server);
         if status == 200 {
             admitted += 1;
         } else {
@@ -137,14 +68,17 @@ fn leases_admit_a_hot_client_from_batches_exactly_and_remaining_never_rises() {
     }
     assert_eq!(admitted, 200);
     assert_eq!(last, 0);
-    let calls = script_calls(&redis) - before;
+    let calls = redis.command_calls("evalsha") - before;
     assert!(calls < 80, "{calls} script calls for 260 requests");
 }
 
 /// What a plain (lease-less) instance on the same Redis sees: the tokens no instance holds, less its own request.
 fn plain_remaining(url: &str) -> u64 {
-    let (plain, _) = Server::start(&["--limit", "200", "--period", "720h", "--redis-url", url]);
-    let (status, remaining) = get(plain.addr);
+    let plain = ExampleServer::start(
+        "axum_server",
+        &["--limit", "200", "--period", "720h", "--redis-url", url],
+    );
+    let (status, remaining) = get(&plain);
     assert_eq!(status, 200);
     remaining.expect("a remaining")
 }
@@ -153,21 +87,16 @@ fn plain_remaining(url: &str) -> u64 {
 fn a_server_stopped_with_sigterm_returns_its_batch() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let (mut server, _) = Server::start(&hot_flags(&url));
+    let mut server = ExampleServer::start("axum_server", &hot_flags(&url));
     for i in 0..10 {
-        assert_eq!(get(server.addr).0, 200, "request {i}");
+        assert_eq!(get(&server).0, 200, "request {i}");
     }
     // The hot client's batch is leased by now: a plain instance would not see it.
     let held = 200 - 10 - 1 - plain_remaining(&url);
     assert!(held > 0, "no batch held after 10 requests");
-    let pid = server.child.id().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("run kill");
-    assert!(killed.success());
+    server.signal("-TERM");
     // The server exits of its own accord once its batch is back (the test's timeout bounds a hang).
-    let status = server.child.wait().expect("wait for the server");
+    let status = server.wait();
     assert!(status.success(), "the server exited with {status}");
     // Everything not admitted is the fleet's again: 200 less the 10 and the first plain request, less this one.
     assert_eq!(plain_remaining(&url), 200 - 10 - 1 - 1);
