@@ -553,7 +553,7 @@ pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 /// How a shard's `apply` decides: a request without a lockout ([`Check`]), any step on the algorithm's state (a
-/// closure: leases), or a step on the state with its lockout ([`WithLockout`]: a lockout policy, a charge).
+/// closure), or a step on the state with its lockout ([`WithLockout`]: a lockout policy, a charge, a lease).
 pub(super) trait Decide<S> {
     /// Whether the step reads and may set the key's lockout (in the shard's lockout table).
     const LOCKOUT: bool;
