@@ -95,18 +95,37 @@ impl Case {
     /// When the case describes an invalid policy (a broken vector file).
     #[must_use]
     pub fn policy(&self) -> Policy {
-        let quota = Quota::new(self.limit, Duration::from_micros(self.period_us))
-            .and_then(|q| q.with_burst(self.burst.unwrap_or(self.limit)))
-            .unwrap_or_else(|e| panic!("case {}: {e}", self.name));
-        let algorithm = match self.algorithm.as_str() {
-            "token_bucket" => Algorithm::TokenBucket,
-            "sliding_window" => Algorithm::SlidingWindowCounter,
-            other => panic!("case {}: unknown algorithm {other}", self.name),
-        };
-        Policy::new(algorithm, quota)
-            .and_then(|p| p.with_lockout(Duration::from_micros(self.lockout_us.unwrap_or(0))))
-            .unwrap_or_else(|e| panic!("case {}: {e}", self.name))
+        policy_of(
+            &self.name,
+            &self.algorithm,
+            self.limit,
+            self.period_us,
+            self.burst,
+            self.lockout_us,
+        )
     }
+}
+
+/// The policy a vector case describes (the fields [`Case`] and [`LeaseCase`] share).
+fn policy_of(
+    name: &str,
+    algorithm: &str,
+    limit: u64,
+    period_us: u64,
+    burst: Option<u64>,
+    lockout_us: Option<u64>,
+) -> Policy {
+    let quota = Quota::new(limit, Duration::from_micros(period_us))
+        .and_then(|q| q.with_burst(burst.unwrap_or(limit)))
+        .unwrap_or_else(|e| panic!("case {name}: {e}"));
+    let algorithm = match algorithm {
+        "token_bucket" => Algorithm::TokenBucket,
+        "sliding_window" => Algorithm::SlidingWindowCounter,
+        other => panic!("case {name}: unknown algorithm {other}"),
+    };
+    Policy::new(algorithm, quota)
+        .and_then(|p| p.with_lockout(Duration::from_micros(lockout_us.unwrap_or(0))))
+        .unwrap_or_else(|e| panic!("case {name}: {e}"))
 }
 
 impl Step {
@@ -231,16 +250,14 @@ impl LeaseCase {
     /// When the case describes an invalid policy.
     #[must_use]
     pub fn policy(&self) -> Policy {
-        Case {
-            name: self.name.clone(),
-            algorithm: self.algorithm.clone(),
-            limit: self.limit,
-            period_us: self.period_us,
-            burst: self.burst,
-            lockout_us: self.lockout_us,
-            steps: Vec::new(),
-        }
-        .policy()
+        policy_of(
+            &self.name,
+            &self.algorithm,
+            self.limit,
+            self.period_us,
+            self.burst,
+            self.lockout_us,
+        )
     }
 }
 
