@@ -46,3 +46,57 @@ local function decision_time(injected)
   return server_time_us(), 1
 end
 
+
+local function imod(a, b)
+  return a - idiv(a, b) * b
+end
+
+-- The sliding window counter's arithmetic, shared by its decision, lease and charge scripts (their Rust twin:
+-- crates/tollgate-core/src/algorithm/sliding_window.rs). `stored` is HMGET's window_start, previous, current.
+-- Returns the instant the window decides as of (the stored start after a clock step back, a later instant than
+-- `now`), the window's start, and the previous and current counts.
+local function sw_window(stored, now, period)
+  local start = now - imod(now, period)
+  local previous, current = 0, 0
+  if stored[1] then
+    local window_start = tonumber(stored[1])
+    if window_start > start then
+      now = window_start
+      start = window_start
+    end
+    if window_start == start then
+      previous, current = tonumber(stored[2]), tonumber(stored[3])
+    elseif window_start + period == start then
+      previous = tonumber(stored[3])
+    end
+  end
+  return now, start, previous, current
+end
+
+-- When `cost` more fits: later in this window, once the previous window's weight has decayed enough, or in the
+-- next window, where this window's count becomes the previous one.
+local function sw_admit_at(start, period, tick, ticks, limit, previous, current, cost)
+  if current + cost <= limit then
+    return start + (ticks - idiv((limit - current - cost) * ticks, previous)) * tick
+  end
+  return start + period + (ticks - idiv((limit - cost) * ticks, current)) * tick
+end
+
+-- Whole requests left `elapsed` ticks into the window.
+local function sw_remaining(ticks, elapsed, limit, previous, current)
+  local used = current * ticks + previous * (ticks - elapsed)
+  if limit * ticks > used then
+    return idiv(limit * ticks - used, ticks)
+  end
+  return 0
+end
+
+-- When both counts have decayed to zero (`now` when nothing is counted).
+local function sw_reset(start, period, previous, current, now)
+  if current > 0 then
+    return start + 2 * period
+  elseif previous > 0 then
+    return start + period
+  end
+  return now
+end

@@ -10,11 +10,8 @@
 --
 -- Returns {outcome, remaining, reset_us, retry_after_us, now_us}; outcome 0 allowed, 1 limited,
 -- 2 cost exceeds capacity; retry_after_us is -1 when absent. Integers only: Redis truncates Lua numbers.
--- idiv, div_ceil, int and decision_time come from prelude.lua, prepended when the script is embedded.
-
-local function imod(a, b)
-  return a - idiv(a, b) * b
-end
+-- idiv, imod, div_ceil, int, decision_time and the window arithmetic (sw_*) come from prelude.lua, prepended
+-- when the script is embedded.
 
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
@@ -27,22 +24,9 @@ local now, min_ttl_ms = decision_time(ARGV[5])
 -- After a clock step back the window decides as of its stored start, a later instant than the server's time;
 -- retry delays, the decision's instant and the key's TTL still count from the server's time.
 local server_now = now
-local start = now - imod(now, period)
-local previous, current = 0, 0
 local stored = redis.call('HMGET', key, 'window_start', 'previous', 'current')
-if stored[1] then
-  local window_start = tonumber(stored[1])
-  if window_start > start then
-    -- The clock stepped back: decide as of the stored window's start.
-    now = window_start
-    start = window_start
-  end
-  if window_start == start then
-    previous, current = tonumber(stored[2]), tonumber(stored[3])
-  elseif window_start + period == start then
-    previous = tonumber(stored[3])
-  end
-end
+local start, previous, current
+now, start, previous, current = sw_window(stored, now, period)
 local elapsed = idiv(now - start, tick)
 -- estimate * ticks = current * ticks + previous * (ticks - elapsed)
 local weighted_previous = previous * (ticks - elapsed)
@@ -54,29 +38,11 @@ elseif current + cost <= limit and weighted_previous <= (limit - current - cost)
   outcome = 0
   current = current + cost
 else
-  local admit_at
-  if current + cost <= limit then
-    -- Later in this window, once the previous window's weight has decayed enough.
-    admit_at = start + (ticks - idiv((limit - current - cost) * ticks, previous)) * tick
-  else
-    -- In the next window, where this window's count becomes the previous one.
-    admit_at = start + period + (ticks - idiv((limit - cost) * ticks, current)) * tick
-  end
+  local admit_at = sw_admit_at(start, period, tick, ticks, limit, previous, current, cost)
   retry_after = admit_at - server_now
 end
-local used = current * ticks + previous * (ticks - elapsed)
-local remaining = 0
-if limit * ticks > used then
-  remaining = idiv(limit * ticks - used, ticks)
-end
-local reset
-if current > 0 then
-  reset = start + 2 * period
-elseif previous > 0 then
-  reset = start + period
-else
-  reset = server_now
-end
+local remaining = sw_remaining(ticks, elapsed, limit, previous, current)
+local reset = sw_reset(start, period, previous, current, server_now)
 if outcome == 0 then
   -- The state lives exactly until both counts have decayed to zero, when it is indistinguishable from fresh. A
   -- decayed state is still written over an existing one, as the Rust store does: after a clock step back it

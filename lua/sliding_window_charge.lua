@@ -9,11 +9,8 @@
 -- ARGV[5]  now         µs since the epoch; empty: the server's TIME
 --
 -- Returns {window_start, previous, current, locked_until (0: none), now_us}: the caller derives the decision from
--- this state as its Rust twin does. idiv, div_ceil, int and decision_time come from prelude.lua.
-
-local function imod(a, b)
-  return a - idiv(a, b) * b
-end
+-- this state as its Rust twin does. idiv, imod, div_ceil, int, decision_time and sw_window, sw_reset come from
+-- prelude.lua.
 
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
@@ -22,19 +19,9 @@ local delta = tonumber(ARGV[3])
 local decided_at = tonumber(ARGV[4])
 local now, min_ttl_ms = decision_time(ARGV[5])
 
-local start = now - imod(now, period)
-local previous, current = 0, 0
 local stored = redis.call('HMGET', key, 'window_start', 'previous', 'current', 'locked_until')
-if stored[1] then
-  local window_start = tonumber(stored[1])
-  -- As the decision does: after a clock step back, the stored window stands.
-  start = math.max(start, window_start)
-  if window_start == start then
-    previous, current = tonumber(stored[2]), tonumber(stored[3])
-  elseif window_start + period == start then
-    previous = tonumber(stored[3])
-  end
-end
+-- As the decision does: after a clock step back, the stored window stands (its TTL still counts from `now`).
+local _, start, previous, current = sw_window(stored, now, period)
 local amount = math.min(math.abs(delta), 2 * limit)
 if delta >= 0 then
   current = math.min(current + amount, 2 * limit)
@@ -47,12 +34,7 @@ else
   end
 end
 redis.call('HSET', key, 'window_start', int(start), 'previous', int(previous), 'current', int(current))
-local reset = now
-if current > 0 then
-  reset = start + 2 * period
-elseif previous > 0 then
-  reset = start + period
-end
+local reset = sw_reset(start, period, previous, current, now)
 -- Only ever extended: the key may hold a lockout that outlives the window.
 local ttl = math.max(div_ceil(math.max(reset - now, 0), 1000), min_ttl_ms)
 if redis.call('PTTL', key) < ttl then

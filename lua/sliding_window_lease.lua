@@ -19,11 +19,8 @@
 -- Returns {granted, remaining, reset_us, retry_after_us, now_us, window_end_us}: a batch is spent before
 -- window_end_us (the end of the window it is counted in); retry_after_us (-1 when everything wanted was
 -- granted) is when `want` slots would fit. Integers only: Redis truncates Lua numbers.
--- idiv, div_ceil, int and decision_time come from prelude.lua, prepended when the script is embedded.
-
-local function imod(a, b)
-  return a - idiv(a, b) * b
-end
+-- idiv, imod, div_ceil, int, decision_time and the window arithmetic (sw_*) come from prelude.lua, prepended
+-- when the script is embedded.
 
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
@@ -38,26 +35,14 @@ local lockout = tonumber(ARGV[8])
 
 -- As sliding_window.lua: after a clock step back the window decides as of its stored start.
 local server_now = now
-local start = now - imod(now, period)
-local previous, current = 0, 0
 local stored = redis.call('HMGET', key, 'window_start', 'previous', 'current', 'locked_until')
 local locked_until = 0
 if lockout > 0 and stored[4] and tonumber(stored[4]) > now then
   locked_until = tonumber(stored[4])
   want = 0
 end
-if stored[1] then
-  local window_start = tonumber(stored[1])
-  if window_start > start then
-    now = window_start
-    start = window_start
-  end
-  if window_start == start then
-    previous, current = tonumber(stored[2]), tonumber(stored[3])
-  elseif window_start + period == start then
-    previous = tonumber(stored[3])
-  end
-end
+local start, previous, current
+now, start, previous, current = sw_window(stored, now, period)
 local changed = false
 if returned > 0 then
   if from == start then
@@ -81,27 +66,11 @@ if granted > 0 then
 end
 local retry = -1
 if granted < want then
-  local admit_at
-  if current + want <= limit then
-    admit_at = start + (ticks - idiv((limit - current - want) * ticks, previous)) * tick
-  else
-    admit_at = start + period + (ticks - idiv((limit - want) * ticks, current)) * tick
-  end
+  local admit_at = sw_admit_at(start, period, tick, ticks, limit, previous, current, want)
   retry = admit_at - server_now
 end
-local used = current * ticks + previous * (ticks - elapsed)
-local remaining = 0
-if limit * ticks > used then
-  remaining = idiv(limit * ticks - used, ticks)
-end
-local reset
-if current > 0 then
-  reset = start + 2 * period
-elseif previous > 0 then
-  reset = start + period
-else
-  reset = server_now
-end
+local remaining = sw_remaining(ticks, elapsed, limit, previous, current)
+local reset = sw_reset(start, period, previous, current, server_now)
 if changed and (reset > now or stored[1]) then
   redis.call('HSET', key, 'window_start', int(start), 'previous', int(previous), 'current', int(current))
   -- The key lives at least until its lockout ends.
