@@ -76,6 +76,26 @@ async fn call(svc: &mut Svc) -> Result<Reply, BoxError> {
     svc.ready().await?.call(()).await
 }
 
+/// A Redis store with a 5 s timeout (a loaded machine's round trips are not under test) and a namespace of its own.
+async fn redis_store(test: &str) -> Arc<RedisStore> {
+    let redis = RedisStore::builder(redis_url())
+        .namespace(unique_prefix(test))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    Arc::new(redis)
+}
+
+/// [`redis_store`] on `clock`, counting its calls.
+async fn clocked(test: &str, clock: &ManualClock) -> Arc<Clocked> {
+    Arc::new(Clocked {
+        redis: redis_store(test).await,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    })
+}
+
 fn start() -> Timestamp {
     // A whole second: sliding windows start at round instants.
     let now = std::time::SystemTime::now()
@@ -152,14 +172,7 @@ proptest! {
     fn the_fleet_never_admits_more_than_burst_plus_rate_times_t(n in 2..=4usize, events in events()) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let (admitted, local) = runtime.block_on(async {
-            let redis = Arc::new(
-                RedisStore::builder(redis_url())
-                    .namespace(unique_prefix("lease-prop"))
-                    .timeout(Duration::from_secs(5))
-                    .build()
-                    .await
-                    .unwrap(),
-            );
+            let redis = redis_store("lease-prop").await;
             let policy = Policy::token_bucket(Quota::per_second(200).unwrap().with_burst(40).unwrap());
             run(&redis, policy, n, &events).await
         });
@@ -177,14 +190,7 @@ proptest! {
     fn a_sliding_window_fleet_never_admits_more_than_the_limit_per_window(n in 2..=4usize, events in events()) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let (admitted, _) = runtime.block_on(async {
-            let redis = Arc::new(
-                RedisStore::builder(redis_url())
-                    .namespace(unique_prefix("lease-prop-sw"))
-                    .timeout(Duration::from_secs(5))
-                    .build()
-                    .await
-                    .unwrap(),
-            );
+            let redis = redis_store("lease-prop-sw").await;
             let policy = Policy::sliding_window(Quota::per_second(60).unwrap()).unwrap();
             run(&redis, policy, n, &events).await
         });
@@ -289,14 +295,7 @@ proptest! {
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let shown = runtime.block_on(async {
-            let redis = Arc::new(
-                RedisStore::builder(redis_url())
-                    .namespace(unique_prefix("lease-headers"))
-                    .timeout(Duration::from_secs(5))
-                    .build()
-                    .await
-                    .unwrap(),
-            );
+            let redis = redis_store("lease-headers").await;
             let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(60).unwrap());
             hammer(&redis, policy, n, &events).await
         });
@@ -316,20 +315,8 @@ proptest! {
 /// its share back by refill from the lease's deadline.
 #[tokio::test]
 async fn an_instance_killed_holding_a_batch_costs_at_most_that_batch() {
-    let redis = Arc::new(
-        RedisStore::builder(redis_url())
-            .namespace(unique_prefix("lease-kill"))
-            .timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap(),
-    );
     let clock = ManualClock::new(start());
-    let store = Arc::new(Clocked {
-        redis,
-        clock: clock.clone(),
-        calls: AtomicUsize::new(0),
-    });
+    let store = clocked("lease-kill", &clock).await;
     // 100 per 10 s (10/s), burst 100, batches of up to 20, leases of 2 s.
     let policy = Policy::token_bucket(Quota::new(100, Duration::from_secs(10)).unwrap());
     let config = |crash: bool| {
@@ -525,14 +512,7 @@ impl Store for Granting {
 /// denial). After the lockout both instances admit again.
 #[tokio::test]
 async fn a_leased_lockout_policy_locks_a_hot_key_out_exactly_through_two_instances() {
-    let redis = Arc::new(
-        RedisStore::builder(redis_url())
-            .namespace(unique_prefix("lease-lockout"))
-            .timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap(),
-    );
+    let redis = redis_store("lease-lockout").await;
     let clock = ManualClock::new(start());
     let lockout = Duration::from_secs(60);
     // A burst of 100 makes batches of up to 10 (the default share) worth leasing for a key asked 2 000 times/s.
@@ -678,20 +658,8 @@ async fn a_leased_lockout_policy_locks_a_hot_key_out_exactly_through_two_instanc
 /// the fetch a take starts runs only when a request waits, so every batch is spent before its successor lands.)
 #[tokio::test(flavor = "current_thread")]
 async fn requests_that_find_the_batch_spent_wait_for_the_fetch_under_way() {
-    let redis = Arc::new(
-        RedisStore::builder(redis_url())
-            .namespace(unique_prefix("lease-wait"))
-            .timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap(),
-    );
     let clock = ManualClock::new(start());
-    let store = Arc::new(Clocked {
-        redis,
-        clock: clock.clone(),
-        calls: AtomicUsize::new(0),
-    });
+    let store = clocked("lease-wait", &clock).await;
     let policy = Policy::token_bucket(Quota::per_hour(10_000).unwrap());
     let config = LeaseConfig::new()
         .share_percent(1)
@@ -793,20 +761,8 @@ async fn a_fetch_that_outlasts_the_wait_leaves_its_waiters_to_the_failure_policy
 /// batch past its end lost about 5 per window: 45 of 50).
 #[tokio::test(flavor = "current_thread")]
 async fn a_flooded_sliding_window_admits_its_limit_in_every_window() {
-    let redis = Arc::new(
-        RedisStore::builder(redis_url())
-            .namespace(unique_prefix("lease-sw-flood"))
-            .timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap(),
-    );
     let clock = ManualClock::new(start());
-    let store = Arc::new(Clocked {
-        redis,
-        clock: clock.clone(),
-        calls: AtomicUsize::new(0),
-    });
+    let store = clocked("lease-sw-flood", &clock).await;
     let policy = Policy::sliding_window(Quota::per_second(50).unwrap()).unwrap();
     let mut instances: Vec<_> = (0..2)
         .map(|_| {
@@ -854,14 +810,7 @@ async fn a_flooded_sliding_window_admits_its_limit_in_every_window() {
 /// its batch could pay is refused too, until the lockout's end (the batch goes back on shutdown).
 #[tokio::test]
 async fn an_instance_denied_under_a_lockout_stops_spending_its_batch() {
-    let redis = Arc::new(
-        RedisStore::builder(redis_url())
-            .namespace(unique_prefix("lease-lockout-learned"))
-            .timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap(),
-    );
+    let redis = redis_store("lease-lockout-learned").await;
     let clock = ManualClock::new(start());
     let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(100).unwrap())
         .with_lockout(Duration::from_secs(60))
