@@ -3,12 +3,12 @@
 //! through `VerdictSink::final_cost`, here of a response type of the test's own). Real Redis, killed while the
 //! request is being served.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+mod counts;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use counts::Counts;
 use tollgate_core::{Policy, Quota};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::RedisServer;
@@ -16,43 +16,6 @@ use tollgate_tower::limit::rate::{Everywhere, RateLimitSetLayer, SetEntry};
 use tollgate_tower::observe::CHARGES_LOST_TOTAL;
 use tollgate_tower::{BoxError, ConstKey, CostAfter, RateLimitLayer, VerdictSink, Verdicts};
 use tower::{Layer, Service, ServiceExt};
-
-/// Counters by `name{label=value,...}`.
-#[derive(Default, Clone)]
-struct Counts(Arc<Mutex<HashMap<String, Arc<AtomicU64>>>>);
-
-impl Counts {
-    fn get(&self, name: &str, limiter: &str) -> u64 {
-        let key = format!("{name}{{limiter={limiter}}}");
-        let map = self.0.lock().unwrap();
-        map.get(&key).map_or(0, |c| c.load(Ordering::Relaxed))
-    }
-}
-
-impl Recorder for Counts {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        let mut labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        labels.sort();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        let counter = self.0.lock().unwrap().entry(name).or_default().clone();
-        Counter::from_arc(counter)
-    }
-
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
-    }
-
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
-    }
-}
 
 /// A response stating its real cost, read by the limiter after it is ready.
 #[derive(Debug, Default)]
@@ -74,12 +37,16 @@ impl VerdictSink for Reply {
 /// Waits (bounded) for `counter` to reach `want`: the charge runs as a task after the response.
 async fn wait_for(counts: &Counts, limiter: &str, want: u64) {
     for _ in 0..1_000 {
-        if counts.get(CHARGES_LOST_TOTAL, limiter) >= want {
+        if counts.get(CHARGES_LOST_TOTAL, &[("limiter", limiter)]) >= want {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(counts.get(CHARGES_LOST_TOTAL, limiter), want, "{limiter}");
+    assert_eq!(
+        counts.get(CHARGES_LOST_TOTAL, &[("limiter", limiter)]),
+        want,
+        "{limiter}"
+    );
 }
 
 /// A store on a private Redis server of its own, which the handler can kill.
@@ -139,14 +106,18 @@ async fn a_charge_that_cannot_reach_the_store_is_counted() {
         }
         assert_eq!(left, 5, "the charge landed");
     }
-    assert_eq!(counts.get(CHARGES_LOST_TOTAL, "single"), 0);
-    assert_eq!(counts.get(CHARGES_LOST_TOTAL, "in-set"), 0);
+    assert_eq!(counts.get(CHARGES_LOST_TOTAL, &[("limiter", "single")]), 0);
+    assert_eq!(counts.get(CHARGES_LOST_TOTAL, &[("limiter", "in-set")]), 0);
 
     // Redis killed while the request is served: it was decided, and its charge cannot land.
     single_svc.ready().await.unwrap().call(true).await.unwrap();
     wait_for(&counts, "single", 1).await;
-    assert_eq!(counts.get(CHARGES_LOST_TOTAL, "in-set"), 0, "per limiter");
+    assert_eq!(
+        counts.get(CHARGES_LOST_TOTAL, &[("limiter", "in-set")]),
+        0,
+        "per limiter"
+    );
     set_svc.ready().await.unwrap().call(true).await.unwrap();
     wait_for(&counts, "in-set", 1).await;
-    assert_eq!(counts.get(CHARGES_LOST_TOTAL, "single"), 1);
+    assert_eq!(counts.get(CHARGES_LOST_TOTAL, &[("limiter", "single")]), 1);
 }

@@ -1,53 +1,14 @@
 //! Decisions are counted through the `metrics` facade, in every mode: a recorder installed before the layers are
 //! built sees `tollgate_decisions_total` by limiter and outcome.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+mod counts;
 
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use std::sync::Arc;
+
+use counts::Counts;
 use tollgate_core::{FailurePolicy, MemoryStore, OnFull, Policy, Quota};
 use tollgate_tower::{BoxError, KeyError, KeyFn, Mode, RateLimitLayer, VerdictSink, Verdicts};
 use tower::{Service, ServiceBuilder, ServiceExt};
-
-/// Counters by `name{label=value,...}`, labels sorted.
-#[derive(Default, Clone)]
-struct Counts(Arc<Mutex<HashMap<String, Arc<AtomicU64>>>>);
-
-impl Counts {
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
-        let mut labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        labels.sort();
-        let key = format!("{name}{{{}}}", labels.join(","));
-        let map = self.0.lock().unwrap();
-        map.get(&key).map_or(0, |c| c.load(Ordering::Relaxed))
-    }
-}
-
-impl Recorder for Counts {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        let mut labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        labels.sort();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        let counter = self.0.lock().unwrap().entry(name).or_default().clone();
-        Counter::from_arc(counter)
-    }
-
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
-    }
-
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
-    }
-}
 
 #[derive(Debug, Default)]
 struct Reply(Verdicts);
