@@ -115,6 +115,10 @@
 mod backend;
 mod builder;
 mod circuit;
+#[cfg(feature = "cli")]
+pub mod cli;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod connect;
 mod error;
 mod eviction;
@@ -122,6 +126,7 @@ mod keys;
 mod lease;
 mod observe;
 mod script;
+#[cfg(feature = "sentinel")]
 mod sentinel;
 mod store;
 mod token_lease;
