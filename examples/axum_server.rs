@@ -151,8 +151,7 @@ async fn run() -> Result<(), String> {
     // Before any store or layer is built: they register their metrics once.
     let metrics = observe::install(&config.server.observe)?;
     if let Some(path) = &config.server.config {
-        let (app, names) = match config.server.redis_store(&policy).await?
-        {
+        let (app, names) = match config.server.redis_store(&policy).await? {
             None => app_from_file(path, Arc::new(config.server.memory_store("policy-file")))?,
             Some(store) => app_from_file(path, Arc::new(store))?,
         };

@@ -125,7 +125,9 @@ impl ServerArgs {
     /// the policy flags make a policy. The policy, when they do.
     pub(crate) fn validate(&self) -> Result<Policy, String> {
         if self.lease_share.is_some() && !self.leases {
-            return Err("--lease-share sets the token leases' batch size: it needs --leases".to_owned());
+            return Err(
+                "--lease-share sets the token leases' batch size: it needs --leases".to_owned(),
+            );
         }
         self.redis.builder().map_err(|e| e.to_string())?;
         self.policy()

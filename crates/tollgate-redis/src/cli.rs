@@ -192,10 +192,7 @@ impl RedisArgs {
 
     /// The flags other than `--redis-url` that name a store.
     fn others(&self) -> impl Iterator<Item = &'static str> {
-        #[cfg_attr(
-            not(any(feature = "sentinel", feature = "cluster")),
-            allow(unused_mut)
-        )]
+        #[cfg_attr(not(any(feature = "sentinel", feature = "cluster")), allow(unused_mut))]
         let mut named = Vec::new();
         #[cfg(feature = "sentinel")]
         if !self.redis_sentinel.is_empty() {
