@@ -20,7 +20,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tollgate_core::{Decision, Outcome, Timestamp};
-//! use tollgate_tower::headers::HeaderSet;
+//! use tollgate_http::headers::HeaderSet;
 //! use tollgate_tower::{Verdict, Verdicts};
 //!
 //! let mut verdicts = Verdicts::default();
@@ -42,9 +42,9 @@
 
 mod single;
 
-use crate::verdict::{push_sf_string, visible_char};
-use crate::{Verdict, Verdicts};
+use crate::sf::{push_sf_string, visible_char};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use tollgate_tower::{Verdict, Verdicts};
 
 /// `RateLimit-Policy` (IETF draft 10).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
