@@ -103,6 +103,9 @@ def listing(doc, crate):
             parser = Page()
             parser.feed(page.read_text())
             decl = next((text for _, what, text in parser.found if what == "decl"), "")
+            if kind in ("const", "static"):
+                # The type is the API; the value (a Lua script's text, say) is not.
+                decl = decl.split(" = ", 1)[0]
             lines.append(f"{kind} {crate}::{name}" + (f"  // {decl}" if decl else ""))
             continue
         lines.append(f"{kind} {crate}::{name}")
