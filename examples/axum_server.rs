@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
-use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
+use tollgate_core::slot::{MemorySlotStore, SlotStore};
 use tollgate_core::{Policy, Store};
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::{Cidr, ClientIp};
@@ -90,12 +90,12 @@ impl Config {
 }
 
 /// `GET /` and `GET /slow` behind the per-client rate limit and the rest of the Stripe stack (`stack::layer`, whose
-/// leases live in `leases`); `GET /health` added after them, so never limited.
-fn app<St: Store, L: LeaseStore>(
+/// slots live in `slots`); `GET /health` added after them, so never limited.
+fn app<St: Store, L: SlotStore>(
     config: &Config,
     policy: Policy,
     store: Arc<St>,
-    leases: Arc<L>,
+    slots: Arc<L>,
 ) -> Result<Router, String> {
     let key = ClientIp::trusting(config.trusted_proxies.iter().copied());
     let per_client = config.server.rate_limit(RateLimitLayer::new(
@@ -107,7 +107,7 @@ fn app<St: Store, L: LeaseStore>(
     let limits = stack::layer(
         &config.stack,
         per_client,
-        leases,
+        slots,
         key,
         config.server.on_store_error,
     )?;
@@ -181,7 +181,7 @@ async fn run() -> Result<(), String> {
             &config,
             policy,
             Arc::new(config.server.memory_store("per-client")),
-            Arc::new(MemoryLeaseStore::new()),
+            Arc::new(MemorySlotStore::new()),
         )?,
         Some(store) => app(&config, policy, Arc::new(store.clone()), Arc::new(store))?,
     };

@@ -65,8 +65,7 @@ pub mod stack {
     pub use tollgate_tower::limit::{concurrency, fleet, stack, worker};
     pub use tollgate_tower::permit;
     pub use tollgate_tower::{
-        ConcurrencyLimitLayer, ConfigError, FleetRule, FleetShedLayer, HoldPermit, LeaseLimit,
-        LeaseLimitLayer, LeaseRule, PerKey, Permit, PermitBody, StackLayer, WorkerShed,
-        WorkerShedLayer,
+        ConcurrencyLimitLayer, ConfigError, FleetRule, FleetShedLayer, HoldPermit, PerKey, Permit,
+        PermitBody, SlotLimit, SlotLimitLayer, SlotRule, StackLayer, WorkerShed, WorkerShedLayer,
     };
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::FailurePolicy;
-use tollgate_core::lease::LeaseStore;
+use tollgate_core::slot::SlotStore;
 use tollgate_http::priority::HeaderPriority;
 use tollgate_tower::Mode;
 use tollgate_tower::limit::adaptive::Algorithm;
@@ -100,13 +100,13 @@ pub(crate) type Stack<R, K, L> = StackLayer<
 >;
 
 /// The stack of the limited routes: worker shedder → adaptive limiter → `rate` → concurrency limiter (per client `key`) → fleet
-/// shedder, the leases counted in `leases` (Redis with `--redis-url`, else in process). The concurrency limiter
+/// shedder, the slots counted in `slots` (Redis with `--redis-url`, else in process). The concurrency limiter
 /// answers a failing store with `on_store_error`; the fleet shedder fails open (shedding protects the service:
 /// rejecting everything while Redis is down would cause the outage it is there to prevent).
-pub(crate) fn layer<R, K: Clone, L: LeaseStore>(
+pub(crate) fn layer<R, K: Clone, L: SlotStore>(
     flags: &StackFlags,
     rate: R,
-    leases: Arc<L>,
+    slots: Arc<L>,
     key: K,
     on_store_error: FailurePolicy,
 ) -> Result<Stack<R, K, L>, String> {
@@ -123,7 +123,7 @@ pub(crate) fn layer<R, K: Clone, L: LeaseStore>(
     let concurrency = ConcurrencyLimitLayer::new(
         "concurrency",
         flags.concurrency.unwrap_or(1),
-        leases.clone(),
+        slots.clone(),
         key,
     )
     .map_err(|e| e.to_string())?
@@ -131,7 +131,7 @@ pub(crate) fn layer<R, K: Clone, L: LeaseStore>(
     .mode(on(flags.concurrency));
     let fleet = FleetShedLayer::new(
         flags.fleet_capacity.unwrap_or(1),
-        leases,
+        slots,
         HeaderPriority::new(),
     )
     .and_then(|f| f.reserve_percent(flags.fleet_reserve.unwrap_or(20)))

@@ -10,7 +10,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::get;
 use tokio::sync::Semaphore;
-use tollgate_core::lease::MemoryLeaseStore;
+use tollgate_core::slot::MemorySlotStore;
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::priority::HeaderPriority;
 use tollgate_tower::KeyFn;
@@ -150,7 +150,7 @@ pub(crate) async fn start(design: Design, shape: Shape) -> Result<Server, String
             let layer = ConcurrencyLimitLayer::new(
                 "static",
                 static_capacity(shape),
-                Arc::new(MemoryLeaseStore::new()),
+                Arc::new(MemorySlotStore::new()),
                 everyone,
             )
             .map_err(|e| e.to_string())?;

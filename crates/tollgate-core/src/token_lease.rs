@@ -1,7 +1,7 @@
 //! Token leases: a batch of a hot key's tokens (token bucket) or window slots (sliding window counter) taken from
 //! a shared store in one call, to be spent by one instance without asking the store again.
 //!
-//! Not to be confused with [`lease`](crate::lease), the concurrency limiters' leases on in-flight requests. A
+//! Not to be confused with [`lease`](crate::slot), the concurrency limiters' leases on in-flight requests. A
 //! token lease is a *rate* limiter's: the store debits the batch atomically, as if that many requests had been
 //! admitted, and the instance admits locally from it until its deadline. What keeps the fleet exact is in the
 //! algorithms' docs: [`token_bucket_lease`](crate::algorithm::token_bucket_lease) (leased tokens hold the bucket

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use support::countdown::CountRequest;
 use support::{countdown, meta, serve};
-use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
+use tollgate_core::slot::{MemorySlotStore, SlotStore};
 use tollgate_core::{MemoryStore, Policy, Quota};
 use tollgate_grpc::GrpcLimitLayer;
 use tollgate_grpc::key::PeerIp;
@@ -23,7 +23,7 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 #[tokio::test]
 async fn a_server_stream_holds_its_in_process_permit_until_it_ends_or_is_dropped() -> TestResult {
-    stream_holds_its_permit(Arc::new(MemoryLeaseStore::new())).await
+    stream_holds_its_permit(Arc::new(MemorySlotStore::new())).await
 }
 
 #[tokio::test]
@@ -39,7 +39,7 @@ async fn a_server_stream_holds_its_redis_lease_until_it_ends_or_is_dropped() -> 
     stream_holds_its_permit(Arc::new(redis)).await
 }
 
-async fn stream_holds_its_permit<L: LeaseStore>(leases: Arc<L>) -> TestResult {
+async fn stream_holds_its_permit<L: SlotStore>(leases: Arc<L>) -> TestResult {
     let rate = RateLimitLayer::new(
         "per-peer",
         Policy::token_bucket(Quota::per_minute(100)?),

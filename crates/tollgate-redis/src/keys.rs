@@ -27,8 +27,8 @@ pub(crate) fn redis_key(namespace: &str, key: &str, algorithm: Algorithm) -> Str
     tagged(namespace, key, suffix)
 }
 
-/// `<namespace>:{<client key>}:inflight`: the sorted set of a key's concurrency leases.
-pub(crate) fn lease_key(namespace: &str, key: &str) -> String {
+/// `<namespace>:{<client key>}:inflight`: the sorted set of a key's concurrency slots.
+pub(crate) fn slot_key(namespace: &str, key: &str) -> String {
     tagged(namespace, key, "inflight")
 }
 

@@ -12,7 +12,7 @@
 //! - **Keys**: `<namespace>:{<client key>}:tb` (token bucket) or `:sw` (sliding window); the braces are a hash
 //!   tag, so Redis Cluster works. Client keys over 64 bytes or with bytes outside printable ASCII (or with `{`,
 //!   `}`, `#`, `"`, `\`) are stored as `#` + their SHA-1, never raw.
-//! - **Concurrency leases**: [`RedisStore`] is also a [`LeaseStore`](tollgate_core::lease::LeaseStore): each key's
+//! - **Concurrency leases**: [`RedisStore`] is also a [`SlotStore`](tollgate_core::slot::SlotStore): each key's
 //!   in-flight requests are a sorted set `<namespace>:{<key>}:inflight` of lease ids scored by expiry (server
 //!   time); `lua/concurrency_acquire.lua` removes expired leases, counts, admits and sets the key's TTL to its
 //!   longest lease in one script, so a crashed instance's leases expire and idle keys vanish. A release that finds
@@ -130,11 +130,11 @@ mod connect;
 mod error;
 mod eviction;
 mod keys;
-mod lease;
 mod observe;
 mod script;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod slot;
 mod store;
 mod token_lease;
 
@@ -145,13 +145,13 @@ pub use builder::{
 pub use circuit::CircuitState;
 pub use error::{BackendError, BuildError};
 pub use eviction::EvictionCheck;
-pub use lease::{CONCURRENCY_ACQUIRE_LUA, CONCURRENCY_RELEASE_LUA, CONCURRENCY_RENEW_LUA};
 pub use observe::{CIRCUIT_OPEN, LATENCY_SECONDS};
 pub use script::{
     SLIDING_WINDOW_CHARGE_LUA, SLIDING_WINDOW_LEASE_LUA, SLIDING_WINDOW_LUA,
     SLIDING_WINDOW_OPS_LUA, TOKEN_BUCKET_CHARGE_LUA, TOKEN_BUCKET_LEASE_LUA, TOKEN_BUCKET_LUA,
     TOKEN_BUCKET_OPS_LUA,
 };
+pub use slot::{CONCURRENCY_ACQUIRE_LUA, CONCURRENCY_RELEASE_LUA, CONCURRENCY_RENEW_LUA};
 pub use store::RedisStore;
 
 /// The least-privilege ACL rule the store works under, for the namespace `tollgate` (replace `PASSWORD`, and

@@ -150,7 +150,7 @@ impl Scripts {
 /// decision is one `EVALSHA` even where the server evicts scripts that `EVAL` loaded (Redis 7.4 and later).
 pub(crate) fn pinned() -> [&'static Script; 11] {
     let s = Scripts::shared();
-    let [acquire, renew, release] = crate::lease::scripts_list();
+    let [acquire, renew, release] = crate::slot::scripts_list();
     [
         &s.token_bucket,
         &s.sliding_window,

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use tollgate_core::Store;
-use tollgate_core::lease::{LeaseId, LeaseStore};
+use tollgate_core::slot::{SlotId, SlotStore};
 use tollgate_redis::{BuildError, EvictionCheck, RedisStore};
 use tollgate_testkit::redis::{RedisServer, unique_prefix};
 
@@ -47,7 +47,7 @@ async fn the_least_privilege_user_decides_and_holds_leases() {
         assert!(store.check("k", &policy, 1).await.unwrap().is_allowed());
         assert!(!store.check("k", &policy, 1).await.unwrap().is_allowed());
     }
-    let lease = LeaseId::new();
+    let lease = SlotId::new();
     assert!(store.acquire("k", lease, 1, TIMEOUT).await.unwrap().granted);
     assert!(store.renew("k", lease, TIMEOUT).await.unwrap());
     store.release("k", lease).await.unwrap();

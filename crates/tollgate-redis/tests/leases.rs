@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use tollgate_core::lease::{LeaseId, LeaseStore};
+use tollgate_core::slot::{SlotId, SlotStore};
 use tollgate_testkit::redis::cli_url;
 
 const LONG: Duration = Duration::from_secs(30);
@@ -18,8 +18,8 @@ async fn a_lease_released_before_its_acquire_lands_is_never_granted() {
     // renewed back to life.
     let url = redis.url();
     let store = redis.store("lease-tombstone").await;
-    let key = store.lease_key("k");
-    let (late, other) = (LeaseId::new(), LeaseId::new());
+    let key = store.slot_key("k");
+    let (late, other) = (SlotId::new(), SlotId::new());
     store.release("k", late).await.unwrap();
     let ttl: i64 = cli_url(&url, &["PTTL", &key]).parse().unwrap();
     assert!(
@@ -48,7 +48,7 @@ async fn a_lease_released_before_its_acquire_lands_is_never_granted() {
 async fn a_lease_time_beyond_any_use_is_a_year_not_a_lease_deleted_as_it_is_granted() {
     let redis = common::AclRedis::start();
     let store = redis.store("lease-huge").await;
-    let (a, b) = (LeaseId::new(), LeaseId::new());
+    let (a, b) = (SlotId::new(), SlotId::new());
     assert!(
         store
             .acquire("k", a, 1, Duration::MAX)
@@ -60,7 +60,7 @@ async fn a_lease_time_beyond_any_use_is_a_year_not_a_lease_deleted_as_it_is_gran
     let second = store.acquire("k", b, 1, Duration::MAX).await.unwrap();
     assert!(!second.granted);
     assert_eq!(second.in_flight, 1);
-    let ttl: i64 = cli_url(&redis.url(), &["PTTL", &store.lease_key("k")])
+    let ttl: i64 = cli_url(&redis.url(), &["PTTL", &store.slot_key("k")])
         .parse()
         .unwrap();
     let year_ms = 365 * 24 * 3_600_000;
@@ -75,11 +75,11 @@ async fn two_stores_share_one_limit_and_release_frees_a_slot() {
     let a = redis.store("lease-share").await;
     // A second instance: its own pool, same namespace.
     let b = redis
-        .builder_in(a.lease_key("x").split(':').next().unwrap().to_owned())
+        .builder_in(a.slot_key("x").split(':').next().unwrap().to_owned())
         .build()
         .await
         .unwrap();
-    let leases: Vec<LeaseId> = (0..4).map(|_| LeaseId::new()).collect();
+    let leases: Vec<SlotId> = (0..4).map(|_| SlotId::new()).collect();
     assert!(a.acquire("k", leases[0], 3, LONG).await.unwrap().granted);
     assert!(b.acquire("k", leases[1], 3, LONG).await.unwrap().granted);
     let third = a.acquire("k", leases[2], 3, LONG).await.unwrap();
@@ -92,7 +92,7 @@ async fn two_stores_share_one_limit_and_release_frees_a_slot() {
     b.release("k", leases[0]).await.unwrap(); // any instance may release
     assert!(b.acquire("k", leases[3], 3, LONG).await.unwrap().granted);
 
-    let ttl: i64 = cli_url(&url, &["PTTL", &a.lease_key("k")]).parse().unwrap();
+    let ttl: i64 = cli_url(&url, &["PTTL", &a.slot_key("k")]).parse().unwrap();
     assert!(
         ttl > 20_000 && ttl <= 30_000,
         "the key lives as long as its longest lease: {ttl} ms"
@@ -101,7 +101,7 @@ async fn two_stores_share_one_limit_and_release_frees_a_slot() {
         a.release("k", *lease).await.unwrap();
     }
     assert_eq!(
-        cli_url(&url, &["EXISTS", &a.lease_key("k")]),
+        cli_url(&url, &["EXISTS", &a.slot_key("k")]),
         "0",
         "the last release deletes the key"
     );
@@ -112,7 +112,7 @@ async fn two_stores_share_one_limit_and_release_frees_a_slot() {
 async fn renew_alive(
     store: &tollgate_redis::RedisStore,
     key: &str,
-    lease: LeaseId,
+    lease: SlotId,
     short: Duration,
     renewed_at: &mut std::time::Instant,
 ) -> bool {
@@ -134,7 +134,7 @@ async fn renew_alive(
 /// one granted with a reply at `replied` is gone by `replied + short`.
 async fn expiry_scenario(store: &tollgate_redis::RedisStore, key: &str, short: Duration) -> bool {
     use std::time::Instant;
-    let (dead, alive, waiting) = (LeaseId::new(), LeaseId::new(), LeaseId::new());
+    let (dead, alive, waiting) = (SlotId::new(), SlotId::new(), SlotId::new());
     assert!(store.acquire(key, dead, 2, short).await.unwrap().granted);
     let dead_granted = Instant::now();
     let mut renewed_at = Instant::now();
@@ -164,7 +164,7 @@ async fn expiry_scenario(store: &tollgate_redis::RedisStore, key: &str, short: D
     assert_eq!(admitted.in_flight, 2, "the renewed lease still counts");
     assert!(
         !store
-            .acquire(key, LeaseId::new(), 2, LONG)
+            .acquire(key, SlotId::new(), 2, LONG)
             .await
             .unwrap()
             .granted
@@ -189,7 +189,7 @@ async fn leases_of_a_dead_holder_expire_and_renewed_ones_do_not() {
     let key = ran.unwrap_or_else(|| {
         panic!("the machine stalled longer than the lease time ({short:?}) in each of three runs")
     });
-    let ttl: i64 = cli_url(&url, &["PTTL", &store.lease_key(&key)])
+    let ttl: i64 = cli_url(&url, &["PTTL", &store.slot_key(&key)])
         .parse()
         .unwrap();
     assert!(ttl > 20_000, "the TTL follows the longest lease: {ttl} ms");
@@ -202,20 +202,20 @@ async fn a_lower_ceiling_applies_to_the_same_leases() {
     for _ in 0..3 {
         assert!(
             store
-                .acquire("fleet", LeaseId::new(), 5, LONG)
+                .acquire("fleet", SlotId::new(), 5, LONG)
                 .await
                 .unwrap()
                 .granted
         );
     }
     let low = store
-        .acquire("fleet", LeaseId::new(), 3, LONG)
+        .acquire("fleet", SlotId::new(), 3, LONG)
         .await
         .unwrap();
     assert!(!low.granted, "non-critical ceiling reached");
     assert!(
         store
-            .acquire("fleet", LeaseId::new(), 5, LONG)
+            .acquire("fleet", SlotId::new(), 5, LONG)
             .await
             .unwrap()
             .granted,

@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tollgate_core::lease::{MemoryLeaseStore, block_on_ready};
+use tollgate_core::slot::{MemorySlotStore, block_on_ready};
 use tollgate_core::{MemoryStore, Policy, Quota};
 use tollgate_tower::{BoxError, ConstKey, ConstPriority, Priority, RateLimitLayer};
 use tollgate_tower::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
@@ -33,7 +33,7 @@ where
 
 fn overhead(c: &mut Criterion) {
     let mut group = c.benchmark_group("stack_overhead");
-    let leases = Arc::new(MemoryLeaseStore::new());
+    let leases = Arc::new(MemorySlotStore::new());
     let rate = || {
         RateLimitLayer::new(
             "rate",

@@ -54,7 +54,7 @@ pub use limit::rate::{LeaseConfig, LeaseHandle, LeaseShareError};
 pub use limit::{
     adaptive::{AdaptiveLimit, AdaptiveLimitLayer},
     concurrency::{
-        ConcurrencyLimit, ConcurrencyLimitLayer, LeaseLimit, LeaseLimitLayer, LeaseRule, PerKey,
+        ConcurrencyLimit, ConcurrencyLimitLayer, PerKey, SlotLimit, SlotLimitLayer, SlotRule,
     },
     fleet::{FleetRule, FleetShedLayer},
     stack::StackLayer,

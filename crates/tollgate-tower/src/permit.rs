@@ -1,6 +1,6 @@
 //! Permits: what an admitted request holds until its response is finished.
 //!
-//! A concurrency lease or a worker's in-flight slot is a guard whose `Drop` gives it back. The layers put it in a
+//! A concurrency slot or a worker's in-flight slot is a guard whose `Drop` gives it back. The layers put it in a
 //! [`Permit`] and hand it to the response through [`HoldPermit`]: for `http::Response`, the permit moves into the
 //! body ([`PermitBody`]), so it lives until the body is done or dropped (client disconnect,
 //! cancellation, a panicking handler: every path drops it). A failed call drops its permit at once.
@@ -72,7 +72,7 @@ impl<B> HoldPermit for http::Response<B> {
     }
 }
 
-/// The [`Answer`](crate::limit::Answer) of the lease limiters and shedders: an admitted response holds its
+/// The [`Answer`](crate::limit::Answer) of the slot limiters and shedders: an admitted response holds its
 /// [`Permit`] (through [`HoldPermit`]); errors pass on, and a failed call's permit is dropped at once.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Hold;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use http::HeaderName;
 use http_body_util::BodyExt;
-use tollgate_core::lease::{LeaseId, LeaseStore, MemoryLeaseStore};
+use tollgate_core::slot::{MemorySlotStore, SlotId, SlotStore};
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::HeaderKey;
 use tollgate_testkit::redis::{cli_url, redis_url, unique_prefix};
@@ -40,7 +40,7 @@ fn ann_key(name: &str) -> String {
     key
 }
 
-fn layer<L: LeaseStore>(limit: u64, store: Arc<L>) -> ConcurrencyLimitLayer<HeaderKey, L> {
+fn layer<L: SlotStore>(limit: u64, store: Arc<L>) -> ConcurrencyLimitLayer<HeaderKey, L> {
     ConcurrencyLimitLayer::new("in-flight", limit, store, client_key()).unwrap()
 }
 
@@ -50,18 +50,18 @@ struct TimingOut {
     releases: std::sync::atomic::AtomicUsize,
 }
 
-impl LeaseStore for TimingOut {
-    fn leases_expire(&self) -> bool {
+impl SlotStore for TimingOut {
+    fn slots_expire(&self) -> bool {
         true
     }
 
     fn acquire(
         &self,
         _: &str,
-        _: LeaseId,
+        _: SlotId,
         _: u64,
         _: Duration,
-    ) -> impl Future<Output = Result<tollgate_core::lease::Admission, tollgate_core::StoreError>> + Send
+    ) -> impl Future<Output = Result<tollgate_core::slot::Admission, tollgate_core::StoreError>> + Send
     {
         std::future::ready(Err(tollgate_core::StoreError::Timeout(
             Duration::from_millis(50),
@@ -71,7 +71,7 @@ impl LeaseStore for TimingOut {
     fn renew(
         &self,
         _: &str,
-        _: LeaseId,
+        _: SlotId,
         _: Duration,
     ) -> impl Future<Output = Result<bool, tollgate_core::StoreError>> + Send {
         std::future::ready(Ok(true))
@@ -80,7 +80,7 @@ impl LeaseStore for TimingOut {
     fn release(
         &self,
         _: &str,
-        _: LeaseId,
+        _: SlotId,
     ) -> impl Future<Output = Result<(), tollgate_core::StoreError>> + Send {
         self.releases
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -130,7 +130,7 @@ async fn a_redis_stall_leaves_no_lease_behind() {
     let gate = Gate::new();
     let limited = layer(1, store.clone())
         .on_store_error(tollgate_core::FailurePolicy::Closed)
-        .lease_ttl(Duration::from_secs(30))
+        .slot_ttl(Duration::from_secs(30))
         .unwrap();
     let addr = serve(app(&gate, |r| r.layer(HttpLimitLayer::new(limited)))).await;
     assert_eq!(get(addr, "/fast", ANN).await.status, 200);
@@ -144,29 +144,29 @@ async fn a_redis_stall_leaves_no_lease_behind() {
     server.resume();
     // The acquire sent during the stall has run by now, or runs with the next command on its connection.
     eventually(addr, "/fast", ANN, 200).await;
-    let lease_key = store.lease_key(&ann_key("in-flight"));
-    let live = server.cli(&["ZCOUNT", &lease_key, "(0", "+inf"]);
+    let slot_key = store.slot_key(&ann_key("in-flight"));
+    let live = server.cli(&["ZCOUNT", &slot_key, "(0", "+inf"]);
     assert_eq!(live, "0", "a lease outlived the stall");
 }
 
 #[test]
 fn lease_times_from_3_ms_to_a_day_are_accepted_and_others_are_config_errors() {
-    let store = Arc::new(MemoryLeaseStore::new());
+    let store = Arc::new(MemorySlotStore::new());
     for ttl in [
         Duration::from_millis(3),
-        tollgate_tower::limit::concurrency::MAX_LEASE_TTL,
+        tollgate_tower::limit::concurrency::MAX_SLOT_TTL,
     ] {
-        assert!(layer(1, store.clone()).lease_ttl(ttl).is_ok(), "{ttl:?}");
+        assert!(layer(1, store.clone()).slot_ttl(ttl).is_ok(), "{ttl:?}");
     }
     for (ttl, why) in [
         (Duration::from_millis(2), "too short"),
         (
-            tollgate_tower::limit::concurrency::MAX_LEASE_TTL + Duration::from_millis(1),
+            tollgate_tower::limit::concurrency::MAX_SLOT_TTL + Duration::from_millis(1),
             "too long",
         ),
         (Duration::MAX, "too long"),
     ] {
-        let err = layer(1, store.clone()).lease_ttl(ttl).unwrap_err();
+        let err = layer(1, store.clone()).slot_ttl(ttl).unwrap_err();
         assert!(err.to_string().contains(why), "{ttl:?}: {err}");
     }
 }
@@ -185,7 +185,7 @@ async fn hold(
     held
 }
 
-async fn exactly_n_in_flight<L: LeaseStore>(store: Arc<L>, in_flight: impl Fn() -> u64) {
+async fn exactly_n_in_flight<L: SlotStore>(store: Arc<L>, in_flight: impl Fn() -> u64) {
     let gate = Gate::new();
     let addr = serve(app(&gate, |r| {
         r.layer(HttpLimitLayer::new(layer(3, store)))
@@ -231,7 +231,7 @@ async fn exactly_n_in_flight<L: LeaseStore>(store: Arc<L>, in_flight: impl Fn() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_exactly_n_in_flight_and_the_rest_rejected_at_once() {
-    let store = Arc::new(MemoryLeaseStore::new());
+    let store = Arc::new(MemorySlotStore::new());
     let key = ann_key("in-flight");
     let probe = store.clone();
     exactly_n_in_flight(store, move || probe.in_flight(&key)).await;
@@ -240,7 +240,7 @@ async fn in_process_exactly_n_in_flight_and_the_rest_rejected_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_exactly_n_in_flight_and_the_rest_rejected_at_once() {
     let store = redis_instance(&unique_prefix("cc-exact")).await;
-    let redis_key = store.lease_key(&ann_key("in-flight"));
+    let redis_key = store.slot_key(&ann_key("in-flight"));
     exactly_n_in_flight(store, move || {
         cli_url(&redis_url(), &["ZCARD", &redis_key])
             .parse()
@@ -249,7 +249,7 @@ async fn redis_exactly_n_in_flight_and_the_rest_rejected_at_once() {
     .await;
 }
 
-async fn permits_return_after_disconnect_and_panic<L: LeaseStore>(store: Arc<L>) {
+async fn permits_return_after_disconnect_and_panic<L: SlotStore>(store: Arc<L>) {
     let gate = Gate::new();
     let addr = serve(app(&gate, |r| {
         r.layer(HttpLimitLayer::new(layer(1, store)))
@@ -273,7 +273,7 @@ async fn permits_return_after_disconnect_and_panic<L: LeaseStore>(store: Arc<L>)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_permits_return_after_disconnect_and_panic() {
-    permits_return_after_disconnect_and_panic(Arc::new(MemoryLeaseStore::new())).await;
+    permits_return_after_disconnect_and_panic(Arc::new(MemorySlotStore::new())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,7 +284,7 @@ async fn redis_permits_return_after_disconnect_and_panic() {
 
 #[tokio::test]
 async fn permits_return_when_the_body_is_dropped_or_the_call_cancelled() -> Result<(), BoxError> {
-    let store = Arc::new(MemoryLeaseStore::new());
+    let store = Arc::new(MemorySlotStore::new());
     let never = Arc::new(tokio::sync::Notify::new());
     let mut svc = tower::ServiceBuilder::new()
         .layer(HttpLimitLayer::new(layer(1, store.clone())))
@@ -392,12 +392,12 @@ async fn leases_of_a_crashed_instance_expire_and_long_requests_renew() {
     let namespace = unique_prefix("cc-crash");
     let live = redis_instance(&namespace).await;
     let key = ann_key("in-flight");
-    let redis_key = live.lease_key(&key);
+    let redis_key = live.slot_key(&key);
     let gate = Gate::new();
     // Renewed every third of it: a renewal late by two thirds (a stall on a loaded machine) loses the lease, as it
     // would in production, so the lease time is long against any stall.
     let short = Duration::from_secs(1);
-    let live_layer = layer(2, live).lease_ttl(short).unwrap();
+    let live_layer = layer(2, live).slot_ttl(short).unwrap();
     let addr = serve(app(&gate, |r| r.layer(HttpLimitLayer::new(live_layer)))).await;
 
     // Another instance took both of ann's slots and crashed: its leases were never released nor renewed.
@@ -408,7 +408,7 @@ async fn leases_of_a_crashed_instance_expire_and_long_requests_renew() {
     for _ in 0..5 {
         for _ in 0..2 {
             let admission = crashed
-                .acquire(&key, LeaseId::new(), 2, short)
+                .acquire(&key, SlotId::new(), 2, short)
                 .await
                 .unwrap();
             assert!(admission.granted);

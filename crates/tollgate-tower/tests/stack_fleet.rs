@@ -46,7 +46,7 @@ async fn two_instances_keep_non_critical_within_the_unreserved_share() {
         redis_instance(&namespace).await,
         redis_instance(&namespace).await,
     );
-    let fleet_key = store_a.lease_key("fleet");
+    let fleet_key = store_a.slot_key("fleet");
     assert_eq!(
         shedder(store_a.clone()).ceiling(Priority::Normal),
         3,

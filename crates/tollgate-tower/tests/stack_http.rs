@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get as route_get;
 use http::HeaderName;
-use tollgate_core::lease::MemoryLeaseStore;
+use tollgate_core::slot::MemorySlotStore;
 use tollgate_core::{MemoryStore, Policy, Quota};
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::HeaderKey;
@@ -75,13 +75,13 @@ async fn the_stack_on_a_router_over_redis() {
             .unwrap();
         let mut key = "in-flight:".to_owned();
         client_key().extract(&req, &mut key).unwrap();
-        store.lease_key(&key)
+        store.slot_key(&key)
     };
 
     let held = tokio::spawn(async move { get(addr, "/hold", &client("ann")).await });
     gate.wait_entered(1).await;
     assert_eq!(
-        cli_url(&redis_url(), &["ZCARD", &store.lease_key("fleet")]),
+        cli_url(&redis_url(), &["ZCARD", &store.slot_key("fleet")]),
         "1",
         "the held request has a fleet lease"
     );
@@ -129,7 +129,7 @@ async fn the_stack_on_a_router_over_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stack_on_one_route_and_shed_requests_spend_no_rate_tokens() {
-    let leases = Arc::new(MemoryLeaseStore::new());
+    let leases = Arc::new(MemorySlotStore::new());
     let worker = WorkerShedLayer::new(5, HeaderPriority::new())
         .unwrap()
         .interval(Duration::from_millis(1))

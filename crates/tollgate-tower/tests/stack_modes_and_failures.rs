@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 use tollgate_core::FailurePolicy;
-use tollgate_core::lease::MemoryLeaseStore;
+use tollgate_core::slot::MemorySlotStore;
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::HeaderKey;
 use tollgate_http::priority::HeaderPriority;
@@ -28,7 +28,7 @@ fn client_key() -> HeaderKey {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_mode_admits_and_the_switch_enforces() {
-    let leases = Arc::new(MemoryLeaseStore::new());
+    let leases = Arc::new(MemorySlotStore::new());
     let concurrency = ConcurrencyLimitLayer::new("in-flight", 1, leases.clone(), client_key())
         .unwrap()
         .shadow();

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::lease::MemoryLeaseStore;
+use tollgate_core::slot::MemorySlotStore;
 use tollgate_tower::{BoxError, ConstPriority, KeyFn, Priority, Rejection, RejectionKind};
 use tollgate_tower::{ConcurrencyLimitLayer, WorkerShedLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -34,7 +34,7 @@ async fn a_concurrency_rejection_releases_the_inner_readiness() -> Result<(), Bo
         Ok(())
     });
     let layer =
-        ConcurrencyLimitLayer::new("in-flight", 1, Arc::new(MemoryLeaseStore::new()), by_body)?;
+        ConcurrencyLimitLayer::new("in-flight", 1, Arc::new(MemorySlotStore::new()), by_body)?;
     let mut a = ServiceBuilder::new().layer(layer).service(inner());
     let mut b = a.clone();
 

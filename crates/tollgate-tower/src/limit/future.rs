@@ -21,7 +21,7 @@ pub(crate) type Deciding<G> = Pin<Box<dyn Future<Output = Conclusion<G>> + Send>
 
 /// How a limiter's [`ResponseFuture`] turns the inner service's result, and what the admission granted, into its
 /// output. Implemented by [`Responder`] (the rate limiter: a [`Respond`]er renders the verdict) and, with feature
-/// `stack`, `permit::Hold` (the lease limiters and shedders: the response holds the permit until it is finished).
+/// `stack`, `permit::Hold` (the slot limiters and shedders: the response holds the permit until it is finished).
 pub trait Answer<Req, T>: Grants {
     /// The limited service's output, `Result<Response, Error>`.
     type Output;

@@ -3,8 +3,8 @@
 //! | limiter | state | rejects with | where |
 //! |---|---|---|---|
 //! | request rate per key | a [`Store`](tollgate_core::Store): in process or Redis | 429 / `RESOURCE_EXHAUSTED` | [`rate`] |
-//! | concurrent requests per key (`stack`) | a [`LeaseStore`](tollgate_core::lease::LeaseStore): in process or Redis leases | 429 / `RESOURCE_EXHAUSTED` | `concurrency` |
-//! | fleet usage, capacity reserved for `Critical` (`stack`) | Redis leases on one fleet-wide key | 503 / `UNAVAILABLE` | `fleet` |
+//! | concurrent requests per key (`stack`) | a [`SlotStore`](tollgate_core::slot::SlotStore): in process or Redis | 429 / `RESOURCE_EXHAUSTED` | `concurrency` |
+//! | fleet usage, capacity reserved for `Critical` (`stack`) | Redis slots on one fleet-wide key | 503 / `UNAVAILABLE` | `fleet` |
 //! | worker utilization, lowest priority first (`stack`) | this instance's in-flight count | 503 / `UNAVAILABLE` | `worker` |
 //! | adaptive concurrency: a limit that follows latency, a share per priority (`stack`) | this instance's in-flight count | 503 / `UNAVAILABLE` | `adaptive` |
 //! | all of them, in order (`stack`) | | | `stack` (`StackLayer`) |
@@ -28,7 +28,7 @@
 //! use std::net::SocketAddr;
 //! use std::sync::Arc;
 //! use axum::{Router, routing::get};
-//! use tollgate_core::lease::MemoryLeaseStore;
+//! use tollgate_core::slot::MemorySlotStore;
 //! use tollgate_core::{MemoryStore, Policy, Quota};
 //! use tollgate_http::HttpLimitLayer;
 //! use tollgate_http::key::PeerIp;
@@ -36,8 +36,8 @@
 //! use tollgate_tower::{ConcurrencyLimitLayer, FleetShedLayer, RateLimitLayer, StackLayer, WorkerShedLayer};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // In production the lease store of the fleet shedder (and usually the others) is one RedisStore.
-//! let leases = Arc::new(MemoryLeaseStore::new());
+//! // In production the slot store of the fleet shedder (and usually the others) is one RedisStore.
+//! let slots = Arc::new(MemorySlotStore::new());
 //! let stack = StackLayer::new()
 //!     .worker_shedder(WorkerShedLayer::new(256, MethodPriority::new())?)
 //!     .rate_limit(RateLimitLayer::new(
@@ -46,8 +46,8 @@
 //!         Arc::new(MemoryStore::new()),
 //!         PeerIp,
 //!     ))
-//!     .concurrency_limit(ConcurrencyLimitLayer::new("in-flight", 20, leases.clone(), PeerIp)?)
-//!     .fleet_shedder(FleetShedLayer::new(10_000, leases, MethodPriority::new())?);
+//!     .concurrency_limit(ConcurrencyLimitLayer::new("in-flight", 20, slots.clone(), PeerIp)?)
+//!     .fleet_shedder(FleetShedLayer::new(10_000, slots, MethodPriority::new())?);
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "hello" }))
 //!     .layer(HttpLimitLayer::new(stack));
@@ -64,9 +64,9 @@ mod core;
 #[cfg(feature = "stack")]
 pub mod fleet;
 mod future;
-#[cfg(feature = "stack")]
-mod lease_guard;
 pub mod rate;
+#[cfg(feature = "stack")]
+mod slot_guard;
 #[cfg(feature = "stack")]
 pub mod stack;
 #[cfg(feature = "stack")]

@@ -3,17 +3,17 @@
 //! A request meets, from the outside in:
 //!
 //! 1. the **worker-utilization shedder** — in-process, no I/O, and the only limiter that protects this instance
-//!    from itself: it goes first so that a request it drops costs nothing else (no rate token spent, no lease
+//!    from itself: it goes first so that a request it drops costs nothing else (no rate token spent, no slot
 //!    taken, no Redis round trip while the instance is already overloaded);
 //! 2. the **adaptive concurrency limiter** (optional, [`AdaptiveLimitLayer`](crate::AdaptiveLimitLayer)) —
 //!    in-process too, a limit on this instance's in-flight requests that follows their latency: after the worker
 //!    shedder, whose fixed lines it refines, and before anything that costs a store call;
 //! 3. the **request-rate limiter** — one store call, no state to give back: a client over its rate is turned away
-//!    before it can take a concurrency lease it would have to release again;
-//! 4. the **concurrent-requests limiter** — per client key; its lease is held until the response is finished;
+//!    before it can take a concurrency slot it would have to release again;
+//! 4. the **concurrent-requests limiter** — per client key; its slot is held until the response is finished;
 //! 5. the **fleet-usage shedder** — the one fleet-wide key every instance writes (the hottest key in Redis), so
 //!    it is asked last, only for requests every per-client limit has admitted; shedding there costs those
-//!    requests' leases a release, which is cheap and rare next to keeping the hot key free of doomed requests.
+//!    requests' slots a release, which is cheap and rare next to keeping the hot key free of doomed requests.
 //!
 //! Each slot is optional (an unset slot is [`Identity`]), and each limiter keeps its own name, shadow mode, kill
 //! switch, metrics and failure policy. Wrap the stack in `tollgate_http::HttpLimitLayer` for axum (a router, a

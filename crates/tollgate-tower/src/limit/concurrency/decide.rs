@@ -1,25 +1,25 @@
-//! The lease limiters' decision, shared by every clone of a lease-limited service: the acquire, and the conclusion
+//! The slot limiters' decision, shared by every clone of a slot-limited service: the acquire, and the conclusion
 //! the [`Judge`] draws from the store's answer (mode, metrics, failure policy).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::lease::{LeaseId, LeaseStore, MemoryLeaseStore, block_on_ready};
+use tollgate_core::slot::{MemorySlotStore, SlotId, SlotStore, block_on_ready};
 use tollgate_core::{FailurePolicy, StoreError};
 
 use crate::limit::core::{self, Judge};
-use crate::limit::lease_guard::LeaseGuard;
+use crate::limit::slot_guard::SlotGuard;
 use crate::observe::{NearLimitShare, Signals, store_name, timed_async};
 use crate::{EnforcementSwitch, Mode, Name, Permit, Rejection, RejectionKind};
 
-/// What a lease limiter concludes: an admission grants the permit its response holds.
+/// What a slot limiter concludes: an admission grants the permit its response holds.
 pub(crate) type Conclusion = core::Conclusion<Permit>;
 
 /// Settings common to the concurrency limiter and the fleet shedder.
 #[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) name: Name,
-    pub(crate) lease_ttl: Duration,
+    pub(crate) slot_ttl: Duration,
     pub(crate) retry_after: Duration,
     pub(crate) on_error: FailurePolicy,
     pub(crate) near_limit: NearLimitShare,
@@ -28,21 +28,21 @@ pub(crate) struct Settings {
 pub(crate) struct Shared<R, L> {
     pub(crate) judge: Judge,
     pub(crate) rule: R,
-    lease_ttl: Duration,
+    slot_ttl: Duration,
     retry_after: Duration,
     store: Arc<L>,
     kind: RejectionKind,
-    fallback: Option<Arc<MemoryLeaseStore>>,
+    fallback: Option<Arc<MemorySlotStore>>,
 }
 
-impl<R, L: LeaseStore> Shared<R, L> {
+impl<R, L: SlotStore> Shared<R, L> {
     pub(crate) fn new(
         settings: Settings,
         switch: EnforcementSwitch,
         rule: R,
         store: Arc<L>,
         kind: RejectionKind,
-        fallback: Option<Arc<MemoryLeaseStore>>,
+        fallback: Option<Arc<MemorySlotStore>>,
     ) -> Self {
         let refused = if kind.is_overload() {
             "shed"
@@ -70,7 +70,7 @@ impl<R, L: LeaseStore> Shared<R, L> {
                 signals,
             ),
             rule,
-            lease_ttl: settings.lease_ttl,
+            slot_ttl: settings.slot_ttl,
             retry_after: settings.retry_after,
             store,
             kind,
@@ -78,20 +78,20 @@ impl<R, L: LeaseStore> Shared<R, L> {
         }
     }
 
-    /// Decides one request against `limit` leases on `key`, in `mode` (`Enforce` or `Shadow`).
+    /// Decides one request against `limit` slots on `key`, in `mode` (`Enforce` or `Shadow`).
     pub(crate) async fn decide(self: Arc<Self>, key: String, limit: u64, mode: Mode) -> Conclusion {
-        let lease = LeaseId::new();
-        let ttl = self.lease_ttl;
+        let slot = SlotId::new();
+        let ttl = self.slot_ttl;
         // A shared store's acquire may land even if this future is dropped while waiting for the reply (the
-        // client went away): this guard then gives the lease back instead of letting it count until it expires.
+        // client went away): this guard then gives the slot back instead of letting it count until it expires.
         let in_doubt = self
             .store
-            .leases_expire()
-            .then(|| LeaseGuard::unrenewed(self.store.clone(), key.clone(), lease));
-        let result = timed_async(self.store.acquire(&key, lease, limit, ttl)).await;
+            .slots_expire()
+            .then(|| SlotGuard::unrenewed(self.store.clone(), key.clone(), slot));
+        let result = timed_async(self.store.acquire(&key, slot, limit, ttl)).await;
         match (&result, in_doubt) {
-            // The reply was lost (a timeout, a dropped connection), not necessarily the request: the lease may be
-            // held, or be granted once a stalled server wakes, so release it (the store refuses a lease released
+            // The reply was lost (a timeout, a dropped connection), not necessarily the request: the slot may be
+            // held, or be granted once a stalled server wakes, so release it (the store refuses a slot released
             // before it was acquired). Only a skipped call (an open circuit) surely sent nothing.
             (Err(StoreError::CircuitOpen), Some(guard)) => guard.disarm(),
             (Err(_), Some(guard)) => drop(guard),
@@ -102,11 +102,11 @@ impl<R, L: LeaseStore> Shared<R, L> {
             Ok(admission) if admission.granted => {
                 self.judge
                     .admitted(limit.saturating_sub(admission.in_flight), limit);
-                let guard = LeaseGuard::new(self.store.clone(), key, lease, ttl);
+                let guard = SlotGuard::new(self.store.clone(), key, slot, ttl);
                 Conclusion::Admit(Some(Permit::new(guard)))
             }
             Ok(admission) => self.over_limit(mode, admission.in_flight, limit),
-            Err(err) => self.store_failed(key, lease, limit, mode, &err),
+            Err(err) => self.store_failed(key, slot, limit, mode, &err),
         }
     }
 
@@ -128,7 +128,7 @@ impl<R, L: LeaseStore> Shared<R, L> {
     fn store_failed(
         &self,
         key: String,
-        lease: LeaseId,
+        slot: SlotId,
         limit: u64,
         mode: Mode,
         err: &StoreError,
@@ -137,13 +137,13 @@ impl<R, L: LeaseStore> Shared<R, L> {
             .store_failed(err, mode, Some(self.retry_after), || {
                 let local = self.fallback.as_ref()?;
                 let admission =
-                    block_on_ready(local.acquire(&key, lease, limit, self.lease_ttl)).ok()?;
+                    block_on_ready(local.acquire(&key, slot, limit, self.slot_ttl)).ok()?;
                 if !admission.granted {
                     return Some(self.over_limit(mode, admission.in_flight, limit));
                 }
                 self.judge
                     .admitted_locally(limit.saturating_sub(admission.in_flight), limit);
-                let guard = LeaseGuard::new(local.clone(), key, lease, self.lease_ttl);
+                let guard = SlotGuard::new(local.clone(), key, slot, self.slot_ttl);
                 Some(Conclusion::Admit(Some(Permit::new(guard))))
             })
     }

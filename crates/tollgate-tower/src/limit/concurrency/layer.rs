@@ -3,24 +3,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::FailurePolicy;
-use tollgate_core::lease::{LeaseStore, MemoryLeaseStore};
+use tollgate_core::slot::{MemorySlotStore, SlotStore};
 use tower_layer::Layer;
 
 use super::decide::{Settings, Shared};
-use super::{LeaseLimit, PerKey};
+use super::{PerKey, SlotLimit};
 use crate::limit::core::{Built, enforcement_methods};
 use crate::observe::NearLimitShare;
 use crate::{ConfigError, EnforcementSwitch, Name, RejectionKind};
 
-/// How long a shared lease lives unless renewed (default): a crashed instance's requests stop counting after it.
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
-/// The longest lease time accepted: a lease is renewed while its request runs, so its time only says how long a
+/// How long a shared slot lives unless renewed (default): a crashed instance's requests stop counting after it.
+pub const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(10);
+/// The longest slot time accepted: a slot is renewed while its request runs, so its time only says how long a
 /// crashed holder keeps counting.
-pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+pub const MAX_SLOT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The retry delay a rejection announces (default): in-flight capacity frees up as requests finish.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// A limit on requests in flight, counted as leases: what a [`LeaseRule`](super::LeaseRule) says is the key and
+/// A limit on requests in flight, counted as slots: what a [`SlotRule`](super::SlotRule) says is the key and
 /// its ceiling. The concurrent-requests limiter ([`ConcurrencyLimitLayer`]) and the fleet-usage shedder
 /// ([`FleetShedLayer`](crate::FleetShedLayer)) are this layer with two rules, so they share one builder.
 ///
@@ -30,11 +30,11 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Cheap to clone; every service it builds (e.g. axum's copy per route) shares the store, the enforcement switch,
 /// the local fallback and the metrics: configure the layer before applying it.
 #[must_use]
-pub struct LeaseLimitLayer<R, L> {
+pub struct SlotLimitLayer<R, L> {
     pub(crate) settings: Settings,
     pub(crate) rule: R,
     store: Arc<L>,
-    fallback: Option<Arc<MemoryLeaseStore>>,
+    fallback: Option<Arc<MemorySlotStore>>,
     kind: RejectionKind,
     switch: EnforcementSwitch,
     built: Built<Shared<R, L>>,
@@ -44,11 +44,11 @@ pub struct LeaseLimitLayer<R, L> {
 ///
 /// The request over the limit is **rejected** at once (429 / `RESOURCE_EXHAUSTED` through the adapters), never
 /// queued: tower's `tower::limit::ConcurrencyLimitLayer` of the same name makes callers wait for a slot instead.
-pub type ConcurrencyLimitLayer<K, L> = LeaseLimitLayer<PerKey<K>, L>;
+pub type ConcurrencyLimitLayer<K, L> = SlotLimitLayer<PerKey<K>, L>;
 
-impl<K, L: LeaseStore> ConcurrencyLimitLayer<K, L> {
+impl<K, L: SlotStore> ConcurrencyLimitLayer<K, L> {
     /// At most `limit` requests in flight per key from `key`, counted in `store`, under the name `name` (which
-    /// also prefixes the keys). Enforced, leases of [`DEFAULT_LEASE_TTL`], rejections announce a retry after
+    /// also prefixes the keys). Enforced, slots of [`DEFAULT_SLOT_TTL`], rejections announce a retry after
     /// [`DEFAULT_RETRY_AFTER`], and a failing store rejects (fails closed).
     ///
     /// # Errors
@@ -67,7 +67,7 @@ impl<K, L: LeaseStore> ConcurrencyLimitLayer<K, L> {
         }
         let settings = Settings {
             name,
-            lease_ttl: DEFAULT_LEASE_TTL,
+            slot_ttl: DEFAULT_SLOT_TTL,
             retry_after: DEFAULT_RETRY_AFTER,
             on_error: FailurePolicy::Closed,
             near_limit: NearLimitShare::DEFAULT,
@@ -96,7 +96,7 @@ impl<K, L> ConcurrencyLimitLayer<K, L> {
     }
 }
 
-impl<R, L> LeaseLimitLayer<R, L> {
+impl<R, L> SlotLimitLayer<R, L> {
     /// A layer with `settings` over `rule`, rejecting with `kind`.
     pub(crate) fn with_rule(
         settings: Settings,
@@ -117,25 +117,25 @@ impl<R, L> LeaseLimitLayer<R, L> {
 
     enforcement_methods!();
 
-    /// How long a shared lease lives unless renewed (renewed every third of it while the request runs).
+    /// How long a shared slot lives unless renewed (renewed every third of it while the request runs).
     ///
     /// # Errors
-    /// If `ttl` is shorter than 3 ms (renewals could not keep up) or longer than [`MAX_LEASE_TTL`].
-    pub fn lease_ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
+    /// If `ttl` is shorter than 3 ms (renewals could not keep up) or longer than [`MAX_SLOT_TTL`].
+    pub fn slot_ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
         if ttl < Duration::from_millis(3) {
             return Err(ConfigError::new(format!(
-                "{:?}: a lease time of {ttl:?} is too short (at least 3 ms)",
+                "{:?}: a slot time of {ttl:?} is too short (at least 3 ms)",
                 self.settings.name
             )));
         }
-        if ttl > MAX_LEASE_TTL {
+        if ttl > MAX_SLOT_TTL {
             return Err(ConfigError::new(format!(
-                "{:?}: a lease time of {ttl:?} is too long (at most {MAX_LEASE_TTL:?}: a crashed holder would \
+                "{:?}: a slot time of {ttl:?} is too long (at most {MAX_SLOT_TTL:?}: a crashed holder would \
                  count that long)",
                 self.settings.name
             )));
         }
-        self.settings.lease_ttl = ttl;
+        self.settings.slot_ttl = ttl;
         Ok(self.rebuilt())
     }
 
@@ -175,7 +175,7 @@ impl<R, L> LeaseLimitLayer<R, L> {
     }
 }
 
-impl<R: Clone, L> Clone for LeaseLimitLayer<R, L> {
+impl<R: Clone, L> Clone for SlotLimitLayer<R, L> {
     fn clone(&self) -> Self {
         Self {
             settings: self.settings.clone(),
@@ -189,20 +189,20 @@ impl<R: Clone, L> Clone for LeaseLimitLayer<R, L> {
     }
 }
 
-impl<R, L> fmt::Debug for LeaseLimitLayer<R, L> {
+impl<R, L> fmt::Debug for SlotLimitLayer<R, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaseLimitLayer")
+        f.debug_struct("SlotLimitLayer")
             .field("name", &self.settings.name)
             .field("rejects_as", &self.kind)
             .field("mode", &self.switch.mode())
-            .field("lease_ttl", &self.settings.lease_ttl)
+            .field("slot_ttl", &self.settings.slot_ttl)
             .field("on_store_error", &self.settings.on_error)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, R: Clone, L: LeaseStore> Layer<S> for LeaseLimitLayer<R, L> {
-    type Service = LeaseLimit<S, R, L>;
+impl<S, R: Clone, L: SlotStore> Layer<S> for SlotLimitLayer<R, L> {
+    type Service = SlotLimit<S, R, L>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let shared = self.built.get_or_init(|| {
@@ -215,6 +215,6 @@ impl<S, R: Clone, L: LeaseStore> Layer<S> for LeaseLimitLayer<R, L> {
                 self.fallback.clone(),
             )
         });
-        LeaseLimit::from_shared(inner, shared)
+        SlotLimit::from_shared(inner, shared)
     }
 }

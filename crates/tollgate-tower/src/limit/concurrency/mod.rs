@@ -1,9 +1,9 @@
 //! The concurrent-requests limiter: at most N requests in flight per key, the next rejected at once.
 //!
-//! [`ConcurrencyLimitLayer`] asks a [`LeaseStore`](tollgate_core::lease::LeaseStore) for a lease in `call`:
+//! [`ConcurrencyLimitLayer`] asks a [`SlotStore`](tollgate_core::slot::SlotStore) for a slot in `call`:
 //!
-//! - granted: the inner service runs, and the response holds the lease ([`HoldPermit`](crate::HoldPermit)) — for
-//!   HTTP in its body, so the lease is held until the body is done or dropped (a stream until it ends), and given
+//! - granted: the inner service runs, and the response holds the slot ([`HoldPermit`](crate::HoldPermit)) — for
+//!   HTTP in its body, so the slot is held until the body is done or dropped (a stream until it ends), and given
 //!   back on client disconnect, cancellation (the future dropped) and a panicking handler alike;
 //! - over the limit: the call fails at once with a [`Rejection`](crate::Rejection) of kind
 //!   [`ConcurrencyLimited`](crate::RejectionKind::ConcurrencyLimited) (HTTP 429, gRPC
@@ -11,25 +11,25 @@
 //! - the store fails: the layer's failure policy answers (admit, reject with
 //!   [`StoreUnavailable`](crate::RejectionKind::StoreUnavailable), or count in process).
 //!
-//! With [`MemoryLeaseStore`](tollgate_core::lease::MemoryLeaseStore) the limit holds per instance; with the Redis
-//! store for the whole fleet. Shared leases expire after the lease time unless renewed, which the holder does
-//! every third of it while the request runs, so a crashed instance's requests stop counting after one lease time.
-//! A lease is released from `Drop` by a spawned task (best effort; the expiry is the backstop).
+//! With [`MemorySlotStore`](tollgate_core::slot::MemorySlotStore) the limit holds per instance; with the Redis
+//! store for the whole fleet. Shared slots expire after the slot time unless renewed, which the holder does
+//! every third of it while the request runs, so a crashed instance's requests stop counting after one slot time.
+//! A slot is released from `Drop` by a spawned task (best effort; the expiry is the backstop).
 //!
 //! There is no deny cache here, unlike the rate limiter's ([`deny_cache`](crate::limit::rate::deny_cache)): a
-//! refusal at capacity would not stay exact, since any holder (on any instance) may release its lease the next
+//! refusal at capacity would not stay exact, since any holder (on any instance) may release its slot the next
 //! moment, and there is no instant before which the store would surely refuse again.
 //!
 //! Metrics: `tollgate_decisions_total{limiter, outcome}` with outcome `allowed`, `limited`, `shadow_limited`,
 //! `store_error_open`, `store_error_closed`, `shadow_store_error_closed` or `store_error_local` (one outcome per
 //! decision); `tollgate_store_errors_total{limiter, kind,
 //! failure_policy}`; `tollgate_near_limit_total{limiter}` for admissions that leave fewer than
-//! [`near_limit`](LeaseLimitLayer::near_limit)'s share of the ceiling free (20 % by default). Each decision is a
+//! [`near_limit`](SlotLimitLayer::near_limit)'s share of the ceiling free (20 % by default). Each decision is a
 //! `tracing` event at `DEBUG` on the target `tollgate::decision`.
 //!
 //! ```
 //! use std::sync::Arc;
-//! use tollgate_core::lease::MemoryLeaseStore;
+//! use tollgate_core::slot::MemorySlotStore;
 //! use tollgate_tower::ConcurrencyLimitLayer;
 //! use tollgate_tower::{BoxError, KeyFn, Rejection, RejectionKind};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
@@ -40,7 +40,7 @@
 //!     key.push_str(req.body());
 //!     Ok(())
 //! });
-//! let layer = ConcurrencyLimitLayer::new("per-user", 1, Arc::new(MemoryLeaseStore::new()), by_user)?;
+//! let layer = ConcurrencyLimitLayer::new("per-user", 1, Arc::new(MemorySlotStore::new()), by_user)?;
 //! let mut svc = ServiceBuilder::new()
 //!     .layer(layer)
 //!     .service_fn(|_| async { Ok::<_, BoxError>(http::Response::new("streaming…")) });
@@ -63,23 +63,23 @@ mod layer;
 mod service;
 
 pub use layer::{
-    ConcurrencyLimitLayer, DEFAULT_LEASE_TTL, DEFAULT_RETRY_AFTER, LeaseLimitLayer, MAX_LEASE_TTL,
+    ConcurrencyLimitLayer, DEFAULT_RETRY_AFTER, DEFAULT_SLOT_TTL, MAX_SLOT_TTL, SlotLimitLayer,
 };
-pub use service::LeaseLimit;
+pub use service::SlotLimit;
 
-/// The service a [`ConcurrencyLimitLayer`] builds: a [`LeaseLimit`] with one lease set per key.
-pub type ConcurrencyLimit<S, K, L> = LeaseLimit<S, PerKey<K>, L>;
+/// The service a [`ConcurrencyLimitLayer`] builds: a [`SlotLimit`] with one slot set per key.
+pub type ConcurrencyLimit<S, K, L> = SlotLimit<S, PerKey<K>, L>;
 
 pub(crate) use decide::Settings;
 
 use crate::{KeyError, KeyExtractor};
 
-/// Which lease set a request counts against, and its ceiling there.
+/// Which slot set a request counts against, and its ceiling there.
 ///
 /// [`PerKey`] (the concurrency limiter: one set per client key, one limit) and
 /// [`FleetRule`](crate::limit::fleet::FleetRule) (the fleet shedder: one fleet-wide set, a ceiling per priority)
 /// implement it.
-pub trait LeaseRule<Req>: Send + Sync + 'static {
+pub trait SlotRule<Req>: Send + Sync + 'static {
     /// Appends the request's key (after the limiter's name) to `key` and returns its ceiling.
     ///
     /// # Errors
@@ -87,14 +87,14 @@ pub trait LeaseRule<Req>: Send + Sync + 'static {
     fn rule(&self, req: &Req, key: &mut String) -> Result<u64, KeyError>;
 }
 
-/// One lease set per key from a [`KeyExtractor`], the same limit for all.
+/// One slot set per key from a [`KeyExtractor`], the same limit for all.
 #[derive(Debug, Clone)]
 pub struct PerKey<K> {
     key: K,
     limit: u64,
 }
 
-impl<Req, K: KeyExtractor<Req>> LeaseRule<Req> for PerKey<K> {
+impl<Req, K: KeyExtractor<Req>> SlotRule<Req> for PerKey<K> {
     fn rule(&self, req: &Req, key: &mut String) -> Result<u64, KeyError> {
         key.push(':');
         self.key.extract(req, key)?;

@@ -2,27 +2,27 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tollgate_core::lease::LeaseStore;
+use tollgate_core::slot::SlotStore;
 use tower_service::Service;
 
-use super::LeaseRule;
+use super::SlotRule;
 use super::decide::Shared;
 use crate::limit::ResponseFuture;
 use crate::limit::future::{Deciding, decide_later, pass, refuse};
 use crate::permit::Hold;
 use crate::{BoxError, EnforcementSwitch, HoldPermit, Mode, Permit};
 
-/// A service whose requests hold a lease while in flight: built by a
+/// A service whose requests hold a slot while in flight: built by a
 /// [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer) or a [`FleetShedLayer`](crate::FleetShedLayer).
 ///
 /// Errors are the inner service's, boxed, plus [`Rejection`](crate::Rejection) (too many in flight, or
 /// the store failed closed) and [`KeyError`](crate::KeyError) (the key's source is missing).
-pub struct LeaseLimit<S, R, L> {
+pub struct SlotLimit<S, R, L> {
     inner: S,
     shared: Arc<Shared<R, L>>,
 }
 
-impl<S, R, L> LeaseLimit<S, R, L> {
+impl<S, R, L> SlotLimit<S, R, L> {
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared<R, L>>) -> Self {
         Self { inner, shared }
     }
@@ -39,7 +39,7 @@ impl<S, R, L> LeaseLimit<S, R, L> {
     }
 }
 
-impl<S: Clone, R, L> Clone for LeaseLimit<S, R, L> {
+impl<S: Clone, R, L> Clone for SlotLimit<S, R, L> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -48,9 +48,9 @@ impl<S: Clone, R, L> Clone for LeaseLimit<S, R, L> {
     }
 }
 
-impl<S: fmt::Debug, R, L> fmt::Debug for LeaseLimit<S, R, L> {
+impl<S: fmt::Debug, R, L> fmt::Debug for SlotLimit<S, R, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaseLimit")
+        f.debug_struct("SlotLimit")
             .field("inner", &self.inner)
             .field("limiter", &self.shared.judge.name)
             .field("mode", &self.shared.judge.mode())
@@ -58,13 +58,13 @@ impl<S: fmt::Debug, R, L> fmt::Debug for LeaseLimit<S, R, L> {
     }
 }
 
-impl<S, R, L, Req> Service<Req> for LeaseLimit<S, R, L>
+impl<S, R, L, Req> Service<Req> for SlotLimit<S, R, L>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     S::Response: HoldPermit,
-    R: LeaseRule<Req>,
-    L: LeaseStore,
+    R: SlotRule<Req>,
+    L: SlotStore,
 {
     type Response = <S::Response as HoldPermit>::Held;
     type Error = BoxError;

@@ -3,13 +3,11 @@ use std::sync::Arc;
 use crate::observe::NearLimitShare;
 use crate::{Name, Priority, RejectionKind};
 use tollgate_core::FailurePolicy;
-use tollgate_core::lease::LeaseStore;
+use tollgate_core::slot::SlotStore;
 
 use super::FleetRule;
 use crate::ConfigError;
-use crate::limit::concurrency::{
-    DEFAULT_LEASE_TTL, DEFAULT_RETRY_AFTER, LeaseLimitLayer, Settings,
-};
+use crate::limit::concurrency::{DEFAULT_RETRY_AFTER, DEFAULT_SLOT_TTL, Settings, SlotLimitLayer};
 
 /// The share of fleet capacity reserved for `Critical` requests (default), in percent.
 pub const DEFAULT_RESERVE_PERCENT: u8 = 20;
@@ -18,12 +16,12 @@ pub const DEFAULT_FLEET_KEY: &str = "fleet";
 
 /// Sheds non-critical requests once they fill the fleet's unreserved capacity: see the [module docs](super).
 ///
-/// The lease layer of the concurrency limiter with a fleet-wide rule: its builder ([`mode`](LeaseLimitLayer::mode),
-/// [`shadow`](LeaseLimitLayer::shadow), [`lease_ttl`](LeaseLimitLayer::lease_ttl),
-/// [`on_store_error`](LeaseLimitLayer::on_store_error) …) is shared.
-pub type FleetShedLayer<P, L> = LeaseLimitLayer<FleetRule<P>, L>;
+/// The slot layer of the concurrency limiter with a fleet-wide rule: its builder ([`mode`](SlotLimitLayer::mode),
+/// [`shadow`](SlotLimitLayer::shadow), [`slot_ttl`](SlotLimitLayer::slot_ttl),
+/// [`on_store_error`](SlotLimitLayer::on_store_error) …) is shared.
+pub type FleetShedLayer<P, L> = SlotLimitLayer<FleetRule<P>, L>;
 
-impl<P, L: LeaseStore> FleetShedLayer<P, L> {
+impl<P, L: SlotStore> FleetShedLayer<P, L> {
     /// Fleet-wide, at most `capacity` requests in flight, counted in `store` (shared by every instance), with
     /// [`DEFAULT_RESERVE_PERCENT`] of it reserved for requests that `classifier` calls `Critical`. Named
     /// [`DEFAULT_FLEET_KEY`]; enforced; a failing store admits (fails open: shedding protects the service, and
@@ -39,7 +37,7 @@ impl<P, L: LeaseStore> FleetShedLayer<P, L> {
         }
         let settings = Settings {
             name: DEFAULT_FLEET_KEY.into(),
-            lease_ttl: DEFAULT_LEASE_TTL,
+            slot_ttl: DEFAULT_SLOT_TTL,
             retry_after: DEFAULT_RETRY_AFTER,
             on_error: FailurePolicy::Open,
             near_limit: NearLimitShare::DEFAULT,

@@ -1,7 +1,7 @@
 //! The fleet-usage load shedder: keeps a share of the whole fleet's capacity for critical traffic.
 //!
-//! Every instance counts its in-flight requests in one fleet-wide lease set in Redis (the same leases as the
-//! concurrency limiter: a key `<namespace>:{fleet}:inflight`, leases that expire if their instance dies). A
+//! Every instance counts its in-flight requests in one fleet-wide slot set in Redis (the same slots as the
+//! concurrency limiter: a key `<namespace>:{fleet}:inflight`, slots that expire if their instance dies). A
 //! request's ceiling depends on its [`Priority`]: `Critical` requests may use the whole fleet capacity; every
 //! other class only `capacity − reserve`, where the reserve is a share of the capacity
 //! ([`DEFAULT_RESERVE_PERCENT`], 20 %, by default). Once non-critical requests fill their share, further ones are
@@ -16,12 +16,12 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use tollgate_core::lease::MemoryLeaseStore;
+//! use tollgate_core::slot::MemorySlotStore;
 //! use tollgate_tower::FleetShedLayer;
 //! use tollgate_tower::{ConstPriority, Priority};
 //!
 //! // In production the store is a RedisStore shared by every instance.
-//! let layer = FleetShedLayer::new(100, Arc::new(MemoryLeaseStore::new()), ConstPriority(Priority::Normal))?
+//! let layer = FleetShedLayer::new(100, Arc::new(MemorySlotStore::new()), ConstPriority(Priority::Normal))?
 //!     .reserve_percent(25)?;
 //! assert_eq!(layer.ceiling(Priority::Critical), 100);
 //! assert_eq!(layer.ceiling(Priority::High), 75);
@@ -34,7 +34,7 @@ pub use layer::{DEFAULT_FLEET_KEY, DEFAULT_RESERVE_PERCENT, FleetShedLayer};
 
 use crate::{Classify, KeyError, Priority};
 
-use crate::limit::concurrency::LeaseRule;
+use crate::limit::concurrency::SlotRule;
 
 /// The fleet shedder's rule: one key, a ceiling per priority.
 #[derive(Debug, Clone)]
@@ -65,7 +65,7 @@ impl<P> FleetRule<P> {
     }
 }
 
-impl<Req, P: Classify<Req>> LeaseRule<Req> for FleetRule<P> {
+impl<Req, P: Classify<Req>> SlotRule<Req> for FleetRule<P> {
     fn rule(&self, req: &Req, _key: &mut String) -> Result<u64, KeyError> {
         Ok(self.ceiling(self.classifier.classify(req)))
     }

@@ -1,4 +1,4 @@
-//! The guard of one concurrency lease: renews a shared lease while the request runs, releases it on drop.
+//! The guard of one concurrency slot: renews a shared slot while the request runs, releases it on drop.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -7,31 +7,31 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
-use tollgate_core::lease::{LeaseId, LeaseStore};
+use tollgate_core::slot::{SlotId, SlotStore};
 
-/// How long a shared store's release is retried before the lease is left to expire.
+/// How long a shared store's release is retried before the slot is left to expire.
 const RELEASE_RETRIES_FOR: Duration = Duration::from_secs(60);
 
-/// Holds `lease` on `key` in `store` until dropped.
-pub(crate) struct LeaseGuard<L: LeaseStore> {
+/// Holds `slot` on `key` in `store` until dropped.
+pub(crate) struct SlotGuard<L: SlotStore> {
     store: Arc<L>,
     key: String,
-    lease: LeaseId,
+    slot: SlotId,
     renewal: Option<JoinHandle<()>>,
     armed: bool,
 }
 
-impl<L: LeaseStore> LeaseGuard<L> {
-    /// Guards a granted lease. A lease that expires (a shared store) is renewed every `ttl / 3` while the guard
-    /// lives, so a long request keeps it while a crashed instance's leases run out after `ttl`.
-    pub(crate) fn new(store: Arc<L>, key: String, lease: LeaseId, ttl: Duration) -> Self {
-        let renewal = if store.leases_expire() {
+impl<L: SlotStore> SlotGuard<L> {
+    /// Guards a granted slot. A slot that expires (a shared store) is renewed every `ttl / 3` while the guard
+    /// lives, so a long request keeps it while a crashed instance's slots run out after `ttl`.
+    pub(crate) fn new(store: Arc<L>, key: String, slot: SlotId, ttl: Duration) -> Self {
+        let renewal = if store.slots_expire() {
             match Handle::try_current() {
-                Ok(handle) => Some(handle.spawn(renew(store.clone(), key.clone(), lease, ttl))),
+                Ok(handle) => Some(handle.spawn(renew(store.clone(), key.clone(), slot, ttl))),
                 Err(_) => {
                     tracing::debug!(
                         key,
-                        "no tokio runtime: the lease is not renewed and lasts {ttl:?}"
+                        "no tokio runtime: the slot is not renewed and lasts {ttl:?}"
                     );
                     None
                 }
@@ -42,53 +42,53 @@ impl<L: LeaseStore> LeaseGuard<L> {
         Self {
             store,
             key,
-            lease,
+            slot,
             renewal,
             armed: true,
         }
     }
 }
 
-impl<L: LeaseStore> LeaseGuard<L> {
-    /// A guard that never renews: for a lease whose grant is not known yet (the acquire is in flight and may be
+impl<L: SlotStore> SlotGuard<L> {
+    /// A guard that never renews: for a slot whose grant is not known yet (the acquire is in flight and may be
     /// cancelled) or never will be (its reply was lost). Released on drop unless [`disarm`](Self::disarm)ed.
-    pub(crate) fn unrenewed(store: Arc<L>, key: String, lease: LeaseId) -> Self {
+    pub(crate) fn unrenewed(store: Arc<L>, key: String, slot: SlotId) -> Self {
         Self {
             store,
             key,
-            lease,
+            slot,
             renewal: None,
             armed: true,
         }
     }
 
-    /// The lease is known not to be held (or another guard holds it): nothing to release on drop.
+    /// The slot is known not to be held (or another guard holds it): nothing to release on drop.
     pub(crate) fn disarm(mut self) {
         self.armed = false;
     }
 }
 
-async fn renew<L: LeaseStore>(store: Arc<L>, key: String, lease: LeaseId, ttl: Duration) {
+async fn renew<L: SlotStore>(store: Arc<L>, key: String, slot: SlotId, ttl: Duration) {
     let every = (ttl / 3).max(Duration::from_millis(1));
     loop {
         tokio::time::sleep(every).await;
-        match store.renew(&key, lease, ttl).await {
+        match store.renew(&key, slot, ttl).await {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(
                     key,
-                    "concurrency lease expired before its request finished (renewals failed for longer than \
-                     the lease time {ttl:?}); the request now runs uncounted"
+                    "concurrency slot expired before its request finished (renewals failed for longer than \
+                     the slot time {ttl:?}); the request now runs uncounted"
                 );
                 return;
             }
-            // The next renewal may succeed before the lease runs out.
-            Err(err) => tracing::debug!(key, error = %err, "concurrency lease renewal failed"),
+            // The next renewal may succeed before the slot runs out.
+            Err(err) => tracing::debug!(key, error = %err, "concurrency slot renewal failed"),
         }
     }
 }
 
-impl<L: LeaseStore> Drop for LeaseGuard<L> {
+impl<L: SlotStore> Drop for SlotGuard<L> {
     fn drop(&mut self) {
         if let Some(renewal) = self.renewal.take() {
             renewal.abort();
@@ -96,8 +96,8 @@ impl<L: LeaseStore> Drop for LeaseGuard<L> {
         if !self.armed {
             return;
         }
-        let shared = self.store.leases_expire();
-        // A store doing I/O needs the runtime (its timeout and connections live there); without one the lease
+        let shared = self.store.slots_expire();
+        // A store doing I/O needs the runtime (its timeout and connections live there); without one the slot
         // simply expires.
         let handle = match (shared, Handle::try_current()) {
             (false, _) => None,
@@ -105,31 +105,31 @@ impl<L: LeaseStore> Drop for LeaseGuard<L> {
             (true, Err(_)) => {
                 tracing::debug!(
                     key = self.key,
-                    "no tokio runtime to release the lease: it expires instead"
+                    "no tokio runtime to release the slot: it expires instead"
                 );
                 return;
             }
         };
         let store = self.store.clone();
         let key = std::mem::take(&mut self.key);
-        let lease = self.lease;
+        let slot = self.slot;
         let mut release = Box::pin(async move {
-            // A shared store's release is retried while it fails (a stall, an open circuit that skips it): a lease
+            // A shared store's release is retried while it fails (a stall, an open circuit that skips it): a slot
             // not given back holds its slot until it expires, and one whose acquire timed out may be granted
-            // when the stall ends with nobody left to give it back but this release (the store refuses a lease
+            // when the stall ends with nobody left to give it back but this release (the store refuses a slot
             // released before it was acquired).
             let give_up = Instant::now() + RELEASE_RETRIES_FOR;
             let mut pause = Duration::from_millis(50);
             loop {
-                match store.release(&key, lease).await {
+                match store.release(&key, slot).await {
                     Ok(()) => return,
                     Err(err) if shared && Instant::now() + pause < give_up => {
-                        tracing::debug!(key, error = %err, "releasing a concurrency lease failed; retrying");
+                        tracing::debug!(key, error = %err, "releasing a concurrency slot failed; retrying");
                         tokio::time::sleep(pause).await;
                         pause = (pause * 2).min(Duration::from_secs(1));
                     }
                     Err(err) => {
-                        tracing::debug!(key, error = %err, "releasing a concurrency lease failed; it expires instead");
+                        tracing::debug!(key, error = %err, "releasing a concurrency slot failed; it expires instead");
                         return;
                     }
                 }

@@ -1,18 +1,18 @@
-//! Concurrency leases: how many requests per key are in flight, and the [`LeaseStore`]s that count them.
+//! Concurrency slots: how many requests per key are in flight, and the [`SlotStore`]s that count them.
 //!
-//! A concurrent-requests limiter or a fleet load shedder asks a [`LeaseStore`] for a lease before a request runs
-//! and gives it back when the response is finished. [`MemoryLeaseStore`] counts in process (a per-instance limit);
-//! the Redis store counts for the whole fleet, where every lease has an expiry so that a crashed instance cannot
-//! hold capacity forever ([`LeaseStore::leases_expire`]): a long request renews its lease while it runs.
+//! A concurrent-requests limiter or a fleet load shedder asks a [`SlotStore`] for a slot before a request runs
+//! and gives it back when the response is finished. [`MemorySlotStore`] counts in process (a per-instance limit);
+//! the Redis store counts for the whole fleet, where every slot has an expiry so that a crashed instance cannot
+//! hold capacity forever ([`SlotStore::slots_expire`]): a long request renews its slot while it runs.
 //!
 //! ```
 //! use std::time::Duration;
-//! use tollgate_core::lease::{LeaseId, LeaseStore, MemoryLeaseStore, block_on_ready as block_on};
+//! use tollgate_core::slot::{SlotId, SlotStore, MemorySlotStore, block_on_ready as block_on};
 //!
 //! # fn main() -> Result<(), tollgate_core::StoreError> {
-//! let store = MemoryLeaseStore::new();
+//! let store = MemorySlotStore::new();
 //! let ttl = Duration::from_secs(30);
-//! let (a, b) = (LeaseId::new(), LeaseId::new());
+//! let (a, b) = (SlotId::new(), SlotId::new());
 //! assert!(block_on(store.acquire("client-1", a, 1, ttl))?.granted);
 //! let denied = block_on(store.acquire("client-1", b, 1, ttl))?;
 //! assert!(!denied.granted);
@@ -32,16 +32,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-pub use memory::MemoryLeaseStore;
+pub use memory::MemorySlotStore;
 
 use crate::StoreError;
 
-/// A unique id for one request's lease: unique within the process (a counter) and, with overwhelming
+/// A unique id for one request's slot: unique within the process (a counter) and, with overwhelming
 /// probability, across a fleet (a random per-process half).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LeaseId(u128);
+pub struct SlotId(u128);
 
-impl LeaseId {
+impl SlotId {
     /// A fresh id.
     #[must_use]
     pub fn new() -> Self {
@@ -67,24 +67,24 @@ impl LeaseId {
     }
 }
 
-impl Default for LeaseId {
+impl Default for SlotId {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl fmt::Display for LeaseId {
+impl fmt::Display for SlotId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:032x}", self.0)
     }
 }
 
-/// A store's answer to a lease request.
+/// A store's answer to a slot request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admission {
-    /// Whether the lease was granted.
+    /// Whether the slot was granted.
     pub granted: bool,
-    /// Leases held on the key: including the new one when granted, the ones blocking it when not.
+    /// Slots held on the key: including the new one when granted, the ones blocking it when not.
     pub in_flight: u64,
     /// The ceiling the request was checked against.
     pub limit: u64,
@@ -92,74 +92,74 @@ pub struct Admission {
 
 /// Counts in-flight requests per key against a ceiling.
 ///
-/// Every method on one key is atomic: cleanup of expired leases, the count and the admission happen together, so
+/// Every method on one key is atomic: cleanup of expired slots, the count and the admission happen together, so
 /// concurrent acquirers can never exceed `limit` between them.
-pub trait LeaseStore: Send + Sync + 'static {
-    /// Whether leases live outside this process and expire unless renewed (a shared store): holders then renew
-    /// them while the request runs, and release them from a spawned task. In-process leases never expire and their
+pub trait SlotStore: Send + Sync + 'static {
+    /// Whether slots live outside this process and expire unless renewed (a shared store): holders then renew
+    /// them while the request runs, and release them from a spawned task. In-process slots never expire and their
     /// futures are ready at once.
-    fn leases_expire(&self) -> bool;
+    fn slots_expire(&self) -> bool;
 
-    /// Grants `lease` on `key` if fewer than `limit` leases are held, for `ttl` (ignored by stores whose leases do
+    /// Grants `slot` on `key` if fewer than `limit` slots are held, for `ttl` (ignored by stores whose slots do
     /// not expire).
     fn acquire(
         &self,
         key: &str,
-        lease: LeaseId,
+        slot: SlotId,
         limit: u64,
         ttl: Duration,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send;
 
-    /// Extends a held lease to `ttl` from now; `false` when the lease was no longer held (it expired).
+    /// Extends a held slot to `ttl` from now; `false` when the slot was no longer held (it expired).
     fn renew(
         &self,
         key: &str,
-        lease: LeaseId,
+        slot: SlotId,
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Gives a lease back. Releasing a lease that is not held does nothing.
+    /// Gives a slot back. Releasing a slot that is not held does nothing.
     fn release(
         &self,
         key: &str,
-        lease: LeaseId,
+        slot: SlotId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-impl<L: LeaseStore> LeaseStore for Arc<L> {
-    fn leases_expire(&self) -> bool {
-        (**self).leases_expire()
+impl<L: SlotStore> SlotStore for Arc<L> {
+    fn slots_expire(&self) -> bool {
+        (**self).slots_expire()
     }
 
     fn acquire(
         &self,
         key: &str,
-        lease: LeaseId,
+        slot: SlotId,
         limit: u64,
         ttl: Duration,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
-        (**self).acquire(key, lease, limit, ttl)
+        (**self).acquire(key, slot, limit, ttl)
     }
 
     fn renew(
         &self,
         key: &str,
-        lease: LeaseId,
+        slot: SlotId,
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).renew(key, lease, ttl)
+        (**self).renew(key, slot, ttl)
     }
 
     fn release(
         &self,
         key: &str,
-        lease: LeaseId,
+        slot: SlotId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        (**self).release(key, lease)
+        (**self).release(key, slot)
     }
 }
 
-/// Polls a future that is ready at once (e.g. any [`MemoryLeaseStore`] call) and returns its output.
+/// Polls a future that is ready at once (e.g. any [`MemorySlotStore`] call) and returns its output.
 ///
 /// # Panics
 /// If the future is not ready on its first poll: use an async runtime for stores that do I/O.

@@ -1,18 +1,18 @@
-//! Concurrency leases in Redis: [`LeaseStore`] for [`RedisStore`], so in-flight limits hold for a whole fleet.
+//! Concurrency slots in Redis: [`SlotStore`] for [`RedisStore`], so in-flight limits hold for a whole fleet.
 //!
-//! Each key's leases are a sorted set `<namespace>:{<key>}:inflight` (member: the lease id, score: its expiry in
-//! server milliseconds). One script (`lua/concurrency_acquire.lua`) removes expired leases, counts, admits and
-//! sets the key's TTL to its longest lease; `concurrency_renew.lua` extends a lease; `concurrency_release.lua`
+//! Each key's slots are a sorted set `<namespace>:{<key>}:inflight` (member: the slot id, score: its expiry in
+//! server milliseconds). One script (`lua/concurrency_acquire.lua`) removes expired slots, counts, admits and
+//! sets the key's TTL to its longest slot; `concurrency_renew.lua` extends a slot; `concurrency_release.lua`
 //! removes it. The scripts run through the store's own machinery: `EVALSHA` with reload on `NOSCRIPT`, the
 //! timeout, the circuit breaker and the latency histogram. Unlike [`Store::check`](tollgate_core::Store::check),
-//! lease calls return Redis's failures as errors: the limiter holding the lease applies its own failure policy.
+//! slot calls return Redis's failures as errors: the limiter holding the slot applies its own failure policy.
 
 use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use tollgate_core::StoreError;
-use tollgate_core::lease::{Admission, LeaseId, LeaseStore};
+use tollgate_core::slot::{Admission, SlotId, SlotStore};
 
 use crate::script::Script;
 use crate::{BackendError, RedisStore, keys};
@@ -33,15 +33,15 @@ pub const CONCURRENCY_RELEASE_LUA: &str = concat!(
     include_str!("../lua/concurrency_release.lua")
 );
 
-struct LeaseScripts {
+struct SlotScripts {
     acquire: Script,
     renew: Script,
     release: Script,
 }
 
-fn scripts() -> &'static LeaseScripts {
-    static SCRIPTS: OnceLock<LeaseScripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| LeaseScripts {
+fn scripts() -> &'static SlotScripts {
+    static SCRIPTS: OnceLock<SlotScripts> = OnceLock::new();
+    SCRIPTS.get_or_init(|| SlotScripts {
         acquire: Script::new(CONCURRENCY_ACQUIRE_LUA),
         renew: Script::new(CONCURRENCY_RENEW_LUA),
         release: Script::new(CONCURRENCY_RELEASE_LUA),
@@ -53,16 +53,16 @@ pub(crate) fn scripts_list() -> [&'static Script; 3] {
     [&s.acquire, &s.renew, &s.release]
 }
 
-/// The longest lease the scripts are given, in milliseconds (a year): the server's time plus it must stay an exact
-/// integer in Lua's doubles, or the expiry instant turns negative and `PEXPIREAT` deletes the lease it just
+/// The longest slot the scripts are given, in milliseconds (a year): the server's time plus it must stay an exact
+/// integer in Lua's doubles, or the expiry instant turns negative and `PEXPIREAT` deletes the slot it just
 /// granted.
 const MAX_TTL_MS: u64 = 365 * 24 * 60 * 60 * 1_000;
 
-/// How long a release that found no lease keeps that lease's acquire from being granted, should it land late (see
+/// How long a release that found no slot keeps that slot's acquire from being granted, should it land late (see
 /// `lua/concurrency_release.lua`): the acquire was sent before the release, so it runs within a stall of it.
 const TOMBSTONE_MS: u64 = 60_000;
 
-/// Lease lifetimes are whole milliseconds, at least one and at most [`MAX_TTL_MS`].
+/// Slot lifetimes are whole milliseconds, at least one and at most [`MAX_TTL_MS`].
 fn ttl_ms(ttl: Duration) -> String {
     u64::try_from(ttl.as_millis())
         .unwrap_or(u64::MAX)
@@ -71,7 +71,7 @@ fn ttl_ms(ttl: Duration) -> String {
 }
 
 fn ints(reply: &redis::Value) -> Result<Vec<i64>, BackendError> {
-    let bad = |why: &str| BackendError::BadReply(format!("{why} in lease script reply {reply:?}"));
+    let bad = |why: &str| BackendError::BadReply(format!("{why} in slot script reply {reply:?}"));
     match reply {
         redis::Value::Int(n) => Ok(vec![*n]),
         redis::Value::Array(items) => items
@@ -86,27 +86,27 @@ fn ints(reply: &redis::Value) -> Result<Vec<i64>, BackendError> {
 }
 
 impl RedisStore {
-    /// The Redis key holding `key`'s concurrency leases (for inspection).
+    /// The Redis key holding `key`'s concurrency slots (for inspection).
     #[must_use]
-    pub fn lease_key(&self, key: &str) -> String {
-        keys::lease_key(self.namespace(), key)
+    pub fn slot_key(&self, key: &str) -> String {
+        keys::slot_key(self.namespace(), key)
     }
 }
 
-impl LeaseStore for RedisStore {
-    fn leases_expire(&self) -> bool {
+impl SlotStore for RedisStore {
+    fn slots_expire(&self) -> bool {
         true
     }
 
     fn acquire(
         &self,
         key: &str,
-        lease: LeaseId,
+        slot: SlotId,
         limit: u64,
         ttl: Duration,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
-        let redis_key = self.lease_key(key);
-        let args = [lease.to_string(), limit.to_string(), ttl_ms(ttl)];
+        let redis_key = self.slot_key(key);
+        let args = [slot.to_string(), limit.to_string(), ttl_ms(ttl)];
         async move {
             self.run_script(&scripts().acquire, &redis_key, &args, |reply| {
                 match ints(reply)?.as_slice() {
@@ -127,11 +127,11 @@ impl LeaseStore for RedisStore {
     fn renew(
         &self,
         key: &str,
-        lease: LeaseId,
+        slot: SlotId,
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let redis_key = self.lease_key(key);
-        let args = [lease.to_string(), ttl_ms(ttl)];
+        let redis_key = self.slot_key(key);
+        let args = [slot.to_string(), ttl_ms(ttl)];
         async move {
             self.run_script(&scripts().renew, &redis_key, &args, |reply| {
                 match ints(reply)?.as_slice() {
@@ -148,10 +148,10 @@ impl LeaseStore for RedisStore {
     fn release(
         &self,
         key: &str,
-        lease: LeaseId,
+        slot: SlotId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let redis_key = self.lease_key(key);
-        let args = [lease.to_string(), TOMBSTONE_MS.to_string()];
+        let redis_key = self.slot_key(key);
+        let args = [slot.to_string(), TOMBSTONE_MS.to_string()];
         async move {
             self.run_script(&scripts().release, &redis_key, &args, |reply| {
                 ints(reply).map(drop)
@@ -166,7 +166,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lease_scripts_are_embedded_and_distinct() {
+    fn slot_scripts_are_embedded_and_distinct() {
         let s = scripts();
         assert!(s.acquire.source.contains("ZREMRANGEBYSCORE"));
         assert!(s.acquire.source.contains("PEXPIREAT"));
@@ -177,9 +177,9 @@ mod tests {
     }
 
     #[test]
-    fn lease_keys_are_tagged() {
+    fn slot_keys_are_tagged() {
         assert_eq!(
-            keys::lease_key("tollgate", "fleet"),
+            keys::slot_key("tollgate", "fleet"),
             "tollgate:{fleet}:inflight"
         );
     }
