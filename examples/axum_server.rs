@@ -29,7 +29,6 @@
 //! `GET /health` is never limited. Run with `--help` for the flags. Without `--redis-url` the limit holds per
 //! instance (in-process store); with it, for every instance sharing the Redis.
 
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -41,83 +40,52 @@ use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::{Cidr, ClientIp};
 use tollgate_tower::RateLimitLayer;
 
-#[path = "common/flags.rs"]
-mod flags;
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/observe.rs"]
 mod observe;
 #[path = "common/policy_file.rs"]
 mod policy_file;
+#[path = "common/server.rs"]
+mod server;
 #[path = "common/stack.rs"]
 mod stack;
 
-const USAGE: &str = "\
-usage: axum_server [options]
-
-  --addr HOST:PORT              listen address (default 127.0.0.1:3000)
-  --limit N                     requests per period per client (default 10)
-  --period DUR                  the period: 500ms, 1s, 10s, 5m, 1h (default 1s)
-  --burst N                     token bucket size (default: the limit; token bucket only)
-  --algorithm ALG               token-bucket | sliding-window (default token-bucket)
-  --redis-url URL               share the limit through Redis: redis:// or rediss:// (TLS), user:pass@ allowed
-                                (default: in-process store)
-  --on-store-error POLICY       open | closed | local: when Redis fails (default closed)
-  --max-keys N                  keys the in-process store tracks; a new key past them evicts the least
-                                recently used (default 1048576)
-  --deny-cache on|off           with --redis-url: refuse a denied client locally until Redis's own retry
-                                instant (exact: Redis would refuse it too) instead of asking Redis again
-                                (default on)
-  --leases                      admit hot clients from batches of tokens leased from the store (exact: the
-                                fleet never admits more than the plain path; cold clients keep it)
-  --lease-share PERCENT         with --leases: the largest batch, as a share of the burst (default 10)
-  --trusted-proxy CIDR          a reverse proxy network whose X-Forwarded-For is trusted (repeatable)
-{CONFIG}
-  -h, --help                    this text
-
-routes: GET / and GET /slow?ms=N (limited per client IP), GET /health (never limited)";
-
-/// The command line. Later flags (concurrency, load shedding) add a field here and an arm in `Config::parse`.
-#[derive(Debug)]
+/// The command line.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "axum_server",
+    about = "An axum server behind tollgate: GET / and GET /slow?ms=N limited per client IP, GET /health never",
+    after_help = "priorities (the stack): the x-priority header (critical, high, normal, low), else by method \
+                  (writes High, reads Normal)"
+)]
 struct Config {
-    server: flags::ServerFlags,
-    /// `--config FILE`: the limits from a policy file.
-    policy_file: Option<std::path::PathBuf>,
-    observe: flags::ObserveFlags,
+    /// Listen address
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:3000")]
+    addr: SocketAddr,
+
+    /// A reverse proxy network whose X-Forwarded-For is trusted (repeatable)
+    #[arg(long = "trusted-proxy", value_name = "CIDR")]
     trusted_proxies: Vec<Cidr>,
+
+    #[command(flatten)]
+    server: server::ServerArgs,
+
+    #[command(flatten)]
     stack: stack::StackFlags,
 }
 
 impl Config {
-    fn parse(args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
-        let mut config = Self {
-            observe: flags::ObserveFlags::default(),
-            server: flags::ServerFlags::new(3000),
-            policy_file: None,
-            trusted_proxies: Vec::new(),
-            stack: stack::StackFlags::default(),
-        };
-        let mut flags = flags::Flags::new(args);
-        while let Some(flag) = flags.next_flag() {
-            match flag.as_str() {
-                "-h" | "--help" => return Ok(None),
-                "--config" => config.policy_file = Some(flags.value()?.into()),
-                "--trusted-proxy" => {
-                    let cidr = flags.parsed(|v| v.parse().map_err(|e| format!("{e}")))?;
-                    config.trusted_proxies.push(cidr);
-                }
-                other if stack::StackFlags::is_flag(other) => {
-                    config.stack.set(other, &flags.value()?)?;
-                }
-                other if config.server.take(other, &mut flags)? => {}
-                other if config.observe.take(other, &mut flags)? => {}
-                other => return Err(format!("unknown argument {other:?} (try --help)")),
-            }
+    /// What the parser cannot check; the policy the flags describe.
+    fn validate(&self) -> Result<Policy, String> {
+        self.stack.validate(self.server.uses_redis())?;
+        if self.server.config.is_some() && !self.trusted_proxies.is_empty() {
+            return Err(
+                "with --config, list the trusted proxies in the policy file (trusted-proxies = [...])"
+                    .to_owned(),
+            );
         }
-        config.stack.validate(config.server.uses_redis())?;
-        config.server.check_leases()?;
-        if config.policy_file.is_some() && !config.trusted_proxies.is_empty() {
-            return Err("with --config, list the trusted proxies in the policy file (trusted-proxies = [...])".to_owned());
-        }
-        Ok(Some(config))
+        self.server.validate()
     }
 }
 
@@ -178,33 +146,18 @@ async fn main() {
 }
 
 async fn run() -> Result<(), String> {
-    let Some(config) = Config::parse(std::env::args().skip(1))? else {
-        // Ignore a closed pipe (`--help | head`).
-        let _ = writeln!(
-            std::io::stdout(),
-            "{}\n\nRedis connection:\n{}\n\nthe Stripe stack:\n{}\n\nobservability:\n{}",
-            USAGE.replace("{CONFIG}", policy_file::USAGE),
-            flags::REDIS_USAGE,
-            stack::USAGE,
-            flags::ObserveFlags::USAGE
-        );
-        return Ok(());
-    };
-    let policy = config.server.policy()?;
+    let config: Config = cli::parse();
+    let policy = config.validate().unwrap_or_else(|e| cli::fail(e));
     // Before any store or layer is built: they register their metrics once.
-    let metrics = observe::install(&config.observe)?;
-    if let Some(path) = &config.policy_file {
-        let (app, names) = match config
-            .server
-            .redis_store("tollgate-axum-server", &policy)
-            .await?
-        {
+    let metrics = observe::install(&config.server.observe)?;
+    if let Some(path) = &config.server.config {
+        let (app, names) = match config.server.redis_store(&policy).await? {
             None => app_from_file(path, Arc::new(config.server.memory_store("policy-file")))?,
             Some(store) => app_from_file(path, Arc::new(store))?,
         };
-        let listener = tokio::net::TcpListener::bind(config.server.addr)
+        let listener = tokio::net::TcpListener::bind(config.addr)
             .await
-            .map_err(|e| format!("--addr {}: {e}", config.server.addr))?;
+            .map_err(|e| format!("--addr {}: {e}", config.addr))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         println!(
             "listening on http://{addr}  (policy file {}: {names}; store {}; SIGHUP reloads it)",
@@ -219,15 +172,11 @@ async fn run() -> Result<(), String> {
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
         )
-        .with_graceful_shutdown(flags::stop_signal())
+        .with_graceful_shutdown(server::stop_signal())
         .await
         .map_err(|e| e.to_string());
     }
-    let app = match config
-        .server
-        .redis_store("tollgate-axum-server", &policy)
-        .await?
-    {
+    let app = match config.server.redis_store(&policy).await? {
         None => app(
             &config,
             policy,
@@ -236,9 +185,9 @@ async fn run() -> Result<(), String> {
         )?,
         Some(store) => app(&config, policy, Arc::new(store.clone()), Arc::new(store))?,
     };
-    let listener = tokio::net::TcpListener::bind(config.server.addr)
+    let listener = tokio::net::TcpListener::bind(config.addr)
         .await
-        .map_err(|e| format!("--addr {}: {e}", config.server.addr))?;
+        .map_err(|e| format!("--addr {}: {e}", config.addr))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let store = config.server.store_name();
     println!(
@@ -262,9 +211,9 @@ async fn run() -> Result<(), String> {
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(flags::stop_signal())
+    .with_graceful_shutdown(server::stop_signal())
     .await
     .map_err(|e| e.to_string())?;
-    flags::shutdown().await;
+    server::shutdown().await;
     Ok(())
 }

@@ -7,8 +7,8 @@
 //! cargo run --example grpc_client -- --count 5
 //! ```
 
-#[path = "common/flags.rs"]
-mod flags;
+#[path = "common/cli.rs"]
+mod cli;
 
 use std::time::Duration;
 
@@ -24,17 +24,6 @@ mod helloworld {
 use helloworld::HelloRequest;
 use helloworld::greeter_client::GreeterClient;
 
-const USAGE: &str = "\
-usage: grpc_client [options]
-
-  --addr URL                    the server (default http://127.0.0.1:50051)
-  --count N                     calls to make (default 10)
-  --interval DUR                pause between calls: 0s, 100ms, 1s (default 0s)
-  --name NAME                   the name to greet (default tollgate)
-  --api-key KEY                 send KEY as x-api-key metadata (see the server's --api-key-header)
-  --wait                        after a rejection, wait the RetryInfo delay before the next call
-  -h, --help                    this text";
-
 const FIELDS: [&str; 8] = [
     "ratelimit-policy",
     "ratelimit",
@@ -46,40 +35,36 @@ const FIELDS: [&str; 8] = [
     "retry-after",
 ];
 
+/// The command line.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "grpc_client",
+    about = "Calls helloworld.Greeter/SayHello in a loop and shows what a rate-limited gRPC client sees"
+)]
 struct Config {
+    /// The server
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:50051")]
     addr: String,
-    count: u64,
-    interval: Duration,
-    name: String,
-    api_key: Option<String>,
-    wait: bool,
-}
 
-impl Config {
-    fn parse(args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
-        let mut config = Self {
-            addr: "http://127.0.0.1:50051".to_owned(),
-            count: 10,
-            interval: Duration::ZERO,
-            name: "tollgate".to_owned(),
-            api_key: None,
-            wait: false,
-        };
-        let mut flags = flags::Flags::new(args);
-        while let Some(flag) = flags.next_flag() {
-            match flag.as_str() {
-                "-h" | "--help" => return Ok(None),
-                "--addr" => config.addr = flags.value()?,
-                "--count" => config.count = flags.parsed(flags::positive)?,
-                "--interval" => config.interval = flags.parsed(flags::duration_or_zero)?,
-                "--name" => config.name = flags.value()?,
-                "--api-key" => config.api_key = Some(flags.value()?),
-                "--wait" => config.wait = true,
-                other => return Err(format!("unknown argument {other:?} (try --help)")),
-            }
-        }
-        Ok(Some(config))
-    }
+    /// Calls to make
+    #[arg(long, value_name = "N", default_value = "10", value_parser = cli::positive)]
+    count: u64,
+
+    /// Pause between calls: 0s, 100ms, 1s
+    #[arg(long, value_name = "DUR", default_value = "0s", value_parser = cli::duration_or_zero)]
+    interval: Duration,
+
+    /// The name to greet
+    #[arg(long, value_name = "NAME", default_value = "tollgate")]
+    name: String,
+
+    /// Send KEY as x-api-key metadata (see the server's --api-key-header)
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+
+    /// After a rejection, wait the RetryInfo delay before the next call
+    #[arg(long)]
+    wait: bool,
 }
 
 fn print_fields(md: &MetadataMap) {
@@ -99,10 +84,7 @@ async fn main() {
 }
 
 async fn run() -> Result<(), String> {
-    let Some(config) = Config::parse(std::env::args().skip(1))? else {
-        println!("{USAGE}");
-        return Ok(());
-    };
+    let config: Config = cli::parse();
     let mut client = GreeterClient::connect(config.addr.clone())
         .await
         .map_err(|e| format!("--addr {}: {e}", config.addr))?;

@@ -11,12 +11,14 @@
 //! Redis fails and `--on-store-error closed`), a `google.rpc.RetryInfo` detail and rate-limit metadata. Without
 //! `--redis-url` the limit holds per instance; with it, for every instance sharing the Redis.
 
-#[path = "common/flags.rs"]
-mod flags;
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/observe.rs"]
 mod observe;
 #[path = "common/policy_file.rs"]
 mod policy_file;
+#[path = "common/server.rs"]
+mod server;
 
 use std::sync::Arc;
 
@@ -35,66 +37,28 @@ mod helloworld {
 use helloworld::greeter_server::{Greeter, GreeterServer};
 use helloworld::{HelloReply, HelloRequest};
 
-const USAGE: &str = "\
-usage: grpc_server [options]
-
-  --addr HOST:PORT              listen address (default 127.0.0.1:50051)
-  --limit N                     SayHello calls per period per client (default 10)
-  --period DUR                  the period: 500ms, 1s, 10s, 5m, 1h (default 1s)
-  --burst N                     token bucket size (default: the limit; token bucket only)
-  --algorithm ALG               token-bucket | sliding-window (default token-bucket)
-  --redis-url URL               share the limit through Redis: redis:// or rediss:// (TLS), user:pass@ allowed
-                                (default: in-process store)
-  --on-store-error POLICY       open | closed | local: when Redis fails (default closed)
-  --max-keys N                  keys the in-process store tracks; a new key past them evicts the least
-                                recently used (default 1048576)
-  --deny-cache on|off           with --redis-url: refuse a denied client locally until Redis's own retry
-                                instant (exact: Redis would refuse it too) instead of asking Redis again
-                                (default on)
-  --leases                      admit hot clients from batches of tokens leased from the store (exact: the
-                                fleet never admits more than the plain path; cold clients keep it)
-  --lease-share PERCENT         with --leases: the largest batch, as a share of the burst (default 10)
-  --api-key-header NAME         key clients by this metadata entry, hashed (default: the peer IP)
-{CONFIG}
-  -h, --help                    this text
-
-service: helloworld.Greeter/SayHello, limited per client";
-
-#[derive(Debug)]
+/// The command line.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "grpc_server",
+    about = "The gRPC Greeter behind tollgate: helloworld.Greeter/SayHello limited per client"
+)]
 struct Config {
-    server: flags::ServerFlags,
-    /// `--config FILE`: the limits from a policy file.
-    policy_file: Option<std::path::PathBuf>,
-    observe: flags::ObserveFlags,
+    /// Listen address
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:50051")]
+    addr: std::net::SocketAddr,
+
+    /// Key clients by this metadata entry, hashed [default: the peer IP]
+    #[arg(long, value_name = "NAME", value_parser = api_key_header)]
     api_key_header: Option<MetadataKey>,
+
+    #[command(flatten)]
+    server: server::ServerArgs,
 }
 
-impl Config {
-    fn parse(args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
-        let mut config = Self {
-            observe: flags::ObserveFlags::default(),
-            server: flags::ServerFlags::new(50051),
-            policy_file: None,
-            api_key_header: None,
-        };
-        let mut flags = flags::Flags::new(args);
-        while let Some(flag) = flags.next_flag() {
-            match flag.as_str() {
-                "-h" | "--help" => return Ok(None),
-                "--config" => config.policy_file = Some(flags.value()?.into()),
-                "--api-key-header" => {
-                    let header = flags
-                        .parsed(|v| MetadataKey::metadata(v).map_err(|e| format!("{v:?}: {e}")))?;
-                    config.api_key_header = Some(header);
-                }
-                other if config.server.take(other, &mut flags)? => {}
-                other if config.observe.take(other, &mut flags)? => {}
-                other => return Err(format!("unknown argument {other:?} (try --help)")),
-            }
-        }
-        config.server.check_leases()?;
-        Ok(Some(config))
-    }
+/// `--api-key-header`: a metadata name.
+fn api_key_header(v: &str) -> Result<MetadataKey, String> {
+    MetadataKey::metadata(v).map_err(|e| e.to_string())
 }
 
 /// The peer IP, or an API key from metadata: one key type for the layer whichever was chosen.
@@ -133,7 +97,7 @@ async fn serve<St: Store>(
         metrics_exporter_prometheus::PrometheusHandle,
     )>,
 ) -> Result<(), String> {
-    if let Some(path) = &config.policy_file {
+    if let Some(path) = &config.server.config {
         return serve_from_file(config, path, store, metrics).await;
     }
     let key = config
@@ -148,9 +112,9 @@ async fn serve<St: Store>(
             .method("/helloworld.Greeter/SayHello", say_hello)
             .map_err(|e| e.to_string())?,
     );
-    let listener = tokio::net::TcpListener::bind(config.server.addr)
+    let listener = tokio::net::TcpListener::bind(config.addr)
         .await
-        .map_err(|e| format!("--addr {}: {e}", config.server.addr))?;
+        .map_err(|e| format!("--addr {}: {e}", config.addr))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!(
         "listening on {addr}  (SayHello: {} {} per {:?}, burst {}, store {}, on store error {}, deny cache {}, leases {}, key {})",
@@ -177,11 +141,11 @@ async fn serve<St: Store>(
         // SIGTERM or SIGINT: stop serving, then give the leased batches back.
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener),
-            flags::stop_signal(),
+            server::stop_signal(),
         )
         .await
         .map_err(|e| e.to_string())?;
-    flags::shutdown().await;
+    server::shutdown().await;
     Ok(())
 }
 
@@ -201,9 +165,9 @@ async fn serve_from_file<St: Store>(
         .map(|file| file.limiters().collect::<Vec<_>>().join(", "))
         .map_err(|e| e.to_string())?;
     policy_file::reload_on_sighup(reloader)?;
-    let listener = tokio::net::TcpListener::bind(config.server.addr)
+    let listener = tokio::net::TcpListener::bind(config.addr)
         .await
-        .map_err(|e| format!("--addr {}: {e}", config.server.addr))?;
+        .map_err(|e| format!("--addr {}: {e}", config.addr))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!(
         "listening on {addr}  (policy file {}: {names}; store {}; SIGHUP reloads it)",
@@ -219,7 +183,7 @@ async fn serve_from_file<St: Store>(
         .add_service(GreeterServer::new(Hello))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener),
-            flags::stop_signal(),
+            server::stop_signal(),
         )
         .await
         .map_err(|e| e.to_string())
@@ -234,23 +198,11 @@ async fn main() {
 }
 
 async fn run() -> Result<(), String> {
-    let Some(config) = Config::parse(std::env::args().skip(1))? else {
-        println!(
-            "{}\n\nRedis connection:\n{}\n\nobservability:\n{}",
-            USAGE.replace("{CONFIG}", policy_file::USAGE),
-            flags::REDIS_USAGE,
-            flags::ObserveFlags::USAGE
-        );
-        return Ok(());
-    };
-    let policy = config.server.policy()?;
+    let config: Config = cli::parse();
+    let policy = config.server.validate().unwrap_or_else(|e| cli::fail(e));
     // Before any store or layer is built: they register their metrics once.
-    let metrics = observe::install(&config.observe)?;
-    match config
-        .server
-        .redis_store("tollgate-grpc-server", &policy)
-        .await?
-    {
+    let metrics = observe::install(&config.server.observe)?;
+    match config.server.redis_store(&policy).await? {
         None => {
             let store = config.server.memory_store("say-hello");
             serve(&config, policy, Arc::new(store), metrics).await

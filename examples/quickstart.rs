@@ -10,7 +10,19 @@ use std::time::Duration;
 
 use tollgate::{ManualClock, MemoryStore, Policy, Quota, Timestamp};
 
+#[path = "common/cli.rs"]
+mod cli;
+
+/// The command line: no flags (`--help` says what it shows).
+#[derive(clap::Parser)]
+#[command(
+    name = "quickstart",
+    about = "Both algorithms on the in-process store, with the decisions they print"
+)]
+struct Flags {}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let Flags {} = cli::parse();
     let quota = Quota::per_second(5)?;
     let policies = [
         ("token bucket", Policy::token_bucket(quota)),

@@ -1,8 +1,20 @@
 //! tollgate: rate limits and load shedding for tower, axum and tonic services, per instance or for a whole
 //! fleet.
 //!
-//! This facade re-exports the workspace crates; enable the `redis`, `axum` and `tonic` features for the parts
-//! you use.
+//! `tollgate` is the one dependency: its features select the parts, and everything is imported from here.
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | (none) | the algorithms, [`Policy`], [`Quota`], the [`Store`] trait and the in-process [`MemoryStore`] |
+//! | `redis` | [`redis`]: the Redis store, limits shared by a fleet (`redis-cluster`, `redis-sentinel`, `redis-tls` add Cluster, Sentinel and `rediss://`; `redis-cli` the `RedisArgs` flags of a command-line tool) |
+//! | `http` | [`tower`]'s rate limiter and [`http`]: layers for `http` services, 429/503 responses, RateLimit fields |
+//! | `axum` | `http`, with axum's extractors for keys |
+//! | `grpc` | [`grpc`]: the tonic adapter (RESOURCE_EXHAUSTED / UNAVAILABLE with RetryInfo) |
+//! | `config` | [`config`]: limiters from a TOML policy file, reloaded without a restart |
+//! | `stack` | [`stack`]: the concurrent-requests limiter and the load shedders |
+//! | `leases` | token leases: hot keys admitted from batches leased from the store |
+//!
+//! The `tollgate-*` crates behind it are its implementation; depend on this one.
 //!
 //! ```
 //! use tollgate::{MemoryStore, Policy, Quota};
@@ -26,13 +38,18 @@ pub use tollgate_core::*;
 #[cfg(feature = "redis")]
 pub use tollgate_redis as redis;
 
-#[cfg(feature = "axum")]
+#[cfg(feature = "http")]
 pub use tollgate_http as http;
 
-#[cfg(any(feature = "axum", feature = "tonic"))]
+#[cfg(any(
+    feature = "http",
+    feature = "grpc",
+    feature = "stack",
+    feature = "leases"
+))]
 pub use tollgate_tower as tower;
 
-#[cfg(feature = "tonic")]
+#[cfg(feature = "grpc")]
 pub use tollgate_grpc as grpc;
 
 /// Policy files (TOML): limiters, overrides and exemptions built into the axum and tonic layers, reloaded
@@ -43,7 +60,7 @@ pub use tollgate_config as config;
 /// Stripe's production stack: the concurrent-requests limiter, the fleet-usage and worker-utilization load
 /// shedders, and the layer that stacks them with the rate limiter (they live in `tollgate-tower`, on the decision
 /// core every tollgate limiter shares).
-#[cfg(any(feature = "axum", feature = "tonic"))]
+#[cfg(feature = "stack")]
 pub mod stack {
     pub use tollgate_tower::limit::{concurrency, fleet, stack, worker};
     pub use tollgate_tower::permit;

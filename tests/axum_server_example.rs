@@ -267,6 +267,7 @@ fn bad_flags_are_clear_errors() {
         &["--log", "loud"],
     ] {
         let out = Command::new(example("axum_server"))
+            .env_remove("REDIS_URL")
             .args(args)
             .output()
             .expect("run the example");

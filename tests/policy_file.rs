@@ -328,6 +328,7 @@ fn an_invalid_file_at_start_exits_non_zero_with_its_place() {
         "[[limiter]]\nname = \"a\"\nkey = \"header:x-api-key\"\nlimit = 3\nperiod = \"10 s\"\n",
     );
     let out = Command::new(example("axum_server"))
+        .env_remove("REDIS_URL")
         .args(["--addr", "127.0.0.1:0", "--config"])
         .arg(&file.0)
         .output()

@@ -18,6 +18,7 @@ use tollgate_testkit::examples::example;
 /// Runs `server` with `args` on a free port and expects it to fail: its exit code and stderr.
 fn fails(server: &str, args: &[&str]) -> (i32, String) {
     let mut child = Command::new(example(server))
+        .env_remove("REDIS_URL")
         .args(["--addr", "127.0.0.1:0"])
         .args(args)
         .stdout(Stdio::null())
@@ -82,7 +83,9 @@ fn tls_with_an_acl_user_and_a_password_file_starts_both_servers() {
         let password = temp_file("password", &format!("pw{i}\n"));
         let url = format!("rediss://app{i}@127.0.0.1:{}", redis.port());
         let mut child = Command::new(example(server))
+            .env_remove("REDIS_URL")
             .args(["--addr", "127.0.0.1:0", "--redis-url", &url])
+            .args(["--redis-namespace", &namespace])
             .args(["--redis-ca", &path(&files.ca)])
             .args(["--redis-cert", &path(&files.client_cert)])
             .args(["--redis-key", &path(&files.client_key)])

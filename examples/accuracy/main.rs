@@ -10,6 +10,8 @@
 //! cargo run --release --example accuracy -- --json
 //! ```
 
+#[path = "../common/cli.rs"]
+mod cli;
 mod json;
 mod replay;
 mod report;
@@ -23,17 +25,6 @@ use std::time::{Duration, Instant};
 use crate::replay::Limiters;
 use crate::tally::Tally;
 use crate::trace::TraceConfig;
-
-const USAGE: &str = "\
-usage: accuracy [--seed N] [--requests N] [--clients N] [--limit N] [--period D] [--windows N] [--json]
-
-  --seed N       PRNG seed; the same flags always give the same trace    (default 42)
-  --requests N   requests in the trace                                    (default 2000000)
-  --clients N    distinct clients                                         (default 100000)
-  --limit N      requests admitted per period                             (default 100)
-  --period D     the period: 60, 60s, 1500ms, 2m or 1h                     (default 60s)
-  --windows N    length of the trace in periods, at least 2               (default 10)
-  --json         print one JSON object instead of the tables";
 
 /// The most requests a run may hold in memory (16 bytes each, plus per-client logs).
 const MAX_REQUESTS: u64 = 100_000_000;
@@ -60,38 +51,65 @@ impl Default for Args {
     }
 }
 
-/// `None` when help was asked for.
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String> {
-    let mut parsed = Args::default();
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) => (f.to_owned(), Some(v.to_owned())),
-            None => (arg, None),
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--json" if inline.is_none() => parsed.json = true,
-            "--seed" | "--requests" | "--clients" | "--limit" | "--period" | "--windows" => {
-                let value = inline
-                    .or_else(|| args.next())
-                    .ok_or_else(|| format!("{flag} needs a value"))?;
-                let t = &mut parsed.trace;
-                match flag.as_str() {
-                    "--seed" => t.seed = number(&flag, &value)?,
-                    "--requests" => t.requests = number(&flag, &value)?,
-                    "--clients" => {
-                        t.clients = u32::try_from(number(&flag, &value)?)
-                            .map_err(|_| format!("--clients: at most {}", u32::MAX))?;
-                    }
-                    "--limit" => t.limit = number(&flag, &value)?,
-                    "--period" => t.period_us = period(&value)?,
-                    _ => t.windows = number(&flag, &value)?,
-                }
-            }
-            other => return Err(format!("unknown argument `{other}`")),
-        }
-    }
+/// The command line as given.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "accuracy",
+    about = "How far the sliding window counter (and the token bucket) stray from an exact rolling window"
+)]
+struct Flags {
+    /// PRNG seed; the same flags always give the same trace
+    #[arg(long, value_name = "N", default_value = "42", value_parser = number)]
+    seed: u64,
+
+    /// Requests in the trace
+    #[arg(long, value_name = "N", default_value = "2000000", value_parser = number)]
+    requests: u64,
+
+    /// Distinct clients
+    #[arg(long, value_name = "N", default_value = "100000", value_parser = clients)]
+    clients: u32,
+
+    /// Requests admitted per period
+    #[arg(long, value_name = "N", default_value = "100", value_parser = number)]
+    limit: u64,
+
+    /// The period: 60, 60s, 1500ms, 2m or 1h
+    #[arg(long, value_name = "D", default_value = "60s", value_parser = period)]
+    period: u64,
+
+    /// Length of the trace in periods, at least 2
+    #[arg(long, value_name = "N", default_value = "10", value_parser = number)]
+    windows: u64,
+
+    /// Print one JSON object instead of the tables
+    #[arg(long)]
+    json: bool,
+}
+
+/// The arguments (without the program name) as [`Args`]; `--help` is an error of kind `DisplayHelp`, as clap has
+/// it.
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, clap::Error> {
+    use clap::Parser as _;
+    let flags = Flags::try_parse_from(std::iter::once("accuracy".to_owned()).chain(args))?;
+    let parsed = Args {
+        trace: TraceConfig {
+            seed: flags.seed,
+            requests: flags.requests,
+            clients: flags.clients,
+            limit: flags.limit,
+            period_us: flags.period,
+            windows: flags.windows,
+        },
+        json: flags.json,
+    };
+    check(&parsed)
+        .map_err(|e| clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, e + "\n"))?;
+    Ok(parsed)
+}
+
+/// What the parser cannot check: the flags together.
+fn check(parsed: &Args) -> Result<(), String> {
     let t = &parsed.trace;
     if t.clients == 0 {
         return Err("--clients must be at least 1".into());
@@ -124,19 +142,25 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, St
     {
         return Err("--period × --windows is too long".into());
     }
-    Ok(Some(parsed))
+    Ok(())
 }
 
-fn number(flag: &str, value: &str) -> Result<u64, String> {
+/// A whole number (`_` allowed between digits).
+fn number(value: &str) -> Result<u64, String> {
     value
         .replace('_', "")
         .parse()
-        .map_err(|_| format!("{flag}: `{value}` is not a whole number"))
+        .map_err(|_| "not a whole number".to_owned())
+}
+
+/// `--clients`: a whole number that fits 32 bits.
+fn clients(value: &str) -> Result<u32, String> {
+    u32::try_from(number(value)?).map_err(|_| format!("at most {}", u32::MAX))
 }
 
 /// `60` (seconds), `60s`, `1500ms`, `2m`, `1h` → µs.
 fn period(value: &str) -> Result<u64, String> {
-    let bad = || format!("--period: `{value}` is not a duration like 60s, 1500ms, 2m or 1h");
+    let bad = || "not a duration like 60s, 1500ms, 2m or 1h".to_owned();
     let split = value
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(value.len());
@@ -180,28 +204,19 @@ fn run(args: &Args) -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
-    match parse_args(std::env::args().skip(1)) {
-        Ok(None) => {
-            println!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        Ok(Some(args)) => match run(&args) {
-            // A closed pipe (`| head`) is the reader's choice, not an error.
-            Ok(out) => match writeln!(std::io::stdout().lock(), "{out}") {
-                Err(e) if e.kind() != ErrorKind::BrokenPipe => {
-                    eprintln!("accuracy: cannot write the report: {e}");
-                    ExitCode::FAILURE
-                }
-                _ => ExitCode::SUCCESS,
-            },
-            Err(e) => {
-                eprintln!("accuracy: {e}");
+    let args = parse_args(std::env::args().skip(1)).unwrap_or_else(|e| cli::exit(&e));
+    match run(&args) {
+        // A closed pipe (`| head`) is the reader's choice, not an error.
+        Ok(out) => match writeln!(std::io::stdout().lock(), "{out}") {
+            Err(e) if e.kind() != ErrorKind::BrokenPipe => {
+                eprintln!("accuracy: cannot write the report: {e}");
                 ExitCode::FAILURE
             }
+            _ => ExitCode::SUCCESS,
         },
         Err(e) => {
-            eprintln!("accuracy: {e}\n\n{USAGE}");
-            ExitCode::from(2)
+            eprintln!("accuracy: {e}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -210,8 +225,16 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Option<Args>, String> {
+    use clap::error::ErrorKind as Kind;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
         parse_args(args.iter().map(|s| (*s).to_owned()))
+    }
+
+    /// The error `args` give: its kind and its text.
+    fn error(args: &[&str]) -> (Kind, String) {
+        let e = parse(args).unwrap_err();
+        (e.kind(), e.to_string())
     }
 
     #[test]
@@ -228,7 +251,6 @@ mod tests {
             "1500ms",
             "--json",
         ])
-        .unwrap()
         .unwrap();
         let t = args.trace;
         assert_eq!(
@@ -243,38 +265,35 @@ mod tests {
             (7, 3_000, 30, 5, 1_500_000, 10)
         );
         assert!(args.json);
-        assert_eq!(parse(&[]).unwrap().unwrap(), Args::default());
-        assert_eq!(parse(&["--help"]).unwrap(), None);
+        assert_eq!(parse(&[]).unwrap(), Args::default());
+        assert_eq!(error(&["--help"]).0, Kind::DisplayHelp);
     }
 
     #[test]
     fn bad_flags_are_clear_errors() {
-        assert_eq!(parse(&["--limit"]).unwrap_err(), "--limit needs a value");
-        assert_eq!(
-            parse(&["--limit", "ten"]).unwrap_err(),
-            "--limit: `ten` is not a whole number"
-        );
+        let (kind, text) = error(&["--limit"]);
+        assert_eq!(kind, Kind::InvalidValue);
         assert!(
-            parse(&["--period", "5 weeks"])
-                .unwrap_err()
-                .contains("not a duration")
+            text.contains("a value is required for '--limit <N>'"),
+            "{text}"
         );
+        let (kind, text) = error(&["--limit", "ten"]);
+        assert_eq!(kind, Kind::ValueValidation);
         assert!(
-            parse(&["--period", "0s"])
-                .unwrap_err()
-                .contains("not a duration")
+            text.contains("invalid value 'ten' for '--limit <N>': not a whole number"),
+            "{text}"
         );
+        assert!(error(&["--period", "5 weeks"]).1.contains("not a duration"));
+        assert!(error(&["--period", "0s"]).1.contains("not a duration"));
         assert!(
-            parse(&["--requests", "10", "--clients", "20"])
-                .unwrap_err()
+            error(&["--requests", "10", "--clients", "20"])
+                .1
                 .contains("at least --clients")
         );
-        assert!(
-            parse(&["--windows", "1"])
-                .unwrap_err()
-                .contains("at least 2")
-        );
-        assert_eq!(parse(&["--fast"]).unwrap_err(), "unknown argument `--fast`");
+        assert!(error(&["--windows", "1"]).1.contains("at least 2"));
+        let (kind, text) = error(&["--fast"]);
+        assert_eq!(kind, Kind::UnknownArgument);
+        assert!(text.contains("unexpected argument '--fast'"), "{text}");
         let zero = Args {
             trace: TraceConfig {
                 limit: 0,
@@ -300,7 +319,6 @@ mod tests {
             "--period",
             "10s",
         ])
-        .unwrap()
         .unwrap();
         let text = run(&args).unwrap();
         for needle in [

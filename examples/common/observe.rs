@@ -86,7 +86,7 @@ pub(crate) fn install_log(level: tracing::Level) -> Result<(), String> {
 /// Sets up what `flags` ask for, before any layer is built: the log subscriber and the Prometheus recorder. Serve
 /// the returned handle with [`serve_metrics`] once the server listens.
 pub(crate) fn install(
-    flags: &crate::flags::ObserveFlags,
+    flags: &crate::server::ObserveArgs,
 ) -> Result<Option<(SocketAddr, PrometheusHandle)>, String> {
     if let Some(level) = flags.log {
         install_log(level)?;

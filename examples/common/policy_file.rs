@@ -7,11 +7,6 @@ use std::io::Write as _;
 use tollgate_config::Reloader;
 use tollgate_core::Store;
 
-/// The usage line of `--config`.
-pub(crate) const USAGE: &str = "  --config FILE                 the limits from a policy file (TOML; see tollgate::config) instead of
-                                --limit/--period/--burst/--algorithm and the stack flags; read again
-                                on SIGHUP (an invalid file keeps the limits in force and says why)";
-
 /// Reads the policy file again whenever the process gets `SIGHUP`, saying on stdout what changed (`reloaded …`)
 /// or on stderr why the file was refused (`file:line:column: …`, the old limits staying in force).
 pub(crate) fn reload_on_sighup<St: Store>(reloader: Reloader<St>) -> Result<(), String> {

@@ -1,6 +1,6 @@
 //! The Stripe-stack part of the example servers: the flags `--concurrency`, `--worker-capacity`,
-//! `--fleet-capacity`, `--fleet-reserve`, `--adaptive`, the `GET /slow?ms=N` handler, and the [`StackLayer`] they
-//! configure.
+//! `--fleet-capacity`, `--fleet-reserve`, `--adaptive` (clap), the `GET /slow?ms=N` handler, and the
+//! [`StackLayer`] they configure.
 //!
 //! Included with `#[path = "common/stack.rs"] mod stack;`. A limiter whose flag is absent is built switched off
 //! (`Mode::Off`: no store call, no rejection), so the stack has one type whatever the flags.
@@ -18,76 +18,48 @@ use tollgate_tower::{
     AdaptiveLimitLayer, ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer,
 };
 
-/// The usage lines of the stack's flags.
-pub(crate) const USAGE: &str = "  --concurrency N               at most N requests in flight per client on limited routes (429 beyond)
-  --worker-capacity N           this instance's capacity in requests in flight (503 beyond): each class is
-                                admitted only below its share of it (Low 60 %, Normal 75 %, High 90 %,
-                                Critical 100 %), and sheds more below those lines while utilization stays high
-  --fleet-capacity N            requests in flight across every instance sharing --redis-url (503 beyond the
-                                non-reserved share for non-critical requests)
-  --fleet-reserve PERCENT       share of --fleet-capacity reserved for critical requests (default 20)
-  --adaptive ALG                gradient2 | aimd: this instance's concurrency limit follows the latency of its
-                                requests (from 20 to 200 in flight; 503 beyond), each class guaranteed a share
-                                of it (Critical 50 %, High 20 %, Normal 20 %, Low 10 %)
-
-priorities: the x-priority header (critical, high, normal, low), else by method (writes High, reads Normal)";
-
 /// The longest `/slow` sleep, so a typo cannot hold a connection for hours.
 pub(crate) const MAX_SLOW_MS: u64 = 60_000;
 
 /// The stack's flags.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "The Stripe stack")]
 pub(crate) struct StackFlags {
+    /// At most N requests in flight per client on limited routes (429 beyond)
+    #[arg(long, value_name = "N", value_parser = crate::cli::positive)]
     pub(crate) concurrency: Option<u64>,
+
+    /// This instance's capacity in requests in flight (503 beyond): each class is admitted only below its share
+    /// of it (Low 60 %, Normal 75 %, High 90 %, Critical 100 %), and sheds more below those lines while
+    /// utilization stays high
+    #[arg(long, value_name = "N", value_parser = crate::cli::positive)]
     pub(crate) worker_capacity: Option<u64>,
+
+    /// Requests in flight across every instance sharing the Redis (503 beyond the non-reserved share for
+    /// non-critical requests)
+    #[arg(long, value_name = "N", value_parser = crate::cli::positive)]
     pub(crate) fleet_capacity: Option<u64>,
+
+    /// Share of --fleet-capacity reserved for critical requests [default: 20]
+    #[arg(long, value_name = "PERCENT", value_parser = reserve)]
     pub(crate) fleet_reserve: Option<u8>,
+
+    /// This instance's concurrency limit follows the latency of its requests (from 20 to 200 in flight; 503
+    /// beyond), each class guaranteed a share of it (Critical 50 %, High 20 %, Normal 20 %, Low 10 %)
+    #[arg(long, value_name = "ALG", value_parser = crate::server::adaptive())]
     pub(crate) adaptive: Option<Algorithm>,
 }
 
+/// `--fleet-reserve`: a percentage from 0 to 100.
+fn reserve(v: &str) -> Result<u8, String> {
+    v.trim_end_matches('%')
+        .parse::<u8>()
+        .ok()
+        .filter(|p| *p <= 100)
+        .ok_or_else(|| "expected a percentage from 0 to 100".to_owned())
+}
+
 impl StackFlags {
-    /// Whether `flag` is one of the stack's.
-    pub(crate) fn is_flag(flag: &str) -> bool {
-        matches!(
-            flag,
-            "--concurrency"
-                | "--worker-capacity"
-                | "--fleet-capacity"
-                | "--fleet-reserve"
-                | "--adaptive"
-        )
-    }
-
-    /// Sets `flag` (one of [`is_flag`](Self::is_flag)) to `value`.
-    pub(crate) fn set(&mut self, flag: &str, value: &str) -> Result<(), String> {
-        let positive = || match value.parse::<u64>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("{flag} {value:?}: expected a whole number above 0")),
-        };
-        match flag {
-            "--concurrency" => self.concurrency = Some(positive()?),
-            "--worker-capacity" => self.worker_capacity = Some(positive()?),
-            "--fleet-capacity" => self.fleet_capacity = Some(positive()?),
-            "--fleet-reserve" => {
-                let percent = value
-                    .trim_end_matches('%')
-                    .parse::<u8>()
-                    .ok()
-                    .filter(|p| *p <= 100)
-                    .ok_or_else(|| {
-                        format!("{flag} {value:?}: expected a percentage from 0 to 100")
-                    })?;
-                self.fleet_reserve = Some(percent);
-            }
-            "--adaptive" => {
-                self.adaptive =
-                    Some(super::flags::adaptive(value).map_err(|e| format!("{flag}: {e}"))?);
-            }
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-        Ok(())
-    }
-
     /// Checks the combination: the fleet shedder counts across instances, so it needs Redis.
     pub(crate) fn validate(&self, has_redis: bool) -> Result<(), String> {
         if self.fleet_reserve.is_some() && self.fleet_capacity.is_none() {

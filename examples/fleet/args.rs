@@ -1,32 +1,10 @@
-//! Command-line flags of the fleet simulation.
+//! Command-line flags of the fleet simulation (clap).
 
 use std::time::Duration;
 
-use crate::flags::{Flags, duration, positive};
+use clap::builder::{PossibleValuesParser, TypedValueParser as _};
 
-pub(crate) const USAGE: &str = "\
-fleet: N instances of one service, each \"limited to L per second\", behind a round-robin load balancer.
-
-usage: cargo run --release --example fleet -- [flags]
-  --instances N     instances in the fleet (default 4)
-  --limit L         the limit each instance is configured with, per second (default 100)
-  --offered R       requests per second offered to the fleet (default 6 × limit)
-  --duration D      measured time per design, e.g. 5s, 1500ms (default 5s)
-  --warmup D        load before measuring, so each instance's first burst is spent (default: long
-                    enough for that at the offered rate, at least 1s)
-  --redis-url URL   Redis for the shared-state rows (default $REDIS_URL, else redis://127.0.0.1:6379)
-  --redis-cluster URL,URL,...
-                    a Redis Cluster for the shared-state rows instead, given some of its nodes (the one
-                    client key lives on one shard: spread keys are what spread a Cluster's load)
-  --scenario S      steady (default): the offered load through the load balancer, one row per design;
-                    flood: one client far over its limit, --connections keep-alive connections sending
-                    back to back straight to the instances; per store admitted/s, served/s and Redis
-                    calls/s, with the deny cache on and off (--offered does not apply)
-  --connections C   the flood's connections, spread over the instances (default 32)
-  --autoscale       grow the fleet from 1 to N instances during the run and print the admitted rate per second
-  --json            print the table's rows as one JSON object instead (for scripts such as CI's check)
-  --plot FILE.svg   also draw admitted req/s per second of every design (and the instances under --autoscale)
-  --help            this text";
+use crate::cli;
 
 /// What load the fleet gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +13,73 @@ pub(crate) enum Scenario {
     Steady,
     /// One client as fast as its connections go, closed loop, straight to the instances.
     Flood,
+}
+
+/// The command line as given.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "fleet",
+    about = "fleet: N instances of one service, each \"limited to L per second\", behind a round-robin load \
+             balancer",
+    after_help = "usage: cargo run --release --example fleet -- [flags]"
+)]
+struct Flags {
+    /// Instances in the fleet
+    #[arg(long, value_name = "N", default_value = "4", value_parser = at_most(64))]
+    instances: u64,
+
+    /// The limit each instance is configured with, per second
+    #[arg(long, value_name = "L", default_value = "100", value_parser = at_most(100_000))]
+    limit: u64,
+
+    /// Requests per second offered to the fleet [default: 6 × limit]
+    #[arg(long, value_name = "R", value_parser = at_most(MAX_OFFERED))]
+    offered: Option<u64>,
+
+    /// Measured time per design, e.g. 5s, 1500ms
+    #[arg(long, value_name = "D", default_value = "5s", value_parser = cli::duration)]
+    duration: Duration,
+
+    /// Load before measuring, so each instance's first burst is spent [default: long enough for that at the
+    /// offered rate, at least 1s]
+    #[arg(long, value_name = "D", value_parser = cli::duration)]
+    warmup: Option<Duration>,
+
+    /// Redis for the shared-state rows
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    redis_url: String,
+
+    /// A Redis Cluster for the shared-state rows instead, given some of its nodes (the one client key lives on
+    /// one shard: spread keys are what spread a Cluster's load)
+    #[arg(long, value_name = "URL,URL,...", value_parser = nodes)]
+    redis_cluster: Option<Vec<String>>,
+
+    /// steady: the offered load through the load balancer, one row per design; flood: one client far over its
+    /// limit, --connections keep-alive connections sending back to back straight to the instances; per store
+    /// admitted/s, served/s and Redis calls/s, with the deny cache on and off (--offered does not apply)
+    #[arg(long, value_name = "S", default_value = "steady", value_parser = scenario())]
+    scenario: Scenario,
+
+    /// The flood's connections, spread over the instances
+    #[arg(long, value_name = "C", default_value = "32", value_parser = at_most(1_024))]
+    connections: u64,
+
+    /// Grow the fleet from 1 to N instances during the run and print the admitted rate per second
+    #[arg(long)]
+    autoscale: bool,
+
+    /// Print the table's rows as one JSON object instead (for scripts such as CI's check)
+    #[arg(long)]
+    json: bool,
+
+    /// Also draw admitted req/s per second of every design (and the instances under --autoscale)
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
 }
 
 /// The simulation's settings.
@@ -56,118 +101,73 @@ pub(crate) struct Args {
 }
 
 impl Args {
-    pub(crate) fn parse(argv: impl Iterator<Item = String>) -> Result<Self, String> {
-        let mut args = Self {
-            instances: 4,
-            limit: 100,
-            offered: 0,
-            duration: Duration::from_secs(5),
-            warmup: Duration::ZERO,
-            // An empty REDIS_URL is unset, as for the tests.
-            redis_url: std::env::var("REDIS_URL")
-                .ok()
-                .filter(|url| !url.is_empty())
-                .unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
-            redis_cluster: None,
-            scenario: Scenario::Steady,
-            connections: 32,
-            autoscale: false,
-            json: false,
-            plot: None,
-        };
-        let mut offered_given = false;
-        let mut flags = Flags::new(argv);
-        while let Some(flag) = flags.next_flag() {
-            match flag.as_str() {
-                "--instances" => args.instances = flags.parsed(|v| at_most(v, 64))? as usize,
-                "--limit" => args.limit = flags.parsed(|v| at_most(v, 100_000))?,
-                "--offered" => {
-                    args.offered = flags.parsed(|v| at_most(v, MAX_OFFERED))?;
-                    offered_given = true;
-                }
-                "--scenario" => {
-                    args.scenario = match flags.value()?.as_str() {
-                        "steady" => Scenario::Steady,
-                        "flood" => Scenario::Flood,
-                        other => {
-                            return Err(format!(
-                                "--scenario {other:?}: steady or flood\n\n{USAGE}"
-                            ));
-                        }
-                    }
-                }
-                "--connections" => {
-                    args.connections = flags.parsed(|v| at_most(v, 1_024))? as usize;
-                }
-                "--duration" => args.duration = flags.parsed(duration)?,
-                "--warmup" => args.warmup = flags.parsed(duration)?,
-                "--redis-url" => args.redis_url = flags.value()?,
-                "--redis-cluster" => {
-                    let nodes: Vec<String> = flags
-                        .value()?
-                        .split(',')
-                        .map(str::trim)
-                        .filter(|n| !n.is_empty())
-                        .map(str::to_owned)
-                        .collect();
-                    if nodes.is_empty() {
-                        return Err("--redis-cluster needs at least one node URL".into());
-                    }
-                    args.redis_cluster = Some(nodes);
-                }
-                "--autoscale" => args.autoscale = true,
-                "--json" => args.json = true,
-                "--plot" => args.plot = Some(flags.value()?.into()),
-                "--help" | "-h" => return Err(USAGE.to_owned()),
-                other => return Err(format!("unknown flag {other}\n\n{USAGE}")),
-            }
-        }
-        if args.offered == 0 {
-            args.offered = 6 * args.limit;
-        }
-        if args.offered > MAX_OFFERED {
+    /// The process's flags; `--help` and a bad flag exit (0 and 2) as every example does.
+    pub(crate) fn parse() -> Self {
+        let flags: Flags = cli::parse();
+        Self::from_flags(flags).unwrap_or_else(|e| cli::fail(e))
+    }
+
+    fn from_flags(flags: Flags) -> Result<Self, String> {
+        let offered = flags.offered.unwrap_or(6 * flags.limit);
+        if offered > MAX_OFFERED {
             return Err(format!(
-                "an offered load of {} req/s (6 × --limit unless --offered says) is more than {MAX_OFFERED}",
-                args.offered
+                "an offered load of {offered} req/s (6 × --limit unless --offered says) is more than {MAX_OFFERED}"
             ));
         }
-        if args.warmup.is_zero() {
+        let (instances, limit) = (flags.instances, flags.limit);
+        let warmup = flags.warmup.unwrap_or_else(|| {
             // An instance starts with a full bucket of `limit` tokens and receives `offered / instances` per
             // second: the bucket is spent after limit ÷ (offered/instances − limit) seconds.
-            let per_instance = args.offered as f64 / args.instances as f64;
-            let spend = if per_instance > args.limit as f64 {
-                args.limit as f64 / (per_instance - args.limit as f64)
+            let per_instance = offered as f64 / instances as f64;
+            let spend = if per_instance > limit as f64 {
+                limit as f64 / (per_instance - limit as f64)
             } else {
                 1.0
             };
-            args.warmup = Duration::from_secs_f64((spend + 0.5).clamp(1.0, 10.0));
-        }
-        if args.scenario == Scenario::Flood && (offered_given || args.autoscale) {
+            Duration::from_secs_f64((spend + 0.5).clamp(1.0, 10.0))
+        });
+        if flags.scenario == Scenario::Flood && (flags.offered.is_some() || flags.autoscale) {
             return Err(
                 "--scenario flood sends as fast as its connections go: --offered and --autoscale do not apply"
                     .into(),
             );
         }
-        if args.json && args.autoscale {
+        if flags.json && flags.autoscale {
             return Err("--json prints the table's rows: it does not go with --autoscale".into());
         }
-        if let Some(dir) = args.plot.as_deref().and_then(std::path::Path::parent)
+        if let Some(dir) = flags.plot.as_deref().and_then(std::path::Path::parent)
             && !dir.as_os_str().is_empty()
             && !dir.is_dir()
         {
             // Found out now, not after a minute of measuring.
             return Err(format!("--plot: {} is not a directory", dir.display()));
         }
-        if args.duration < Duration::from_millis(500) {
+        if flags.duration < Duration::from_millis(500) {
             return Err("--duration must be at least 500ms".into());
         }
         // The run keeps every request's latency: an hour at the highest load is already gigabytes.
-        for (flag, value) in [("--duration", args.duration), ("--warmup", args.warmup)] {
+        for (flag, value) in [("--duration", flags.duration), ("--warmup", warmup)] {
             if value > MAX_TIME {
                 return Err(format!("{flag} must be at most {MAX_TIME:?}"));
             }
         }
-        Ok(args)
+        Ok(Self {
+            instances: instances as usize,
+            limit,
+            offered,
+            duration: flags.duration,
+            warmup,
+            // An empty REDIS_URL is unset, as for the tests.
+            redis_url: Some(flags.redis_url)
+                .filter(|url| !url.is_empty())
+                .unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
+            redis_cluster: flags.redis_cluster,
+            scenario: flags.scenario,
+            connections: flags.connections as usize,
+            autoscale: flags.autoscale,
+            json: flags.json,
+            plot: flags.plot,
+        })
     }
 }
 
@@ -177,9 +177,31 @@ const MAX_OFFERED: u64 = 200_000;
 /// The longest measured time or warm-up.
 const MAX_TIME: Duration = Duration::from_secs(3_600);
 
-fn at_most(v: &str, max: u64) -> Result<u64, String> {
-    match positive(v)? {
+/// A whole number from 1 to `max`.
+fn at_most(max: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |v| match cli::positive(v)? {
         n if n <= max => Ok(n),
-        _ => Err(format!("{v:?}: at most {max}")),
+        _ => Err(format!("at most {max}")),
     }
+}
+
+/// `--redis-cluster`: at least one node URL, comma-separated.
+fn nodes(v: &str) -> Result<Vec<String>, String> {
+    let nodes: Vec<String> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if nodes.is_empty() {
+        return Err("needs at least one node URL".into());
+    }
+    Ok(nodes)
+}
+
+fn scenario() -> impl clap::builder::TypedValueParser<Value = Scenario> {
+    PossibleValuesParser::new(["steady", "flood"]).map(|v| match v.as_str() {
+        "flood" => Scenario::Flood,
+        _ => Scenario::Steady,
+    })
 }

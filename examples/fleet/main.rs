@@ -10,8 +10,8 @@
 //! its limit and compares the stores' throughput and Redis load with the deny cache on and off (`flood.rs`).
 
 mod args;
-#[path = "../common/flags.rs"]
-mod flags;
+#[path = "../common/cli.rs"]
+mod cli;
 mod fleet;
 mod flood;
 mod load;
@@ -110,13 +110,7 @@ impl Design {
 
 #[tokio::main]
 async fn main() {
-    let args = match Args::parse(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("{message}");
-            std::process::exit(if message == args::USAGE { 0 } else { 2 });
-        }
-    };
+    let args = Args::parse();
     let redis = redis_reachable(&args).await;
     if args.scenario == Scenario::Flood {
         flood::scenario(&args, redis).await;

@@ -15,8 +15,8 @@
 //! `design`, `load`, `goodput`, `critical_success`, `admitted`, `p50_ms`, `p99_ms`, `sent`); `--plot FILE.svg`
 //! draws the p99 latency and the adaptive limits over time. Run with `--help` for the flags.
 
-#[path = "../common/flags.rs"]
-mod flags;
+#[path = "../common/cli.rs"]
+mod cli;
 mod load;
 mod plot;
 mod service;
@@ -26,19 +26,49 @@ use std::time::Duration;
 
 use service::{Design, Shape};
 
-const USAGE: &str = "\
-usage: overload [options]
+/// The command line.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "overload",
+    about = "Load shedding at the instant of overload: what each design does when offered more than the service \
+             can take",
+    after_help = "CI smoke test: overload --steps 0.5,3 --step-duration 1s --json"
+)]
+struct Flags {
+    /// Load steps, × capacity, comma-separated
+    #[arg(
+        long,
+        value_name = "LIST",
+        default_value = "0.5,1,1.5,2,3",
+        value_delimiter = ',',
+        value_parser = loads
+    )]
+    steps: Vec<f64>,
 
-  --steps LIST          load steps, × capacity, comma-separated (default 0.5,1,1.5,2,3)
-  --step-duration DUR   how long each step lasts: 500ms, 3s … (default 3s)
-  --workers N           the service's worker pool (default 16)
-  --service-time DUR    each request's work (default 80ms): capacity = workers / service time
-  --deadline DUR        clients give up after this (default 1s)
-  --json                print the rows as a JSON array (progress goes to stderr)
-  --plot FILE.svg       draw latency and the adaptive limits over time
-  -h, --help            this text
+    /// How long each step lasts: 500ms, 3s …
+    #[arg(long, value_name = "DUR", default_value = "3s", value_parser = cli::duration)]
+    step_duration: Duration,
 
-CI smoke test: overload --steps 0.5,3 --step-duration 1s --json";
+    /// The service's worker pool
+    #[arg(long, value_name = "N", default_value = "16", value_parser = cli::positive)]
+    workers: u64,
+
+    /// Each request's work: capacity = workers / service time
+    #[arg(long, value_name = "DUR", default_value = "80ms", value_parser = cli::duration)]
+    service_time: Duration,
+
+    /// Clients give up after this
+    #[arg(long, value_name = "DUR", default_value = "1s", value_parser = cli::duration)]
+    deadline: Duration,
+
+    /// Print the rows as a JSON array (progress goes to stderr)
+    #[arg(long)]
+    json: bool,
+
+    /// Draw latency and the adaptive limits over time
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<String>,
+}
 
 #[derive(Debug)]
 struct Args {
@@ -51,34 +81,18 @@ struct Args {
 }
 
 impl Args {
-    fn parse(args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
-        let mut parsed = Self {
-            loads: vec![0.5, 1.0, 1.5, 2.0, 3.0],
-            step_duration: Duration::from_secs(3),
+    fn from_flags(flags: Flags) -> Result<Self, String> {
+        let parsed = Self {
+            loads: flags.steps,
+            step_duration: flags.step_duration,
             shape: Shape {
-                workers: 16,
-                service_time: Duration::from_millis(80),
+                workers: flags.workers.min(100_000),
+                service_time: flags.service_time,
             },
-            deadline: Duration::from_secs(1),
-            json: false,
-            plot: None,
+            deadline: flags.deadline,
+            json: flags.json,
+            plot: flags.plot,
         };
-        let mut flags = flags::Flags::new(args);
-        while let Some(flag) = flags.next_flag() {
-            match flag.as_str() {
-                "-h" | "--help" => return Ok(None),
-                "--steps" => parsed.loads = flags.parsed(loads)?,
-                "--step-duration" => parsed.step_duration = flags.parsed(flags::duration)?,
-                "--workers" => {
-                    parsed.shape.workers = flags.parsed(flags::positive)?.min(100_000);
-                }
-                "--service-time" => parsed.shape.service_time = flags.parsed(flags::duration)?,
-                "--deadline" => parsed.deadline = flags.parsed(flags::duration)?,
-                "--json" => parsed.json = true,
-                "--plot" => parsed.plot = Some(flags.value()?),
-                other => return Err(format!("unknown argument {other:?} (try --help)")),
-            }
-        }
         if parsed.step_duration > Duration::from_secs(600) {
             return Err("--step-duration: at most 10m".to_owned());
         }
@@ -88,35 +102,21 @@ impl Args {
                 "the highest step offers {rate:.0} req/s: at most 20000 (fewer --workers or a longer --service-time)"
             ));
         }
-        Ok(Some(parsed))
+        Ok(parsed)
     }
 }
 
-/// `0.5,1,3`: loads above 0 and at most 10 × capacity.
-fn loads(v: &str) -> Result<Vec<f64>, String> {
-    v.split(',')
-        .map(|s| match s.trim().parse::<f64>() {
-            Ok(l) if l > 0.0 && l <= 10.0 => Ok(l),
-            _ => Err(format!(
-                "{s:?}: expected a load above 0 and at most 10 (× capacity)"
-            )),
-        })
-        .collect()
+/// `0.5,1,3`: loads above 0 and at most 10 × capacity (one value of the list; clap splits at the commas).
+fn loads(v: &str) -> Result<f64, String> {
+    match v.trim().parse::<f64>() {
+        Ok(l) if l > 0.0 && l <= 10.0 => Ok(l),
+        _ => Err("expected a load above 0 and at most 10 (× capacity)".to_owned()),
+    }
 }
 
 #[tokio::main]
 async fn main() {
-    let args = match Args::parse(std::env::args().skip(1)) {
-        Ok(Some(args)) => args,
-        Ok(None) => {
-            let _ = writeln!(std::io::stdout(), "{USAGE}");
-            return;
-        }
-        Err(message) => {
-            eprintln!("overload: {message}");
-            std::process::exit(2);
-        }
-    };
+    let args = Args::from_flags(cli::parse()).unwrap_or_else(|e| cli::fail(e));
     if let Err(message) = run(&args).await {
         eprintln!("overload: {message}");
         std::process::exit(1);

@@ -13,13 +13,17 @@ use tollgate_core::{Policy, Quota, Store};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::RedisServer;
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// The command line.
+#[derive(clap::Parser)]
+#[command(about = "The deadpool-redis pool's cost beside the built-in pool, on one private server")]
+struct Flags {
+    /// Decisions per measured run
+    #[arg(long, value_name = "N", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    decisions: u64,
+
+    /// Alternating rounds (the median is printed)
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
 }
 
 /// Commands the clients sent (the script's own commands and this program's bookkeeping left out).
@@ -69,8 +73,7 @@ async fn run(store: Arc<RedisStore>, decisions: u64, callers: u64) -> Duration {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let decisions = arg("--decisions", 20_000);
-    let rounds = arg("--rounds", 3);
+    let Flags { decisions, rounds } = clap::Parser::parse();
     let server = RedisServer::start();
     let builtin = Arc::new(
         RedisStore::builder(server.url())

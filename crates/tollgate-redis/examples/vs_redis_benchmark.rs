@@ -25,11 +25,27 @@ use tollgate_testkit::redis::{RedisServer, binary, cli_url};
 const KEYSPACE: u64 = 100_000;
 const PIPELINE: usize = 16;
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
+/// The command line.
+#[derive(clap::Parser)]
+#[command(
+    about = "RedisStore's decisions per second beside redis-benchmark running the same script"
+)]
+struct Flags {
+    /// Requests per run (a quarter at concurrency 1)
+    #[arg(long, value_name = "N", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
+    requests: u64,
+
+    /// Alternating rounds (the median is printed)
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(usize))]
+    rounds: usize,
+
+    /// A Redis to measure on [default: a private redis-server, so that INFO commandstats counts only this run]
+    #[arg(long, value_name = "URL")]
+    url: Option<String>,
+
+    /// The client on tokio's single-threaded runtime (no cross-thread wake-ups per reply)
+    #[arg(long)]
+    current_thread: bool,
 }
 
 fn evalsha_calls(url: &str) -> u64 {
@@ -255,16 +271,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let requests: u64 = arg("--requests")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(60_000);
-    let rounds: usize = arg("--rounds").and_then(|n| n.parse().ok()).unwrap_or(3);
-    let private = if arg("--url").is_none() {
-        Some(RedisServer::start())
-    } else {
-        None
-    };
-    let url = arg("--url").unwrap_or_else(|| private.as_ref().map(RedisServer::url).unwrap());
+    let flags: Flags = clap::Parser::parse();
+    let (requests, rounds) = (flags.requests, flags.rounds.max(1));
+    let private = flags.url.is_none().then(RedisServer::start);
+    let url = flags
+        .url
+        .unwrap_or_else(|| private.as_ref().map(RedisServer::url).expect("started"));
     let hostport = url
         .trim_start_matches("redis://")
         .trim_end_matches('/')
@@ -274,8 +286,7 @@ fn main() {
     assert_eq!(sha.len(), 40, "SCRIPT LOAD answered {sha}");
     // Effectively unlimited: every request is admitted and writes its state.
     let policy = Policy::token_bucket(Quota::per_second(1_000_000_000).unwrap());
-    // `--current-thread`: the client on tokio's single-threaded runtime (no cross-thread wake-ups per reply).
-    let current_thread = std::env::args().any(|a| a == "--current-thread");
+    let current_thread = flags.current_thread;
     let rt = if current_thread {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

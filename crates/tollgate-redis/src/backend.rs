@@ -13,8 +13,11 @@ use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
+#[cfg(feature = "cluster")]
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+#[cfg(feature = "sentinel")]
 use redis::sentinel::SentinelClient;
 use redis::{AsyncConnectionConfig, ErrorKind, ServerErrorKind, Value};
 
@@ -33,6 +36,7 @@ pub(crate) enum Connector {
     /// One URL (a host name a failover may repoint).
     Client(redis::Client),
     /// Ask the Sentinels for the current primary; redis-rs checks its `ROLE` before handing it out.
+    #[cfg(feature = "sentinel")]
     Sentinel(tokio::sync::Mutex<SentinelClient>),
 }
 
@@ -47,6 +51,7 @@ impl Connector {
                     .get_multiplexed_async_connection_with_config(config)
                     .await
             }
+            #[cfg(feature = "sentinel")]
             Self::Sentinel(sentinel) => {
                 let client = sentinel.lock().await.async_get_client().await?;
                 client
@@ -77,6 +82,7 @@ impl Manager {
         }
     }
 
+    #[cfg(feature = "sentinel")]
     pub(crate) fn generation(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.generation)
     }
@@ -133,6 +139,7 @@ pub(crate) type Pool = managed::Pool<Manager>;
 pub(crate) enum Backend {
     /// Our pool, to one server or the primary Sentinel names.
     Pooled(Pool),
+    #[cfg(feature = "cluster")]
     Cluster(ClusterConnection),
     /// A user's deadpool-redis pool: its manager pings on every checkout.
     #[cfg(feature = "deadpool-redis")]
@@ -143,6 +150,7 @@ impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Pooled(pool) => f.debug_tuple("Pooled").field(&pool.status()).finish(),
+            #[cfg(feature = "cluster")]
             Self::Cluster(_) => f.write_str("Cluster"),
             #[cfg(feature = "deadpool-redis")]
             Self::Deadpool(pool) => f.debug_tuple("Deadpool").field(&pool.status()).finish(),
@@ -161,6 +169,19 @@ pub(crate) fn pool(
         .map_err(|e| BackendError::Pool(e.to_string()))
 }
 
+/// A background task of the store (the Sentinel watcher), stopped when the store goes.
+#[derive(Debug)]
+pub(crate) struct Watcher(pub(crate) Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+#[cfg(feature = "cluster")]
 pub(crate) async fn cluster(
     builder: redis::cluster::ClusterClientBuilder,
     timeout: Duration,
@@ -317,6 +338,7 @@ impl Backend {
                 };
                 result.map_err(classify)
             }
+            #[cfg(feature = "cluster")]
             Self::Cluster(conn) => eval(&mut conn.clone(), script, key, args, read_only)
                 .await
                 .map_err(classify),
@@ -331,7 +353,9 @@ impl Backend {
                 let mut conn = pool.get().await.map_err(deadpool_error)?;
                 load_scripts(&mut conn).await.map_err(classify)
             }
-            Self::Pooled(_) | Self::Cluster(_) => Ok(()),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => Ok(()),
+            Self::Pooled(_) => Ok(()),
         }
     }
 
@@ -353,6 +377,7 @@ impl Backend {
                     .map_err(classify)?;
                 Ok(vec![reply])
             }
+            #[cfg(feature = "cluster")]
             Self::Cluster(conn) => {
                 // Every primary holds limiter keys: each one's policy matters.
                 let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));

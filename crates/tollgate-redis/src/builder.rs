@@ -6,7 +6,9 @@ use std::time::Duration;
 use tollgate_core::{Policy, Quota};
 
 use crate::backend::{self, Backend, Connector};
-use crate::connect::{self, Pem, Secret, Security};
+#[cfg(feature = "tls")]
+use crate::connect::Pem;
+use crate::connect::{self, Secret, Security};
 use crate::{BackendError, BuildError, RedisStore};
 
 /// Default timeout of every Redis call.
@@ -29,7 +31,9 @@ const MIN_STARTUP_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone)]
 enum Target {
     Standalone(String),
+    #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
+    #[cfg(feature = "sentinel")]
     Sentinel {
         sentinels: Vec<String>,
         master: String,
@@ -57,10 +61,12 @@ impl RedisStoreBuilder {
         Self::new(Target::Standalone(url))
     }
 
+    #[cfg(feature = "cluster")]
     pub(crate) fn cluster(nodes: Vec<String>) -> Self {
         Self::new(Target::Cluster(nodes))
     }
 
+    #[cfg(feature = "sentinel")]
     pub(crate) fn sentinel(sentinels: Vec<String>, master: String) -> Self {
         Self::new(Target::Sentinel { sentinels, master })
     }
@@ -112,19 +118,23 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Trusts the CA certificates in this PEM (a private CA) instead of the system's roots. Needs `rediss://`.
+    /// Trusts the CA certificates in this PEM (a private CA) instead of the system's roots. Needs `rediss://`
+    /// (feature `tls`, as the other `tls_` settings).
+    #[cfg(feature = "tls")]
     pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.security.ca = Some(Pem::Bytes(pem.into()));
         self
     }
 
     /// Trusts the CA certificates in this PEM file (read when the store is built) instead of the system's roots.
+    #[cfg(feature = "tls")]
     pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.security.ca = Some(Pem::File(path.into()));
         self
     }
 
     /// Presents this client certificate (chain) and private key, both PEM, for mutual TLS.
+    #[cfg(feature = "tls")]
     pub fn tls_client_cert_pem(
         mut self,
         cert: impl Into<Vec<u8>>,
@@ -135,6 +145,7 @@ impl RedisStoreBuilder {
     }
 
     /// Presents the client certificate and key in these PEM files (read when the store is built).
+    #[cfg(feature = "tls")]
     pub fn tls_client_cert_files(
         mut self,
         cert: impl Into<PathBuf>,
@@ -190,6 +201,7 @@ impl RedisStoreBuilder {
                     .map_err(BuildError::Connect)?;
                 (Backend::Pooled(pool), None, probe)
             }
+            #[cfg(feature = "sentinel")]
             Target::Sentinel { sentinels, master } => {
                 let (sentinel, tls) = crate::sentinel::client(sentinels, master, &security)?;
                 let connector = Connector::Sentinel(tokio::sync::Mutex::new(sentinel));
@@ -199,8 +211,9 @@ impl RedisStoreBuilder {
                 let watcher = crate::sentinel::watch(sentinels, tls, &security, &generation)?;
                 (Backend::Pooled(pool), Some(watcher), None)
             }
+            #[cfg(feature = "cluster")]
             Target::Cluster(nodes) => {
-                let builder = crate::sentinel::cluster_builder(nodes, &security)?;
+                let builder = crate::cluster::builder(nodes, &security)?;
                 let conn =
                     match tokio::time::timeout(startup, backend::cluster(builder, self.timeout))
                         .await
@@ -255,8 +268,7 @@ impl RedisStoreBuilder {
         }
         #[cfg(feature = "deadpool-redis")]
         if matches!(self.target, Target::Deadpool(_))
-            && (self.security.ca.is_some()
-                || self.security.client_cert.is_some()
+            && (self.security.has_tls_material()
                 || self.security.username.is_some()
                 || self.security.password.is_some())
         {

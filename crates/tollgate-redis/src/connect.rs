@@ -4,17 +4,21 @@
 
 use std::path::PathBuf;
 
-use redis::{ErrorKind, IntoConnectionInfo, ServerErrorKind, TlsCertificates};
+#[cfg(feature = "tls")]
+use redis::TlsCertificates;
+use redis::{ErrorKind, IntoConnectionInfo, ServerErrorKind};
 
 use crate::BuildError;
 
 /// PEM bytes given directly, or a file read when the store is built.
+#[cfg(feature = "tls")]
 #[derive(Debug, Clone)]
 pub(crate) enum Pem {
     Bytes(Vec<u8>),
     File(PathBuf),
 }
 
+#[cfg(feature = "tls")]
 impl Pem {
     fn read(&self, what: &'static str) -> Result<Vec<u8>, BuildError> {
         match self {
@@ -66,7 +70,9 @@ impl Secret {
 /// TLS material and credentials as configured on the builder.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Security {
+    #[cfg(feature = "tls")]
     pub(crate) ca: Option<Pem>,
+    #[cfg(feature = "tls")]
     pub(crate) client_cert: Option<(Pem, Pem)>,
     pub(crate) username: Option<String>,
     pub(crate) password: Option<Secret>,
@@ -75,13 +81,33 @@ pub(crate) struct Security {
 /// [`Security`] with every file read and every variable looked up.
 #[derive(Clone, Default)]
 pub(crate) struct Resolved {
+    #[cfg(feature = "tls")]
     pub(crate) certificates: Option<TlsCertificates>,
     pub(crate) username: Option<String>,
     pub(crate) password: Option<String>,
 }
 
 impl Security {
+    /// Whether a CA or a client certificate is configured.
+    #[cfg(feature = "deadpool-redis")]
+    pub(crate) fn has_tls_material(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.ca.is_some() || self.client_cert.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
     pub(crate) fn resolve(&self) -> Result<Resolved, BuildError> {
+        Ok(Resolved {
+            #[cfg(feature = "tls")]
+            certificates: self.certificates()?,
+            username: self.username.clone(),
+            password: self.password.as_ref().map(Secret::resolve).transpose()?,
+        })
+    }
+
+    #[cfg(feature = "tls")]
+    fn certificates(&self) -> Result<Option<TlsCertificates>, BuildError> {
         let root_cert = self.ca.as_ref().map(|p| p.read("CA file")).transpose()?;
         let client_tls = match &self.client_cert {
             Some((cert, key)) => Some(redis::ClientTlsConfig {
@@ -90,21 +116,18 @@ impl Security {
             }),
             None => None,
         };
-        let certificates =
+        Ok(
             (root_cert.is_some() || client_tls.is_some()).then_some(TlsCertificates {
                 client_tls,
                 root_cert,
-            });
-        Ok(Resolved {
-            certificates,
-            username: self.username.clone(),
-            password: self.password.as_ref().map(Secret::resolve).transpose()?,
-        })
+            }),
+        )
     }
 }
 
 /// Makes sure rustls has a crypto provider: ours (ring) unless the application installed one.
 pub(crate) fn install_crypto_provider() {
+    #[cfg(feature = "tls")]
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Another thread may win the race; either way one provider is installed.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -121,6 +144,13 @@ pub(crate) fn is_tls(url: &str) -> bool {
 /// A client for one server: the URL's own credentials unless the builder set others, and the TLS material.
 pub(crate) fn client(url: &str, security: &Resolved) -> Result<redis::Client, BuildError> {
     let info = connection_info(url, security)?;
+    #[cfg(not(feature = "tls"))]
+    if is_tls(url) {
+        return Err(BuildError::InvalidSetting(
+            "a rediss:// URL needs TLS: build tollgate-redis with its feature `tls` (tollgate: `redis-tls`)",
+        ));
+    }
+    #[cfg(feature = "tls")]
     match &security.certificates {
         Some(certs) => {
             if !is_tls(url) {
@@ -132,6 +162,8 @@ pub(crate) fn client(url: &str, security: &Resolved) -> Result<redis::Client, Bu
         }
         None => redis::Client::open(info).map_err(|e| BuildError::InvalidUrl(e.to_string())),
     }
+    #[cfg(not(feature = "tls"))]
+    redis::Client::open(info).map_err(|e| BuildError::InvalidUrl(e.to_string()))
 }
 
 /// `url` parsed, with the builder's credentials applied over the URL's.
@@ -153,12 +185,14 @@ pub(crate) fn connection_info(
 }
 
 /// A PEM that does not parse (or a key that does not fit its certificate) is a configuration error.
+#[cfg(feature = "tls")]
 pub(crate) fn invalid_tls_material(e: redis::RedisError) -> BuildError {
     BuildError::Tls(format!("unusable TLS certificate or key: {e}"))
 }
 
 /// The rustls error somewhere in `e`'s chain. redis-rs keeps it as an `Arc<dyn Error>` around an `io::Error`, and
 /// both hide their inner error from `source()`, so each is unwrapped by hand.
+#[cfg(feature = "tls")]
 fn rustls_error(e: &redis::RedisError) -> Option<rustls::Error> {
     type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -185,25 +219,9 @@ fn rustls_error(e: &redis::RedisError) -> Option<rustls::Error> {
 
 /// A failed connection or start-up call: a configuration error to report (`Some`), or an outage (`None`).
 pub(crate) fn config_error(e: &redis::RedisError) -> Option<BuildError> {
-    use rustls::CertificateError as C;
-    if let Some(tls) = rustls_error(e) {
-        return Some(match tls {
-            rustls::Error::InvalidCertificate(
-                C::UnknownIssuer | C::BadSignature | C::UnhandledCriticalExtension,
-            ) => BuildError::CertificateUntrusted(tls.to_string()),
-            rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
-                BuildError::CertificateExpired(tls.to_string())
-            }
-            rustls::Error::InvalidCertificate(
-                C::NotValidForName | C::NotValidForNameContext { .. },
-            ) => BuildError::CertificateHostMismatch(tls.to_string()),
-            rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
-                BuildError::Tls(format!(
-                    "the server does not speak TLS ({tls}): use a redis:// URL, or the server's TLS port"
-                ))
-            }
-            other => BuildError::Tls(other.to_string()),
-        });
+    #[cfg(feature = "tls")]
+    if let Some(tls) = tls_error(e) {
+        return Some(tls);
     }
     match e.kind() {
         ErrorKind::AuthenticationFailed => return Some(BuildError::Auth(e.to_string())),
@@ -231,6 +249,30 @@ pub(crate) fn config_error(e: &redis::RedisError) -> Option<BuildError> {
         return Some(BuildError::Auth(text));
     }
     None
+}
+
+/// A certificate or handshake failure in `e`: always a configuration error.
+#[cfg(feature = "tls")]
+fn tls_error(e: &redis::RedisError) -> Option<BuildError> {
+    use rustls::CertificateError as C;
+    let tls = rustls_error(e)?;
+    Some(match tls {
+        rustls::Error::InvalidCertificate(
+            C::UnknownIssuer | C::BadSignature | C::UnhandledCriticalExtension,
+        ) => BuildError::CertificateUntrusted(tls.to_string()),
+        rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
+            BuildError::CertificateExpired(tls.to_string())
+        }
+        rustls::Error::InvalidCertificate(
+            C::NotValidForName | C::NotValidForNameContext { .. },
+        ) => BuildError::CertificateHostMismatch(tls.to_string()),
+        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
+            BuildError::Tls(format!(
+                "the server does not speak TLS ({tls}): use a redis:// URL, or the server's TLS port"
+            ))
+        }
+        other => BuildError::Tls(other.to_string()),
+    })
 }
 
 /// Whether a plaintext attempt ended as it does against a TLS port: the connection accepted, then dropped.

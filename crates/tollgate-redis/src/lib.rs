@@ -56,6 +56,13 @@
 //!   with `SCRIPT LOAD` before its first decision, so a decision stays one `EVALSHA` even on Redis 7.4+, which may
 //!   evict scripts that `EVAL` loaded.
 //!
+//! ## Features
+//!
+//! `cluster` (Redis Cluster), `sentinel` (Sentinel discovery and failover) and `tls` (`rediss://` through rustls)
+//! are on by default; without them the crate builds only the standalone store (the `tollgate` facade turns them on
+//! with `redis-cluster`, `redis-sentinel`, `redis-tls`). `cli`: [`cli::RedisArgs`], the Redis flags of a
+//! command-line tool (clap). `deadpool-redis`: `RedisStore::from_deadpool`.
+//!
 //! ## Least privilege
 //!
 //! The store needs exactly these permissions (keys under its namespace, here `tollgate`; the commands it sends and
@@ -115,12 +122,17 @@
 mod backend;
 mod builder;
 mod circuit;
+#[cfg(feature = "cli")]
+pub mod cli;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod connect;
 mod error;
 mod eviction;
 mod keys;
 mod observe;
 mod script;
+#[cfg(feature = "sentinel")]
 mod sentinel;
 mod slot;
 mod store;

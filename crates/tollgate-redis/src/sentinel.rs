@@ -1,5 +1,5 @@
-//! Sentinel and Cluster clients with the store's TLS material and credentials, and the watcher that follows a
-//! Sentinel failover.
+//! The Sentinel client with the store's TLS material and credentials, and the watcher that follows a Sentinel
+//! failover.
 //!
 //! A new pooled connection asks the Sentinels for the primary of the master name (redis-rs checks the answer with
 //! `ROLE`, so a replica is never handed out). Existing connections are replaced when their server answers
@@ -12,10 +12,13 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+#[cfg(feature = "tls")]
+use redis::TlsMode;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{ConnectionAddr, IntoConnectionInfo, TlsMode};
+use redis::{ConnectionAddr, IntoConnectionInfo};
 
 use crate::BuildError;
+use crate::backend::Watcher;
 use crate::connect::{self, Resolved};
 
 /// Parses `host:port` or a `redis://` / `rediss://` URL; a bare address uses TLS when certificates are given.
@@ -60,7 +63,10 @@ pub(crate) fn client(
     if master.is_empty() {
         return Err(BuildError::InvalidSetting("give the Sentinel master name"));
     }
+    #[cfg(feature = "tls")]
     let certs = security.certificates.is_some();
+    #[cfg(not(feature = "tls"))]
+    let certs = false;
     let addrs = sentinels
         .iter()
         .map(|s| address(s, certs || connect::is_tls(s)))
@@ -68,13 +74,21 @@ pub(crate) fn client(
     let tls = addrs
         .iter()
         .any(|a| matches!(a, ConnectionAddr::TcpTls { .. }));
+    #[cfg(not(feature = "tls"))]
+    if tls {
+        return Err(BuildError::InvalidSetting(
+            "Sentinels over TLS need tollgate-redis's feature `tls` (tollgate: `redis-tls`)",
+        ));
+    }
     let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
         .map_err(|e| BuildError::InvalidUrl(e.to_string()))?;
+    #[cfg(feature = "tls")]
     if tls {
         builder = builder
             .set_client_to_redis_tls_mode(TlsMode::Secure)
             .set_client_to_sentinel_tls_mode(TlsMode::Secure);
     }
+    #[cfg(feature = "tls")]
     if let Some(certs) = &security.certificates {
         builder = builder
             .set_client_to_redis_certificates(certs.clone())
@@ -86,20 +100,13 @@ pub(crate) fn client(
     if let Some(password) = &security.password {
         builder = builder.set_client_to_redis_password(password);
     }
+    #[cfg(feature = "tls")]
     let client = builder.build().map_err(connect::invalid_tls_material)?;
+    #[cfg(not(feature = "tls"))]
+    let client = builder
+        .build()
+        .map_err(|e| BuildError::InvalidUrl(e.to_string()))?;
     Ok((client, tls))
-}
-
-/// Stops the watcher when the store goes.
-#[derive(Debug)]
-pub(crate) struct Watcher(Option<tokio::task::JoinHandle<()>>);
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        if let Some(task) = self.0.take() {
-            task.abort();
-        }
-    }
 }
 
 /// Subscribes to `+switch-master` on the Sentinels (one at a time, the next when one fails) and bumps
@@ -116,10 +123,16 @@ pub(crate) fn watch(
         let info = addr
             .into_connection_info()
             .map_err(|e| BuildError::InvalidUrl(e.to_string()))?;
+        #[cfg(feature = "tls")]
         let client = match &security.certificates {
             Some(certs) => redis::Client::build_with_tls(info, certs.clone())
                 .map_err(connect::invalid_tls_material)?,
             None => redis::Client::open(info).map_err(|e| BuildError::InvalidUrl(e.to_string()))?,
+        };
+        #[cfg(not(feature = "tls"))]
+        let client = {
+            let _ = security;
+            redis::Client::open(info).map_err(|e| BuildError::InvalidUrl(e.to_string()))?
         };
         clients.push(client);
     }
@@ -157,25 +170,4 @@ async fn follow(clients: Vec<redis::Client>, generation: Weak<AtomicU64>) {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-/// A Cluster client builder with the store's TLS material and credentials.
-pub(crate) fn cluster_builder(
-    nodes: &[String],
-    security: &Resolved,
-) -> Result<redis::cluster::ClusterClientBuilder, BuildError> {
-    let infos = nodes
-        .iter()
-        .map(|n| connect::connection_info(n, security))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut builder = redis::cluster::ClusterClient::builder(infos);
-    if let Some(certs) = &security.certificates {
-        if !nodes.iter().all(|n| connect::is_tls(n)) {
-            return Err(BuildError::InvalidSetting(
-                "a CA or client certificate needs rediss:// node URLs",
-            ));
-        }
-        builder = builder.certs(certs.clone());
-    }
-    Ok(builder)
 }

@@ -31,7 +31,7 @@ struct Inner {
     backend: Backend,
     scripts: &'static Scripts,
     /// Follows Sentinel's `+switch-master` while the store lives.
-    _watcher: Option<crate::sentinel::Watcher>,
+    _watcher: Option<crate::backend::Watcher>,
     namespace: String,
     timeout: Duration,
     circuit: Circuit,
@@ -51,6 +51,8 @@ impl RedisStore {
     /// A builder for a store on the primary that Redis Sentinel names `master`, given some Sentinels as
     /// `host:port` or `redis://` / `rediss://` URLs (bare addresses use TLS when a CA or client certificate is
     /// configured). Limiter calls only ever go to the primary; a failover is followed (see the crate docs).
+    /// Feature `sentinel`.
+    #[cfg(feature = "sentinel")]
     pub fn sentinel_builder<I, S>(sentinels: I, master: impl Into<String>) -> RedisStoreBuilder
     where
         I: IntoIterator<Item = S>,
@@ -72,7 +74,8 @@ impl RedisStore {
         RedisStoreBuilder::deadpool(pool)
     }
 
-    /// A builder for a store on a Redis Cluster, given some of its nodes' URLs.
+    /// A builder for a store on a Redis Cluster, given some of its nodes' URLs (feature `cluster`).
+    #[cfg(feature = "cluster")]
     pub fn cluster_builder<I, S>(nodes: I) -> RedisStoreBuilder
     where
         I: IntoIterator<Item = S>,
@@ -92,7 +95,7 @@ impl RedisStore {
         timeout: Duration,
         failure_threshold: u32,
         cool_down: Duration,
-        watcher: Option<crate::sentinel::Watcher>,
+        watcher: Option<crate::backend::Watcher>,
     ) -> Self {
         // Registered at once (unchanged), so dashboards and alerts see the gauge before any circuit opens.
         metrics::gauge!(CIRCUIT_OPEN).increment(0.0);

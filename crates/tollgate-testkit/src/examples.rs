@@ -43,12 +43,14 @@ pub struct ExampleServer {
 }
 
 impl ExampleServer {
-    /// Starts example `name` with `--addr 127.0.0.1:0` and then `args`.
+    /// Starts example `name` with `--addr 127.0.0.1:0` and then `args`, without the test's `REDIS_URL` (which the
+    /// servers would take for `--redis-url`: a server uses Redis only when `args` say so).
     ///
     /// # Panics
     /// If the binary is missing or does not start, or its first lines are not the expected ones.
     pub fn start(name: &str, args: &[&str]) -> Self {
         let mut child = Command::new(example(name))
+            .env_remove("REDIS_URL")
             .args(["--addr", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
