@@ -40,6 +40,11 @@ pub use tollgate_grpc as grpc;
 #[cfg(feature = "config")]
 pub use tollgate_config as config;
 
+/// The outbound side: a tower layer that paces a client by the servers' RateLimit fields, `Retry-After` and gRPC
+/// `RetryInfo` (feature `client`).
+#[cfg(feature = "client")]
+pub use tollgate_client as client;
+
 /// Stripe's production stack: the concurrent-requests limiter, the fleet-usage and worker-utilization load
 /// shedders, and the layer that stacks them with the rate limiter (they live in `tollgate-tower`, on the decision
 /// core every tollgate limiter shares).
