@@ -151,8 +151,8 @@ pub fn key_error_status(err: &KeyError) -> tonic::Status {
 
 /// Sets the rate-limit fields of every enforced verdict in `headers` (response metadata), replacing earlier values.
 ///
-/// - `ratelimit-policy: "<name>";q=<limit>;w=<window seconds>` and `ratelimit: "<name>";r=<remaining>;t=<seconds
-///   to reset>`, one list item per limiter, outermost first (IETF httpapi ratelimit-headers, draft-10 syntax);
+/// - `ratelimit-policy: "<name>";q=<limit>;w=<window seconds>` and `ratelimit: "<name>";r=<available>;t=<effective
+///   window seconds>`, one list item per limiter, outermost first (draft-ietf-httpapi-ratelimit-headers-11);
 /// - `x-ratelimit-limit`, `x-ratelimit-remaining`, `x-ratelimit-reset` (epoch seconds of the stored reset
 ///   instant), `x-ratelimit-used`, `x-ratelimit-resource` for the binding verdict (the one closest to its limit).
 ///
