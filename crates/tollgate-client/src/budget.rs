@@ -9,6 +9,9 @@
 //!   one that statement answered — counted as spent even if the server decided them first, which only ever
 //!   under-spends. When `t` runs out the statement is over and **one** request probes: its answer is the next
 //!   statement. A statement's `r` is cut to the policy's `q`, and its `t` to the longest delay;
+//!   A policy's `q` per `w` is also a ceiling the client keeps itself: a token bucket of `q` refilled over `w`
+//!   (kept as its theoretical arrival time, GCRA-style), so that a server whose `r` says more than its own policy —
+//!   once, or on every answer — is held to the policy it announced;
 //! - a `concurrent-requests` partition allows `q` requests of the scope open at once (a request is open until its
 //!   response body is done or dropped).
 //!
@@ -64,6 +67,38 @@ struct Statement {
     probe: bool,
 }
 
+/// The announced policy as a ceiling: `q` per `w` as a token bucket, kept as the instant it is full again.
+#[derive(Debug)]
+struct Ceiling {
+    /// `w / q`: the time one unit takes to come back.
+    interval: Duration,
+    /// `w − interval`: how far ahead of now the full instant may be while a unit is left.
+    slack: Duration,
+    /// When the bucket is full again (a past instant: full).
+    full_at: Instant,
+}
+
+impl Ceiling {
+    fn new(quota: u64, window: Duration, now: Instant) -> Option<Self> {
+        let interval = window.checked_div(u32::try_from(quota).ok().filter(|&q| q > 0)?)?;
+        (!interval.is_zero()).then(|| Self {
+            interval,
+            slack: window.saturating_sub(interval),
+            full_at: now,
+        })
+    }
+
+    /// When a unit is left, if not now.
+    fn blocked(&self, now: Instant) -> Option<Instant> {
+        let earliest = self.full_at.checked_sub(self.slack)?;
+        (earliest > now).then_some(earliest)
+    }
+
+    fn spend(&mut self, now: Instant) {
+        self.full_at = self.full_at.max(now) + self.interval;
+    }
+}
+
 #[derive(Debug)]
 struct Partition {
     name: String,
@@ -71,6 +106,7 @@ struct Partition {
     unit: Unit,
     quota: Option<u64>,
     statement: Option<Statement>,
+    ceiling: Option<Ceiling>,
 }
 
 impl Partition {
@@ -154,8 +190,8 @@ impl Scope {
     }
 
     /// Sends whatever the budget says (the user's choice after the longest wait).
-    pub(crate) fn send_anyway(&self) -> Ticket {
-        self.lock().take()
+    pub(crate) fn send_anyway(&self, now: Instant) -> Ticket {
+        self.lock().take(now)
     }
 
     /// Queues a waiter; its id for [`poll_waiter`](Self::poll_waiter).
@@ -204,7 +240,7 @@ impl Scope {
                     Err(next)
                 }
                 // Not queued (cannot happen: only its own future removes it): send rather than wait forever.
-                None => Ok(state.take()),
+                None => Ok(state.take(now)),
             }
         };
         woken.into_iter().for_each(Waker::wake);
@@ -271,9 +307,14 @@ impl Scope {
 
 impl State {
     /// Spends a unit of every partition: the next request is sent.
-    fn take(&mut self) -> Ticket {
+    fn take(&mut self, now: Instant) -> Ticket {
         self.sent += 1;
         self.open += 1;
+        for p in &mut self.partitions {
+            if let Some(ceiling) = &mut p.ceiling {
+                ceiling.spend(now);
+            }
+        }
         Ticket { seq: self.sent }
     }
 
@@ -292,7 +333,14 @@ impl State {
         let mut blocked = None;
         for p in &mut self.partitions {
             let this = match p.unit {
-                Unit::Requests => requests_blocked(p, sent, now, settings),
+                Unit::Requests => {
+                    let ceiling = p.ceiling.as_ref().and_then(|c| c.blocked(now));
+                    match (requests_blocked(p, sent, now, settings), ceiling) {
+                        (Some(Blocked::Until(a)), Some(b)) => Some(Blocked::Until(a.max(b))),
+                        (_, Some(b)) => Some(Blocked::Until(b)),
+                        (b, None) => b,
+                    }
+                }
                 Unit::ConcurrentRequests => p.quota.filter(|&q| open >= q).map(|_| Blocked::Answer),
                 Unit::Other => None,
             };
@@ -323,7 +371,7 @@ impl State {
             if self.blocked(now, settings).is_some() {
                 break;
             }
-            let ticket = self.take();
+            let ticket = self.take(now);
             let waiter = &mut self.queue[i];
             waiter.granted = Some(ticket);
             woken.extend(waiter.waker.take());
@@ -351,7 +399,7 @@ impl State {
             }
         } else {
             for policy in &observation.policies {
-                self.learn_policy(policy);
+                self.learn_policy(policy, now);
             }
             for limit in &observation.limits {
                 self.learn_limit(limit, ticket, now, horizon);
@@ -387,6 +435,7 @@ impl State {
                     unit: Unit::Requests,
                     quota: None,
                     statement: None,
+                    ceiling: None,
                 });
                 self.partitions.len() - 1
             }
@@ -394,10 +443,18 @@ impl State {
         &mut self.partitions[i]
     }
 
-    fn learn_policy(&mut self, policy: &PolicyItem) {
+    fn learn_policy(&mut self, policy: &PolicyItem, now: Instant) {
         let p = self.partition(&policy.name, policy.pk.as_deref());
+        let same = p.quota == Some(policy.quota) && p.unit == policy.unit;
         p.unit = policy.unit;
         p.quota = Some(policy.quota);
+        if !same || p.ceiling.is_none() {
+            // A new policy starts full; the sends so far are the server's `r` to account for.
+            p.ceiling = match (policy.unit, policy.window) {
+                (Unit::Requests, Some(w)) => Ceiling::new(policy.quota, w, now),
+                _ => None,
+            };
+        }
     }
 
     fn learn_limit(&mut self, limit: &LimitItem, ticket: Ticket, now: Instant, horizon: Instant) {

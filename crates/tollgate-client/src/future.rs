@@ -4,6 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use http::header::CONTENT_TYPE;
 use pin_project_lite::pin_project;
@@ -14,7 +15,7 @@ use crate::body::{Open, PaceBody, Watch};
 use crate::budget::{Scope, Ticket};
 use crate::fields::{Observation, grpc_refusal};
 use crate::layer::{OnMaxWait, Shared};
-use crate::{BoxError, WaitedTooLong};
+use crate::{BoxError, Waited, WaitedTooLong};
 
 /// A request waiting for its turn: its place in the scope's queue, left when the future is dropped.
 struct Queued<S, ReqB> {
@@ -49,7 +50,7 @@ pin_project! {
     enum State<S: Service<http::Request<ReqB>>, ReqB> {
         // Boxed: the slow path, kept out of the size of every future.
         Waiting { queued: Box<Queued<S, ReqB>> },
-        Calling { #[pin] fut: S::Future, open: Option<Open>, ticket: Ticket },
+        Calling { #[pin] fut: S::Future, open: Option<Open>, ticket: Ticket, waited: Option<Duration> },
         Done,
     }
 }
@@ -67,6 +68,7 @@ impl<S: Service<http::Request<ReqB>>, ReqB> ResponseFuture<S, ReqB> {
                 fut,
                 open: Some(Open::new(scope)),
                 ticket,
+                waited: None,
             },
         }
     }
@@ -127,14 +129,21 @@ where
                         fut,
                         open: Some(Open::new(scope)),
                         ticket,
+                        waited: Some(waited),
                     });
                 }
-                StateProj::Calling { fut, open, ticket } => {
+                StateProj::Calling {
+                    fut,
+                    open,
+                    ticket,
+                    waited,
+                } => {
                     let result = ready!(fut.poll(cx));
-                    let (open, ticket) = (open.take().expect("answered once"), *ticket);
+                    let (open, ticket, waited) =
+                        (open.take().expect("answered once"), *ticket, *waited);
                     this.state.set(State::Done);
                     return Poll::Ready(match result {
-                        Ok(response) => Ok(answer(response, open, ticket)),
+                        Ok(response) => Ok(answer(response, open, ticket, waited)),
                         // Dropping `open` closes the request.
                         Err(err) => Err(err.into()),
                     });
@@ -156,7 +165,7 @@ fn poll_turn<S, ReqB>(
             queued.scope.leave(queued.id, now);
             return Poll::Ready(match queued.on_max_wait {
                 OnMaxWait::Fail => Err(()),
-                OnMaxWait::Send => Ok(queued.scope.send_anyway()),
+                OnMaxWait::Send => Ok(queued.scope.send_anyway(now)),
             });
         }
         match queued.scope.poll_waiter(queued.id, now, cx.waker()) {

@@ -57,6 +57,11 @@ pub use service::Pace;
 /// The error type of [`Pace`]: the inner service's error, or [`WaitedTooLong`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// How long a request waited for its turn: in the extensions of a response whose request waited (absent when it
+/// was sent at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waited(pub Duration);
+
 /// A request waited [`PaceLayer::max_wait`] and its budget still had no room; it was not sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WaitedTooLong {
