@@ -17,10 +17,12 @@
 --                    nothing (the call is made with want 0) and answers as a refused request would, its
 --                    lockout's end in reset and retry (crates/tollgate-core/src/algorithm/lockout.rs, `lease`)
 --
--- Returns {granted, remaining, reset_us, retry_after_us, now_us, deadline_us, stale}: remaining is the bucket's
--- content after the grant (tokens no instance holds), retry_after_us (-1 when everything wanted was granted) is
--- when the bucket would hold `want` tokens by refill alone, deadline_us the record's expiry, stale 1 when the
--- call was older than the record (nothing changed but the sweep). Integers only: Redis truncates Lua numbers.
+-- Returns {granted, remaining, reset_us, retry_after_us, now_us, deadline_us, stale, held}: remaining is the
+-- bucket's content after the grant (tokens no instance holds), retry_after_us (-1 when everything wanted was
+-- granted) is when the bucket would hold `want` tokens by refill alone, deadline_us the record's expiry, stale 1
+-- when the call was older than the record (nothing changed but the sweep), held the caller's record after the
+-- call (0 once ended): the caller keeps no more than that of its batch (less after the store lost the record).
+-- Integers only: Redis truncates Lua numbers.
 
 local key = KEYS[1]
 local token = tonumber(ARGV[1])
@@ -66,10 +68,11 @@ if stored[7] then
 end
 local has_record = record_seq >= 0
 
-local granted, stale = 0, 0
+local granted, stale, held = 0, 0, amount
 if seq <= record_seq then
   stale = 1
 else
+  held = 0
   -- What the caller reports left is what its record still counts; the rest was spent, and stays spent.
   local left = math.min(unspent, amount)
   if has_record then
@@ -91,7 +94,8 @@ else
     end
     book.n = book.n + 1
     book.last = math.max(book.last, deadline)
-    redis.call('HSET', key, field, int(left + granted) .. ':' .. int(deadline) .. ':' .. int(seq))
+    held = left + granted
+    redis.call('HSET', key, field, int(held) .. ':' .. int(deadline) .. ':' .. int(seq))
   end
 end
 
@@ -113,4 +117,4 @@ if locked_until > 0 and not ending and stale == 0 then
   -- Refused as a request is during the lockout (want is 0: no retry of its own).
   remaining, reset, retry = 0, math.max(full_at, locked_until), locked_until - now
 end
-return {granted, remaining, reset, retry, now, deadline, stale}
+return {granted, remaining, reset, retry, now, deadline, stale, held}

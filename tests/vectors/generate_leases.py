@@ -10,16 +10,22 @@ burst, and the refill goes into C only up to burst - O. At each call, records wh
 dropped (their tokens lost); then a plain request is the textbook decision on C, a lease call sets the caller's
 record to min(reported unspent, record), grants min(want, floor C) (record += grant, deadline = now + ttl), and a
 return puts min(unspent, record) back into C and drops the record. A call whose number is not above its record's
-changes nothing.
+changes nothing. Every answer says what the caller's record holds after it (held: 0 once ended).
 
-sliding window: a lease adds the most slots k <= want that keep estimate + k <= limit to the current window; a
-return takes unspent slots off the window they were granted in (current or previous).
+sliding window: each instance has a record of the slots the current window, and the one before, count for it. A
+lease adds the most slots k <= want that keep estimate + k <= limit to the current window and to the caller's
+record; a return takes unspent slots off the window they were granted in (current or previous), never more than
+the caller's record counts there. Every answer says what the current window counts for the caller (held).
 
 lockouts (a case's lockout_us): a plain request denied starts one (the key is refused until then: remaining 0,
 reset and retry no earlier than its end; a refused request changes nothing, leases' sweep included). A lease call
 on a locked key grants nothing: it is made with want 0 (a report or a return still applies) and answers as a
 refused request would (remaining 0, reset no earlier than the end, retry until the end); a token bucket's return
 answers as it is. A lease call never starts a lockout.
+The models assert the invariants the proofs rest on at every step (token bucket: 0 <= C and C + O <= burst,
+and what left the bucket over any interval [a, b] -- plain admissions plus grants less returns -- is at most
+burst + rate x (b - a); sliding window: the estimate never exceeds the limit after a grant or an admission,
+and the records never count more than the windows do), so a vector can only encode answers that keep them.
 Run: python3 tests/vectors/generate_leases.py
 """
 import copy
@@ -38,13 +44,27 @@ class LeasedBucket:
     def __init__(self, limit, period, burst):
         self.limit, self.period, self.burst = limit, period, burst
         self.c, self.t, self.records = Fraction(burst), None, {}
+        self.flow = []  # (instant, tokens out of the bucket: plain admissions and grants, less returns)
+
+    def leased(self):
+        return sum(a for a, _, _ in self.records.values())
 
     def advance(self, t):
-        leased = sum(a for a, _, _ in self.records.values())
         if self.t is not None:
-            self.c = min(Fraction(self.burst - leased), self.c + Fraction((t - self.t) * self.limit, self.period))
+            self.c = min(Fraction(self.burst - self.leased()), self.c + Fraction((t - self.t) * self.limit, self.period))
         self.t = t
         self.records = {i: r for i, r in self.records.items() if r[1] > t}
+
+    def invariants(self):
+        assert 0 <= self.c and self.c + self.leased() <= self.burst, (self.c, self.records)
+
+    def check_flow(self):
+        """Over every interval [a, b] of the calls, what left the bucket is at most burst + rate x (b - a)."""
+        for i, (a, _) in enumerate(self.flow):
+            out = 0
+            for b, tokens in self.flow[i:]:
+                out += tokens
+                assert out <= self.burst + Fraction((b - a) * self.limit, self.period), (a, b, out)
 
     def wait_for(self, tokens):
         return ceil((tokens - self.c) * Fraction(self.period, self.limit))
@@ -58,6 +78,8 @@ class LeasedBucket:
             return {"outcome": "cost_exceeds_capacity", "remaining": floor(self.c), "reset_us": self.full_at(t)}
         if self.c >= cost:
             self.c -= cost
+            self.flow.append((t, cost))
+            self.invariants()
             return {"outcome": "allowed", "remaining": floor(self.c), "reset_us": self.full_at(t)}
         return {"outcome": "limited", "remaining": floor(self.c), "reset_us": self.full_at(t),
                 "retry_after_us": self.wait_for(cost)}
@@ -68,26 +90,53 @@ class LeasedBucket:
         record = self.records.get(instance)
         stale = record is not None and seq <= record[2]
         granted, deadline = 0, record[1] if record else 0
+        held = record[0] if record else 0
         if not stale:
             left = min(unspent, record[0] if record else 0)
             self.records.pop(instance, None)
+            held = 0
             if end:
                 self.c += left
+                self.flow.append((t, -left))
             else:
                 granted = min(want, floor(self.c))
                 self.c -= granted
+                self.flow.append((t, granted))
                 deadline = t + ttl
-                self.records[instance] = (left + granted, deadline, seq)
+                held = left + granted
+                self.records[instance] = (held, deadline, seq)
+        self.invariants()
         out = {"granted": granted, "remaining": floor(self.c), "reset_us": self.full_at(t), "expires_us": deadline,
-               "window_start_us": 0, "stale": stale}
+               "window_start_us": 0, "stale": stale, "held": held}
         if granted < want and not end and not stale:
             out["retry_after_us"] = self.wait_for(want)
         return out
 
 
 class LeasedWindow(SlidingWindow):
+    def __init__(self, limit, period):
+        super().__init__(limit, period)
+        self.records = {}  # instance -> (window start, slots it counts there, slots the window before counts)
+
+    def mine(self, instance, start):
+        """What the caller's record counts in the window starting at `start`, and in the one before."""
+        w, amount, previous = self.records.get(instance, (0, 0, 0))
+        if w == start:
+            return amount, previous
+        if w + self.period == start:
+            return 0, amount
+        return 0, 0
+
+    def invariants(self, t):
+        start, prev, cur = self.counts("k", t)
+        counted = [self.mine(i, start) for i in self.records]
+        assert sum(a for a, _ in counted) <= cur and sum(p for _, p in counted) <= prev, (self.records, prev, cur)
+        assert self.estimate("k", t) <= self.limit, (t, prev, cur)
+
     def check(self, t, cost):
         outcome, remaining, reset, retry = self.decide("k", t, cost)
+        if outcome == "allowed":
+            self.invariants(t)
         out = {"outcome": outcome, "remaining": remaining, "reset_us": reset}
         if retry is not None:
             out["retry_after_us"] = retry
@@ -99,18 +148,25 @@ class LeasedWindow(SlidingWindow):
     def lease(self, t, instance, seq, want, unspent, window_start, end):
         want = min(want, self.limit)
         start, prev, cur = self.counts("k", t)
+        mine, mine_prev = self.mine(instance, start)
         if unspent > 0:
             if window_start == start:
-                cur -= min(unspent, cur)
+                back = min(unspent, mine)
+                cur, mine = cur - back, mine - back
             elif window_start + self.period == start:
-                prev -= min(unspent, prev)
+                back = min(unspent, mine_prev)
+                prev, mine_prev = prev - back, mine_prev - back
         self.keys["k"] = (start, prev, cur)
         granted = max(k for k in range(want + 1) if k == 0 or self.fits(t, k))
         self.keys["k"] = (start, prev, cur + granted)
+        mine += granted
+        self.records[instance] = (start, mine, mine_prev)
+        if granted:
+            self.invariants(t)
         est = self.estimate("k", t)
         out = {"granted": granted, "remaining": max(0, floor(self.limit - est)),
                "reset_us": self.reset(start, prev, cur + granted, t), "expires_us": start + self.period,
-               "window_start_us": start, "stale": False}
+               "window_start_us": start, "stale": False, "held": mine}
         if granted < want:
             # The first tick boundary from which `want` more fit (admission only grows as time passes).
             lo, hi = (t - start) // self.tick, 2 * (self.period // self.tick)
@@ -176,6 +232,8 @@ def run(name, algorithm, limit, period, ops, burst=None, lockout=0):
             expected = model.lease(at, op["instance"], op["seq"], op["want"], op["unspent"], op["window_start_us"],
                                    op["end"], False)
         steps.append({**op, "expect": expected})
+    if algorithm == "token_bucket":
+        inner.check_flow()
     case = {"name": name, "algorithm": algorithm, "limit": limit, "period_us": period, "steps": steps}
     if burst is not None:
         case["burst"] = burst
@@ -236,6 +294,9 @@ def cases():
               [lease(T0, 1, 1, 8), lease(T0, 2, 1, 8), lease(T0, 3, 1, 8), check(T0, 4), check(T0, 5),
                lease(T0 + 100_000, 1, 2, 8, unspent=0), lease(T0 + 200_000, 2, 2, 0, unspent=8, end=True)])
     yield run("tb lease: want above the burst is capped", tb, 5, S, [lease(T0, 1, 1, 50), check(T0)], burst=5)
+    yield run("tb lease: held is the record, and only the grant once the record is gone", tb, 10, S,
+              [lease(T0, 1, 1, 6, ttl=S // 2), lease(T0 + 100_000, 1, 2, 2, unspent=4, ttl=S // 2),
+               lease(T0 + S, 1, 3, 3, unspent=5, ttl=S // 2), lease(T0 + S, 1, 4, 0, unspent=9, end=True)])
     yield run("tb lease: random traffic, 3 instances, 50 per second", tb, 50, S,
               random_ops(11, 160, 40_000, 3, 12, 300_000))
     yield run("tb lease: random traffic, 2 instances, 7 per 3 s, burst 9", tb, 7, 3 * S,
@@ -253,6 +314,13 @@ def cases():
     yield run("sw lease: slots of an older window are forgotten", sw, 10, S,
               [lease(T0, 1, 1, 10), lease(T0 + 2 * S, 1, 2, 3, unspent=6, window_start=T0), check(T0 + 2 * S, 7),
                check(T0 + 2 * S)])
+    yield run("sw lease: a return takes off only what the window counts for the caller", sw, 10, S,
+              [lease(T0 + 100_000, 1, 1, 4), lease(T0 + 100_000, 2, 1, 3),
+               lease(T0 + 200_000, 2, 2, 0, unspent=5, window_start=T0, end=True), check(T0 + 200_000, 7),
+               lease(T0 + S + 100_000, 1, 2, 2, unspent=6, window_start=T0), check(T0 + S + 100_000)])
+    yield run("sw lease: held is what the current window counts for the caller", sw, 10, S,
+              [lease(T0 + 100_000, 1, 1, 3), lease(T0 + 300_000, 1, 2, 2), check(T0 + 300_000),
+               lease(T0 + S + 500_000, 1, 3, 1), lease(T0 + 3 * S, 1, 4, 0, unspent=3, window_start=T0 + 2 * S)])
     yield run("sw lease: nothing fits, retry when the batch would", sw, 10, S,
               [check(T0 + 500_000, 10), lease(T0 + S + 200_000, 1, 1, 4), lease(T0 + S + 700_000, 1, 2, 4)])
     yield run("sw lease: random traffic, 3 instances, 40 per second", sw, 40, S,

@@ -14,7 +14,7 @@ use tollgate_client::fields::Observation;
 use tollgate_core::{Algorithm, Decision, MemoryStore, Policy, Quota, Timestamp};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{redis_url, unique_prefix};
-use tollgate_tower::headers::HeaderSet;
+use tollgate_http::headers::HeaderSet;
 use tollgate_tower::{Rejection, Verdict, Verdicts};
 
 const START: u64 = 1_700_000_000_000_000;

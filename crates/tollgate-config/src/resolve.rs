@@ -5,9 +5,9 @@ use std::net::IpAddr;
 use std::ops::Range;
 
 use tollgate_core::{Algorithm, FailurePolicy, Policy, Quota};
+use tollgate_http::HeaderSet;
 use tollgate_http::key::Cidr;
 use tollgate_tower::Mode;
-use tollgate_tower::headers::HeaderSet;
 use tollgate_tower::limit::rate::{Overrides, Plan};
 use toml::Spanned;
 

@@ -120,4 +120,11 @@ pub struct TokenLeaseGrant {
     pub window_start: u64,
     /// The call was older than the instance's record (a late duplicate): nothing was changed or granted.
     pub stale: bool,
+    /// What the store knows the caller holds after this call, the grant included: token bucket, its record
+    /// (the unspent tokens it reported, at most what the record held, plus the grant); sliding window, the
+    /// slots the current window counts for it (granted, less given back). The caller keeps no more than this
+    /// of its batch: when it holds more, the store has lost state (a restart without persistence, a flush, a
+    /// failover to a replica that missed the last writes, a record that expired early) and the rest must not
+    /// be spent, or the fleet would admit a fresh bucket or window plus every batch held before.
+    pub held: u64,
 }

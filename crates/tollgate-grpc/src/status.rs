@@ -41,7 +41,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use tollgate_tower::headers::HeaderSet;
+use tollgate_http::HeaderSet;
 use tollgate_tower::{KeyError, Rejection, RejectionKind, Verdicts};
 use tonic::Code;
 use tonic::metadata::MetadataMap;

@@ -42,16 +42,17 @@
 #![forbid(unsafe_code)]
 
 mod future;
+pub mod headers;
 pub mod key;
 mod layer;
 pub mod priority;
 pub mod problem;
 mod respond;
 mod service;
+mod sf;
 
 pub use future::ResponseFuture;
+pub use headers::HeaderSet;
 pub use layer::{HttpLimitLayer, HttpRateLimitLayer, HttpRateLimitSetLayer};
 pub use respond::HttpResponder;
 pub use service::HttpLimit;
-pub use tollgate_tower::headers;
-pub use tollgate_tower::headers::HeaderSet;

@@ -161,6 +161,13 @@ impl HttpResponder {
     }
 }
 
+/// The header families as the tower layers carry them opaquely (a rate-limit set's handle keeps them in one byte).
+impl From<HeaderSet> for u8 {
+    fn from(families: HeaderSet) -> Self {
+        families.bits()
+    }
+}
+
 /// Left on a response by a layer that leaves its verdict for an outer one: the header families it (and the layers
 /// inside it) asked for.
 #[derive(Debug, Clone, Copy)]
@@ -174,8 +181,8 @@ impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>
     type Ticket = bool;
 
     /// A reloaded policy file's header families.
-    fn with_header_families(self, headers: HeaderSet) -> Self {
-        self.with_headers(headers)
+    fn with_header_families(self, families: u8) -> Self {
+        self.with_headers(HeaderSet::from_bits(families))
     }
 
     fn prepare(&self, req: &mut Request<ReqBody>) -> bool {

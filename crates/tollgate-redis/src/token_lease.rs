@@ -44,6 +44,7 @@ fn args(policy: &Policy, request: &TokenLeaseRequest, now: Option<Timestamp>) ->
             request.window_start.min(1 << 53).to_string(),
             now,
             policy.lockout_micros().to_string(),
+            request.instance.to_string(),
         ],
     }
 }
@@ -71,7 +72,16 @@ fn parse(policy: &Policy, reply: &redis::Value) -> Result<TokenLeaseGrant, Backe
     match (policy.algorithm(), ints.as_slice()) {
         (
             Algorithm::TokenBucket,
-            &[granted, remaining, reset, retry_after, now, deadline, stale],
+            &[
+                granted,
+                remaining,
+                reset,
+                retry_after,
+                now,
+                deadline,
+                stale,
+                held,
+            ],
         ) => Ok(TokenLeaseGrant {
             granted: unsigned(granted)?,
             remaining: unsigned(remaining)?,
@@ -81,8 +91,12 @@ fn parse(policy: &Policy, reply: &redis::Value) -> Result<TokenLeaseGrant, Backe
             expires: Timestamp::from_micros(unsigned(deadline)?),
             window_start: 0,
             stale: stale == 1,
+            held: unsigned(held)?,
         }),
-        (Algorithm::SlidingWindowCounter, &[granted, remaining, reset, retry_after, now, end]) => {
+        (
+            Algorithm::SlidingWindowCounter,
+            &[granted, remaining, reset, retry_after, now, end, held],
+        ) => {
             let end = unsigned(end)?;
             Ok(TokenLeaseGrant {
                 granted: unsigned(granted)?,
@@ -93,6 +107,7 @@ fn parse(policy: &Policy, reply: &redis::Value) -> Result<TokenLeaseGrant, Backe
                 expires: Timestamp::from_micros(end),
                 window_start: end.saturating_sub(policy.quota().period_micros()),
                 stale: false,
+                held: unsigned(held)?,
             })
         }
         _ => Err(bad("unexpected length")),

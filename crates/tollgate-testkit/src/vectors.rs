@@ -330,6 +330,7 @@ impl LeaseStep {
             expires: Timestamp::from_micros(get("expires_us")),
             window_start: get("window_start_us"),
             stale: self.expect["stale"].as_bool().unwrap_or_default(),
+            held: get("held"),
         }
     }
 }

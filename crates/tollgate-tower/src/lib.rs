@@ -16,7 +16,6 @@
 //! | decision counters and rate-limited logs | [`observe`] |
 //! | what a rejection says | [`rejection`] ([`Rejection`], [`RejectionKind`]) |
 //! | what an admitted response carries | [`verdict`] ([`Verdict`], [`Verdicts`], [`VerdictSink`]) |
-//! | the rate-limit header fields (`http` feature), shared by the HTTP and gRPC adapters | `headers` (`HeaderSet`) |
 //! | how a limiter answers (the adapters' seam) | [`respond`] ([`Respond`](respond::Respond), [`Forward`](respond::Forward)) |
 //!
 //! These layers **reject** a request over the limit at once (an error the adapters answer with 429/503); tower's own
@@ -29,8 +28,6 @@
 pub mod cost;
 pub mod digest;
 mod error;
-#[cfg(feature = "http")]
-pub mod headers;
 pub mod key;
 pub mod limit;
 mod log_gate;

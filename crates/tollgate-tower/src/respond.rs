@@ -49,17 +49,18 @@ pub trait Respond<Req, T> {
     /// What [`prepare`](Self::prepare) learns from the request, handed back to [`respond`](Self::respond).
     type Ticket;
 
-    /// This responder writing the response header families `headers` instead of its own: what a
+    /// This responder writing the response header families `families` (as its adapter encodes them:
+    /// `tollgate_http::HeaderSet`) instead of its own: what a
     /// [`RateLimitSet`](crate::limit::rate::RateLimitSet) answers with once its handle was given header families
     /// ([`RateLimitSetHandle::set_headers`](crate::limit::rate::RateLimitSetHandle::set_headers), a policy file's
     /// reload). Defaults to `self`, for a responder that writes no headers.
     #[cfg(feature = "http")]
     #[must_use]
-    fn with_header_families(self, headers: crate::headers::HeaderSet) -> Self
+    fn with_header_families(self, families: u8) -> Self
     where
         Self: Sized,
     {
-        let _ = headers;
+        let _ = families;
         self
     }
 

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
+use tollgate_core::algorithm::sliding_window::{self, SlidingWindowState};
 use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
 use tollgate_core::{
     Clock, Decision, FailurePolicy, ManualClock, Policy, Quota, Store, StoreError, Timestamp,
@@ -15,8 +16,8 @@ use tollgate_core::{
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{RedisServer, cli_url, redis_url, unique_prefix};
 use tollgate_tower::{
-    BoxError, ConstKey, CostFn, LeaseConfig, LeaseHandle, RateLimitLayer, Rejection, RejectionKind,
-    VerdictSink, Verdicts,
+    BoxError, ConstKey, CostFn, DenyCache, LeaseConfig, LeaseHandle, RateLimitLayer, Rejection,
+    RejectionKind, VerdictSink, Verdicts,
 };
 use tower::{Service, ServiceExt, util::BoxCloneService};
 
@@ -30,19 +31,52 @@ impl VerdictSink for Reply {
 
 type Svc = BoxCloneService<(), Reply, BoxError>;
 
-/// Redis deciding at a manual clock's instants (plain requests and lease calls alike), counting its calls.
+/// Redis deciding at a manual clock's instants (plain requests and lease calls alike), counting its calls and
+/// logging what it counted.
 struct Clocked {
     redis: Arc<RedisStore>,
     clock: ManualClock,
     calls: AtomicUsize,
+    log: std::sync::Mutex<Vec<Counted>>,
+}
+
+/// What the store counted: a plain request admitted, or a lease call (slots or tokens granted, and what it gave
+/// back of a batch granted in the window starting at `from`).
+#[derive(Debug, Clone, Copy)]
+enum Counted {
+    Plain {
+        at: u64,
+        cost: u64,
+    },
+    Lease {
+        at: u64,
+        granted: u64,
+        returned: u64,
+        from: u64,
+    },
+}
+
+impl Clocked {
+    fn new(redis: Arc<RedisStore>, clock: &ManualClock) -> Self {
+        Self {
+            redis,
+            clock: clock.clone(),
+            calls: AtomicUsize::new(0),
+            log: std::sync::Mutex::default(),
+        }
+    }
 }
 
 impl Store for Clocked {
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.redis
-            .check_at(key, policy, cost, self.clock.now())
-            .await
+        let at = self.clock.now();
+        let decision = self.redis.check_at(key, policy, cost, at).await?;
+        if decision.is_allowed() {
+            let at = at.as_micros();
+            self.log.lock().unwrap().push(Counted::Plain { at, cost });
+        }
+        Ok(decision)
     }
     async fn lease_tokens(
         &self,
@@ -51,9 +85,15 @@ impl Store for Clocked {
         request: &TokenLeaseRequest,
     ) -> Result<TokenLeaseGrant, StoreError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.redis
-            .lease_tokens_at(key, policy, request, self.clock.now())
-            .await
+        let at = self.clock.now();
+        let grant = self.redis.lease_tokens_at(key, policy, request, at).await?;
+        self.log.lock().unwrap().push(Counted::Lease {
+            at: at.as_micros(),
+            granted: grant.granted,
+            returned: request.unspent,
+            from: request.window_start,
+        });
+        Ok(grant)
     }
     fn is_shared(&self) -> bool {
         true
@@ -63,8 +103,13 @@ impl Store for Clocked {
     }
 }
 
+/// One instance of the leasing limiter on `store`, its deny cache (on, as by default on a shared store) on the
+/// store's manual clock: a denial's entry expires when the store's time says, not the machine's.
 fn instance(store: Arc<Clocked>, policy: Policy, config: LeaseConfig) -> (Svc, LeaseHandle) {
-    let layer = RateLimitLayer::new("leased", policy, store, ConstKey::new("hot")).leases(config);
+    let deny_cache = DenyCache::new().clock(store.clock.clone());
+    let layer = RateLimitLayer::new("leased", policy, store, ConstKey::new("hot"))
+        .deny_cache_config(deny_cache)
+        .leases(config);
     let handle = layer.lease_handle();
     let svc = tower::ServiceBuilder::new()
         .layer(layer)
@@ -89,11 +134,7 @@ async fn redis_store(test: &str) -> Arc<RedisStore> {
 
 /// [`redis_store`] on `clock`, counting its calls.
 async fn clocked(test: &str, clock: &ManualClock) -> Arc<Clocked> {
-    Arc::new(Clocked {
-        redis: redis_store(test).await,
-        clock: clock.clone(),
-        calls: AtomicUsize::new(0),
-    })
+    Arc::new(Clocked::new(redis_store(test).await, clock))
 }
 
 fn start() -> Timestamp {
@@ -105,39 +146,81 @@ fn start() -> Timestamp {
     Timestamp::from_micros(now * 1_000_000)
 }
 
-async fn fleet(
-    redis: &Arc<RedisStore>,
-    policy: Policy,
-    n: usize,
-    clock: &ManualClock,
-) -> Vec<(Svc, LeaseHandle)> {
-    let store = Arc::new(Clocked {
-        redis: redis.clone(),
-        clock: clock.clone(),
-        calls: AtomicUsize::new(0),
-    });
+/// `n` instances on one store, leases of `ttl`.
+fn fleet(store: &Arc<Clocked>, policy: Policy, n: usize, ttl: Duration) -> Vec<(Svc, LeaseHandle)> {
     (0..n)
         .map(|_| {
             let config = LeaseConfig::new()
                 .share_percent(25)
                 .unwrap()
-                .clock(clock.clone());
+                .ttl(ttl)
+                .clock(store.clock.clone());
             instance(store.clone(), policy, config)
         })
         .collect()
 }
 
-/// Runs `events` (instance, µs to wait before its request, whether to let fetches land first) and returns the
-/// instants of the admissions, and how many were admitted from batches.
+/// What a fleet run saw: the instants of the admissions, how many came from batches, and what the store counted.
+struct Run {
+    admitted: Vec<u64>,
+    local: u64,
+    counted: Vec<Counted>,
+}
+
+/// Runs `events` (instance, µs to wait before its request, whether to let fetches land first) through `n`
+/// instances with leases of `ttl`. Before them every instance takes a batch, the clock passes its deadline while
+/// it still holds tokens, a plain request lets the store drop the expired records, the bucket refills in full,
+/// and then all of them ask at one instant: a batch spent past its deadline would show there, beside the full
+/// bucket.
 async fn run(
     redis: &Arc<RedisStore>,
     policy: Policy,
     n: usize,
+    ttl: Duration,
     events: &[(usize, u64, bool)],
-) -> (Vec<u64>, u64) {
+) -> Run {
     let clock = ManualClock::new(start());
-    let mut instances = fleet(redis, policy, n, &clock).await;
+    let store = Arc::new(Clocked::new(redis.clone(), &clock));
+    let mut instances = fleet(&store, policy, n, ttl);
     let mut admitted = Vec::new();
+    for (svc, handle) in &mut instances {
+        for _ in 0..6 {
+            clock.advance(Duration::from_micros(300));
+            if call(svc).await.is_ok() {
+                admitted.push(clock.now().as_micros());
+            }
+            handle.settled().await;
+        }
+    }
+    let key = store.redis.redis_key("leased:hot", policy.algorithm());
+    let fields = cli_url(&redis_url(), &["HGETALL", &key]);
+    let mut lines = fields.lines();
+    let held = std::iter::from_fn(|| Some((lines.next()?, lines.next()?)))
+        .filter(|(f, _)| f.starts_with("l:"))
+        .count();
+    assert!(
+        held > 0,
+        "no instance holds a batch before its deadline: {fields}"
+    );
+    clock.advance(ttl + Duration::from_millis(1));
+    if store
+        .check("leased:hot", &policy, 1)
+        .await
+        .unwrap()
+        .is_allowed()
+    {
+        admitted.push(clock.now().as_micros());
+    }
+    let quota = policy.quota();
+    clock.advance(quota.period() * u32::try_from(quota.burst() / quota.limit() + 1).unwrap());
+    for _ in 0..15 {
+        for (svc, handle) in &mut instances {
+            if call(svc).await.is_ok() {
+                admitted.push(clock.now().as_micros());
+            }
+            handle.settled().await;
+        }
+    }
     for &(i, wait, settle) in events {
         clock.advance(Duration::from_micros(wait));
         let (svc, handle) = &mut instances[i % n];
@@ -153,28 +236,99 @@ async fn run(
     for (_, h) in &instances {
         h.shutdown().await;
     }
-    (admitted, local)
+    let counted = store.log.lock().unwrap().clone();
+    Run {
+        admitted,
+        local,
+        counted,
+    }
+}
+
+/// The sliding window oracle: the store's counting replayed through a plain sliding window. Every plain admission
+/// and every grant (k slots at once, as k requests would be) must be one a plain window admits at that instant,
+/// with returns taken off the window they were granted in; the events of one instant are replayed together,
+/// returns first. Returns what was counted per window (start → slots).
+fn replay_through_a_plain_window(
+    policy: &Policy,
+    counted: &[Counted],
+) -> Result<std::collections::BTreeMap<u64, i64>, TestCaseError> {
+    let period = policy.quota().period_micros();
+    let mut oracle: Option<SlidingWindowState> = None;
+    let mut per_window = std::collections::BTreeMap::<u64, i64>::new();
+    let at_of = |c: &Counted| match *c {
+        Counted::Plain { at, .. } | Counted::Lease { at, .. } => at,
+    };
+    for same in counted.chunk_by(|a, b| at_of(a) == at_of(b)) {
+        let at = at_of(&same[0]);
+        let start = at - at % period;
+        // The window as of `at`, then the instant's returns.
+        let (mut previous, mut current) = match oracle {
+            Some(s) if s.window_start == start => (s.previous, s.current),
+            Some(s) if s.window_start + period == start => (s.current, 0),
+            _ => (0, 0),
+        };
+        let mut added = 0;
+        for c in same {
+            match *c {
+                Counted::Plain { cost, .. } => added += cost,
+                Counted::Lease {
+                    granted,
+                    returned,
+                    from,
+                    ..
+                } => {
+                    added += granted;
+                    if from == start {
+                        let back = returned.min(current);
+                        current -= back;
+                        *per_window.entry(from).or_default() -= back as i64;
+                    } else if from + period == start {
+                        let back = returned.min(previous);
+                        previous -= back;
+                        *per_window.entry(from).or_default() -= back as i64;
+                    }
+                }
+            }
+        }
+        oracle = Some(SlidingWindowState {
+            window_start: start,
+            previous,
+            current,
+        });
+        if added > 0 {
+            let step = sliding_window::decide(oracle, policy, added, Timestamp::from_micros(at));
+            prop_assert!(
+                step.decision.is_allowed(),
+                "at {at}: {added} counted where a plain window with {previous} before and {current} now admits \
+                 {} ({same:?})",
+                step.decision.remaining
+            );
+            oracle = step.state;
+            *per_window.entry(start).or_default() += added as i64;
+        }
+    }
+    Ok(per_window)
 }
 
 fn events() -> impl Strategy<Value = Vec<(usize, u64, bool)>> {
-    prop::collection::vec(
-        (0..4usize, 0..3_000u64, prop::bool::weighted(0.7)),
-        100..220,
-    )
+    let wait = prop_oneof![9 => 0..3_000u64, 1 => 0..60_000u64];
+    prop::collection::vec((0..4usize, wait, prop::bool::weighted(0.7)), 100..220)
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
-    /// Token bucket, 200/s with a burst of 40: in every interval [a, b] the fleet admits at most
-    /// 40 + 200 × (b − a) / 1 s, whatever the arrival timings and however the fetches interleave.
+    /// Token bucket, 200/s with a burst of 40, leases of 40 ms (the run begins with every instance holding a batch
+    /// past its deadline, and lasts 0.2 to 2 s of manual time more, where some instances sit idle past theirs):
+    /// in every interval [a, b] the fleet admits at most 40 + 200 × (b − a) / 1 s, whatever the arrival timings
+    /// and however the fetches interleave.
     #[test]
     fn the_fleet_never_admits_more_than_burst_plus_rate_times_t(n in 2..=4usize, events in events()) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let (admitted, local) = runtime.block_on(async {
+        let Run { admitted, local, .. } = runtime.block_on(async {
             let redis = redis_store("lease-prop").await;
             let policy = Policy::token_bucket(Quota::per_second(200).unwrap().with_burst(40).unwrap());
-            run(&redis, policy, n, &events).await
+            run(&redis, policy, n, Duration::from_millis(40), &events).await
         });
         for (i, a) in admitted.iter().enumerate() {
             for (j, b) in admitted.iter().enumerate().skip(i) {
@@ -185,21 +339,37 @@ proptest! {
         prop_assert!(local > 0, "no request was admitted from a batch");
     }
 
-    /// Sliding window, 60 per second: no aligned window counts more than 60 admissions.
+    /// Sliding window, 60 per second: what the store counted (plain admissions, grants, returns) replayed
+    /// through a plain sliding window is all admitted there; no window admits more than it counted; and every
+    /// admission keeps the estimate of what was really admitted (at the instants it was) within 60.
     #[test]
-    fn a_sliding_window_fleet_never_admits_more_than_the_limit_per_window(n in 2..=4usize, events in events()) {
+    fn a_sliding_window_fleet_admits_only_what_a_plain_window_would(n in 2..=4usize, events in events()) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let (admitted, _) = runtime.block_on(async {
+        let policy = Policy::sliding_window(Quota::per_second(60).unwrap()).unwrap();
+        prop_assert_eq!(policy.tick_micros(), 1);
+        let Run { admitted, local, counted } = runtime.block_on(async {
             let redis = redis_store("lease-prop-sw").await;
-            let policy = Policy::sliding_window(Quota::per_second(60).unwrap()).unwrap();
-            run(&redis, policy, n, &events).await
+            run(&redis, policy, n, Duration::from_secs(1), &events).await
         });
-        let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
-        for t in &admitted {
-            *per_window.entry(t / 1_000_000).or_default() += 1;
+        prop_assert!(local > 0, "no request was admitted from a batch");
+        let per_window = replay_through_a_plain_window(&policy, &counted)?;
+        let period = 1_000_000;
+        let mut admitted_in = std::collections::BTreeMap::<u64, i64>::new();
+        for &t in &admitted {
+            let start = t - t % period;
+            *admitted_in.entry(start).or_default() += 1;
+            let current = admitted_in[&start];
+            let previous = admitted_in.get(&(start - period)).copied().unwrap_or(0);
+            // estimate × period = current × period + previous × (period − elapsed), in µs ticks.
+            let elapsed = (t - start) as i64;
+            prop_assert!(
+                current * period as i64 + previous * (period as i64 - elapsed) <= 60 * period as i64,
+                "at {t}: {current} admitted in this window and {previous} in the last, {elapsed} µs in"
+            );
         }
-        for (w, count) in per_window {
-            prop_assert!(count <= 60, "window {w}: {count} admitted");
+        for (start, n) in admitted_in {
+            let counted = per_window.get(&start).copied().unwrap_or(0);
+            prop_assert!(n <= counted, "window {start}: {n} admitted, {counted} counted");
         }
     }
 }
@@ -243,11 +413,7 @@ async fn hammer(
     events: &[(u64, bool)],
 ) -> Vec<Vec<(u64, u64, u64)>> {
     let clock = ManualClock::new(start());
-    let store = Arc::new(Clocked {
-        redis: redis.clone(),
-        clock: clock.clone(),
-        calls: AtomicUsize::new(0),
-    });
+    let store = Arc::new(Clocked::new(redis.clone(), &clock));
     let mut instances: Vec<_> = (0..n)
         .map(|_| {
             let config = LeaseConfig::new()
@@ -379,6 +545,59 @@ async fn an_instance_killed_holding_a_batch_costs_at_most_that_batch() {
     survivor_leases.shutdown().await;
 }
 
+/// One Redis server through two stores: a 5 s timeout while the test keeps the server healthy (a loaded machine's
+/// round trip never meets the failure policy there) and a 200 ms one once the test breaks it (each call then
+/// meets the failure policy quickly).
+struct Breakable {
+    healthy: RedisStore,
+    faulty: RedisStore,
+    broken: std::sync::atomic::AtomicBool,
+}
+
+impl Breakable {
+    async fn new(server: &RedisServer) -> Self {
+        let store = |timeout| RedisStore::builder(server.url()).timeout(timeout).build();
+        Self {
+            healthy: store(Duration::from_secs(5)).await.unwrap(),
+            faulty: store(Duration::from_millis(200)).await.unwrap(),
+            broken: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// From now on calls go through the short timeout.
+    fn break_now(&self) {
+        self.broken.store(true, Ordering::Relaxed);
+    }
+
+    fn store(&self) -> &RedisStore {
+        if self.broken.load(Ordering::Relaxed) {
+            &self.faulty
+        } else {
+            &self.healthy
+        }
+    }
+}
+
+impl Store for Breakable {
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.store().check(key, policy, cost).await
+    }
+    async fn lease_tokens(
+        &self,
+        key: &str,
+        policy: &Policy,
+        request: &TokenLeaseRequest,
+    ) -> Result<TokenLeaseGrant, StoreError> {
+        self.store().lease_tokens(key, policy, request).await
+    }
+    fn is_shared(&self) -> bool {
+        true
+    }
+    fn supports_token_leases(&self) -> bool {
+        true
+    }
+}
+
 /// Redis paused, then killed, while an instance holds a batch: the batch is spent (bounded by its size), then
 /// each request meets the failure policy.
 #[tokio::test]
@@ -389,15 +608,11 @@ async fn a_paused_or_killed_redis_mid_lease_meets_each_failure_policy() {
         FailurePolicy::Local,
     ] {
         let mut server = RedisServer::start();
-        let redis = RedisStore::builder(server.url())
-            .timeout(Duration::from_millis(200))
-            .build()
-            .await
-            .unwrap();
+        let redis = Arc::new(Breakable::new(&server).await);
         let layer = RateLimitLayer::new(
             "paused",
             Policy::token_bucket(Quota::per_hour(1_000).unwrap()),
-            Arc::new(redis),
+            redis.clone(),
             ConstKey::new("hot"),
         )
         .on_store_error(policy)
@@ -419,6 +634,7 @@ async fn a_paused_or_killed_redis_mid_lease_meets_each_failure_policy() {
             leases.settled().await;
         }
         let fetched = leases.store_calls();
+        redis.break_now();
         for outage in ["pause", "kill"] {
             if outage == "pause" {
                 server.pause();
@@ -520,11 +736,7 @@ async fn a_leased_lockout_policy_locks_a_hot_key_out_exactly_through_two_instanc
         .with_lockout(lockout)
         .unwrap();
     let store = Arc::new(Granting {
-        clocked: Clocked {
-            redis,
-            clock: clock.clone(),
-            calls: AtomicUsize::new(0),
-        },
+        clocked: Clocked::new(redis, &clock),
         grants: std::sync::Mutex::default(),
         key: std::sync::Mutex::default(),
         returned: std::sync::Mutex::default(),
@@ -768,7 +980,7 @@ async fn a_flooded_sliding_window_admits_its_limit_in_every_window() {
         .map(|_| {
             let layer =
                 RateLimitLayer::new("sw-flood", policy, store.clone(), ConstKey::new("hot"))
-                    .deny_cache_config(tollgate_tower::DenyCache::new().clock(clock.clone()))
+                    .deny_cache_config(DenyCache::new().clock(clock.clone()))
                     .leases(
                         LeaseConfig::new()
                             .clock(clock.clone())
@@ -816,11 +1028,7 @@ async fn an_instance_denied_under_a_lockout_stops_spending_its_batch() {
         .with_lockout(Duration::from_secs(60))
         .unwrap();
     let store = Arc::new(Granting {
-        clocked: Clocked {
-            redis,
-            clock: clock.clone(),
-            calls: AtomicUsize::new(0),
-        },
+        clocked: Clocked::new(redis, &clock),
         grants: std::sync::Mutex::default(),
         key: std::sync::Mutex::default(),
         returned: std::sync::Mutex::default(),
@@ -879,4 +1087,82 @@ async fn an_instance_denied_under_a_lockout_stops_spending_its_batch() {
         returned > 0,
         "the instance held no batch: the test shows nothing"
     );
+}
+
+/// Redis forgets a hot key while instances hold batches of it (its hash deleted: what a restart without
+/// persistence, a `FLUSHALL` or a failover to a replica that missed the writes does), on both algorithms. The
+/// plain path through the same loss admits a fresh burst (or window) afterwards; the leasing fleet may add only
+/// what each instance spends of its old batch until its first grant after the loss lands — that grant's `held`
+/// says the store knows only the grant, and the rest of the old batch is dropped. (Keeping it, as the layer did,
+/// admitted the fresh burst plus every batch held.) The clock stands still: no refill muddies the count.
+#[tokio::test(flavor = "current_thread")]
+async fn a_store_that_forgets_a_key_leaves_no_batch_spendable_beside_the_fresh_one() {
+    for policy in [
+        Policy::token_bucket(Quota::per_hour(100).unwrap()),
+        Policy::sliding_window(Quota::per_hour(100).unwrap()).unwrap(),
+    ] {
+        // An hour's start: the sliding window's whole limit is in one window.
+        let now = start().as_micros();
+        let clock = ManualClock::new(Timestamp::from_micros(now - now % 3_600_000_000));
+        let store = clocked("lease-forgotten", &clock).await;
+        let config = || {
+            LeaseConfig::new()
+                .share_percent(20)
+                .unwrap()
+                .clock(clock.clone())
+                .wait(Duration::from_secs(30))
+        };
+        let mut instances: Vec<_> = (0..3)
+            .map(|_| instance(store.clone(), policy, config()))
+            .collect();
+        // Hot: each holds a batch (up to 20, fetched again below 10), its fetches landing between requests.
+        let mut before = 0;
+        for k in 0..30 {
+            let (svc, handle) = &mut instances[k % 3];
+            before += u64::from(call(svc).await.is_ok());
+            handle.settled().await;
+        }
+        assert!(
+            instances.iter().all(|(_, h)| h.local_admissions() > 0),
+            "an instance holds no batch: the test shows nothing"
+        );
+        assert!(before <= 100, "{before} admitted before the loss");
+        let key = store.redis.redis_key("leased:hot", policy.algorithm());
+        assert_eq!(cli_url(&redis_url(), &["DEL", &key]), "1", "{key}");
+
+        // A flood through the three, round robin, until all refuse.
+        let calls_at_loss: Vec<u64> = instances.iter().map(|(_, h)| h.store_calls()).collect();
+        let mut landed = [false; 3];
+        let (mut after, mut from_old_batches, mut refusals) = (0, 0, 0);
+        for k in 0.. {
+            assert!(k < 2_000, "{after} admitted and still admitting");
+            let i = k % 3;
+            let (svc, handle) = &mut instances[i];
+            if call(svc).await.is_ok() {
+                after += 1;
+                from_old_batches += u64::from(!landed[i]);
+                refusals = 0;
+            } else {
+                refusals += 1;
+                if refusals == 6 {
+                    break;
+                }
+            }
+            handle.settled().await;
+            landed[i] |= handle.store_calls() > calls_at_loss[i];
+        }
+        assert!(landed.iter().all(|l| *l), "an instance never fetched again");
+        assert!(
+            after <= 100 + from_old_batches,
+            "{policy:?}: {after} admitted after the loss: the fresh 100 plus {from_old_batches} spent from the \
+             old batches before a grant after the loss landed, at most"
+        );
+        assert!(
+            after >= 100,
+            "{policy:?}: only {after} admitted of the fresh 100"
+        );
+        for (_, h) in &instances {
+            h.shutdown().await;
+        }
+    }
 }

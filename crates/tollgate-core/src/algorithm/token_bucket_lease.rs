@@ -25,6 +25,9 @@
 //!   before the store's deadline (the store received the call later), so a record never expires while its
 //!   holder may still spend from it. Calls carry increasing numbers, and a call not above its record's is
 //!   ignored: a call that timed out and landed after a later one cannot raise a record.
+//! - **Every grant says what the record holds** ([`TokenLeaseGrant::held`]: the reported unspent, at most the
+//!   record, plus the grant), and the instance keeps no more than that of its batch. Normally it holds less
+//!   (it spent since it sent the call); more means the store lost the record — see "When the store forgets".
 //!
 //! # Why the fleet stays within `burst + rate × T`
 //!
@@ -36,6 +39,18 @@
 //! u_i, reports and expiries lower O without touching C, a return moves `u ≤ record` back into C while O falls by
 //! the whole record. Over any interval [a, b] the fleet therefore admits at most P(a) + rate × (b − a) ≤
 //! `burst + rate × (b − a)`: the plain path's own bound, exactly.
+//!
+//! # When the store forgets
+//!
+//! The proof assumes the store keeps what it wrote. A Redis restarted without persistence, a `FLUSHALL`, a
+//! failover to a replica that had not received the last writes, or a record that expired early (the server's
+//! clock stepped forward past its deadline) leaves instances holding tokens no record counts, while the bucket
+//! is full again (or older): P exceeds C + O by what they hold. Each instance's next call restores the
+//! invariant — its grant's `held` is what its record now holds (the grant alone, for a record that is gone),
+//! and it drops the rest — so the fleet admits at most the plain path's bound through the same loss (which
+//! itself starts again from a full bucket) **plus what the instances held when it happened** (each at most its
+//! batch, spent until its next call). Without that drop every batch held would stay spendable beside the fresh
+//! bucket until spent (each grant renews the whole batch's deadline).
 //!
 //! What leases cost is under-admission, bounded: a record that counts tokens its holder already spent (until
 //! its next report) holds the refill cap that much lower; an instance that dies holding a batch loses it
@@ -216,6 +231,7 @@ pub fn lease(
     let stale = record.is_some_and(|r| request.seq <= r.seq);
     let mut granted = 0;
     let mut deadline = record.map_or(0, |r| r.deadline);
+    let mut held = record.map_or(0, |r| r.amount);
     if !stale {
         let amount = record.map_or(0, |r| r.amount);
         // What the caller reports left is what its record still counts; the rest was spent, and stays spent.
@@ -224,6 +240,7 @@ pub fn lease(
         if let Some(i) = index {
             book.records.remove(i);
         }
+        held = 0;
         if request.end {
             deficit -= left * token;
         } else {
@@ -237,6 +254,7 @@ pub fn lease(
                 book.due.min(deadline)
             };
             book.end = book.end.max(deadline);
+            held = left + granted;
             book.records.push(LeaseRecord {
                 instance: request.instance,
                 amount: left + granted,
@@ -260,6 +278,7 @@ pub fn lease(
         expires: Timestamp::from_micros(deadline),
         window_start: 0,
         stale,
+        held,
     };
     (grant, state)
 }

@@ -5,7 +5,9 @@
 //! A token bucket's lease books live beside the shards, in one map that is consulted only once some key has been
 //! leased (a plain decision reads one atomic flag more). A book is settled, and dropped once empty, by every
 //! call on its key; at most the store's `max_keys` keys hold one (a lease beyond that is refused with
-//! [`StoreError::KeyCapacity`], and the limiter decides that request on the plain path).
+//! [`StoreError::KeyCapacity`], and the limiter decides that request on the plain path). A sliding window's
+//! records live in a second map that only its lease calls consult (they never change a plain decision); a
+//! book is dropped once it counts nothing, and at the bound the books that count nothing any more make room.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -16,16 +18,17 @@ use parking_lot::Mutex;
 use super::memory::{BucketEntry, MemoryStore, WindowEntry, WithLockout, lock};
 use crate::algorithm::Step;
 use crate::algorithm::lockout::{self, Locked};
-use crate::algorithm::sliding_window_lease;
+use crate::algorithm::sliding_window_lease::{self, WindowBook};
 use crate::algorithm::token_bucket_lease::{self, LeaseBook};
 use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
 use crate::{Algorithm, Clock, Decision, Outcome, Policy, StoreError, Timestamp};
 
-/// The token buckets' lease books, by key digest.
+/// The token buckets' lease books and the sliding windows' lease records, by key digest.
 #[derive(Default)]
 pub(crate) struct LeaseBooks {
     active: AtomicBool,
     books: Mutex<HashMap<u64, LeaseBook>>,
+    windows: Mutex<HashMap<u64, WindowBook>>,
 }
 
 impl LeaseBooks {
@@ -81,6 +84,19 @@ impl<C: Clock> MemoryStore<C> {
         let lockout = policy.lockout_micros();
         match policy.algorithm() {
             Algorithm::SlidingWindowCounter => {
+                // The records' lock, then the shard's.
+                let mut windows = self.leases.windows.lock();
+                let period = policy.quota().period_micros();
+                let start = now.as_micros() - now.as_micros() % period;
+                if !windows.contains_key(&hash) && windows.len() >= self.max_keys() {
+                    windows.retain(|_, book| !book.is_spent(start, period));
+                    if windows.len() >= self.max_keys() {
+                        return Err(StoreError::KeyCapacity {
+                            max_keys: self.max_keys(),
+                        });
+                    }
+                }
+                let book = windows.entry(hash).or_default();
                 // A lease reads the key's lockout (a locked key grants nothing) and never sets one.
                 lock(self.shard(hash)).apply::<WindowEntry, _>(
                     hash,
@@ -93,6 +109,7 @@ impl<C: Clock> MemoryStore<C> {
                             lockout::lease(false, locked_until, lockout, request, now, |request| {
                                 sliding_window_lease::lease(
                                     s.map(|s| s.state),
+                                    book,
                                     policy,
                                     request,
                                     now,
@@ -108,6 +125,9 @@ impl<C: Clock> MemoryStore<C> {
                         )
                     }),
                 )?;
+                if windows.get(&hash).is_some_and(WindowBook::is_empty) {
+                    windows.remove(&hash);
+                }
             }
             Algorithm::TokenBucket => {
                 // The books' lock, then the shard's: the order every token bucket call takes them in.

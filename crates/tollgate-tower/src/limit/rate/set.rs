@@ -142,7 +142,8 @@ type List<K, St, C, A> = Arc<Vec<SetEntry<K, St, C, A>>>;
 /// What every service of a set reads per request: the entries, and the header families its handle was given.
 struct Entries<K, St, C, A> {
     list: ArcSwap<Vec<SetEntry<K, St, C, A>>>,
-    /// [`HeaderSet::bits`](crate::headers::HeaderSet), or [`OWN_HEADERS`]: each responder's own.
+    /// The header families given to the handle (as the adapter encodes them), or [`OWN_HEADERS`]: each
+    /// responder's own.
     #[cfg(feature = "http")]
     headers: AtomicU8,
 }
@@ -178,9 +179,7 @@ impl<K, St, C, A> Entries<K, St, C, A> {
 #[cold]
 #[inline(never)]
 fn reheadered<Req, T, R: Respond<Req, T> + Clone>(respond: &R, bits: u8) -> R {
-    respond
-        .clone()
-        .with_header_families(crate::headers::HeaderSet::from_bits(bits))
+    respond.clone().with_header_families(bits)
 }
 
 /// Applies a replaceable set of rate limiters to a service: see the [module docs](self).
@@ -262,13 +261,14 @@ impl<K, St, C, A> RateLimitSetHandle<K, St, C, A> {
     }
 
     /// Every service of the set answers from now on writing the response header families `headers`, in place of
-    /// those its responder was built with (`tollgate-http`'s `HttpRateLimitSetLayer::headers`): a policy file's
-    /// reload changes them with the limiters. A responder that writes no headers ([`Forward`]) ignores them.
+    /// those its responder was built with (`tollgate-http`'s `HttpRateLimitSetLayer::headers`, a
+    /// `tollgate_http::HeaderSet`): a policy file's reload changes them with the limiters. A responder that writes
+    /// no headers ([`Forward`]) ignores them.
     #[cfg(feature = "http")]
-    pub fn set_headers(&self, headers: crate::headers::HeaderSet) {
+    pub fn set_headers(&self, families: impl Into<u8>) {
         self.current
             .headers
-            .store(headers.bits(), Ordering::Relaxed);
+            .store(families.into(), Ordering::Relaxed);
     }
 
     /// The entries deciding requests now (to carry unchanged ones over into a replacement).

@@ -34,6 +34,11 @@
 //! - **Returns**: unspent tokens go back to the store when the key is idle ([`idle`](LeaseConfig::idle)), when
 //!   an entry is evicted at the table's bound, on [`LeaseHandle::shutdown`] and, best effort, when the layer is
 //!   dropped. An instance that dies holding a batch loses at most that batch: its record expires at its deadline.
+//! - **When the store forgets** (a restart without persistence, a flush, a failover to a replica that missed the
+//!   last writes, a record expired early by a server clock stepped forward): each grant says what the store's
+//!   record holds for this instance ([`TokenLeaseGrant::held`]) and the batch is cut to it, so beyond what the
+//!   plain path admits through the same loss the fleet admits at most what the instances spend of their batches
+//!   until their next grant lands (each at most its batch).
 //! - **Failures**: a failed fetch is retried no sooner than 100 ms later; meanwhile the held batch is still spent
 //!   (bounded by its size), and requests it cannot cover take the plain path, where the layer's failure policy
 //!   (the one decision core's judge) answers the store's error.
@@ -978,7 +983,9 @@ impl<St: Store> Inner<St> {
             e.leftover_window = e.window_start;
             e.tokens = 0;
         }
-        e.tokens += grant.granted;
+        // The store's record bounds the batch: holding more means it lost state (a restart, a flush, a failover
+        // to a lagging replica, a record that expired early), and what it no longer counts is not spent.
+        e.tokens = (e.tokens + grant.granted).min(grant.held);
         e.deadline = deadline;
         e.window_start = grant.window_start;
         e.global = grant.remaining;

@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::Verdict;
-use crate::verdict::{push_sf_string, visible_char};
+use crate::sf::{push_sf_string, visible_char};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
+use tollgate_tower::Verdict;
 
 use super::draft::{self, effective_window_secs};
 use super::{
@@ -255,9 +255,9 @@ impl HeaderSet {
 mod tests {
     use std::time::Duration;
 
-    use crate::{Verdict, Verdicts};
     use http::HeaderMap;
     use tollgate_core::{Decision, Outcome, Timestamp};
+    use tollgate_tower::{Verdict, Verdicts};
 
     use super::Constant;
     use crate::headers::HeaderSet;

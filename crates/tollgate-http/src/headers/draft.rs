@@ -23,8 +23,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 
-use crate::Verdict;
-use crate::verdict::ceil_secs;
+use tollgate_tower::Verdict;
 
 /// The revision whose meaning the fields carry.
 pub const REVISION: &str = "draft-ietf-httpapi-ratelimit-headers-11";
@@ -57,6 +56,11 @@ pub fn effective_window_secs(v: &Verdict) -> u64 {
     }
 }
 
+/// Whole seconds in `d`, rounded up.
+fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
 /// `⌈r × window ÷ limit⌉` seconds: how long the limit takes to accrue `r` (the whole window if the limit is 0).
 fn spend_secs(r: u64, window: Duration, limit: u64) -> u64 {
     if limit == 0 {
@@ -76,7 +80,7 @@ mod tests {
     use tollgate_core::{Decision, Outcome, Timestamp};
 
     use super::effective_window_secs;
-    use crate::Verdict;
+    use tollgate_tower::Verdict;
 
     fn v(
         outcome: Outcome,

@@ -21,7 +21,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tollgate_core::{Decision, Outcome, Timestamp};
-//! use tollgate_tower::headers::HeaderSet;
+//! use tollgate_http::headers::HeaderSet;
 //! use tollgate_tower::{Verdict, Verdicts};
 //!
 //! let mut verdicts = Verdicts::default();
@@ -47,9 +47,9 @@ mod single;
 
 pub use draft::{RATELIMIT, RATELIMIT_POLICY};
 
-use crate::verdict::{push_sf_string, visible_char};
-use crate::{Verdict, Verdicts};
+use crate::sf::{push_sf_string, visible_char};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use tollgate_tower::{Verdict, Verdicts};
 
 /// `X-RateLimit-Limit`.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
