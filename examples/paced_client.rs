@@ -154,18 +154,36 @@ async fn http(args: &Args, layer: &PaceLayer, tally: &Arc<Mutex<Tally>>) -> Resu
         .iter()
         .map(|u| u.parse().map_err(|e| format!("--url {u}: {e}")))
         .collect::<Result<_, _>>()?;
-    let pacing = !args.no_pacing;
-    let paced = tower::ServiceBuilder::new()
-        .option_layer(pacing.then(|| layer.clone()))
-        .service(client);
+    if args.no_pacing {
+        http_with(args, client, urls, tally).await
+    } else {
+        http_with(args, tower::Layer::layer(layer, client), urls, tally).await
+    }
+}
+
+/// The HTTP callers, through `service` (paced or bare).
+async fn http_with<S, B>(
+    args: &Args,
+    service: S,
+    urls: Arc<[http::Uri]>,
+    tally: &Arc<Mutex<Tally>>,
+) -> Result<(), String>
+where
+    S: Service<http::Request<Empty<Bytes>>, Response = http::Response<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Display,
+    B: hyper::body::Body + Send,
+    B::Data: Send,
+    B::Error: std::fmt::Display,
+{
     let tally = tally.clone();
     callers(args, move |url| {
-        let (mut paced, urls, tally) = (paced.clone(), urls.clone(), tally.clone());
+        let (mut service, urls, tally) = (service.clone(), urls.clone(), tally.clone());
         async move {
             let request = http::Request::get(urls[url].clone())
                 .body(Empty::new())
                 .map_err(|e| e.to_string())?;
-            let response = paced
+            let response = service
                 .ready()
                 .await
                 .map_err(|e| e.to_string())?
@@ -193,8 +211,6 @@ async fn http(args: &Args, layer: &PaceLayer, tally: &Arc<Mutex<Tally>>) -> Resu
 }
 
 async fn grpc(args: &Args, layer: &PaceLayer, tally: &Arc<Mutex<Tally>>) -> Result<(), String> {
-    use helloworld::HelloRequest;
-    use helloworld::greeter_client::GreeterClient;
     let mut channels = Vec::new();
     for url in &args.urls {
         let channel = tonic::transport::Endpoint::from_shared(url.clone())
@@ -202,11 +218,35 @@ async fn grpc(args: &Args, layer: &PaceLayer, tally: &Arc<Mutex<Tally>>) -> Resu
             .connect()
             .await
             .map_err(|e| format!("--url {url}: {e}"))?;
-        let paced = tower::ServiceBuilder::new()
-            .option_layer((!args.no_pacing).then(|| layer.clone()))
-            .service(channel);
-        channels.push(paced);
+        channels.push(channel);
     }
+    if args.no_pacing {
+        grpc_with(args, channels, tally).await
+    } else {
+        let paced = channels
+            .into_iter()
+            .map(|c| tower::Layer::layer(layer, c))
+            .collect();
+        grpc_with(args, paced, tally).await
+    }
+}
+
+/// The gRPC callers, each call on the next of `channels` (paced or bare).
+async fn grpc_with<T>(
+    args: &Args,
+    channels: Vec<T>,
+    tally: &Arc<Mutex<Tally>>,
+) -> Result<(), String>
+where
+    T: tonic::client::GrpcService<tonic::body::Body> + Clone + Send + Sync + 'static,
+    T::Future: Send,
+    T::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    T::ResponseBody: hyper::body::Body<Data = Bytes> + Send + 'static,
+    <T::ResponseBody as hyper::body::Body>::Error:
+        Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+{
+    use helloworld::HelloRequest;
+    use helloworld::greeter_client::GreeterClient;
     let channels = Arc::new(channels);
     let tally = tally.clone();
     callers(args, move |url| {

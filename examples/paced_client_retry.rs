@@ -82,7 +82,10 @@ async fn main() -> Result<(), BoxError> {
         let response = paced.ready().await?.call(request).await?;
         let status = response.status();
         response.into_body().collect().await?;
-        println!("{:>6.2}s  request {i}: {status}", started.elapsed().as_secs_f64());
+        println!(
+            "{:>6.2}s  request {i}: {status}",
+            started.elapsed().as_secs_f64()
+        );
     }
     Ok(())
 }

@@ -29,19 +29,43 @@ struct Variant {
 }
 
 const VARIANTS: [Variant; 4] = [
-    Variant { name: "bare client, no fields", paced: false, fields: false, peer: 0 },
-    Variant { name: "paced, no fields", paced: true, fields: false, peer: 0 },
-    Variant { name: "bare client, RateLimit fields", paced: false, fields: true, peer: 2 },
-    Variant { name: "paced, RateLimit fields", paced: true, fields: true, peer: 2 },
+    Variant {
+        name: "bare client, no fields",
+        paced: false,
+        fields: false,
+        peer: 0,
+    },
+    Variant {
+        name: "paced, no fields",
+        paced: true,
+        fields: false,
+        peer: 0,
+    },
+    Variant {
+        name: "bare client, RateLimit fields",
+        paced: false,
+        fields: true,
+        peer: 2,
+    },
+    Variant {
+        name: "paced, RateLimit fields",
+        paced: true,
+        fields: true,
+        peer: 2,
+    },
 ];
 
 /// A server answering 200 to everything, with RateLimit fields that never make a client wait, or none.
 async fn serve(fields: bool) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = listener.local_addr().expect("an address");
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { return };
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |_: Request<Incoming>| async move {
                     let mut response = Response::builder().status(200);
@@ -50,7 +74,9 @@ async fn serve(fields: bool) -> SocketAddr {
                             .header("ratelimit-policy", r#""api";q=1000000000;w=1"#)
                             .header("ratelimit", r#""api";r=999999999;t=1"#);
                     }
-                    Ok::<_, Infallible>(response.body(Full::new(Bytes::from_static(b"ok"))).unwrap())
+                    Ok::<_, Infallible>(
+                        response.body(Full::new(Bytes::from_static(b"ok"))).unwrap(),
+                    )
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
@@ -83,7 +109,10 @@ fn measured_requests(runtime: &tokio::runtime::Runtime, run: impl Future<Output 
 }
 
 fn child(v: usize, requests: u64) {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let variant = &VARIANTS[v];
     let addr = runtime.block_on(serve(variant.fields));
     let url: http::Uri = format!("http://{addr}/").parse().unwrap();
@@ -101,7 +130,10 @@ fn child(v: usize, requests: u64) {
 
 fn count(v: usize, requests: u64) -> Result<f64, String> {
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out = std::env::temp_dir().join(format!("tollgate-client-instructions-{}-{v}.out", std::process::id()));
+    let out = std::env::temp_dir().join(format!(
+        "tollgate-client-instructions-{}-{v}.out",
+        std::process::id()
+    ));
     let status = Command::new("valgrind")
         .arg("--tool=callgrind")
         .arg("--toggle-collect=*measured_requests*")
@@ -113,13 +145,19 @@ fn count(v: usize, requests: u64) -> Result<f64, String> {
         .status()
         .map_err(|e| format!("cannot run valgrind ({e}); install it (apt-get install valgrind)"))?;
     if !status.success() {
-        return Err(format!("variant {v} failed under valgrind ({status}): {} --child {v} {requests}", me.display()));
+        return Err(format!(
+            "variant {v} failed under valgrind ({status}): {} --child {v} {requests}",
+            me.display()
+        ));
     }
     let text = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(&out);
     let total: u64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("summary:").or_else(|| l.strip_prefix("totals:")))
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+        })
         .and_then(|v| v.trim().parse().ok())
         .ok_or("no instruction total")?;
     Ok(total as f64 / requests as f64)
@@ -156,7 +194,10 @@ fn main() {
             })
         })
         .collect();
-    println!("{:<32} {:>12} {:>12} {:>8}", "variant", "instr/req", "added", "ratio");
+    println!(
+        "{:<32} {:>12} {:>12} {:>8}",
+        "variant", "instr/req", "added", "ratio"
+    );
     for (v, variant) in VARIANTS.iter().enumerate() {
         let peer = counts[variant.peer];
         println!(

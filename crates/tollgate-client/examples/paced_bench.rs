@@ -23,15 +23,36 @@ struct Run {
 }
 
 const RUNS: [Run; 4] = [
-    Run { name: "axum_server, in process", grpc: false, instances: 1, redis: false },
-    Run { name: "4 axum_server on one Redis", grpc: false, instances: 4, redis: true },
-    Run { name: "grpc_server, in process", grpc: true, instances: 1, redis: false },
-    Run { name: "4 grpc_server on one Redis", grpc: true, instances: 4, redis: true },
+    Run {
+        name: "axum_server, in process",
+        grpc: false,
+        instances: 1,
+        redis: false,
+    },
+    Run {
+        name: "4 axum_server on one Redis",
+        grpc: false,
+        instances: 4,
+        redis: true,
+    },
+    Run {
+        name: "grpc_server, in process",
+        grpc: true,
+        instances: 1,
+        redis: false,
+    },
+    Run {
+        name: "4 grpc_server on one Redis",
+        grpc: true,
+        instances: 4,
+        redis: true,
+    },
 ];
 
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
-    let (mut duration, mut concurrency, mut limit) = ("10s".to_owned(), "16".to_owned(), "20".to_owned());
+    let (mut duration, mut concurrency, mut limit) =
+        ("10s".to_owned(), "16".to_owned(), "20".to_owned());
     while let Some(flag) = args.next() {
         let value = args.next().unwrap_or_default();
         match flag.as_str() {
@@ -53,12 +74,17 @@ fn main() {
     println!(
         "limit {limit} per 1s per client; {concurrency} callers for {duration} through one client\n"
     );
-    println!("| servers | pacing | sent | ok | refused | achieved_per_s | limit_per_s | p99_wait_ms | ok ≥ 0.95 × limit |");
+    println!(
+        "| servers | pacing | sent | ok | refused | achieved_per_s | limit_per_s | p99_wait_ms | ok ≥ 0.95 × limit |"
+    );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---|");
     for run in &RUNS {
         for pacing in [true, false] {
             let row = measure(run, pacing, &limit, &concurrency, &duration);
-            let field = |k: &str| row.get(k).map_or_else(|| "-".to_owned(), ToString::to_string);
+            let field = |k: &str| {
+                row.get(k)
+                    .map_or_else(|| "-".to_owned(), ToString::to_string)
+            };
             let ok_rate = row["achieved_per_s"].as_f64().unwrap_or(0.0);
             let limit_rate = row["limit_per_s"].as_f64().unwrap_or(f64::NAN);
             println!(
@@ -71,21 +97,35 @@ fn main() {
                 field("achieved_per_s"),
                 field("limit_per_s"),
                 field("p99_wait_ms"),
-                if ok_rate >= 0.95 * limit_rate { "yes" } else { "no" },
+                if ok_rate >= 0.95 * limit_rate {
+                    "yes"
+                } else {
+                    "no"
+                },
             );
         }
     }
     println!("\nload average after: {}", load_average());
 }
 
-fn measure(run: &Run, pacing: bool, limit: &str, concurrency: &str, duration: &str) -> serde_json::Value {
+fn measure(
+    run: &Run,
+    pacing: bool,
+    limit: &str,
+    concurrency: &str,
+    duration: &str,
+) -> serde_json::Value {
     let redis = run.redis.then(RedisServer::start);
     let redis_url = redis.as_ref().map(RedisServer::url);
     let mut server_args = vec!["--limit", limit, "--period", "1s"];
     if let Some(url) = &redis_url {
         server_args.extend(["--redis-url", url]);
     }
-    let server = if run.grpc { "grpc_server" } else { "axum_server" };
+    let server = if run.grpc {
+        "grpc_server"
+    } else {
+        "axum_server"
+    };
     let fleet: Vec<_> = (0..run.instances)
         .map(|_| ExampleServer::start(server, &server_args))
         .collect();
@@ -94,7 +134,13 @@ fn measure(run: &Run, pacing: bool, limit: &str, concurrency: &str, duration: &s
         let scheme_path = if run.grpc { "" } else { "/" };
         client.args(["--url", &format!("http://{}{scheme_path}", s.addr())]);
     }
-    client.args(["--concurrency", concurrency, "--duration", duration, "--json"]);
+    client.args([
+        "--concurrency",
+        concurrency,
+        "--duration",
+        duration,
+        "--json",
+    ]);
     if run.grpc {
         client.arg("--grpc");
     }

@@ -17,11 +17,11 @@ const PROBLEM_MAX: usize = 16 * 1024;
 
 /// A request sent and not yet closed: closing it (on drop) gives its scope's concurrency back.
 #[derive(Debug)]
-pub(crate) struct Open(Arc<Scope>);
+pub(crate) struct Open(Arc<Scope>, Ticket);
 
 impl Open {
-    pub(crate) fn new(scope: Arc<Scope>) -> Self {
-        Self(scope)
+    pub(crate) fn new(scope: Arc<Scope>, ticket: Ticket) -> Self {
+        Self(scope, ticket)
     }
 
     pub(crate) fn scope(&self) -> &Scope {
@@ -31,7 +31,7 @@ impl Open {
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.close(Instant::now());
+        self.0.close(self.1, Instant::now());
     }
 }
 

@@ -5,9 +5,10 @@
 //! every partition of its scope, and may be sent when each of them has a unit:
 //!
 //! - a `requests` partition holds the latest statement "`r` units within `t`" (the latest by the order the requests
-//!   were sent, not the order their answers came back). The units left are `r` less the requests sent after the
-//!   one that statement answered — counted as spent even if the server decided them first, which only ever
-//!   under-spends. When `t` runs out the statement is over and **one** request probes: its answer is the next
+//!   were sent, not the order their answers came back). The units left are `r` less every request that may not be
+//!   counted in it: those sent after the one it answered, and those sent before it but still unanswered when it
+//!   was sent (over several connections the server may decide them after it). A request counted twice only ever
+//!   under-spends, and the next answer counts afresh. When `t` runs out the statement is over and **one** request probes: its answer is the next
 //!   statement. A statement's `r` is cut to the policy's `q`, and its `t` to the longest delay;
 //!   A policy's `q` per `w` is also a ceiling the client keeps itself: a token bucket of `q` refilled over `w`
 //!   (kept as its theoretical arrival time, GCRA-style), so that a server whose `r` says more than its own policy —
@@ -26,7 +27,7 @@
 //! to [`Settings::max_delay`] from now: a server that says `t=0` forever, an hour of `Retry-After`, or a date in
 //! the past can slow a client down to one request per answer or per longest delay, never spin it or stall it.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::hash::{BuildHasher as _, Hasher as _, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -53,6 +54,8 @@ pub(crate) struct Settings {
 pub(crate) struct Ticket {
     /// The number of requests sent in the scope when this one was, itself included.
     pub(crate) seq: u64,
+    /// The requests sent before this one and unanswered when it was sent: the server may decide them after it.
+    pub(crate) unsure: u64,
 }
 
 #[derive(Debug)]
@@ -140,6 +143,8 @@ struct State {
     sent: u64,
     /// Requests sent and not yet closed.
     open: u64,
+    /// The tickets sent and not yet answered (nor closed).
+    unanswered: BTreeSet<u64>,
     /// Closed after a refusal until then.
     closed_until: Option<Instant>,
     queue: VecDeque<Waiter>,
@@ -164,6 +169,7 @@ impl Scope {
                 learning: true,
                 sent: 0,
                 open: 0,
+                unanswered: BTreeSet::new(),
                 closed_until: None,
                 queue: VecDeque::new(),
                 next_waiter: 0,
@@ -186,7 +192,7 @@ impl Scope {
         state
             .blocked(now, &self.settings)
             .is_none()
-            .then(|| state.take())
+            .then(|| state.take(now))
     }
 
     /// Sends whatever the budget says (the user's choice after the longest wait).
@@ -230,7 +236,9 @@ impl Scope {
                     if !waiter.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
                         waiter.waker = Some(waker.clone());
                     }
-                    let next = (i == 0)
+                    // The head is the first waiter not yet granted (granted ones stay queued until collected).
+                    let head = state.queue.iter().take(i).all(|w| w.granted.is_some());
+                    let next = head
                         .then(|| state.blocked(now, &self.settings))
                         .flatten()
                         .and_then(|blocked| match blocked {
@@ -254,9 +262,10 @@ impl Scope {
         {
             let mut state = self.lock();
             if let Some(i) = state.queue.iter().position(|w| w.id == id) {
-                if state.queue.remove(i).and_then(|w| w.granted).is_some() {
+                if let Some(ticket) = state.queue.remove(i).and_then(|w| w.granted) {
                     // Sent nothing after all.
                     state.open -= 1;
+                    state.unanswered.remove(&ticket.seq);
                 }
                 state.pump(now, &self.settings, &mut woken);
             }
@@ -265,11 +274,12 @@ impl Scope {
     }
 
     /// A granted request is closed: its response body is done or dropped, or it failed.
-    pub(crate) fn close(&self, now: Instant) {
+    pub(crate) fn close(&self, ticket: Ticket, now: Instant) {
         let mut woken = Woken::new();
         {
             let mut state = self.lock();
             state.open = state.open.saturating_sub(1);
+            state.unanswered.remove(&ticket.seq);
             state.pump(now, &self.settings, &mut woken);
         }
         woken.into_iter().for_each(Waker::wake);
@@ -310,12 +320,17 @@ impl State {
     fn take(&mut self, now: Instant) -> Ticket {
         self.sent += 1;
         self.open += 1;
+        let unsure = self.unanswered.len() as u64;
+        self.unanswered.insert(self.sent);
         for p in &mut self.partitions {
             if let Some(ceiling) = &mut p.ceiling {
                 ceiling.spend(now);
             }
         }
-        Ticket { seq: self.sent }
+        Ticket {
+            seq: self.sent,
+            unsure,
+        }
     }
 
     /// Why the next request cannot be sent now, if it cannot.
@@ -391,6 +406,7 @@ impl State {
         settings: &Settings,
     ) {
         self.learning = false;
+        self.unanswered.remove(&ticket.seq);
         let horizon = now + settings.max_delay;
         if observation.policies.is_empty() && observation.limits.is_empty() {
             if observation.refusal.is_none() {
@@ -473,7 +489,10 @@ impl State {
             // No horizon (`t` absent or 0): nothing to pace by; the probe or the last statement stands.
             return;
         };
-        let remaining = p.quota.map_or(limit.remaining, |q| limit.remaining.min(q));
+        let remaining = p
+            .quota
+            .map_or(limit.remaining, |q| limit.remaining.min(q))
+            .saturating_sub(ticket.unsure);
         p.statement = Some(Statement {
             remaining,
             seq: ticket.seq,
@@ -564,7 +583,8 @@ mod tests {
         let probe = scope.try_send(later).unwrap();
         assert!(scope.try_send(later).is_none());
         scope.observe(probe, &said(&[("api", 5, 1)]), later);
-        assert_eq!((0..10).filter_map(|_| scope.try_send(later)).count(), 5);
+        // The two sent before the probe are still unanswered: perhaps decided after it, so counted as spent.
+        assert_eq!((0..10).filter_map(|_| scope.try_send(later)).count(), 3);
     }
 
     #[test]
@@ -580,9 +600,29 @@ mod tests {
         // An older answer changes nothing.
         scope.observe(first, &said(&[("api", 9, 1)]), now);
         assert!(scope.try_send(now).is_none());
-        // The newest: 2 remaining after the last sent.
-        scope.observe(tickets[3], &said(&[("api", 2, 1)]), now);
+        // The answers in between: nothing left.
+        scope.observe(tickets[1], &said(&[("api", 1, 1)]), now);
+        scope.observe(tickets[2], &said(&[("api", 0, 1)]), now);
+        assert!(scope.try_send(now).is_none());
+        // The newest says 5, but the three before it were unanswered when it was sent: 2.
+        scope.observe(tickets[3], &said(&[("api", 5, 1)]), now);
         assert_eq!((0..10).filter_map(|_| scope.try_send(now)).count(), 2);
+    }
+
+    /// Answers may come from decisions in another order than the sends: an answer counts as spent the requests
+    /// sent before it that were unanswered when it was sent, even if their answers came first.
+    #[test]
+    fn unanswered_earlier_requests_count_as_spent() {
+        let scope = Scope::new(SETTINGS);
+        let now = Instant::now();
+        let first = scope.try_send(now).unwrap();
+        scope.observe(first, &said(&[]), now);
+        let tickets: Vec<_> = (0..3).map(|_| scope.try_send(now).unwrap()).collect();
+        // The middle one is answered first, then the last one, r=3: the two before it may have been decided after
+        // it.
+        scope.observe(tickets[1], &said(&[("api", 0, 1)]), now);
+        scope.observe(tickets[2], &said(&[("api", 3, 1)]), now);
+        assert_eq!((0..10).filter_map(|_| scope.try_send(now)).count(), 1);
     }
 
     #[test]
@@ -612,10 +652,11 @@ mod tests {
         assert_eq!(scope.poll_waiter(ids[0], now, waker), Err(None));
         assert_eq!(scope.poll_waiter(ids[2], now, waker), Err(None));
         scope.observe(first, &said(&[("api", 2, 1)]), now);
-        assert!(scope.poll_waiter(ids[2], now, waker).is_err(), "third");
+        let until = now + Duration::from_secs(1);
+        // The first two are granted (not yet collected): the third is the head, waiting for the statement's end.
+        assert_eq!(scope.poll_waiter(ids[2], now, waker), Err(Some(until)));
         assert!(scope.poll_waiter(ids[0], now, waker).is_ok());
         assert!(scope.poll_waiter(ids[1], now, waker).is_ok());
-        let until = now + Duration::from_secs(1);
         assert_eq!(scope.poll_waiter(ids[2], now, waker), Err(Some(until)));
         assert!(scope.try_send(now).is_none(), "nobody jumps the queue");
         assert!(scope.poll_waiter(ids[2], until, waker).is_ok(), "the probe");

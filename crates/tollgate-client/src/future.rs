@@ -66,7 +66,7 @@ impl<S: Service<http::Request<ReqB>>, ReqB> ResponseFuture<S, ReqB> {
         Self {
             state: State::Calling {
                 fut,
-                open: Some(Open::new(scope)),
+                open: Some(Open::new(scope, ticket)),
                 ticket,
                 waited: None,
             },
@@ -127,7 +127,7 @@ where
                     let fut = service.call(request);
                     this.state.set(State::Calling {
                         fut,
-                        open: Some(Open::new(scope)),
+                        open: Some(Open::new(scope, ticket)),
                         ticket,
                         waited: Some(waited),
                     });
@@ -193,8 +193,12 @@ fn answer<B>(
     response: http::Response<B>,
     open: Open,
     ticket: Ticket,
+    waited: Option<Duration>,
 ) -> http::Response<PaceBody<B>> {
-    let (parts, body) = response.into_parts();
+    let (mut parts, body) = response.into_parts();
+    if let Some(waited) = waited {
+        parts.extensions.insert(Waited(waited));
+    }
     let now = Instant::now();
     let mut observation = Observation::read(parts.status, &parts.headers);
     let content_type = parts

@@ -12,9 +12,9 @@ use http::{HeaderMap, StatusCode};
 use proptest::prelude::*;
 use tollgate_client::fields::Observation;
 use tollgate_core::{Algorithm, Decision, MemoryStore, Policy, Quota, Timestamp};
+use tollgate_http::headers::HeaderSet;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{redis_url, unique_prefix};
-use tollgate_http::headers::HeaderSet;
 use tollgate_tower::{Rejection, Verdict, Verdicts};
 
 const START: u64 = 1_700_000_000_000_000;
@@ -43,15 +43,21 @@ fn case(algorithm: Algorithm) -> impl Strategy<Value = Case> {
         prop::collection::vec(0u16..1000, 0..60),
         any::<bool>(),
     )
-        .prop_map(move |(limit, period_ms, extra, history, spend_at, at_once)| Case {
-            algorithm,
-            limit,
-            period_ms,
-            burst: if algorithm == Algorithm::TokenBucket { limit + extra % (limit + 1) } else { limit },
-            history,
-            spend_at,
-            at_once,
-        })
+        .prop_map(
+            move |(limit, period_ms, extra, history, spend_at, at_once)| Case {
+                algorithm,
+                limit,
+                period_ms,
+                burst: if algorithm == Algorithm::TokenBucket {
+                    limit + extra % (limit + 1)
+                } else {
+                    limit
+                },
+                history,
+                spend_at,
+                at_once,
+            },
+        )
 }
 
 impl Case {
@@ -71,7 +77,10 @@ fn fields(policy: &Policy, decision: Decision) -> (u64, u64, Option<u64>) {
     HeaderSet::IETF.render(&Verdicts::from(verdict.clone()), &mut headers);
     let said = Observation::read(StatusCode::OK, &headers);
     let limit = &said.limits[0];
-    let t = limit.window.expect("a tollgate server always states t").as_secs();
+    let t = limit
+        .window
+        .expect("a tollgate server always states t")
+        .as_secs();
     let retry = (!decision.is_allowed())
         .then(|| Rejection::rate_limited(verdict).retry_after_secs())
         .flatten();
@@ -85,7 +94,8 @@ trait Decide {
 
 impl Decide for MemoryStore {
     fn at(&mut self, key: &str, policy: &Policy, cost: u64, now: Timestamp) -> Decision {
-        self.check_at(key, policy, cost, now).expect("in-process decisions cannot fail")
+        self.check_at(key, policy, cost, now)
+            .expect("in-process decisions cannot fail")
     }
 }
 
@@ -103,8 +113,13 @@ impl Decide for Redis {
 }
 
 fn redis() -> Redis {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let store = runtime.block_on(RedisStore::connect(redis_url())).expect("the shared Redis");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = runtime
+        .block_on(RedisStore::connect(redis_url()))
+        .expect("the shared Redis");
     Redis { store, runtime }
 }
 
@@ -120,7 +135,10 @@ fn spend_what_is_said(store: &mut impl Decide, case: &Case) -> Result<(), TestCa
     }
     let (r, t, retry) = fields(&policy, last);
     if let Some(retry) = retry {
-        prop_assert!(retry >= t, "Retry-After {retry} before the end of t={t}: {last:?}");
+        prop_assert!(
+            retry >= t,
+            "Retry-After {retry} before the end of t={t}: {last:?}"
+        );
     }
     prop_assert!(r <= policy.quota().burst());
     let decided = last.now.as_micros();
@@ -129,7 +147,11 @@ fn spend_what_is_said(store: &mut impl Decide, case: &Case) -> Result<(), TestCa
         if r > 0 {
             let at = within(case.spend_at.first().copied().unwrap_or(0));
             let d = store.at(&key, &policy, r, Timestamp::from_micros(at));
-            prop_assert!(d.is_allowed(), "r={r} at once, {}µs into t={t}: {d:?} after {last:?}", at - decided);
+            prop_assert!(
+                d.is_allowed(),
+                "r={r} at once, {}µs into t={t}: {d:?} after {last:?}",
+                at - decided
+            );
         }
         return Ok(());
     }
@@ -139,7 +161,11 @@ fn spend_what_is_said(store: &mut impl Decide, case: &Case) -> Result<(), TestCa
     times.sort_unstable();
     for (i, at) in times.into_iter().enumerate() {
         let d = store.at(&key, &policy, 1, Timestamp::from_micros(at));
-        prop_assert!(d.is_allowed(), "unit {i} of r={r}, {}µs into t={t}: {d:?} after {last:?}", at - decided);
+        prop_assert!(
+            d.is_allowed(),
+            "unit {i} of r={r}, {}µs into t={t}: {d:?} after {last:?}",
+            at - decided
+        );
     }
     Ok(())
 }
@@ -177,6 +203,8 @@ proptest! {
 #[test]
 fn a_fresh_key_states_q_over_w() {
     let policy = Policy::token_bucket(Quota::per_minute(100).unwrap());
-    let d = MemoryStore::new().check_at("k", &policy, 1, Timestamp::from_micros(START)).unwrap();
+    let d = MemoryStore::new()
+        .check_at("k", &policy, 1, Timestamp::from_micros(START))
+        .unwrap();
     assert_eq!(fields(&policy, d), (99, 60, None));
 }

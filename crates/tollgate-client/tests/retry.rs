@@ -43,7 +43,10 @@ impl<B> Policy<Request<Empty<Bytes>>, Response<B>, BoxError> for RetryRefusals {
 }
 
 /// Spends the paced client's statement and then the bucket behind its back, so its next request is refused.
-async fn provoke(server: &ExampleServer, client: &mut tollgate_client::Pace<support::Bare>) -> String {
+async fn provoke(
+    server: &ExampleServer,
+    client: &mut tollgate_client::Pace<support::Bare>,
+) -> String {
     let url = format!("http://{}/", server.addr());
     assert_eq!(get(client, &url).await.unwrap().status, 200);
     while get(&mut bare(), &url).await.unwrap().status == 200 {}
@@ -67,5 +70,9 @@ async fn the_layer_answers_a_refusal_and_a_retry_layer_waits_it_out() {
     let started = Instant::now();
     let answer = get(&mut retrying, &url).await.unwrap();
     assert_eq!(answer.status, 200);
-    assert!(started.elapsed() >= Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
 }

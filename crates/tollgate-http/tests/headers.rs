@@ -37,7 +37,11 @@ fn fields_stay_exact_for_thousands_of_distinct_limits() {
         );
         // Draft -11's `t`: the time `limit − 1` take to accrue at `limit` per minute; with none left, until the
         // reset (60 s here).
-        let t = if limit == 1 { 60 } else { ((limit - 1) * 60).div_ceil(limit) };
+        let t = if limit == 1 {
+            60
+        } else {
+            ((limit - 1) * 60).div_ceil(limit)
+        };
         assert_eq!(
             headers["ratelimit"],
             format!(r#""tier";r={};t={t}"#, limit - 1)
