@@ -13,6 +13,7 @@
 //! | `config` | [`config`]: limiters from a TOML policy file, reloaded without a restart |
 //! | `stack` | [`stack`]: the concurrent-requests limiter and the load shedders |
 //! | `leases` | token leases: hot keys admitted from batches leased from the store |
+//! | `client` | [`client`]: the outbound layer that paces requests by the servers' RateLimit fields |
 //!
 //! The `tollgate-*` crates behind it are its implementation; depend on this one.
 //!
@@ -56,6 +57,11 @@ pub use tollgate_grpc as grpc;
 /// without a restart (feature `config`).
 #[cfg(feature = "config")]
 pub use tollgate_config as config;
+
+/// The outbound side: a tower layer that paces a client by the servers' RateLimit fields, `Retry-After` and gRPC
+/// `RetryInfo` (feature `client`).
+#[cfg(feature = "client")]
+pub use tollgate_client as client;
 
 /// Stripe's production stack: the concurrent-requests limiter, the fleet-usage and worker-utilization load
 /// shedders, and the layer that stacks them with the rate limiter (they live in `tollgate-tower`, on the decision

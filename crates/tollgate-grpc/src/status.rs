@@ -151,8 +151,8 @@ pub fn key_error_status(err: &KeyError) -> tonic::Status {
 
 /// Sets the rate-limit fields of every enforced verdict in `headers` (response metadata), replacing earlier values.
 ///
-/// - `ratelimit-policy: "<name>";q=<limit>;w=<window seconds>` and `ratelimit: "<name>";r=<remaining>;t=<seconds
-///   to reset>`, one list item per limiter, outermost first (IETF httpapi ratelimit-headers, draft-10 syntax);
+/// - `ratelimit-policy: "<name>";q=<limit>;w=<window seconds>` and `ratelimit: "<name>";r=<available>;t=<effective
+///   window seconds>`, one list item per limiter, outermost first (draft-ietf-httpapi-ratelimit-headers-11);
 /// - `x-ratelimit-limit`, `x-ratelimit-remaining`, `x-ratelimit-reset` (epoch seconds of the stored reset
 ///   instant), `x-ratelimit-used`, `x-ratelimit-resource` for the binding verdict (the one closest to its limit).
 ///
@@ -243,9 +243,10 @@ mod tests {
         // is announced per second.
         let policy = r#""per \"client\"";q=10;w=60, "per-method";q=20;w=1"#;
         assert_eq!(headers["ratelimit-policy"], policy);
+        // Draft -11's effective windows: 7 of 10 per minute accrue in 42 s, 3 of 10 per 500 ms in 0.15 s.
         assert_eq!(
             headers["ratelimit"],
-            r#""per \"client\"";r=7;t=2, "per-method";r=3;t=2"#
+            r#""per \"client\"";r=7;t=42, "per-method";r=3;t=1"#
         );
         assert_eq!(headers["x-ratelimit-remaining"], "3");
         assert_eq!(headers["x-ratelimit-used"], "7");

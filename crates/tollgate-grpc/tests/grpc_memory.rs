@@ -399,7 +399,7 @@ async fn a_rejection_carries_the_fields_of_every_limit_that_counted_the_call() -
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(
         meta(status.metadata(), "ratelimit"),
-        r#""outer";r=8;t=720, "inner";r=0;t=3600"#
+        r#""outer";r=8;t=2880, "inner";r=0;t=3600"#
     );
     assert_eq!(meta(status.metadata(), "x-ratelimit-resource"), "inner");
     Ok(())

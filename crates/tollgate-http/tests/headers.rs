@@ -35,9 +35,16 @@ fn fields_stay_exact_for_thousands_of_distinct_limits() {
             headers["ratelimit-policy"],
             format!(r#""tier";q={limit};w=60"#)
         );
+        // Draft -11's `t`: the time `limit − 1` take to accrue at `limit` per minute; with none left, until the
+        // reset (60 s here).
+        let t = if limit == 1 {
+            60
+        } else {
+            ((limit - 1) * 60).div_ceil(limit)
+        };
         assert_eq!(
             headers["ratelimit"],
-            format!(r#""tier";r={};t=60"#, limit - 1)
+            format!(r#""tier";r={};t={t}"#, limit - 1)
         );
         assert_eq!(headers["x-ratelimit-limit"], limit.to_string().as_str());
         assert_eq!(headers["x-ratelimit-used"], "1");

@@ -45,10 +45,12 @@ async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>, clock: Manu
     )))
     .await;
     // 3 per hour: each request takes one token, which refills in 1200 s; the bucket is full again at `reset`.
+    // Draft -11's `t`: the time the remaining tokens take to accrue (2 × 1200 s, 1200 s), and with none left the
+    // time until the bucket is full (3600 s).
     let mut resets = Vec::new();
     for (i, remaining) in [2, 1, 0].into_iter().enumerate() {
         let reply = http_get(addr, "/", &[]).await;
-        let t = 1200 * (i as u64 + 1);
+        let t = [2400, 1200, 3600][i];
         assert_allowed(&reply, "per-client", 3, 3600, remaining, t);
         assert_eq!(reply.body, "hello");
         resets.push(reply.num("x-ratelimit-reset"));
@@ -127,9 +129,10 @@ async fn a_burst_is_announced_as_the_limit_over_its_refill_time<St: Store>(store
         PeerIp,
     )))
     .await;
-    for (i, remaining) in [3, 2, 1, 0].into_iter().enumerate() {
+    // Draft -11's `t`: 1800 s per remaining token, and the full refill when none is left.
+    for (remaining, t) in [(3, 5400), (2, 3600), (1, 1800), (0, 7200)] {
         let reply = http_get(big, "/", &[]).await;
-        assert_allowed(&reply, "big", 4, 7200, remaining, 1800 * (i as u64 + 1));
+        assert_allowed(&reply, "big", 4, 7200, remaining, t);
     }
     let denied = http_get(big, "/", &[]).await;
     assert_eq!(denied.status, 429, "{denied:#?}");
@@ -140,9 +143,9 @@ async fn a_burst_is_announced_as_the_limit_over_its_refill_time<St: Store>(store
     // 4 per hour with bursts of 2: "2 per 1800 s".
     let policy = Policy::token_bucket(Quota::per_hour(4).unwrap().with_burst(2).unwrap());
     let small = serve(app(RateLimitLayer::new("small", policy, store, PeerIp))).await;
-    for (i, remaining) in [1, 0].into_iter().enumerate() {
+    for (remaining, t) in [(1, 900), (0, 1800)] {
         let reply = http_get(small, "/", &[]).await;
-        assert_allowed(&reply, "small", 2, 1800, remaining, 900 * (i as u64 + 1));
+        assert_allowed(&reply, "small", 2, 1800, remaining, t);
     }
     assert_eq!(http_get(small, "/", &[]).await.status, 429);
 }
@@ -203,7 +206,7 @@ async fn route_layer_stacks_with_router_layer<St: Store>(store: Arc<St>) {
     );
     assert_eq!(
         first.header("ratelimit"),
-        "\"per-client\";r=4;t=720, \"report\";r=1;t=1800"
+        "\"per-client\";r=4;t=2880, \"report\";r=1;t=1800"
     );
     // The binding limit (fewest remaining) is the one the single-policy headers describe.
     assert_eq!(first.header("x-ratelimit-resource"), "report");
@@ -214,7 +217,7 @@ async fn route_layer_stacks_with_router_layer<St: Store>(store: Arc<St>) {
     assert_eq!(denied.status, 429);
     assert_eq!(
         denied.header("ratelimit"),
-        "\"per-client\";r=2;t=2160, \"report\";r=0;t=1800"
+        "\"per-client\";r=2;t=1440, \"report\";r=0;t=1800"
     );
     assert_eq!(denied.header("x-ratelimit-resource"), "report");
     assert_eq!(denied.num("x-ratelimit-limit"), 2);
@@ -222,7 +225,7 @@ async fn route_layer_stacks_with_router_layer<St: Store>(store: Arc<St>) {
 
     // Other routes only see the router-level limit, which counted all three requests.
     let home = http_get(addr, "/", &[]).await;
-    assert_allowed(&home, "per-client", 5, 3600, 1, 2880);
+    assert_allowed(&home, "per-client", 5, 3600, 1, 720);
 }
 both_stores!(stacked_layers, route_layer_stacks_with_router_layer);
 
@@ -263,7 +266,7 @@ async fn wrapped_and_in_place_layers_nest_either_way<St: Store>(store: Arc<St>) 
     assert_eq!(reply.status, 200, "{reply:#?}");
     assert_eq!(
         reply.header("ratelimit"),
-        r#""outer-of-pair";r=8;t=720, "inner-of-pair";r=7;t=800, "route";r=6;t=515"#
+        r#""outer-of-pair";r=8;t=2880, "inner-of-pair";r=7;t=2800, "route";r=6;t=3086"#
     );
     assert_eq!(reply.header("x-ratelimit-resource"), "route");
 }
@@ -292,12 +295,12 @@ async fn a_rejection_shows_every_limit_that_counted_the_request<St: Store>(store
     let cases = [
         (
             paired,
-            r#""outer-of-pair";r=8;t=720, "inner-of-pair";r=0;t=3600"#,
+            r#""outer-of-pair";r=8;t=2880, "inner-of-pair";r=0;t=3600"#,
             "inner-of-pair",
         ),
         (
             trebled,
-            r#""outer-of-trio";r=8;t=720, "middle-of-trio";r=3;t=1440, "inner-of-trio";r=0;t=3600"#,
+            r#""outer-of-trio";r=8;t=2880, "middle-of-trio";r=3;t=2160, "inner-of-trio";r=0;t=3600"#,
             "inner-of-trio",
         ),
     ];
@@ -337,13 +340,13 @@ async fn header_less_layer_reports_to_the_outer_one<St: Store>(store: Arc<St>) {
     assert_eq!(reply.status, 200, "{reply:#?}");
     assert_eq!(
         reply.header("ratelimit"),
-        r#""router";r=7;t=450, "quiet";r=1;t=1800"#
+        r#""router";r=7;t=3150, "quiet";r=1;t=1800"#
     );
     assert_eq!(reply.header("x-ratelimit-resource"), "quiet");
 
     let reply = http_get(serve(quiet_outside).await, "/", &[]).await;
     assert_eq!(reply.status, 200, "{reply:#?}");
-    assert_eq!(reply.header("ratelimit"), r#""loud";r=3;t=900"#);
+    assert_eq!(reply.header("ratelimit"), r#""loud";r=3;t=2700"#);
     assert_eq!(reply.header("x-ratelimit-resource"), "loud");
 
     let addr = serve(alone).await;
@@ -534,7 +537,7 @@ async fn stacked_layers_asking_for_different_fields_agree<St: Store>(store: Arc<
         assert_eq!(reply.status, 200, "{reply:#?}");
         assert_eq!(
             reply.header("ratelimit"),
-            format!("\"{outer}\";r=1;t=1800, \"{inner}\";r=4;t=720"),
+            format!("\"{outer}\";r=1;t=1800, \"{inner}\";r=4;t=2880"),
             "{reply:#?}"
         );
         assert_eq!(reply.header("x-ratelimit-resource"), outer, "{reply:#?}");

@@ -1,16 +1,17 @@
 //! Rate-limit header fields, rendered from [`Verdicts`] and nothing else: HTTP response headers for
 //! `tollgate-http` and response metadata for `tollgate-grpc`, by the same code.
 //!
-//! - IETF (draft-ietf-httpapi-ratelimit-headers-10): `RateLimit-Policy: "<name>";q=<limit>;w=<window s>` (a
-//!   period that is not whole seconds is announced over the whole seconds that cover it, its limit scaled to
-//!   them and rounded down: "10 per 500 ms" is `q=20;w=1`) and
-//!   `RateLimit: "<name>";r=<remaining>;t=<seconds to reset>`, one list member per enforced limiter, outermost
-//!   limiter first.
+//! - IETF ([`draft::REVISION`], draft-ietf-httpapi-ratelimit-headers-11):
+//!   `RateLimit-Policy: "<name>";q=<limit>;w=<window s>` (a period that is not whole seconds is announced over the
+//!   whole seconds that cover it, its limit scaled to them and rounded down: "10 per 500 ms" is `q=20;w=1`) and
+//!   `RateLimit: "<name>";r=<available>;t=<effective window s>`, one list member per enforced limiter, outermost
+//!   limiter first. `r` is what the limiter would admit now; `t` the time within which the client should spend no
+//!   more than `r` ([`draft::effective_window_secs`]: for `r > 0` the time the limit takes to accrue `r`).
 //! - GitHub style, for the binding limiter (a denial first, else the fewest remaining): `X-RateLimit-Limit`,
 //!   `-Remaining`, `-Reset` (epoch seconds of the stored reset, rounded up), `-Used` (`limit − remaining`) and
 //!   `-Resource` (the limiter's name).
 //!
-//! `t` is the decision's reset minus the decision's `now` (the decider's clock, e.g. Redis's), rounded up.
+//! `t` is measured on the decision's clock (the decider's, e.g. Redis's), never mixed with the local one.
 //!
 //! The limit is the quota's burst and the window the time it takes to accrue
 //! ([`Quota::window`](tollgate_core::Quota::window)): for the default burst, the policy's limit and period; for
@@ -35,21 +36,21 @@
 //! let mut headers = http::HeaderMap::new();
 //! HeaderSet::ALL.render(&verdicts, &mut headers);
 //! assert_eq!(headers["ratelimit-policy"], r#""api";q=100;w=60"#);
-//! assert_eq!(headers["ratelimit"], r#""api";r=98;t=2"#);
+//! // Draft -11: 98 available, spent within the 59 s the limit takes to accrue them (98 × 60 s ÷ 100).
+//! assert_eq!(headers["ratelimit"], r#""api";r=98;t=59"#);
 //! assert_eq!(headers["x-ratelimit-reset"], "1700000002");
 //! assert_eq!(headers["x-ratelimit-used"], "2");
 //! ```
 
+pub mod draft;
 mod single;
+
+pub use draft::{RATELIMIT, RATELIMIT_POLICY};
 
 use crate::sf::{push_sf_string, visible_char};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate_tower::{Verdict, Verdicts};
 
-/// `RateLimit-Policy` (IETF draft 10).
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `RateLimit` (IETF draft 10).
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// `X-RateLimit-Limit`.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining`.
@@ -150,9 +151,9 @@ impl HeaderSet {
                     &mut buf,
                     i,
                     &v.limiter,
-                    ";q=",
+                    draft::QUOTA,
                     v.window_limit(),
-                    ";w=",
+                    draft::WINDOW,
                     v.window_secs(),
                 );
             }
@@ -163,10 +164,10 @@ impl HeaderSet {
                     &mut buf,
                     i,
                     &v.limiter,
-                    ";r=",
+                    draft::AVAILABLE,
                     v.decision.remaining,
-                    ";t=",
-                    v.reset_secs(),
+                    draft::EFFECTIVE_WINDOW,
+                    draft::effective_window_secs(v),
                 );
             }
             insert_str(headers, RATELIMIT, &buf);

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use tollgate_tower::Verdict;
 
+use super::draft::{self, effective_window_secs};
 use super::{
     HeaderSet, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET, X_RATELIMIT_RESOURCE, X_RATELIMIT_USED, push_u64,
@@ -140,13 +141,13 @@ impl Fields {
         let mut policy = String::with_capacity(64);
         push_sf_string(&mut policy, &v.limiter);
         let mut state_prefix = policy.clone().into_bytes();
-        state_prefix.extend_from_slice(b";r=");
+        state_prefix.extend_from_slice(draft::AVAILABLE.as_bytes());
         if state_prefix.len() + 3 + 4 * MAX_DIGITS > INLINE {
             return None;
         }
-        policy.push_str(";q=");
+        policy.push_str(draft::QUOTA);
         push_u64(&mut policy, v.window_limit());
-        policy.push_str(";w=");
+        policy.push_str(draft::WINDOW);
         push_u64(&mut policy, v.window_secs());
         let mut limit = String::new();
         push_u64(&mut limit, v.decision.limit);
@@ -201,12 +202,13 @@ impl HeaderSet {
             len: 0,
             bytes: [0; INLINE],
         };
-        // `RateLimit: "<name>";r=<remaining>;t=<reset>`; X-RateLimit-Remaining slices its `r` when both are on.
+        // `RateLimit: "<name>";r=<available>;t=<effective window>`; X-RateLimit-Remaining slices its `r` when both
+        // are on.
         let (state, mut remaining) = if self.ietf {
             let start = s.push(&constant.state_prefix)?.start;
             let remaining = s.push_u64(v.decision.remaining)?;
-            s.push(b";t=")?;
-            let end = s.push_u64(v.reset_secs())?.end;
+            s.push(draft::EFFECTIVE_WINDOW.as_bytes())?;
+            let end = s.push_u64(effective_window_secs(v))?.end;
             (Some(start..end), Some(remaining))
         } else {
             (None, None)
@@ -346,7 +348,8 @@ mod tests {
         );
         let mut all = HeaderMap::new();
         HeaderSet::ALL.render(&Verdicts::from(cases[0].clone()), &mut all);
-        assert_eq!(all["ratelimit"], r#""api";r=98;t=4"#);
+        // Draft -11: 98 of 100 per 1.5 s accrue in 1.47 s.
+        assert_eq!(all["ratelimit"], r#""api";r=98;t=2"#);
         assert_eq!(all["x-ratelimit-reset"], "1700000004");
     }
 }

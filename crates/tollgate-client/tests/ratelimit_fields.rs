@@ -1,0 +1,210 @@
+//! The server's half of the promise, per algorithm and on both stores: after any history of requests, a client
+//! that spends the `r` a response's `RateLimit` field states (draft-ietf-httpapi-ratelimit-headers-11), at any
+//! instants within its `t`, is admitted every time; and a refusal's `Retry-After` is never before `t`'s end.
+//!
+//! The fields are rendered by the server's code (`HeaderSet`) and read back by this crate's parser, so the two
+//! halves are tested against each other; the decisions are the stores' own (`check_at`, at chosen instants:
+//! no wall clock).
+
+use std::time::Duration;
+
+use http::{HeaderMap, StatusCode};
+use proptest::prelude::*;
+use tollgate_client::fields::Observation;
+use tollgate_core::{Algorithm, Decision, MemoryStore, Policy, Quota, Timestamp};
+use tollgate_http::headers::HeaderSet;
+use tollgate_redis::RedisStore;
+use tollgate_testkit::redis::{redis_url, unique_prefix};
+use tollgate_tower::{Rejection, Verdict, Verdicts};
+
+const START: u64 = 1_700_000_000_000_000;
+
+/// A policy, a history of requests before the response under test, and how the client spends what it says.
+#[derive(Debug, Clone)]
+struct Case {
+    algorithm: Algorithm,
+    limit: u64,
+    period_ms: u64,
+    burst: u64,
+    /// (µs since the previous request, cost)
+    history: Vec<(u64, u64)>,
+    /// Where in `[now, now + t)` each unit is spent, as fractions in per mille (sorted when used).
+    spend_at: Vec<u16>,
+    /// Spend `r` as one request of cost `r` instead of `r` requests of cost 1.
+    at_once: bool,
+}
+
+fn case(algorithm: Algorithm) -> impl Strategy<Value = Case> {
+    (
+        1u64..=20,
+        prop::sample::select(vec![1_000u64, 1_500, 2_000, 3_000, 10_000]),
+        0u64..=20,
+        prop::collection::vec((0u64..1_500_000, 1u64..=3), 0..30),
+        prop::collection::vec(0u16..1000, 0..60),
+        any::<bool>(),
+    )
+        .prop_map(
+            move |(limit, period_ms, extra, history, spend_at, at_once)| Case {
+                algorithm,
+                limit,
+                period_ms,
+                burst: if algorithm == Algorithm::TokenBucket {
+                    limit + extra % (limit + 1)
+                } else {
+                    limit
+                },
+                history,
+                spend_at,
+                at_once,
+            },
+        )
+}
+
+impl Case {
+    fn policy(&self) -> Policy {
+        let quota = Quota::new(self.limit, Duration::from_millis(self.period_ms))
+            .and_then(|q| q.with_burst(self.burst))
+            .expect("a valid quota");
+        Policy::new(self.algorithm, quota).expect("a valid policy")
+    }
+}
+
+/// What the response to `decision` says: (r, t, Retry-After), through the server's rendering and this crate's
+/// parser.
+fn fields(policy: &Policy, decision: Decision) -> (u64, u64, Option<u64>) {
+    let verdict = Verdict::new("api", policy.quota().window(), decision);
+    let mut headers = HeaderMap::new();
+    HeaderSet::IETF.render(&Verdicts::from(verdict.clone()), &mut headers);
+    let said = Observation::read(StatusCode::OK, &headers);
+    let limit = &said.limits[0];
+    let t = limit
+        .window
+        .expect("a tollgate server always states t")
+        .as_secs();
+    let retry = (!decision.is_allowed())
+        .then(|| Rejection::rate_limited(verdict).retry_after_secs())
+        .flatten();
+    (limit.remaining, t, retry)
+}
+
+/// Decides through a store at chosen instants.
+trait Decide {
+    fn at(&mut self, key: &str, policy: &Policy, cost: u64, now: Timestamp) -> Decision;
+}
+
+impl Decide for MemoryStore {
+    fn at(&mut self, key: &str, policy: &Policy, cost: u64, now: Timestamp) -> Decision {
+        self.check_at(key, policy, cost, now)
+            .expect("in-process decisions cannot fail")
+    }
+}
+
+struct Redis {
+    store: RedisStore,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Decide for Redis {
+    fn at(&mut self, key: &str, policy: &Policy, cost: u64, now: Timestamp) -> Decision {
+        self.runtime
+            .block_on(self.store.check_at(key, policy, cost, now))
+            .expect("the shared Redis answers")
+    }
+}
+
+fn redis() -> Redis {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = runtime
+        .block_on(RedisStore::connect(redis_url()))
+        .expect("the shared Redis");
+    Redis { store, runtime }
+}
+
+/// Runs the history, reads the last response's fields, spends them: every spend admitted.
+fn spend_what_is_said(store: &mut impl Decide, case: &Case) -> Result<(), TestCaseError> {
+    let policy = case.policy();
+    let key = unique_prefix("ratelimit-fields");
+    let mut now = START;
+    let mut last = store.at(&key, &policy, 1, Timestamp::from_micros(now));
+    for &(gap, cost) in &case.history {
+        now += gap;
+        last = store.at(&key, &policy, cost, Timestamp::from_micros(now));
+    }
+    let (r, t, retry) = fields(&policy, last);
+    if let Some(retry) = retry {
+        prop_assert!(
+            retry >= t,
+            "Retry-After {retry} before the end of t={t}: {last:?}"
+        );
+    }
+    prop_assert!(r <= policy.quota().burst());
+    let decided = last.now.as_micros();
+    let within = |per_mille: u16| decided + t * 1_000_000 * u64::from(per_mille) / 1000;
+    if case.at_once {
+        if r > 0 {
+            let at = within(case.spend_at.first().copied().unwrap_or(0));
+            let d = store.at(&key, &policy, r, Timestamp::from_micros(at));
+            prop_assert!(
+                d.is_allowed(),
+                "r={r} at once, {}µs into t={t}: {d:?} after {last:?}",
+                at - decided
+            );
+        }
+        return Ok(());
+    }
+    let mut times: Vec<u64> = (0..r)
+        .map(|i| within(case.spend_at.get(i as usize).copied().unwrap_or(999)))
+        .collect();
+    times.sort_unstable();
+    for (i, at) in times.into_iter().enumerate() {
+        let d = store.at(&key, &policy, 1, Timestamp::from_micros(at));
+        prop_assert!(
+            d.is_allowed(),
+            "unit {i} of r={r}, {}µs into t={t}: {d:?} after {last:?}",
+            at - decided
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn token_bucket_in_process(case in case(Algorithm::TokenBucket)) {
+        spend_what_is_said(&mut MemoryStore::new(), &case)?;
+    }
+
+    #[test]
+    fn sliding_window_in_process(case in case(Algorithm::SlidingWindowCounter)) {
+        spend_what_is_said(&mut MemoryStore::new(), &case)?;
+    }
+}
+
+proptest! {
+    // Each case is a few dozen round trips to the shared Redis.
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn token_bucket_on_redis(case in case(Algorithm::TokenBucket)) {
+        spend_what_is_said(&mut redis(), &case)?;
+    }
+
+    #[test]
+    fn sliding_window_on_redis(case in case(Algorithm::SlidingWindowCounter)) {
+        spend_what_is_said(&mut redis(), &case)?;
+    }
+}
+
+/// The vectors above are draft -11's: a fresh key states its whole quota over the whole window.
+#[test]
+fn a_fresh_key_states_q_over_w() {
+    let policy = Policy::token_bucket(Quota::per_minute(100).unwrap());
+    let d = MemoryStore::new()
+        .check_at("k", &policy, 1, Timestamp::from_micros(START))
+        .unwrap();
+    assert_eq!(fields(&policy, d), (99, 60, None));
+}
