@@ -17,19 +17,22 @@ import html
 import html.parser
 import re
 import sys
+import json
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "api"
-CRATES = [
-    "tollgate",
-    "tollgate_core",
-    "tollgate_redis",
-    "tollgate_tower",
-    "tollgate_http",
-    "tollgate_grpc",
-    "tollgate_config",
-]
+
+
+def published_crates():
+    """The library name of every workspace crate that publishes (`publish = false` ones are left out)."""
+    meta = json.loads(subprocess.run(["cargo", "metadata", "--no-deps", "--format-version", "1"], cwd=ROOT,
+                                     check=True, capture_output=True, text=True).stdout)
+    return sorted(t["name"] for p in meta["packages"] if p.get("publish") != []
+                  for t in p["targets"] if "lib" in t["kind"])
+
+
 # Sections of an item page whose headers are part of the API (in page order).
 KEPT_SECTIONS = {"implementations", "trait-implementations", "required-methods", "provided-methods",
                  "required-associated-types", "provided-associated-types", "required-associated-consts",
@@ -132,7 +135,7 @@ def main(argv):
     doc = Path(args[0]) if args else ROOT / "target" / "doc"
     OUT.mkdir(parents=True, exist_ok=True)
     differs = False
-    for crate in CRATES:
+    for crate in published_crates():
         if not (doc / crate / "all.html").exists():
             sys.exit(f"public_api: {doc / crate / 'all.html'} is missing: run `cargo doc --workspace "
                      "--all-features --no-deps` first")
