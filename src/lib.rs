@@ -14,6 +14,7 @@
 //! | `stack` | [`stack`]: the concurrent-requests limiter and the load shedders |
 //! | `leases` | token leases: hot keys admitted from batches leased from the store |
 //! | `client` | [`client`]: the outbound layer that paces requests by the servers' RateLimit fields |
+//! | `rls` | [`rls`]: the Envoy rate limit service (RLS v3) reading envoyproxy/ratelimit's YAML |
 //!
 //! The `tollgate-*` crates behind it are its implementation; depend on this one.
 //!
@@ -62,6 +63,11 @@ pub use tollgate_config as config;
 /// `RetryInfo` (feature `client`).
 #[cfg(feature = "client")]
 pub use tollgate_client as client;
+
+/// The Envoy rate limit service (`envoy.service.ratelimit.v3.RateLimitService`) on tonic, reading
+/// envoyproxy/ratelimit's YAML (feature `rls`; the same server as the `tollgate-rls` binary).
+#[cfg(feature = "rls")]
+pub use tollgate_rls as rls;
 
 /// Stripe's production stack: the concurrent-requests limiter, the fleet-usage and worker-utilization load
 /// shedders, and the layer that stacks them with the rate limiter (they live in `tollgate-tower`, on the decision

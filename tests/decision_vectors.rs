@@ -57,7 +57,7 @@ fn vectors_cover_peeks_lockouts_and_charges_on_both_algorithms() {
 #[test]
 fn vectors_cover_every_outcome_and_both_algorithms() {
     let vectors = Vectors::load();
-    for algorithm in ["token_bucket", "sliding_window"] {
+    for algorithm in ["token_bucket", "sliding_window", "fixed_window"] {
         for outcome in ["allowed", "limited", "cost_exceeds_capacity"] {
             let n = vectors
                 .cases

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tollgate_core::{Algorithm, MemoryStore, Policy, Quota, Store};
-use tollgate_redis::RedisStore;
+use tollgate::redis::RedisStore;
+use tollgate::{Algorithm, MemoryStore, Policy, Quota, Store};
 
 use args::{Args, Scenario};
 use fleet::{Balancer, start_instance};
@@ -88,6 +88,8 @@ impl Design {
             (State::Redis, Algorithm::SlidingWindowCounter, false) => 6,
             (State::RedisLeases, Algorithm::TokenBucket, _) => 7,
             (State::RedisLeases, Algorithm::SlidingWindowCounter, _) => 8,
+            // Not among the fleet's designs.
+            (_, Algorithm::FixedWindow, _) => 0,
         }
     }
 
@@ -96,6 +98,7 @@ impl Design {
             (State::None, _) => "no limiter (baseline)",
             (_, Algorithm::TokenBucket) => "token bucket",
             (_, Algorithm::SlidingWindowCounter) => "sliding window",
+            (_, Algorithm::FixedWindow) => "fixed window",
         };
         let state = match (self.state, self.deny_cache) {
             (State::None, _) => "-",

@@ -121,6 +121,31 @@ class SlidingWindow:
         return ("limited", remaining, self.reset(start, prev, cur, t), hi - t)
 
 
+class FixedWindow:
+    """At most `limit` per window, windows aligned to the epoch; only admissions count; a refusal waits for the
+    next window (envoyproxy/ratelimit's counting, refused requests aside)."""
+
+    def __init__(self, limit, period):
+        self.limit, self.period = limit, period
+        self.keys = {}
+
+    def count(self, key, t):
+        start = t - t % self.period
+        ws, n = self.keys.get(key, (start, 0))
+        return start, (n if ws == start else 0)
+
+    def decide(self, key, t, cost):
+        start, n = self.count(key, t)
+        end = start + self.period
+        if cost > self.limit:
+            return ("cost_exceeds_capacity", self.limit - n, end if n else t, None)
+        if n + cost <= self.limit:
+            self.keys[key] = (start, n + cost)
+            n += cost
+            return ("allowed", self.limit - n, end if n else t, None)
+        return ("limited", self.limit - n, end, end - t)
+
+
 class Store:
     """A model with the store operations: peeks (decide, keep nothing) and lockouts (after a denial, refuse the
     key until a fixed instant: remaining 0, reset and retry no earlier than its end; refusals spend nothing)."""
@@ -158,7 +183,9 @@ class Store:
 
 
 def run(name, algorithm, limit, period, steps, burst=None, lockout=0):
-    model = TokenBucket(limit, period, burst or limit) if algorithm == "token_bucket" else SlidingWindow(limit, period)
+    models = {"token_bucket": lambda: TokenBucket(limit, period, burst or limit),
+              "sliding_window": lambda: SlidingWindow(limit, period), "fixed_window": lambda: FixedWindow(limit, period)}
+    model = models[algorithm]()
     store = Store(model, lockout)
     out = []
     for at, key, cost, *extra in steps:
@@ -272,6 +299,19 @@ def cases():
     yield run("sw: a charge pushes the count above the limit until the windows decay", sw, 4, S, [(T0, "a", 1), charge(T0 + 1000, 6, T0), (T0 + 1000, "a", 1), (T0 + S, "a", 1), (T0 + S + 800_000, "a", 1), (T0 + 2 * S, "a", 1), charge(T0 + 2 * S, 20, T0 + 2 * S), peek(T0 + 2 * S)])
     yield run("sw: a refund comes from the request's own window, and only while it counts", sw, 4, S, [(T0 + 900_000, "a", 4), charge(T0 + 950_000, -2, T0 + 900_000), (T0 + 950_000, "a", 2), (T0 + S + 100_000, "a", 1), charge(T0 + S + 100_000, -3, T0 + 900_000), (T0 + S + 100_000, "a", 3), charge(T0 + 3 * S, -4, T0 + S + 100_000), (T0 + 3 * S, "a", 4), charge(T0 + 3 * S, -9, T0 + 3 * S), (T0 + 3 * S, "a", 4)])
     yield run("tb: random traffic under a lockout", tb, 3, S, random_steps(6, 120, 200_000, 2, ["a", "b"]), burst=4, lockout=1_500_000)
+
+    # The fixed window (envoyproxy/ratelimit's counting): windows aligned to the epoch, a refusal waits for the next.
+    fw = "fixed_window"
+    yield run("fw: fill a window, then wait for the next", fw, 3, S, same(T0 + 400_000, 4) + [(T0 + 999_999, "a", 1), (T0 + S, "a", 3), (T0 + S, "a", 1)])
+    yield run("fw: twice the limit across a boundary, which a sliding window refuses", fw, 5, S, same(T0 + 999_000, 5) + same(T0 + S, 6))
+    yield run("fw: cost above one, equal to the limit, above it", fw, 6, S, [(T0, "a", 4), (T0, "a", 3), (T0, "a", 2), (T0 + S, "a", 6), (T0 + S, "a", 7), (T0 + 2 * S, "a", 7)])
+    yield run("fw: a cost of zero inspects without consuming", fw, 2, S, [(T0, "a", 0), (T0, "a", 2), (T0, "a", 0), (T0 + S, "a", 0)])
+    yield run("fw: a minute aligned to the minute, keys independent", fw, 2, m, [(w0 + 59 * S, "a", 2), (w0 + 59 * S, "a", 1), (w0 + 59 * S, "b", 1), (w0 + m, "a", 2)])
+    yield run("fw: a day of 1000 and a gap of days", fw, 1000, 86_400 * S, [(T0, "a", 999), (T0, "a", 2), (T0 + 3 * 86_400 * S, "a", 1000)])
+    yield run("fw: a peek consumes nothing", fw, 2, S, [peek(T0), (T0, "a", 2), peek(T0), peek(T0, cost=3), (T0 + S, "a", 1)])
+    yield run("fw: a denial locks the key for 3 s", fw, 2, S, same(T0, 3) + [(T0 + S, "a", 1), peek(T0 + 2 * S), (T0 + 3 * S, "a", 1), (T0 + 3 * S, "b", 2), (T0 + 3 * S, "a", 9)], lockout=3 * S)
+    yield run("fw: random traffic, 5 per second", fw, 5, S, random_steps(7, 150, 120_000, 3, ["a", "b", "c"]))
+    yield run("fw: random traffic, 9 per 2 seconds under a lockout", fw, 9, 2 * S, random_steps(8, 120, 150_000, 4, ["a", "b"]), lockout=500_000)
 
 
 def main():

@@ -36,15 +36,19 @@ pub enum Algorithm {
     TokenBucket,
     /// Cloudflare's sliding window counter: `current + previous × (1 − elapsed / period)`, fixed state per key.
     SlidingWindowCounter,
+    /// Fixed windows aligned to the period since the epoch, as envoyproxy/ratelimit counts (up to twice the limit
+    /// across a boundary): for compatibility, not a default.
+    FixedWindow,
 }
 
 impl Algorithm {
-    /// A short stable name (`token_bucket`, `sliding_window`), used in keys, metrics and logs.
+    /// A short stable name (`token_bucket`, `sliding_window`, `fixed_window`), used in keys, metrics and logs.
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::TokenBucket => "token_bucket",
             Self::SlidingWindowCounter => "sliding_window",
+            Self::FixedWindow => "fixed_window",
         }
     }
 }
@@ -310,11 +314,27 @@ impl Policy {
         }
     }
 
+    /// Fixed windows admitting `quota.limit()` per `quota.period()`, aligned to multiples of the period since the
+    /// epoch (see [`algorithm::fixed_window`](crate::algorithm::fixed_window)).
+    pub const fn fixed_window(quota: Quota) -> Result<Self, PolicyError> {
+        if quota.burst != quota.limit {
+            return Err(PolicyError::BurstNotSupported);
+        }
+        Ok(Self {
+            algorithm: Algorithm::FixedWindow,
+            quota,
+            tick_us: NonZeroU64::MIN,
+            ticks: quota.period_us,
+            lockout_us: 0,
+        })
+    }
+
     /// `algorithm` over `quota`.
     pub const fn new(algorithm: Algorithm, quota: Quota) -> Result<Self, PolicyError> {
         match algorithm {
             Algorithm::TokenBucket => Ok(Self::token_bucket(quota)),
             Algorithm::SlidingWindowCounter => Self::sliding_window(quota),
+            Algorithm::FixedWindow => Self::fixed_window(quota),
         }
     }
 

@@ -16,13 +16,14 @@ pub(crate) fn valid_namespace(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_RAW_KEY && s.bytes().all(is_safe)
 }
 
-/// `<namespace>:{<client key>}:<tb|sw>`. The braces are the hash tag: every key one script touches lands in one
+/// `<namespace>:{<client key>}:<tb|sw|fw>`. The braces are the hash tag: every key one script touches lands in one
 /// Cluster slot. A long or unusual client key becomes `#` + its SHA-1 in hex, so its size and bytes are bounded
 /// and it can never collide with a key stored as is (those never contain `#`).
 pub(crate) fn redis_key(namespace: &str, key: &str, algorithm: Algorithm) -> String {
     let suffix = match algorithm {
         Algorithm::TokenBucket => "tb",
         Algorithm::SlidingWindowCounter => "sw",
+        Algorithm::FixedWindow => "fw",
     };
     tagged(namespace, key, suffix)
 }

@@ -40,6 +40,18 @@ pub const TOKEN_BUCKET_OPS_LUA: &str = concat!(
     include_str!("../lua/token_bucket.lua"),
     include_str!("../lua/ops_close.lua")
 );
+/// `lua/fixed_window.lua` after `lua/prelude.lua`, embedded at compile time.
+pub const FIXED_WINDOW_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/fixed_window.lua")
+);
+/// `lua/fixed_window.lua` wrapped in the store operations (peek, lockouts), after `lua/prelude.lua`.
+pub const FIXED_WINDOW_OPS_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/ops_open.lua"),
+    include_str!("../lua/fixed_window.lua"),
+    include_str!("../lua/ops_close.lua")
+);
 /// `lua/sliding_window.lua` wrapped in the store operations, after `lua/prelude.lua`.
 pub const SLIDING_WINDOW_OPS_LUA: &str = concat!(
     include_str!("../lua/prelude.lua"),
@@ -92,6 +104,8 @@ pub(crate) struct Scripts {
     sliding_window_ops: Script,
     token_bucket_charge: Script,
     sliding_window_charge: Script,
+    fixed_window: Script,
+    fixed_window_ops: Script,
 }
 
 impl Scripts {
@@ -105,22 +119,26 @@ impl Scripts {
             sliding_window_ops: Script::new(SLIDING_WINDOW_OPS_LUA),
             token_bucket_charge: Script::new(TOKEN_BUCKET_CHARGE_LUA),
             sliding_window_charge: Script::new(SLIDING_WINDOW_CHARGE_LUA),
+            fixed_window: Script::new(FIXED_WINDOW_LUA),
+            fixed_window_ops: Script::new(FIXED_WINDOW_OPS_LUA),
         }
     }
 
-    /// The token lease script of `algorithm`.
-    pub(crate) fn lease_for(&self, algorithm: Algorithm) -> &Script {
+    /// The token lease script of `algorithm` (the fixed window has none).
+    pub(crate) fn lease_for(&self, algorithm: Algorithm) -> Option<&Script> {
         match algorithm {
-            Algorithm::TokenBucket => &self.token_bucket_lease,
-            Algorithm::SlidingWindowCounter => &self.sliding_window_lease,
+            Algorithm::TokenBucket => Some(&self.token_bucket_lease),
+            Algorithm::SlidingWindowCounter => Some(&self.sliding_window_lease),
+            Algorithm::FixedWindow => None,
         }
     }
 
-    /// The charge script (cost after the response) of `algorithm`.
-    pub(crate) fn charge_for_algorithm(&self, algorithm: Algorithm) -> &Script {
+    /// The charge script (cost after the response) of `algorithm` (the fixed window has none).
+    pub(crate) fn charge_for_algorithm(&self, algorithm: Algorithm) -> Option<&Script> {
         match algorithm {
-            Algorithm::TokenBucket => &self.token_bucket_charge,
-            Algorithm::SlidingWindowCounter => &self.sliding_window_charge,
+            Algorithm::TokenBucket => Some(&self.token_bucket_charge),
+            Algorithm::SlidingWindowCounter => Some(&self.sliding_window_charge),
+            Algorithm::FixedWindow => None,
         }
     }
 
@@ -129,6 +147,7 @@ impl Scripts {
         match algorithm {
             Algorithm::TokenBucket => &self.token_bucket_ops,
             Algorithm::SlidingWindowCounter => &self.sliding_window_ops,
+            Algorithm::FixedWindow => &self.fixed_window_ops,
         }
     }
 
@@ -142,13 +161,14 @@ impl Scripts {
         match algorithm {
             Algorithm::TokenBucket => &self.token_bucket,
             Algorithm::SlidingWindowCounter => &self.sliding_window,
+            Algorithm::FixedWindow => &self.fixed_window,
         }
     }
 }
 
 /// Every script a store runs: loaded with `SCRIPT LOAD` on each new connection (and at start-up), so that a
 /// decision is one `EVALSHA` even where the server evicts scripts that `EVAL` loaded (Redis 7.4 and later).
-pub(crate) fn pinned() -> [&'static Script; 11] {
+pub(crate) fn pinned() -> [&'static Script; 13] {
     let s = Scripts::shared();
     let [acquire, renew, release] = crate::slot::scripts_list();
     [
@@ -160,6 +180,8 @@ pub(crate) fn pinned() -> [&'static Script; 11] {
         &s.sliding_window_ops,
         &s.token_bucket_charge,
         &s.sliding_window_charge,
+        &s.fixed_window,
+        &s.fixed_window_ops,
         acquire,
         renew,
         release,
@@ -178,6 +200,14 @@ pub(crate) fn args(policy: &Policy, cost: u64, now: Option<Timestamp>) -> [Strin
             quota.period_micros().to_string(),
             policy.tick_micros().to_string(),
             cost.to_string(),
+            now,
+        ],
+        // The time stays fifth, where the store operations read it.
+        Algorithm::FixedWindow => [
+            quota.limit().to_string(),
+            quota.period_micros().to_string(),
+            cost.to_string(),
+            String::new(),
             now,
         ],
     }
@@ -232,6 +262,8 @@ pub(crate) fn charge_args(
             decided_at.min(Timestamp::LATEST).as_micros().to_string(),
             now,
         ],
+        // Never run: the fixed window has no charge script.
+        Algorithm::FixedWindow => Default::default(),
     }
 }
 

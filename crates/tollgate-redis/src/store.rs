@@ -216,7 +216,11 @@ impl RedisStore {
         decided_at: Timestamp,
         now: Option<Timestamp>,
     ) -> Result<Decision, StoreError> {
-        let script = self.inner.scripts.charge_for_algorithm(policy.algorithm());
+        let Some(script) = self.inner.scripts.charge_for_algorithm(policy.algorithm()) else {
+            return Err(StoreError::Unsupported(
+                "a charge after the response on a fixed window",
+            ));
+        };
         let redis_key = keys::redis_key(&self.inner.namespace, key, policy.algorithm());
         let now = now.map(|t| t.min(Timestamp::LATEST));
         let args = script::charge_args(policy, delta, decided_at, now);

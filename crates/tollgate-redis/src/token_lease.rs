@@ -46,6 +46,8 @@ fn args(policy: &Policy, request: &TokenLeaseRequest, now: Option<Timestamp>) ->
             policy.lockout_micros().to_string(),
             request.instance.to_string(),
         ],
+        // Never run: the fixed window has no lease script.
+        Algorithm::FixedWindow => Vec::new(),
     }
 }
 
@@ -135,7 +137,9 @@ impl RedisStore {
         request: &TokenLeaseRequest,
         now: Option<Timestamp>,
     ) -> Result<TokenLeaseGrant, StoreError> {
-        let script = crate::script::Scripts::shared().lease_for(policy.algorithm());
+        let Some(script) = crate::script::Scripts::shared().lease_for(policy.algorithm()) else {
+            return Err(StoreError::Unsupported("token leases on a fixed window"));
+        };
         let redis_key = keys::redis_key(self.namespace(), key, policy.algorithm());
         let args = args(policy, request, now);
         self.run_script(script, &redis_key, &args, |reply| parse(policy, reply))

@@ -22,7 +22,7 @@ pub struct Vectors {
 pub struct Case {
     /// What the case checks.
     pub name: String,
-    /// `token_bucket` or `sliding_window`.
+    /// `token_bucket`, `sliding_window` or `fixed_window`.
     pub algorithm: String,
     /// Requests per period.
     pub limit: u64,
@@ -121,6 +121,7 @@ fn policy_of(
     let algorithm = match algorithm {
         "token_bucket" => Algorithm::TokenBucket,
         "sliding_window" => Algorithm::SlidingWindowCounter,
+        "fixed_window" => Algorithm::FixedWindow,
         other => panic!("case {name}: unknown algorithm {other}"),
     };
     Policy::new(algorithm, quota)

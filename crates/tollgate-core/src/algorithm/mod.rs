@@ -16,6 +16,7 @@
 //! ```
 
 pub mod charge;
+pub mod fixed_window;
 pub mod lockout;
 pub mod sliding_log;
 pub mod sliding_window;

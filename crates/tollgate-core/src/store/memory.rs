@@ -301,6 +301,7 @@ impl<C: Clock> MemoryStore<C> {
             (Algorithm::SlidingWindowCounter, 0) => {
                 lock(self.shard(hash)).apply::<WindowEntry, _>(hash, now, bound, log, check)
             }
+            (Algorithm::FixedWindow, _) => self.check_fixed_at(hash, policy, cost, now),
             (Algorithm::TokenBucket, lockout) => lock(self.shard(hash)).apply::<BucketEntry, _>(
                 hash,
                 now,
@@ -369,7 +370,22 @@ impl<C: Clock> MemoryStore<C> {
                 })
                 .decision
             }
+            Algorithm::FixedWindow => {
+                drop(shard);
+                self.peek_fixed_at(hash, policy, cost, now)
+            }
         }
+    }
+
+    /// A sliding-window slab entry's state with its lockout end, read only (the fixed window keeps its state there).
+    pub(super) fn locked_window(
+        &self,
+        hash: u64,
+        lockout_us: u64,
+    ) -> Option<Locked<SlidingWindowState>> {
+        lock(self.shard(hash))
+            .slabs
+            .locked::<WindowEntry>(hash, lockout_us)
     }
 
     /// Charges `delta` (a refund if negative) to `key` at `now` for a request decided at `decided_at`: see
@@ -391,6 +407,9 @@ impl<C: Clock> MemoryStore<C> {
         let (bound, log) = (&self.bound, &self.log);
         // A charge writes the state and keeps the key's lockout as it is; a policy with a lockout reports it.
         match policy.algorithm() {
+            Algorithm::FixedWindow => Err(StoreError::Unsupported(
+                "a charge after the response on a fixed window",
+            )),
             Algorithm::TokenBucket => shard.apply::<BucketEntry, _>(
                 hash,
                 now,

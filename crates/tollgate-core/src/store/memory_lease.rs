@@ -83,6 +83,9 @@ impl<C: Clock> MemoryStore<C> {
         let (bound, log) = self.bound_and_log();
         let lockout = policy.lockout_micros();
         match policy.algorithm() {
+            Algorithm::FixedWindow => {
+                return Err(StoreError::Unsupported("token leases on a fixed window"));
+            }
             Algorithm::SlidingWindowCounter => {
                 // The records' lock, then the shard's.
                 let mut windows = self.leases.windows.lock();

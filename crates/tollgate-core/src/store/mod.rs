@@ -7,6 +7,7 @@ mod bounded;
 mod error;
 mod evictions;
 mod memory;
+mod memory_fixed;
 mod memory_lease;
 mod table;
 

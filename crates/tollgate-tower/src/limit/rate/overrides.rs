@@ -193,6 +193,7 @@ pub(crate) fn policy_prefix(name: &str, policy: &Policy) -> Name {
     let quota = policy.quota();
     let algorithm = match policy.algorithm() {
         tollgate_core::Algorithm::TokenBucket => "tb",
+        tollgate_core::Algorithm::FixedWindow => "fw",
         _ => "sw",
     };
     let mut prefix = format!(

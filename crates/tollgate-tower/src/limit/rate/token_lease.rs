@@ -903,8 +903,9 @@ impl<St: Store> Inner<St> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let mut request = TokenLeaseRequest::take(self.instance, seq, want, self.ttl);
         request = match self.policy.algorithm() {
-            // What is left of the batch now: the instance goes on spending it, and only ever reports less later.
-            Algorithm::TokenBucket => request.holding(e.tokens, 0),
+            // What is left of the batch now: the instance goes on spending it, and only ever reports less later. (A
+            // fixed window is never granted a batch: its store answers that it has no leases.)
+            Algorithm::TokenBucket | Algorithm::FixedWindow => request.holding(e.tokens, 0),
             // Only slots that can no longer be spent are given back.
             Algorithm::SlidingWindowCounter => {
                 let back = request.holding(e.leftover, e.leftover_window);
@@ -1029,7 +1030,9 @@ impl<St: Store> Inner<St> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let base = TokenLeaseRequest::take(self.instance, seq, 0, self.ttl);
         match self.policy.algorithm() {
-            Algorithm::TokenBucket => (e.tokens > 0 || e.fetching).then(|| base.ending(e.tokens)),
+            Algorithm::TokenBucket | Algorithm::FixedWindow => {
+                (e.tokens > 0 || e.fetching).then(|| base.ending(e.tokens))
+            }
             Algorithm::SlidingWindowCounter => {
                 // Unspent slots of the current batch and leftovers of an earlier one: one call gives back either.
                 if e.tokens > 0 {

@@ -1,0 +1,494 @@
+//! The real `tollgate-rls` binary over TCP, asked by a tonic client built from the same protos: flags and bad
+//! files, health, decisions on the in-process store and on Redis (two replicas sharing one limit), a directory
+//! reload (and a bad change that keeps the loaded set), and a SIGTERM with requests in flight.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use tollgate_rls::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tollgate_testkit::redis::{RedisServer, redis_url, unique_prefix};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate-rls");
+
+/// A configuration directory of its own, removed at the end.
+struct ConfigDir(PathBuf);
+
+impl ConfigDir {
+    fn new(files: &[(&str, &str)]) -> Self {
+        let dir = std::env::temp_dir().join(unique_prefix("tollgate-rls-config"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dir = Self(dir);
+        for (name, text) in files {
+            dir.write(name, text);
+        }
+        dir
+    }
+
+    fn write(&self, name: &str, text: &str) {
+        // Written beside, then renamed: a reload never reads half a file.
+        let tmp = self.0.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.0.join(name)).unwrap();
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ConfigDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `tollgate-rls`, killed when dropped.
+struct Rls {
+    child: Child,
+    addr: SocketAddr,
+    metrics: Option<SocketAddr>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+fn address_after(line: &str, marker: &str) -> Option<SocketAddr> {
+    let rest = &line[line.find(marker)? + marker.len()..];
+    rest.split(|c: char| c.is_whitespace() || c == '/')
+        .next()?
+        .parse()
+        .ok()
+}
+
+impl Rls {
+    fn start(config: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(BIN)
+            .args(["--listen", "127.0.0.1:0", "--config-dir"])
+            .arg(config)
+            .args(args)
+            .env_remove("REDIS_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tollgate-rls");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let lines = Arc::clone(&stderr);
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("[tollgate-rls] {line}");
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        let addr = address_after(&first, "listening on ").unwrap_or_else(|| {
+            panic!(
+                "unexpected first line {first:?}; stderr {:?}",
+                stderr.lock().unwrap()
+            )
+        });
+        let metrics = if args.contains(&"--metrics-addr") {
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            Some(address_after(&line, "metrics on http://").expect("the metrics line"))
+        } else {
+            None
+        };
+        // Keep reading (a closed pipe would fail the server's later lines).
+        std::thread::spawn(move || for _ in out.lines().map_while(Result::ok) {});
+        Self {
+            child,
+            addr,
+            metrics,
+            stderr,
+        }
+    }
+
+    async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.addr))
+            .await
+            .expect("connect to tollgate-rls")
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits (bounded) for the process to exit.
+    fn wait(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "tollgate-rls did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stderr_has(&self, text: &str) -> bool {
+        self.stderr.lock().unwrap().iter().any(|l| l.contains(text))
+    }
+
+    /// The value of a metric series (its line's last field), 0 when absent.
+    fn metric(&self, series: &str) -> f64 {
+        let reply =
+            tollgate_testkit::http::get(self.metrics.expect("--metrics-addr"), "/metrics", &[]);
+        reply
+            .body
+            .lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next())
+            .map_or(0.0, |v| v.parse().unwrap())
+    }
+}
+
+impl Drop for Rls {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn request(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+async fn code(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    r: &RateLimitRequest,
+) -> Code {
+    client
+        .should_rate_limit(r.clone())
+        .await
+        .expect("an answer")
+        .into_inner()
+        .overall_code()
+}
+
+async fn codes(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    r: &RateLimitRequest,
+    n: usize,
+) -> Vec<Code> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(code(client, r).await);
+    }
+    out
+}
+
+const PER_HOUR_3: &str = "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 3 }\n";
+
+use Code::{Ok as OK, OverLimit as OVER};
+
+#[test]
+fn help_lists_every_flag_and_bad_flags_or_files_exit_2_with_one_line() {
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(help.status.success());
+    let text = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--listen",
+        "--config-dir",
+        "--algorithm",
+        "--merge-domains",
+        "--reload-interval",
+        "--redis-url",
+        "--redis-namespace",
+        "--redis-timeout",
+        "--redis-password-file",
+        "--redis-ca",
+        "--redis-cert",
+        "--redis-key",
+        "--redis-sentinel",
+        "--redis-master",
+        "--redis-cluster",
+        "--leases",
+        "--max-keys",
+        "--on-store-error",
+        "--response-headers",
+        "--shadow-mode",
+        "--metrics-addr",
+        "--log",
+    ] {
+        assert!(text.contains(flag), "--help lacks {flag}:\n{text}");
+    }
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env_remove("REDIS_URL")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (status, err) = run(&["--config-dir", "/nonexistent", "--no-such-flag"]);
+    assert_eq!(status, Some(2), "{err}");
+    assert!(err.contains("--no-such-flag"), "{err}");
+    let (status, err) = run(&["--config-dir", "/x", "--algorithm", "leaky"]);
+    assert_eq!(status, Some(2), "{err}");
+    let bad = ConfigDir::new(&[(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: { unit: fortnight }\n",
+    )]);
+    let (status, err) = run(&[
+        "--config-dir",
+        bad.path().to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(status, Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("edge.yaml:4:25: invalid rate limit unit 'fortnight'"),
+        "{err}"
+    );
+    let (status, err) = run(&[
+        "--config-dir",
+        "/nonexistent-dir",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(status, Some(2), "{err}");
+    assert!(err.contains("/nonexistent-dir"), "{err}");
+    let (status, err) = run(&["--config-dir", bad.path().to_str().unwrap(), "--leases"]);
+    assert_eq!(status, Some(2), "{err}");
+    assert!(
+        err.contains("--leases") && err.contains("--redis-url"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn in_process_decisions_and_health_over_tcp() {
+    let dir = ConfigDir::new(&[("edge.yaml", PER_HOUR_3)]);
+    let rls = Rls::start(dir.path(), &[]);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", rls.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            status.status(),
+            tonic_health::pb::health_check_response::ServingStatus::Serving
+        );
+    }
+    let mut client = rls.client().await;
+    let ann = request("edge", &[("user", "ann")]);
+    assert_eq!(codes(&mut client, &ann, 4).await, [OK, OK, OK, OVER]);
+    assert_eq!(
+        code(&mut client, &request("edge", &[("user", "bob")])).await,
+        OK
+    );
+    assert_eq!(
+        code(&mut client, &request("other", &[("user", "ann")])).await,
+        OK,
+        "unknown domain"
+    );
+    let empty = client
+        .should_rate_limit(RateLimitRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(empty.code(), tonic::Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn two_replicas_on_one_redis_share_the_limit() {
+    let namespace = unique_prefix("rls-shared");
+    let dir = ConfigDir::new(&[("edge.yaml", PER_HOUR_3)]);
+    let url = redis_url();
+    let args = [
+        "--redis-url",
+        url.as_str(),
+        "--redis-namespace",
+        namespace.as_str(),
+    ];
+    let (a, b) = (Rls::start(dir.path(), &args), Rls::start(dir.path(), &args));
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    let ann = request("edge", &[("user", "ann")]);
+    let mut admitted = 0;
+    for i in 0..8 {
+        let client = if i % 2 == 0 { &mut ca } else { &mut cb };
+        admitted += usize::from(code(client, &ann).await == OK);
+    }
+    assert_eq!(admitted, 3, "3 per hour for the fleet, not per replica");
+    // The fixed window on Redis too, and its keys under the namespace.
+    let fixed = "domain: fw\nalgorithm: fixed_window\ndescriptors:\n  - key: k\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n";
+    let dir = ConfigDir::new(&[("fw.yaml", fixed)]);
+    let c = Rls::start(dir.path(), &args);
+    let mut cc = c.client().await;
+    assert_eq!(
+        codes(&mut cc, &request("fw", &[("k", "v")]), 3).await,
+        [OK, OK, OVER]
+    );
+    let keys =
+        tollgate_testkit::redis::cli_url(&url, &["--scan", "--pattern", &format!("{namespace}:*")]);
+    assert!(keys.lines().any(|k| k.ends_with(":fw")), "{keys}");
+    assert!(keys.lines().any(|k| k.ends_with(":sw")), "{keys}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_directory_is_applied_without_a_restart_and_a_bad_change_keeps_the_loaded_set() {
+    let dir = ConfigDir::new(&[("edge.yaml", PER_HOUR_3)]);
+    let rls = Rls::start(
+        dir.path(),
+        &["--reload-interval", "50ms", "--metrics-addr", "127.0.0.1:0"],
+    );
+    let mut client = rls.client().await;
+    assert_eq!(
+        codes(&mut client, &request("edge", &[("user", "ann")]), 4).await,
+        [OK, OK, OK, OVER]
+    );
+    assert_eq!(
+        code(&mut client, &request("api", &[("route", "r")])).await,
+        OK,
+        "no such domain yet"
+    );
+    dir.write("api.yaml", "domain: api\ndescriptors:\n  - key: route\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let route = request("api", &[("route", "r2")]);
+    // The new domain applies once the change is read (each probe spends a request of its own value).
+    let mut probe = 0;
+    loop {
+        probe += 1;
+        let r = request("api", &[("route", &format!("probe{probe}"))]);
+        let first = code(&mut client, &r).await;
+        if first == OK && code(&mut client, &r).await == OVER {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new file was never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(codes(&mut client, &route, 2).await, [OK, OVER]);
+    assert_eq!(
+        rls.metric("tollgate_rls_config_loads_total{result=\"ok\"}"),
+        2.0
+    );
+    // A bad change: said why, and the loaded set stays.
+    dir.write("api.yaml", "domain: api\ndescriptors:\n  - key: route\n    rate_limit: { unit: lightyear, requests_per_unit: 1 }\n");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !rls.stderr_has("invalid rate limit unit 'lightyear'") {
+        assert!(Instant::now() < deadline, "the bad change was not reported");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(rls.stderr_has("api.yaml:4:25"), "the place is named");
+    assert_eq!(
+        rls.metric("tollgate_rls_config_loads_total{result=\"error\"}"),
+        1.0
+    );
+    assert_eq!(
+        code(&mut client, &request("api", &[("route", "r3")])).await,
+        OK
+    );
+    assert_eq!(
+        code(&mut client, &request("api", &[("route", "r3")])).await,
+        OVER,
+        "the old set still decides"
+    );
+    assert_eq!(
+        code(&mut client, &request("edge", &[("user", "ann")])).await,
+        OVER,
+        "and its counts stay"
+    );
+    // SIGHUP reads the directory at once (here: the fixed file again).
+    dir.write("api.yaml", "domain: api\n");
+    rls.signal("-HUP");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while code(&mut client, &request("api", &[("route", "r3")])).await == OVER {
+        assert!(Instant::now() < deadline, "the fix was never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_the_requests_in_flight_then_exits() {
+    let redis = RedisServer::start();
+    let dir = ConfigDir::new(&[("edge.yaml", PER_HOUR_3)]);
+    let url = redis.url();
+    let mut rls = Rls::start(
+        dir.path(),
+        &[
+            "--redis-url",
+            &url,
+            "--redis-timeout",
+            "30s",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ],
+    );
+    let client = rls.client().await;
+    // Redis paused: the requests wait in the server for their answers.
+    redis.pause();
+    let mut pending = Vec::new();
+    for i in 0..6 {
+        let mut client = client.clone();
+        let r = request("edge", &[("user", &format!("u{i}"))]);
+        pending.push(tokio::spawn(
+            async move { client.should_rate_limit(r).await },
+        ));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while rls.metric("tollgate_rls_requests_in_flight") < 6.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the requests never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    rls.signal("-TERM");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !rls.stderr_has("shutting down") {
+        assert!(Instant::now() < deadline, "SIGTERM was not taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        rls.child.try_wait().unwrap().is_none(),
+        "it waits for the requests in flight"
+    );
+    redis.resume();
+    for answer in pending {
+        let reply = answer
+            .await
+            .unwrap()
+            .expect("every request in flight is answered");
+        assert_eq!(reply.into_inner().overall_code(), OK);
+    }
+    let status = rls.wait();
+    assert!(status.success(), "{status:?}");
+}
