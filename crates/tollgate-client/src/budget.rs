@@ -10,8 +10,8 @@
 //!   was sent (over several connections the server may decide them after it). A request counted twice only ever
 //!   under-spends, and the next answer counts afresh. When `t` runs out the statement is over and **one** request probes: its answer is the next
 //!   statement. A statement's `r` is cut to the policy's `q`, and its `t` to the longest delay;
-//!   A policy's `q` per `w` is also a ceiling the client keeps itself: a token bucket of `q` refilled over `w`
-//!   (kept as its theoretical arrival time, GCRA-style), so that a server whose `r` says more than its own policy —
+//!   A policy's `q` per `w` is also a ceiling the client keeps itself: no more than `q` sent within any `w` (what
+//!   a window limiter allows, and a token bucket too), so that a server whose `r` says more than its own policy —
 //!   once, or on every answer — is held to the policy it announced;
 //! - a `concurrent-requests` partition allows `q` requests of the scope open at once (a request is open until its
 //!   response body is done or dropped).
@@ -70,36 +70,88 @@ struct Statement {
     probe: bool,
 }
 
-/// The announced policy as a ceiling: `q` per `w` as a token bucket, kept as the instant it is full again.
+/// The announced policy as a ceiling: no more than `q` requests sent within any `w`, whatever the algorithm behind
+/// it (a token bucket would take a burst of `q` then `q` per `w`; a window takes no more than `q` in any `w`, so
+/// the window's rule is the one that never gets a client refused). The sends of the last `w` are kept in at most
+/// [`Ceiling::STEPS`] + 1 steps: the sends within `w / STEPS` of a step's first share it, and it leaves the window
+/// with the latest of them, so a send is only ever forgotten late (by at most `w / STEPS`), never early.
 #[derive(Debug)]
 struct Ceiling {
-    /// `w / q`: the time one unit takes to come back.
-    interval: Duration,
-    /// `w − interval`: how far ahead of now the full instant may be while a unit is left.
-    slack: Duration,
-    /// When the bucket is full again (a past instant: full).
-    full_at: Instant,
+    quota: u64,
+    window: Duration,
+    /// `window / STEPS`: the closest two steps may be.
+    step: Duration,
+    /// The steps, oldest first.
+    steps: VecDeque<Step>,
+    /// The sends in `steps`.
+    sent: u64,
 }
 
 impl Ceiling {
-    fn new(quota: u64, window: Duration, now: Instant) -> Option<Self> {
-        let interval = window.checked_div(u32::try_from(quota).ok().filter(|&q| q > 0)?)?;
-        (!interval.is_zero()).then(|| Self {
-            interval,
-            slack: window.saturating_sub(interval),
-            full_at: now,
+    /// The steps a window is kept in.
+    const STEPS: u32 = 64;
+
+    fn new(quota: u64, window: Duration) -> Option<Self> {
+        (quota > 0 && !window.is_zero()).then(|| Self {
+            quota,
+            window,
+            step: window / Self::STEPS,
+            steps: VecDeque::new(),
+            sent: 0,
         })
     }
 
-    /// When a unit is left, if not now.
-    fn blocked(&self, now: Instant) -> Option<Instant> {
-        let earliest = self.full_at.checked_sub(self.slack)?;
-        (earliest > now).then_some(earliest)
+    /// Forgets the steps that left the window.
+    fn expire(&mut self, now: Instant) {
+        while let Some(step) = self.steps.front() {
+            if step.latest + self.window > now {
+                break;
+            }
+            self.sent -= step.sends;
+            self.steps.pop_front();
+        }
+    }
+
+    /// When a send is allowed again, if not now.
+    fn blocked(&mut self, now: Instant) -> Option<Instant> {
+        self.expire(now);
+        let mut left = self.sent;
+        for step in &self.steps {
+            if left < self.quota {
+                break;
+            }
+            left -= step.sends;
+            // Below the quota once this step has left the window.
+            if left < self.quota {
+                return Some(step.latest + self.window);
+            }
+        }
+        None
     }
 
     fn spend(&mut self, now: Instant) {
-        self.full_at = self.full_at.max(now) + self.interval;
+        self.expire(now);
+        self.sent += 1;
+        match self.steps.back_mut() {
+            Some(step) if now.saturating_duration_since(step.first) < self.step => {
+                step.latest = step.latest.max(now);
+                step.sends += 1;
+            }
+            _ => self.steps.push_back(Step {
+                first: now,
+                latest: now,
+                sends: 1,
+            }),
+        }
     }
+}
+
+/// Sends of a [`Ceiling`] close together.
+#[derive(Debug)]
+struct Step {
+    first: Instant,
+    latest: Instant,
+    sends: u64,
 }
 
 #[derive(Debug)]
@@ -267,7 +319,7 @@ impl Scope {
                     state.open -= 1;
                     state.unanswered.remove(&ticket.seq);
                 }
-                state.pump(now, &self.settings, &mut woken);
+                state.pump_news(now, &self.settings, &mut woken);
             }
         }
         woken.into_iter().for_each(Waker::wake);
@@ -280,7 +332,7 @@ impl Scope {
             let mut state = self.lock();
             state.open = state.open.saturating_sub(1);
             state.unanswered.remove(&ticket.seq);
-            state.pump(now, &self.settings, &mut woken);
+            state.pump_news(now, &self.settings, &mut woken);
         }
         woken.into_iter().for_each(Waker::wake);
     }
@@ -291,7 +343,7 @@ impl Scope {
         {
             let mut state = self.lock();
             state.observe(ticket, observation, now, &self.settings);
-            state.pump(now, &self.settings, &mut woken);
+            state.pump_news(now, &self.settings, &mut woken);
         }
         woken.into_iter().for_each(Waker::wake);
     }
@@ -349,7 +401,7 @@ impl State {
         for p in &mut self.partitions {
             let this = match p.unit {
                 Unit::Requests => {
-                    let ceiling = p.ceiling.as_ref().and_then(|c| c.blocked(now));
+                    let ceiling = p.ceiling.as_mut().and_then(|c| c.blocked(now));
                     match (requests_blocked(p, sent, now, settings), ceiling) {
                         (Some(Blocked::Until(a)), Some(b)) => Some(Blocked::Until(a.max(b))),
                         (_, Some(b)) => Some(Blocked::Until(b)),
@@ -398,6 +450,16 @@ impl State {
         }
     }
 
+    /// [`pump`](Self::pump) after news (an answer, a close, a waiter leaving), and the head woken even when nothing
+    /// was granted: it may have been waiting for an answer, and must now wait for the instant the answer names
+    /// (its own wake-up is only its longest wait).
+    fn pump_news(&mut self, now: Instant, settings: &Settings, woken: &mut Woken) {
+        self.pump(now, settings, woken);
+        if let Some(head) = self.queue.iter().find(|w| w.granted.is_none()) {
+            woken.extend(head.waker.clone());
+        }
+    }
+
     fn observe(
         &mut self,
         ticket: Ticket,
@@ -415,7 +477,7 @@ impl State {
             }
         } else {
             for policy in &observation.policies {
-                self.learn_policy(policy, now);
+                self.learn_policy(policy);
             }
             for limit in &observation.limits {
                 self.learn_limit(limit, ticket, now, horizon);
@@ -459,7 +521,7 @@ impl State {
         &mut self.partitions[i]
     }
 
-    fn learn_policy(&mut self, policy: &PolicyItem, now: Instant) {
+    fn learn_policy(&mut self, policy: &PolicyItem) {
         let p = self.partition(&policy.name, policy.pk.as_deref());
         let same = p.quota == Some(policy.quota) && p.unit == policy.unit;
         p.unit = policy.unit;
@@ -467,7 +529,7 @@ impl State {
         if !same || p.ceiling.is_none() {
             // A new policy starts full; the sends so far are the server's `r` to account for.
             p.ceiling = match (policy.unit, policy.window) {
-                (Unit::Requests, Some(w)) => Ceiling::new(policy.quota, w, now),
+                (Unit::Requests, Some(w)) => Ceiling::new(policy.quota, w),
                 _ => None,
             };
         }
@@ -660,6 +722,77 @@ mod tests {
         assert_eq!(scope.poll_waiter(ids[2], now, waker), Err(Some(until)));
         assert!(scope.try_send(now).is_none(), "nobody jumps the queue");
         assert!(scope.poll_waiter(ids[2], until, waker).is_ok(), "the probe");
+    }
+
+    /// Sends as fast as the ceiling allows, for three windows: never more than `q` within any `w`, and `q` per `w`
+    /// over the run, less at most a step per window.
+    #[test]
+    fn the_ceiling_holds_any_window_to_the_quota() {
+        for (quota, window_ms) in [(2, 1_000), (5, 1_000), (100, 1_000), (1_000, 60_000)] {
+            let window = Duration::from_millis(window_ms);
+            let mut ceiling = Ceiling::new(quota, window).unwrap();
+            let start = Instant::now();
+            let mut now = start;
+            let mut sends = Vec::new();
+            while now < start + window * 3 {
+                match ceiling.blocked(now) {
+                    None => {
+                        ceiling.spend(now);
+                        sends.push(now);
+                    }
+                    Some(at) => {
+                        assert!(at > now, "a wait is in the future");
+                        now = at;
+                    }
+                }
+                // Each send a microsecond apart, as a client's would be.
+                now += Duration::from_micros(1);
+            }
+            for (i, &at) in sends.iter().enumerate() {
+                let within = sends[i..].iter().take_while(|&&s| s < at + window).count();
+                assert!(
+                    within as u64 <= quota,
+                    "{within} within {window:?} of a send, q={quota}"
+                );
+            }
+            let least = quota * 3 - 3 * (quota / u64::from(Ceiling::STEPS) + 1);
+            assert!(
+                sends.len() as u64 >= least,
+                "{} sends, q={quota}",
+                sends.len()
+            );
+        }
+    }
+
+    /// Wakes counted: a waker that only counts.
+    struct Count(AtomicU64);
+
+    impl std::task::Wake for Count {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The head waits for the probe's answer; an answer that says "nothing left until t" grants nothing, and the
+    /// head is woken all the same, to wait for `t` instead of its longest wait.
+    #[test]
+    fn an_answer_that_grants_nothing_wakes_the_head() {
+        let scope = Scope::new(SETTINGS);
+        let now = Instant::now();
+        let first = scope.try_send(now).unwrap();
+        let count = std::sync::Arc::new(Count(AtomicU64::new(0)));
+        let waker = Waker::from(count.clone());
+        let id = scope.enqueue();
+        assert_eq!(
+            scope.poll_waiter(id, now, &waker),
+            Err(None),
+            "waits for the answer"
+        );
+        scope.observe(first, &said(&[("api", 0, 1)]), now);
+        assert_eq!(count.0.load(Ordering::Relaxed), 1, "woken by the answer");
+        let until = now + Duration::from_secs(1);
+        assert_eq!(scope.poll_waiter(id, now, &waker), Err(Some(until)));
+        assert_eq!(count.0.load(Ordering::Relaxed), 1, "a poll wakes nobody");
     }
 
     #[test]
