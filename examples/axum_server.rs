@@ -34,11 +34,11 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
-use tollgate_core::slot::{MemorySlotStore, SlotStore};
-use tollgate_core::{Policy, Store};
-use tollgate_http::HttpLimitLayer;
-use tollgate_http::key::{Cidr, ClientIp};
-use tollgate_tower::RateLimitLayer;
+use tollgate::http::HttpLimitLayer;
+use tollgate::http::key::{Cidr, ClientIp};
+use tollgate::slot::{MemorySlotStore, SlotStore};
+use tollgate::tower::RateLimitLayer;
+use tollgate::{Policy, Store};
 
 #[path = "common/cli.rs"]
 mod cli;
@@ -123,9 +123,9 @@ fn app_from_file<St: Store>(
     path: &std::path::Path,
     store: Arc<St>,
 ) -> Result<(Router, String), String> {
-    let (limits, reloader) = tollgate_config::axum(tollgate_config::Source::file(path), store)
+    let (limits, reloader) = tollgate::config::axum(tollgate::config::Source::file(path), store)
         .map_err(|e| e.to_string())?;
-    let names = tollgate_config::PolicyFile::load(path)
+    let names = tollgate::config::PolicyFile::load(path)
         .map(|file| file.limiters().collect::<Vec<_>>().join(", "))
         .map_err(|e| e.to_string())?;
     policy_file::reload_on_sighup(reloader)?;

@@ -22,10 +22,10 @@ mod server;
 
 use std::sync::Arc;
 
-use tollgate_core::{Policy, Store};
-use tollgate_grpc::key::{MetadataKey, PeerIp};
-use tollgate_grpc::{GrpcLimitLayer, MethodLimitLayer};
-use tollgate_tower::{KeyError, KeyExtractor, RateLimitLayer};
+use tollgate::grpc::key::{MetadataKey, PeerIp};
+use tollgate::grpc::{GrpcLimitLayer, MethodLimitLayer};
+use tollgate::tower::{KeyError, KeyExtractor, RateLimitLayer};
+use tollgate::{Policy, Store};
 use tonic::{Request, Response, Status};
 
 /// The code generated from `crates/tollgate-grpc/proto/helloworld.proto` (see `proto/check.sh` there).
@@ -159,9 +159,9 @@ async fn serve_from_file<St: Store>(
         metrics_exporter_prometheus::PrometheusHandle,
     )>,
 ) -> Result<(), String> {
-    let (layer, reloader) = tollgate_config::tonic(tollgate_config::Source::file(path), store)
+    let (layer, reloader) = tollgate::config::tonic(tollgate::config::Source::file(path), store)
         .map_err(|e| e.to_string())?;
-    let names = tollgate_config::PolicyFile::load(path)
+    let names = tollgate::config::PolicyFile::load(path)
         .map(|file| file.limiters().collect::<Vec<_>>().join(", "))
         .map_err(|e| e.to_string())?;
     policy_file::reload_on_sighup(reloader)?;

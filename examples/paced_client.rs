@@ -28,8 +28,8 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::Mutex;
-use tollgate_client::fields::Observation;
-use tollgate_client::{PaceLayer, Waited};
+use tollgate::client::fields::Observation;
+use tollgate::client::{PaceLayer, Waited};
 use tower::{Service, ServiceExt as _};
 
 #[path = "common/cli.rs"]

@@ -22,7 +22,7 @@ use http_body_util::{BodyExt as _, Empty};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate_client::{BoxError, PaceLayer};
+use tollgate::client::{BoxError, PaceLayer};
 use tower::retry::{Policy, RetryLayer};
 use tower::{Service, ServiceBuilder, ServiceExt as _};
 

@@ -394,7 +394,7 @@ mod tests {
 
     impl Figures {
         fn recompute(args: &Args) -> Self {
-            use tollgate_core::{MemoryStore, Policy, Quota, Timestamp};
+            use tollgate::{MemoryStore, Policy, Quota, Timestamp};
 
             let t = &args.trace;
             let trace = trace::generate(t);

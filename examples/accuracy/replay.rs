@@ -12,10 +12,10 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use tollgate_core::algorithm::sliding_log::SlidingLog;
-use tollgate_core::algorithm::sliding_window::{self, SlidingWindowState};
-use tollgate_core::algorithm::token_bucket::{self, TokenBucketState};
-use tollgate_core::{Policy, PolicyError, Quota, Timestamp};
+use tollgate::algorithm::sliding_log::SlidingLog;
+use tollgate::algorithm::sliding_window::{self, SlidingWindowState};
+use tollgate::algorithm::token_bucket::{self, TokenBucketState};
+use tollgate::{Policy, PolicyError, Quota, Timestamp};
 
 use crate::tally::{Estimate, Tally};
 use crate::trace::{Class, Trace};

@@ -4,8 +4,8 @@
 
 use std::io::Write as _;
 
-use tollgate_config::Reloader;
-use tollgate_core::Store;
+use tollgate::Store;
+use tollgate::config::Reloader;
 
 /// Reads the policy file again whenever the process gets `SIGHUP`, saying on stdout what changed (`reloaded …`)
 /// or on stderr why the file was refused (`file:line:column: …`, the old limits staying in force).

@@ -8,12 +8,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser as _};
-use tollgate_core::{
-    Algorithm, DEFAULT_MAX_KEYS, FailurePolicy, MemoryStore, Policy, Quota, Store,
-};
-use tollgate_redis::RedisStore;
-use tollgate_redis::cli::RedisArgs;
-use tollgate_tower::{LeaseConfig, LeaseHandle, RateLimitLayer};
+use tollgate::redis::RedisStore;
+use tollgate::redis::cli::RedisArgs;
+use tollgate::tower::{LeaseConfig, LeaseHandle, RateLimitLayer};
+use tollgate::{Algorithm, DEFAULT_MAX_KEYS, FailurePolicy, MemoryStore, Policy, Quota, Store};
 
 use crate::cli;
 
@@ -112,8 +110,8 @@ fn log_level() -> impl clap::builder::TypedValueParser<Value = tracing::Level> {
 
 /// `gradient2` or `aimd`: the adaptive limiter's algorithm, with its default settings (limit 20 to 200).
 pub(crate) fn adaptive()
--> impl clap::builder::TypedValueParser<Value = tollgate_tower::limit::adaptive::Algorithm> {
-    use tollgate_tower::limit::adaptive::{Aimd, Gradient2};
+-> impl clap::builder::TypedValueParser<Value = tollgate::tower::limit::adaptive::Algorithm> {
+    use tollgate::tower::limit::adaptive::{Aimd, Gradient2};
     PossibleValuesParser::new(["gradient2", "aimd"]).map(|v| match v.as_str() {
         "gradient2" => Gradient2::default().into(),
         _ => Aimd::default().into(),

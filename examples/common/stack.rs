@@ -9,12 +9,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::FailurePolicy;
-use tollgate_core::slot::SlotStore;
-use tollgate_http::priority::HeaderPriority;
-use tollgate_tower::Mode;
-use tollgate_tower::limit::adaptive::Algorithm;
-use tollgate_tower::{
+use tollgate::FailurePolicy;
+use tollgate::http::priority::HeaderPriority;
+use tollgate::slot::SlotStore;
+use tollgate::tower::Mode;
+use tollgate::tower::limit::adaptive::Algorithm;
+use tollgate::tower::{
     AdaptiveLimitLayer, ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer,
 };
 
@@ -140,7 +140,7 @@ pub(crate) fn layer<R, K: Clone, L: SlotStore>(
     let adaptive = AdaptiveLimitLayer::new(
         flags
             .adaptive
-            .unwrap_or_else(|| tollgate_tower::limit::adaptive::Gradient2::default().into()),
+            .unwrap_or_else(|| tollgate::tower::limit::adaptive::Gradient2::default().into()),
         HeaderPriority::new(),
     )
     .map_err(|e| e.to_string())?

@@ -16,9 +16,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tollgate_core::{Policy, Store};
-use tollgate_http::HttpRateLimitLayer;
-use tollgate_tower::{ConstKey, LeaseConfig, RateLimitLayer};
+use tollgate::http::HttpRateLimitLayer;
+use tollgate::tower::{ConstKey, LeaseConfig, RateLimitLayer};
+use tollgate::{Policy, Store};
 
 /// One instance: `GET /` answers "ok" behind the instance's own limiter, like every instance of a real service;
 /// a shared store's denials are cached if `deny_cache` (the default a layer has on Redis).

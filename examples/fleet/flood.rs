@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_redis::RedisStore;
+use tollgate::redis::RedisStore;
 
 use crate::args::Args;
 use crate::load::{self, Flooded};

@@ -9,7 +9,7 @@ use axum::body::Body;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate_tower::Priority;
+use tollgate::tower::Priority;
 
 /// How one request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,12 +10,12 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::get;
 use tokio::sync::Semaphore;
-use tollgate_core::slot::MemorySlotStore;
-use tollgate_http::HttpLimitLayer;
-use tollgate_http::priority::HeaderPriority;
-use tollgate_tower::KeyFn;
-use tollgate_tower::limit::adaptive::{AdaptiveLimitLayer, Aimd, Gradient2};
-use tollgate_tower::{ConcurrencyLimitLayer, WorkerShedLayer};
+use tollgate::http::HttpLimitLayer;
+use tollgate::http::priority::HeaderPriority;
+use tollgate::slot::MemorySlotStore;
+use tollgate::tower::KeyFn;
+use tollgate::tower::limit::adaptive::{AdaptiveLimitLayer, Aimd, Gradient2};
+use tollgate::tower::{ConcurrencyLimitLayer, WorkerShedLayer};
 
 /// One way of protecting the service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
