@@ -55,9 +55,15 @@ fn fast_mode_reports_every_design_and_load_and_half_load_admits_everything() {
                     .unwrap_or_else(|| panic!("{field} in {row}"));
                 assert!(v.is_finite() && v >= 0.0, "{field} in {row}");
             }
-            for share in ["goodput", "critical_success", "admitted"] {
-                assert!(row[share].as_f64().unwrap() <= 1.5, "{share} in {row}");
+            // Shares of the step's requests: at most all of them.
+            for share in ["critical_success", "admitted"] {
+                assert!(row[share].as_f64().unwrap() <= 1.0, "{share} in {row}");
             }
+            // Goodput counts the answers that came within the step: each of the 64 workers gives at most
+            // ⌊1 s ÷ 320 ms⌋ + 1 = 4 answers in one second (one begun in the step before), against a capacity of
+            // 200 per second.
+            let most = 64.0 * 4.0 / 200.0;
+            assert!(row["goodput"].as_f64().unwrap() <= most, "goodput in {row}");
             let sent = row["sent"].as_u64().unwrap();
             assert!(sent > 50, "{row}");
             let admitted = row["admitted"].as_f64().unwrap();

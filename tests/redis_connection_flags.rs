@@ -78,7 +78,7 @@ fn tls_with_an_acl_user_and_a_password_file_starts_both_servers() {
         let namespace = format!("tollgate-{}-server", if i == 0 { "axum" } else { "grpc" });
         redis.acl_setuser(&format!(
             "app{i} on >pw{i} resetkeys ~{namespace}:* resetchannels -@all +evalsha +eval +script|load +time \
-             +hmget +hset +pexpire +pexpireat +pttl +zadd +zcount +zrange +zrem +zremrangebyscore +zscore"
+             +hmget +hset +hgetall +hdel +pexpire +pexpireat +pttl +zadd +zcount +zrange +zrem +zremrangebyscore +zscore"
         ));
         let password = temp_file("password", &format!("pw{i}\n"));
         let url = format!("rediss://app{i}@127.0.0.1:{}", redis.port());

@@ -180,8 +180,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Builds the store, connects, loads the scripts, runs one probe decision (on a key of its own) and checks `maxmemory-policy`
-    /// (see [`RedisStore::eviction_check`]).
+    /// Builds the store, connects, loads the scripts, runs one probe decision and a probe of every command the
+    /// scripts run (each on a key of its own) and checks `maxmemory-policy` (see [`RedisStore::eviction_check`]).
     ///
     /// Configuration errors are returned, each typed: an unparsable URL, an unreadable file, a wrong password or
     /// unknown user, an untrusted, expired or wrong-host certificate, a plaintext URL against a TLS port, a

@@ -33,6 +33,11 @@ pub(crate) fn slot_key(namespace: &str, key: &str) -> String {
     tagged(namespace, key, "inflight")
 }
 
+/// `<namespace>:{tollgate-startup-probe}:commands`: the start-up permission check's own key.
+pub(crate) fn startup_probe_key(namespace: &str) -> String {
+    tagged(namespace, "tollgate-startup-probe", "commands")
+}
+
 fn tagged(namespace: &str, key: &str, suffix: &str) -> String {
     let bytes = key.as_bytes();
     if !bytes.is_empty() && bytes.len() <= MAX_RAW_KEY && bytes.iter().all(|&b| is_safe(b)) {

@@ -52,6 +52,8 @@ pub const FIXED_WINDOW_OPS_LUA: &str = concat!(
     include_str!("../lua/fixed_window.lua"),
     include_str!("../lua/ops_close.lua")
 );
+/// `lua/startup_probe.lua`: every command the scripts run, once, on a key of its own, at start-up.
+pub(crate) const STARTUP_PROBE_LUA: &str = include_str!("../lua/startup_probe.lua");
 /// `lua/sliding_window.lua` wrapped in the store operations, after `lua/prelude.lua`.
 pub const SLIDING_WINDOW_OPS_LUA: &str = concat!(
     include_str!("../lua/prelude.lua"),
@@ -106,6 +108,7 @@ pub(crate) struct Scripts {
     sliding_window_charge: Script,
     fixed_window: Script,
     fixed_window_ops: Script,
+    startup_probe: Script,
 }
 
 impl Scripts {
@@ -121,6 +124,7 @@ impl Scripts {
             sliding_window_charge: Script::new(SLIDING_WINDOW_CHARGE_LUA),
             fixed_window: Script::new(FIXED_WINDOW_LUA),
             fixed_window_ops: Script::new(FIXED_WINDOW_OPS_LUA),
+            startup_probe: Script::new(STARTUP_PROBE_LUA),
         }
     }
 
@@ -151,6 +155,11 @@ impl Scripts {
         }
     }
 
+    /// The start-up check of the store's permissions (`lua/startup_probe.lua`).
+    pub(crate) fn startup_probe(&self) -> &Script {
+        &self.startup_probe
+    }
+
     /// The scripts of every store, hashed once per process.
     pub(crate) fn shared() -> &'static Self {
         static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
@@ -168,7 +177,7 @@ impl Scripts {
 
 /// Every script a store runs: loaded with `SCRIPT LOAD` on each new connection (and at start-up), so that a
 /// decision is one `EVALSHA` even where the server evicts scripts that `EVAL` loaded (Redis 7.4 and later).
-pub(crate) fn pinned() -> [&'static Script; 13] {
+pub(crate) fn pinned() -> [&'static Script; 14] {
     let s = Scripts::shared();
     let [acquire, renew, release] = crate::slot::scripts_list();
     [
@@ -182,6 +191,7 @@ pub(crate) fn pinned() -> [&'static Script; 13] {
         &s.sliding_window_charge,
         &s.fixed_window,
         &s.fixed_window_ops,
+        &s.startup_probe,
         acquire,
         renew,
         release,
@@ -364,6 +374,32 @@ pub(crate) fn parse_reply(policy: &Policy, reply: &redis::Value) -> Result<Decis
 mod tests {
     use super::*;
     use tollgate_core::Quota;
+
+    /// The commands `source` runs with `redis.call`, in upper case.
+    fn commands(source: &str) -> std::collections::BTreeSet<&str> {
+        source
+            .split("redis.call('")
+            .skip(1)
+            .filter_map(|rest| rest.split('\'').next())
+            .collect()
+    }
+
+    /// The start-up probe runs every command any pinned script runs (a new command in a script, missing from
+    /// the probe, would pass start-up and fail on first use under an ACL user that lacks it).
+    #[test]
+    fn the_startup_probe_runs_every_command_of_the_scripts() {
+        let probe = commands(STARTUP_PROBE_LUA);
+        let mut all = std::collections::BTreeSet::new();
+        for script in pinned() {
+            all.extend(commands(script.source));
+        }
+        assert!(all.len() >= 14, "{all:?}");
+        let missing: Vec<_> = all.difference(&probe).collect();
+        assert!(
+            missing.is_empty(),
+            "the start-up probe does not run {missing:?}"
+        );
+    }
 
     #[test]
     fn scripts_are_embedded_and_hashed() {

@@ -114,10 +114,11 @@ impl RedisStore {
         }
     }
 
-    /// The start-up check: connect (loading the scripts) and run one decision on a probe key of its own (one token
-    /// of a million-per-second bucket: the script writes, and the key expires after 1 ms), so that a
-    /// configuration error (credentials, certificates, permissions) stops start-up instead of failing every
-    /// request. An outage is logged, and the store is built.
+    /// The start-up check: connect (loading the scripts), run one decision on a probe key of its own (one token
+    /// of a million-per-second bucket: the script writes, and the key expires after 1 ms), then every other
+    /// command the scripts run on another key of its own (`lua/startup_probe.lua`, which leaves it absent), so
+    /// that a configuration error (credentials, certificates, permissions) stops start-up instead of failing
+    /// requests later. An outage is logged, and the store is built.
     pub(crate) async fn verify(
         &self,
         limit: Duration,
@@ -131,10 +132,16 @@ impl RedisStore {
             policy.algorithm(),
         );
         let args = script::args(&policy, 1, None);
+        let probe_key = keys::startup_probe_key(&self.inner.namespace);
         let backend = &self.inner.backend;
         let attempt = async {
             backend.pin_scripts().await?;
-            backend.run(script, &key, &args).await
+            let reply = backend.run(script, &key, &args).await?;
+            // Every other command the scripts run (leases, slots), so that a permission only they need is
+            // missed at start-up, not on the first lease.
+            let commands = self.inner.scripts.startup_probe();
+            backend.run(commands, &probe_key, &[]).await?;
+            Ok(reply)
         };
         match tokio::time::timeout(limit, attempt).await {
             Ok(Ok(reply)) => match script::parse_reply(&policy, &reply) {

@@ -184,16 +184,38 @@ async fn a_user_lacking_one_needed_permission_gets_noperm_at_start_up() {
     let full = common::least_privilege_rule("full", "pw", &namespace);
     // Each user lacks one thing the store needs: the call it sends, one its script makes, the scripts' loading,
     // or its keys.
-    let cases = [
-        ("no-evalsha", full.replacen(" +evalsha", "", 1)),
-        ("no-hset", full.replacen(" +hset", "", 1)),
-        ("no-load", full.replacen(" +script|load", "", 1)),
+    let mut cases = vec![
+        ("no-evalsha".to_owned(), full.replacen(" +evalsha", "", 1)),
+        ("no-load".to_owned(), full.replacen(" +script|load", "", 1)),
         (
-            "no-keys",
+            "no-keys".to_owned(),
             full.replacen(&format!("~{namespace}:*"), "~elsewhere:*", 1),
         ),
     ];
+    // Every command a script runs, the ones only token leases and concurrency slots run included: each one
+    // missing stops start-up.
+    for command in [
+        "time",
+        "hmget",
+        "hset",
+        "hgetall",
+        "hdel",
+        "pexpire",
+        "pexpireat",
+        "pttl",
+        "zadd",
+        "zcount",
+        "zrange",
+        "zrem",
+        "zremrangebyscore",
+        "zscore",
+    ] {
+        let granted = format!(" +{command} ");
+        assert!(full.contains(&granted), "{full} grants {command}");
+        cases.push((format!("no-{command}"), full.replacen(&granted, " ", 1)));
+    }
     for (user, rule) in cases {
+        let user = user.as_str();
         let rule = rule.replacen("full on", &format!("{user} on"), 1);
         assert_ne!(rule, full);
         server.acl_setuser(&rule);

@@ -201,12 +201,13 @@ async fn script_flush_is_survived_transparently_and_state_is_kept() {
     let info = server.cli(&["INFO", "commandstats"]);
     let calls = common::command_calls(&info, &["info", "config", "script", "client", "hello"]);
     let get = |name: &str| calls.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
-    // The connection loaded every script when it was made, and the start-up probe ran one EVALSHA. Then: the
+    // The connection loaded every script when it was made, and the start-up probe decision and permission probe
+    // ran one EVALSHA each. Then: the
     // bucket's first call is one EVALSHA; after the flush, NOSCRIPT (a failed call, counted in `calls` and
     // `failed_calls`) and one EVAL that runs and reloads the script; then EVALSHA. The flush removed the window's
     // script too, so its first call is NOSCRIPT + EVAL, as is its call after its own flush; then EVALSHA.
     assert_eq!(get("eval"), 3, "{calls:?}");
-    assert_eq!(get("evalsha"), 7, "{calls:?}");
+    assert_eq!(get("evalsha"), 8, "{calls:?}");
     let evalsha = info
         .lines()
         .find(|l| l.starts_with("cmdstat_evalsha:"))
@@ -265,16 +266,16 @@ fn calls_of(server: &RedisServer, command: &str) -> (u64, u64) {
 
 /// The scripts a connection loads: the token bucket and the sliding window, each also wrapped in the store
 /// operations (peek, lockouts), as its charge after the response and as its token lease; the fixed window and its
-/// store operations; and the three concurrency-lease scripts.
-const PINNED: u64 = 13;
+/// store operations; the start-up permission probe; and the three concurrency-lease scripts.
+const PINNED: u64 = 14;
 
 #[tokio::test]
 async fn scripts_are_loaded_at_start_and_after_a_reconnect_so_a_decision_is_one_evalsha() {
     let mut server = RedisServer::start();
     let store = healthy_store(&server).await;
-    // Start-up: one connection, which loaded every script, then the probe decision.
+    // Start-up: one connection, which loaded every script, then the probe decision and the permission probe.
     assert_eq!(calls_of(&server, "script|load"), (PINNED, 0));
-    assert_eq!(calls_of(&server, "evalsha"), (1, 0));
+    assert_eq!(calls_of(&server, "evalsha"), (2, 0));
     let bucket = common::hourly_bucket(5);
     let window = common::hourly_window(5);
     let four_decisions = |prefix: &'static str| {
@@ -366,13 +367,21 @@ async fn a_connection_the_server_closed_while_idle_costs_no_decision() {
     let server = RedisServer::start_with(&["--timeout", "1"]);
     let store = healthy_store(&server).await;
     let policy = common::hourly_bucket(10);
+    let before = connections_received(&server);
     for remaining in [9, 8, 7] {
-        let d = store.check("k", &policy, 1).await.unwrap();
-        assert_eq!(d.remaining, remaining);
         // Long enough for the server to close the idle connection (it checks its clients about every 100 ms).
         tokio::time::sleep(Duration::from_millis(2_500)).await;
+        let d = store.check("k", &policy, 1).await.unwrap();
+        assert_eq!(d.remaining, remaining);
     }
     assert_eq!(store.circuit_state(), CircuitState::Closed);
+    // The server did close the store's connection, three times: each decision came on a new one (and the
+    // `redis-cli` that asks opens one more).
+    let after = connections_received(&server);
+    assert!(
+        after - before > 3,
+        "{before} connections before, {after} after"
+    );
 }
 
 #[tokio::test]
