@@ -32,7 +32,7 @@ use axum::routing::get;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tollgate_core::{MemoryStore, Policy, Quota, Store};
-use tollgate_http::HttpRateLimitLayer;
+use tollgate_http::HttpLimitLayer;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::RedisServer;
 use tollgate_tower::{KeyError, KeyFn, RateLimitLayer};
@@ -127,7 +127,7 @@ fn app<St: Store>(
     let layer = RateLimitLayer::new("flood", policy, store, key).deny_cache(cache);
     Router::new()
         .route("/", get(|| async { "ok" }))
-        .layer(HttpRateLimitLayer::new(layer))
+        .layer(HttpLimitLayer::new(layer))
 }
 
 async fn serve(app: Router) -> SocketAddr {

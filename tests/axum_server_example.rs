@@ -280,7 +280,7 @@ fn bad_flags_are_clear_errors() {
     }
 }
 
-/// Issue 17's defect as it was found: `--worker-capacity 10`, 20 `Low` requests at once, then `Critical` ones. The
+/// A defect as it was found (critical requests shed behind low ones): `--worker-capacity 10`, 20 `Low` requests at once, then `Critical` ones. The
 /// server let all 20 `Low` in and shed `Critical`; now `Low` stops at its line (6) at arrival and `Critical` passes.
 #[test]
 fn a_burst_of_low_leaves_the_capacity_to_critical() {

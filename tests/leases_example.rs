@@ -53,7 +53,7 @@ fn leases_admit_a_hot_client_from_batches_exactly_and_remaining_never_rises() {
             assert_eq!(status, 429, "request {i}");
         }
         let remaining = remaining.expect("a remaining on every response");
-        // Issue 16: this instance's view never rises between two of its responses (nothing refills here), and
+        // This instance's view never rises between two of its responses (nothing refills here), and
         // never exceeds the global remaining plus its unspent batch, which together are the 200 less what was
         // admitted (this is the only instance).
         assert!(

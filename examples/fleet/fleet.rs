@@ -16,7 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tollgate::http::HttpRateLimitLayer;
+use tollgate::http::HttpLimitLayer;
 use tollgate::tower::{ConstKey, LeaseConfig, RateLimitLayer};
 use tollgate::{Policy, Store};
 
@@ -40,7 +40,7 @@ pub(crate) async fn start_instance<St: Store>(
             } else {
                 layer
             };
-            app.layer(HttpRateLimitLayer::new(layer))
+            app.layer(HttpLimitLayer::new(layer))
         }
         None => app,
     };

@@ -87,7 +87,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tollgate_core::Store;
 use tollgate_grpc::GrpcLimitLayer;
-use tollgate_http::HttpRateLimitSetLayer;
+use tollgate_http::HttpLimitLayer;
 use tollgate_tower::limit::rate::{RateLimitSetHandle, RateLimitSetLayer};
 
 pub use build::{FileCost, FileEntry, FileKey, Routes};
@@ -185,8 +185,8 @@ impl<'a> Source<'a> {
 pub type PolicySetLayer<St> = RateLimitSetLayer<FileKey, St, FileCost, Routes>;
 
 /// A policy file's layer for an axum router: 429 with `Retry-After` and the file's header families, answered in
-/// place by the set (as `HttpRateLimitLayer` answers for one limiter built in code).
-pub type AxumLayer<St> = HttpRateLimitSetLayer<FileKey, St, FileCost, Routes>;
+/// place by the set (as `HttpLimitLayer` answers for one limiter built in code).
+pub type AxumLayer<St> = HttpLimitLayer<PolicySetLayer<St>>;
 
 /// A policy file's layer for a tonic server: `RESOURCE_EXHAUSTED` with `RetryInfo`.
 pub type TonicLayer<St> = GrpcLimitLayer<PolicySetLayer<St>>;
@@ -202,7 +202,7 @@ pub fn axum<St: Store>(
 ) -> Result<(AxumLayer<St>, Reloader<St>), ConfigError> {
     let (set, reloader) = build(source, store, Protocol::Http)?;
     let headers = reloader.state().resolved.headers;
-    Ok((HttpRateLimitSetLayer::new(set).headers(headers), reloader))
+    Ok((HttpLimitLayer::new(set).headers(headers), reloader))
 }
 
 /// Builds the policy in `source` on `store` into a layer for a tonic server (`Server::builder().layer(..)`): keys

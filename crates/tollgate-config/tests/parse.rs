@@ -2,8 +2,8 @@
 
 use tollgate_config::{ConfigError, PolicyFile};
 
-/// The example of issue 19, byte for byte.
-const ISSUE_EXAMPLE: &str = r#"[[limiter]]
+/// The policy file a user first wrote for the axum and tonic layers, byte for byte.
+const FIRST_EXAMPLE: &str = r#"[[limiter]]
 name = "per-key"
 key = "header:x-api-key"      # client-ip | header:<name> | route | global
 algorithm = "token-bucket"    # token-bucket | sliding-window
@@ -37,7 +37,7 @@ fn at(text: &str) -> String {
 
 #[test]
 fn the_issue_example_parses_as_written() {
-    let file = PolicyFile::parse(ISSUE_EXAMPLE, "limits.toml").unwrap();
+    let file = PolicyFile::parse(FIRST_EXAMPLE, "limits.toml").unwrap();
     assert_eq!(file.limiters().collect::<Vec<_>>(), ["per-key"]);
     assert_eq!(file.origin(), "limits.toml");
     // The same file as shipped with the examples.

@@ -275,8 +275,8 @@ pub struct Policy {
     algorithm: Algorithm,
     quota: Quota,
     tick_us: NonZeroU64,
-    // Derived once here, not per request (a division the sliding window's steady path paid; docs/BENCHMARKS.md,
-    // issue 21): the period in ticks.
+    // Derived once here, not per request (a division the sliding window's steady path paid): the period in
+    // ticks.
     ticks: u64,
     /// 0: no lockout.
     lockout_us: u64,

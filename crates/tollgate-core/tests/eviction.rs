@@ -167,7 +167,7 @@ fn in_a_large_shard_decayed_keys_are_found_first() {
         clock.advance(Duration::from_millis(100));
         // Full: half decayed, half live, alternating in recency order. 250 new keys: the hand, which looks at 4
         // entries from where the last eviction left it, meets a decayed one within 2 every time (none is live-
-        // evicted; the sampled eviction before issue 21's exact LRU expected about 12, hence the bound of 60).
+        // evicted; a sampled eviction, as the store once had, expected about 12, hence the bound of 60).
         for i in 0..250 {
             store.check_now(&format!("new-{i}"), &long, 1).unwrap();
         }

@@ -1,4 +1,4 @@
-//! MemoryStore's lockouts, kept in a side table beside the entries (issue 21), against a model of the entry that
+//! MemoryStore's lockouts, kept in a side table beside the entries, against a model of the entry that
 //! carries its own lockout end (`Locked<state>`, what the store kept before): checks, peeks and charges by
 //! policies with and without a lockout sharing keys, both algorithms, time advancing and sweeps, on a manual
 //! clock. Every decision and the store's size must equal the model's. Then evictions and sweeps: a lockout goes with

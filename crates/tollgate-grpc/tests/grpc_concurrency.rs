@@ -1,4 +1,4 @@
-//! Issue 6's concurrent-requests limiter behind the gRPC adapter, over real TCP: a server stream holds its
+//! The concurrent-requests limiter behind the gRPC adapter, over real TCP: a server stream holds its
 //! permit until it ends or the client drops it; meanwhile the client's next call gets `RESOURCE_EXHAUSTED`.
 
 mod support;

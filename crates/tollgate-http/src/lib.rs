@@ -53,6 +53,6 @@ mod sf;
 
 pub use future::ResponseFuture;
 pub use headers::HeaderSet;
-pub use layer::{HttpLimitLayer, HttpRateLimitLayer, HttpRateLimitSetLayer};
+pub use layer::HttpLimitLayer;
 pub use respond::HttpResponder;
 pub use service::HttpLimit;

@@ -10,7 +10,7 @@ use axum::routing::get;
 use tollgate_core::{Clock, FailurePolicy, ManualClock, Policy, Quota, Store};
 use tollgate_http::key::{ClientIp, HeaderKey, PeerIp, RouteKey};
 use tollgate_http::problem::{ProblemType, ProblemTypes};
-use tollgate_http::{HeaderSet, HttpLimitLayer, HttpRateLimitLayer};
+use tollgate_http::{HeaderSet, HttpLimitLayer};
 use tollgate_tower::{Mode, RateLimitLayer, RejectionKind};
 
 use support::{Reply, get as http_get, limited_app as app, serve, serve_with};
@@ -193,9 +193,9 @@ async fn route_layer_stacks_with_router_layer<St: Store>(store: Arc<St>) {
         .route("/", get(|| async { "hello" }))
         .route(
             "/report",
-            get(|| async { "report" }).layer(HttpRateLimitLayer::new(report)),
+            get(|| async { "report" }).layer(HttpLimitLayer::new(report)),
         )
-        .layer(HttpRateLimitLayer::new(per_client));
+        .layer(HttpLimitLayer::new(per_client));
     let addr = serve(router).await;
 
     let first = http_get(addr, "/report", &[]).await;
@@ -245,11 +245,11 @@ async fn wrapped_and_in_place_layers_nest_either_way<St: Store>(store: Arc<St>) 
             "/",
             get(|| async { "hello" }).layer(HttpLimitLayer::new(pair())),
         )
-        .layer(HttpRateLimitLayer::new(limit("router", 8)));
+        .layer(HttpLimitLayer::new(limit("router", 8)));
     let wrapped_outside: Router = Router::new()
         .route(
             "/",
-            get(|| async { "hello" }).layer(HttpRateLimitLayer::new(limit("route", 7))),
+            get(|| async { "hello" }).layer(HttpLimitLayer::new(limit("route", 7))),
         )
         .layer(HttpLimitLayer::new(pair()));
 
@@ -324,15 +324,15 @@ both_stores!(
 async fn header_less_layer_reports_to_the_outer_one<St: Store>(store: Arc<St>) {
     let limit =
         |name: &'static str, n| RateLimitLayer::new(name, per_hour(n), store.clone(), PeerIp);
-    let quiet = |name| HttpRateLimitLayer::new(limit(name, 2)).headers(HeaderSet::NONE);
+    let quiet = |name| HttpLimitLayer::new(limit(name, 2)).headers(HeaderSet::NONE);
     let nested: Router = Router::new()
         .route("/", get(|| async { "hello" }).layer(quiet("quiet")))
-        .layer(HttpRateLimitLayer::new(limit("router", 8)));
+        .layer(HttpLimitLayer::new(limit("router", 8)));
     let alone: Router = Router::new().route("/", get(|| async { "hello" }).layer(quiet("alone")));
     let quiet_outside: Router = Router::new()
         .route(
             "/",
-            get(|| async { "hello" }).layer(HttpRateLimitLayer::new(limit("loud", 4))),
+            get(|| async { "hello" }).layer(HttpLimitLayer::new(limit("loud", 4))),
         )
         .layer(quiet("quiet-outside"));
 
@@ -490,7 +490,7 @@ async fn unmatched_paths_are_limited_as_one_route<St: Store>(store: Arc<St>) {
     let layer = RateLimitLayer::new("route", per_hour(2), store, (PeerIp, RouteKey));
     let app = Router::new()
         .route("/users/{id}", get(|| async { "user" }))
-        .layer(HttpRateLimitLayer::new(layer));
+        .layer(HttpLimitLayer::new(layer));
     let addr = serve(app).await;
     for (path, status, remaining) in [("/nope", 404, 1), ("/users/", 404, 0), ("/a/b/c", 429, 0)] {
         let reply = http_get(addr, path, &[]).await;
@@ -509,7 +509,7 @@ async fn stacked_layers_asking_for_different_fields_agree<St: Store>(store: Arc<
     // The outermost layer renders every family any layer asked for, over every verdict: the GitHub fields name the
     // binding limit of both, whichever layer asked for them.
     let limit = |name: &'static str, n, headers| {
-        HttpRateLimitLayer::new(RateLimitLayer::new(
+        HttpLimitLayer::new(RateLimitLayer::new(
             name,
             per_hour(n),
             store.clone(),
@@ -656,7 +656,8 @@ async fn api_keys_are_separate_buckets_and_required<St: Store>(store: Arc<St>) {
 both_stores!(api_keys, api_keys_are_separate_buckets_and_required);
 
 /// The adapter takes any tower layer: here a foreign one (`MapRequestLayer`) around a limiter, which keys on the
-/// header the foreign layer sets (so its running is what the answers show), and a foreign layer alone.
+/// header the foreign layer sets (so its running is what the answers show), and a foreign layer alone (as any
+/// foreign layer is given, in a `ServiceBuilder`).
 async fn foreign_layers_are_adapted_like_tollgate_ones<St: Store>(store: Arc<St>) {
     let tenant = HeaderKey::new(http::HeaderName::from_static("x-tenant"));
     let limiter = RateLimitLayer::new("per-tenant", per_hour(2), store, tenant);
@@ -677,7 +678,9 @@ async fn foreign_layers_are_adapted_like_tollgate_ones<St: Store>(store: Arc<St>
         .route(
             "/plain",
             get(|| async { "plain" }).layer(HttpLimitLayer::new(
-                tower::util::MapRequestLayer::new(|req: axum::extract::Request| req),
+                tower::ServiceBuilder::new().layer(tower::util::MapRequestLayer::new(
+                    |req: axum::extract::Request| req,
+                )),
             )),
         );
     let addr = serve_with(app, false).await;

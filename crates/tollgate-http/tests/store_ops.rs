@@ -12,8 +12,8 @@ use axum::Router;
 use axum::extract::Request;
 use axum::routing::get;
 use tollgate_core::{Clock, Decision, ManualClock, Policy, Quota, Store, StoreError};
+use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::PeerIp;
-use tollgate_http::{HttpLimitLayer, HttpRateLimitLayer};
 use tollgate_tower::{CostAfter, DenyCache, FinalCost, RateLimitLayer};
 
 use support::{get as http_get, serve};
@@ -194,7 +194,7 @@ async fn lockout_on_redis_time() {
     );
 }
 
-/// `GET /gen` limited by `layer` (adapted in place, or by the generic `HttpLimitLayer` if `generic`: the limiter's
+/// `GET /gen` limited by `layer` (adapted in place, or inside a `ServiceBuilder` by the adapter's own service if `generic`: the limiter's
 /// own responder or `Forward` reads the real cost), answering with the real cost the request header `x-want` asks for, in the
 /// header `x-cost` and in the `FinalCost` extension; `GET /left` peeks at what a request of cost 1 would get.
 fn generation_app<St: Store>(layer: RateLimitLayer<PeerIp, St>) -> Router {
@@ -215,9 +215,11 @@ fn generation_app_with<St: Store>(layer: RateLimitLayer<PeerIp, St>, generic: bo
         }),
     );
     let generate = if generic {
-        generate.layer(HttpLimitLayer::new(layer))
+        generate.layer(HttpLimitLayer::new(
+            tower::ServiceBuilder::new().layer(layer),
+        ))
     } else {
-        generate.layer(HttpRateLimitLayer::new(layer))
+        generate.layer(HttpLimitLayer::new(layer))
     };
     generate.route(
         "/left",

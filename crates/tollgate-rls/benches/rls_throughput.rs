@@ -6,7 +6,7 @@
 //! - `rls in-process 1` / `4`: the service on the in-process store, one or four descriptors per request (a
 //!   decision is one descriptor decided), over 8 HTTP/2 connections (Envoy multiplexes its calls);
 //! - `rls redis 1` / `4`: the same on Redis (a request's descriptors are decided concurrently);
-//! - `axum in-process` / `axum redis`: an axum app behind the tollgate rate limiter (`HttpRateLimitLayer`), 64
+//! - `axum in-process` / `axum redis`: an axum app behind the tollgate rate limiter (`HttpLimitLayer`), 64
 //!   HTTP/1.1 keep-alive connections, one decision per request.
 //!
 //! Server and load generator share the process (and the machine's cores). Every limit is high enough to admit
@@ -130,7 +130,7 @@ fn axum_app<S: Store>(store: S) -> axum::Router {
     );
     axum::Router::new()
         .route("/", axum::routing::get(|| async { "ok" }))
-        .layer(tollgate_http::HttpRateLimitLayer::new(limiter))
+        .layer(tollgate_http::HttpLimitLayer::new(limiter))
 }
 
 /// Decisions per second of `row` over `seconds`.

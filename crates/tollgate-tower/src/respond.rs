@@ -36,6 +36,8 @@
 //! # let _ = Text;
 //! ```
 
+use tower_layer::{Identity, Layer, Stack};
+
 use crate::{BoxError, Rejection, Verdict, VerdictSink};
 
 /// Turns a limited request's outcome into the service's response (see the [module docs](self)).
@@ -182,3 +184,55 @@ impl<Req, T: VerdictSink> Respond<Req, T> for Forward {
         Ok(response)
     }
 }
+
+/// A layer built with a [`Respond`]er: what a protocol adapter's one layer type (`tollgate_http::HttpLimitLayer`)
+/// asks of whatever it wraps. The rate limiters answer through the responder in place (one service, no verdict
+/// stored on the response); every other layer — the Stripe-stack layers, a `tower::ServiceBuilder` stack, which
+/// may hold foreign layers — is built as it is and wrapped in the responder's own service ([`Adapt`]).
+pub trait LayerWith<S, R> {
+    /// The service built.
+    type Service;
+
+    /// Wraps `inner`, answering through `respond`.
+    fn layer_with(&self, inner: S, respond: R) -> Self::Service;
+}
+
+/// A responder's service around layers that do not answer in place: it reads the verdicts they leave on the
+/// response and answers their rejections (`tollgate_http::HttpLimit` for the HTTP responder).
+pub trait Adapt<T> {
+    /// The wrapping service.
+    type Service;
+
+    /// Wraps `inner`.
+    fn adapt(self, inner: T) -> Self::Service;
+}
+
+/// [`LayerWith`] for layers built as they are and wrapped in the responder's service.
+macro_rules! adapted {
+    ($([$($generics:tt)*] $layer:ty),* $(,)?) => {$(
+        impl<S, Resp, $($generics)*> LayerWith<S, Resp> for $layer
+        where
+            $layer: Layer<S>,
+            Resp: Adapt<<$layer as Layer<S>>::Service>,
+        {
+            type Service = Resp::Service;
+
+            fn layer_with(&self, inner: S, respond: Resp) -> Self::Service {
+                respond.adapt(self.layer(inner))
+            }
+        }
+    )*};
+}
+adapted!(
+    [] Identity,
+    [Inner, Outer] Stack<Inner, Outer>,
+    [L] tower::ServiceBuilder<L>,
+);
+
+#[cfg(feature = "stack")]
+adapted!(
+    [W, R, C, F, A] crate::StackLayer<W, R, C, F, A>,
+    [R, L] crate::SlotLimitLayer<R, L>,
+    [P] crate::WorkerShedLayer<P>,
+    [P] crate::AdaptiveLimitLayer<P>,
+);

@@ -494,7 +494,7 @@ async fn cached_refusals_answer_with_the_stores_header_fields() {
         };
         let app = axum::Router::new()
             .route("/", axum::routing::get(|| async { "ok" }))
-            .layer(tollgate_http::HttpRateLimitLayer::new(layer));
+            .layer(tollgate_http::HttpLimitLayer::new(layer));
         addrs.push(support::serve(app).await);
     }
     let mut refused = 0;

@@ -175,7 +175,7 @@ async fn lowest_class_shed_first_critical_passes_and_shedding_recedes() {
     assert_eq!(levels.in_flight(), 0, "every request was counted out");
 }
 
-/// Issue 17's defect, black-box: capacity 10, 20 `Low` requests at once, then 4 `Critical`. The controller alone
+/// A defect once found (critical requests shed behind low ones), black-box: capacity 10, 20 `Low` requests at once, then 4 `Critical`. The controller alone
 /// (levels moved once per interval) let all 20 `Low` in and then shed `Critical`; the gate caps `Low` at its line
 /// (60 %: 6) at arrival, and `Critical` gets the capacity kept for it, however long the instance stays full.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

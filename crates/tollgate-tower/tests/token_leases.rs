@@ -449,7 +449,7 @@ async fn hammer(
 proptest! {
     #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
 
-    /// Issue 16's headers under leases, for clients hammering a hot key (token bucket 100/s, burst 60: a token
+    /// The header fields under leases, for clients hammering a hot key (token bucket 100/s, burst 60: a token
     /// refills every 10 ms, and each instance's requests come less than 10 ms apart), through 1 to 3 instances
     /// with random timings and fetch interleavings: an instance's remaining never rises between two of its
     /// responses, and never exceeds what the bucket can hold for it (the burst plus what refilled, less what it

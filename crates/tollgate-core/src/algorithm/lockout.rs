@@ -38,7 +38,7 @@ pub struct Locked<S> {
 /// Decides one request with `inner` (the algorithm, called once) under a lockout of `lockout_us` (0: none).
 /// `Step::state` is `None` when nothing is to be written.
 // Inlined with the algorithm into the store's check (measured: a call here cost the steady path ~45 instructions,
-// 1.1-1.2x governor's; docs/BENCHMARKS.md, issue 21).
+// 1.1-1.2x governor's, by `memory_store`'s instruction counts).
 #[inline(always)]
 pub fn decide<S: Copy + Default>(
     state: Option<Locked<S>>,
@@ -50,7 +50,7 @@ pub fn decide<S: Copy + Default>(
     if lockout_us == 0 {
         // No lockout (most policies' steady path): the algorithm's step as it is, a stored lockout kept and
         // ignored as below, without the branches on the outcome (the token bucket's check: 407 -> 393
-        // instructions; docs/BENCHMARKS.md, issue 21).
+        // instructions).
         return Step {
             decision: step.decision,
             state: step.state.map(|s| Locked {

@@ -453,7 +453,7 @@ impl<C: Clock> MemoryStore<C> {
     #[inline(always)]
     pub(super) fn shard(&self, hash: u64) -> &Mutex<Shard> {
         // Shift and mask derived once (the test for one shard and the `min` per check were ~8 instructions of the
-        // steady path; docs/BENCHMARKS.md, issue 21).
+        // steady path, by `memory_store`'s instruction counts).
         &self.shards[(hash >> self.shard_shift) as usize & self.shard_mask]
     }
 

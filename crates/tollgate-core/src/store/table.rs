@@ -187,7 +187,7 @@ impl List {
 
     /// `unlink` and `push_front` in one, for a node that is not the head (so it has a `prev`, and the list a
     /// head): its own links read and written in one place, no test for ends it cannot be at (the move a hit pays
-    /// on many keys; docs/BENCHMARKS.md, issue 21).
+    /// on many keys).
     #[inline]
     fn move_to_front(&mut self, arena: &mut impl Arena, link: u32) {
         let head = self.head;

@@ -11,6 +11,7 @@ use super::overrides::{Overrides, Plans, policy_prefix};
 use crate::limit::core::{Built, enforcement_methods};
 use crate::observe::{NearLimitShare, ShareError};
 use crate::respond::Forward;
+use crate::respond::LayerWith;
 use crate::{CostAfter, EnforcementSwitch, Name, UnitCost};
 
 /// Applies a request-rate limit to a service: see the [module docs](super).
@@ -117,7 +118,7 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
     /// the key better off than if the request had not happened (never above a full bucket; a window gives back
     /// only what it still counts of the request).
     ///
-    /// Read through every adapter: the HTTP adapter's in-place responder (`tollgate_http::HttpRateLimitLayer`)
+    /// Read through every adapter: the HTTP adapter's in-place responder (`tollgate_http::HttpLimitLayer`)
     /// and the default [`Forward`] (under `HttpLimitLayer`, `GrpcLimitLayer`, or in a
     /// [`RateLimitSet`](super::RateLimitSet)) read it through [`VerdictSink::final_cost`](crate::VerdictSink::final_cost),
     /// which `http::Response` answers from both sources (gRPC: the header is the reply's metadata). A charge that
@@ -285,12 +286,6 @@ impl<K, St, C> fmt::Debug for RateLimitLayer<K, St, C> {
 }
 
 impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
-    /// Wraps `inner`, answering every request through `respond` instead of [`Forward`]: how protocol adapters
-    /// (`tollgate-http`) answer in place, without a service layer of their own.
-    pub fn layer_with<S, R>(&self, inner: S, respond: R) -> RateLimit<S, K, St, C, R> {
-        RateLimit::from_shared(inner, self.shared(), respond)
-    }
-
     /// What `req` would get from this limiter's store right now — its [`Decision`](tollgate_core::Decision)'s `remaining`, `reset`,
     /// `retry_after` and outcome, for the key and cost this layer would give it — without consuming or writing
     /// anything (see [`Store::peek`]): for dashboards and "N attempts left" pages. The mode (shadow, off) does
@@ -405,10 +400,21 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     }
 }
 
+/// In place: the limiter itself answers through the responder.
+impl<S, R, K: Clone, St: Store, C: Clone> crate::respond::LayerWith<S, R>
+    for RateLimitLayer<K, St, C>
+{
+    type Service = RateLimit<S, K, St, C, R>;
+
+    fn layer_with(&self, inner: S, respond: R) -> Self::Service {
+        RateLimit::from_shared(inner, self.shared(), respond)
+    }
+}
+
 impl<S, K: Clone, St: Store, C: Clone> Layer<S> for RateLimitLayer<K, St, C> {
     type Service = RateLimit<S, K, St, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        self.layer_with(inner, Forward)
+        LayerWith::layer_with(self, inner, Forward)
     }
 }

@@ -14,8 +14,9 @@
 //! - the inner service fails to become ready: `poll_ready` still succeeds and the next call fails with that error,
 //!   without being decided (no quota spent).
 //!
-//! That is the default [`Forward`](crate::respond::Forward) responder; [`RateLimitLayer::layer_with`] takes
-//! another [`Respond`](crate::respond::Respond)er, which is how `tollgate-http` answers in place.
+//! That is the default [`Forward`](crate::respond::Forward) responder;
+//! [`LayerWith::layer_with`](crate::respond::LayerWith::layer_with) takes another
+//! [`Respond`](crate::respond::Respond)er, which is how `tollgate-http` answers in place.
 //!
 //! On a shared store (Redis) the layer answers denied keys locally until the store's retry instant, exactly:
 //! see [`deny_cache`].

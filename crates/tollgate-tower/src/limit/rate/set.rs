@@ -11,8 +11,8 @@
 //!
 //! The service answers as [`Forward`] does (verdicts in the response, rejections as
 //! errors): wrap it in `tollgate-http`'s `HttpLimitLayer` or `tollgate-grpc`'s `GrpcLimitLayer`. Or it answers
-//! through a [`Respond`]er of its own ([`RateLimitSetLayer::layer_with`]): `tollgate-http`'s
-//! `HttpRateLimitSetLayer` answers in place, as `HttpRateLimitLayer` does for one limiter. A limiter of the set
+//! through a [`Respond`]er of its own ([`LayerWith`]): `tollgate-http`'s
+//! `HttpLimitLayer` has the set answer in place, as it does one limiter. A limiter of the set
 //! that charges after the response ([`RateLimitLayer::cost_after`]) is charged once the response states its real
 //! cost, through either.
 //!
@@ -66,6 +66,7 @@ use crate::limit::future::{
     Answer, Deciding, Grants, ResponseFuture, Settle, decide_later, refuse,
 };
 use crate::readiness::DeferredReadiness;
+use crate::respond::LayerWith;
 use crate::respond::{Forward, Respond};
 use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode, Rejection, Verdict, VerdictSink};
 
@@ -225,11 +226,11 @@ impl<K, St, C, A> fmt::Debug for RateLimitSetLayer<K, St, C, A> {
     }
 }
 
-impl<K, St, C, A> RateLimitSetLayer<K, St, C, A> {
-    /// The set around `inner`, answering through `respond` instead of [`Forward`]: what a protocol adapter that
-    /// answers in place builds (`tollgate-http`'s `HttpRateLimitSetLayer`), as
-    /// [`RateLimitLayer::layer_with`] does for one limiter.
-    pub fn layer_with<S, R>(&self, inner: S, respond: R) -> RateLimitSet<S, K, St, C, A, R> {
+/// In place: the set itself answers through the responder.
+impl<S, R, K, St, C, A> crate::respond::LayerWith<S, R> for RateLimitSetLayer<K, St, C, A> {
+    type Service = RateLimitSet<S, K, St, C, A, R>;
+
+    fn layer_with(&self, inner: S, respond: R) -> Self::Service {
         RateLimitSet {
             inner,
             current: self.current.clone(),
@@ -243,7 +244,7 @@ impl<S, K, St, C, A> Layer<S> for RateLimitSetLayer<K, St, C, A> {
     type Service = RateLimitSet<S, K, St, C, A>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        self.layer_with(inner, Forward)
+        LayerWith::layer_with(self, inner, Forward)
     }
 }
 
@@ -261,7 +262,7 @@ impl<K, St, C, A> RateLimitSetHandle<K, St, C, A> {
     }
 
     /// Every service of the set answers from now on writing the response header families `headers`, in place of
-    /// those its responder was built with (`tollgate-http`'s `HttpRateLimitSetLayer::headers`, a
+    /// those its responder was built with (`tollgate-http`'s `HttpLimitLayer::headers`, a
     /// `tollgate_http::HeaderSet`): a policy file's reload changes them with the limiters. A responder that writes
     /// no headers ([`Forward`]) ignores them.
     #[cfg(feature = "http")]

@@ -365,7 +365,7 @@ mod tests {
 
     #[test]
     fn the_gate_caps_a_burst_of_low_and_critical_still_gets_in() {
-        // The defect of issue 17 in the model: 20 Low at once, then 4 Critical, capacity 10.
+        // A defect once found, in the model: 20 Low at once, then 4 Critical, capacity 10.
         let c = Controller::new(tuning());
         assert!(c.tick_at(0));
         let low: Vec<_> = (0..20).map(|_| c.admit(Priority::Low)).collect();
