@@ -1,5 +1,6 @@
 //! What a rate limiter costs a tonic unary service: bare tonic, tollgate's gRPC adapter around it (a token bucket
-//! on the in-process store that admits everything) and tower-governor around it (its global key, likewise), over
+//! on the in-process store that admits everything; with its rate-limit metadata, then without, as
+//! tower-governor answers) and tower-governor around it (its global key, likewise), over
 //! real loopback TCP, one unary call after another on one HTTP/2 connection, client and server on one thread.
 //!
 //! `cargo bench -p tollgate-rls --bench tonic_overhead [-- --requests 4000 --rounds 9 --timed 20000]`
@@ -25,7 +26,12 @@ use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_service_serve
 };
 use tollgate_rls::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-const VARIANTS: [&str; 3] = ["bare tonic", "tollgate", "tower-governor"];
+const VARIANTS: [&str; 4] = [
+    "bare tonic",
+    "tollgate",
+    "tollgate (no fields)",
+    "tower-governor",
+];
 
 /// The unary service: `OK`, at once.
 struct Answer;
@@ -57,7 +63,7 @@ async fn serve(v: usize) -> SocketAddr {
                     .serve_with_incoming(incoming),
             );
         }
-        1 => {
+        1 | 2 => {
             let policy = Policy::token_bucket(Quota::per_second(1_000_000_000).unwrap());
             let limiter = tollgate_tower::RateLimitLayer::new(
                 "bench",
@@ -65,7 +71,11 @@ async fn serve(v: usize) -> SocketAddr {
                 Arc::new(MemoryStore::new()),
                 tollgate_tower::ConstKey::new("client"),
             );
-            let layer = tollgate_grpc::GrpcLimitLayer::new(limiter);
+            let mut layer = tollgate_grpc::GrpcLimitLayer::new(limiter);
+            if v == 2 {
+                // As tower-governor answers an admitted call: no rate-limit metadata.
+                layer = layer.headers(tollgate_http::HeaderSet::NONE);
+            }
             tokio::spawn(
                 tonic::transport::Server::builder()
                     .layer(layer)
@@ -202,9 +212,9 @@ fn main() {
             println!(
                 "instructions per unary call (callgrind; client + server, one thread, {requests} calls)"
             );
-            println!("{:<16} {:>12} {:>9}", "variant", "instr/call", "bare ÷");
+            println!("{:<22} {:>12} {:>9}", "variant", "instr/call", "bare ÷");
             for (name, c) in VARIANTS.iter().zip(&counts) {
-                println!("{name:<16} {c:>12.0} {:>8.3}x", counts[0] / c);
+                println!("{name:<22} {c:>12.0} {:>8.3}x", counts[0] / c);
             }
         }
         Err(e) => println!("instructions: skipped ({e})"),
@@ -233,7 +243,7 @@ fn main() {
         }
     }
     println!(
-        "{:<16} {:>12} {:>22}",
+        "{:<22} {:>12} {:>22}",
         "variant", "calls/s", "÷ bare (median, range)"
     );
     for v in 0..VARIANTS.len() {
@@ -242,7 +252,7 @@ fn main() {
         let mut r = rates[v].clone();
         r.sort_by(f64::total_cmp);
         println!(
-            "{:<16} {:>12.0} {:>9.3} ({:.3}–{:.3})",
+            "{:<22} {:>12.0} {:>9.3} ({:.3}–{:.3})",
             VARIANTS[v],
             r[r.len() / 2],
             ratios[ratios.len() / 2],

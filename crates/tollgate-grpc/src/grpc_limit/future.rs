@@ -6,9 +6,10 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use pin_project_lite::pin_project;
+use tollgate_http::HeaderSet;
 use tollgate_tower::{BoxError, KeyError, Rejection, Verdicts};
 
-use crate::status::{insert_verdicts, key_error_status, rejection_status};
+use crate::status::{key_error_status, rejection_status};
 
 const POLLED_AFTER_COMPLETION: &str = "gRPC limit future polled after completion";
 
@@ -17,6 +18,7 @@ pin_project! {
     pub struct ResponseFuture<F> {
         #[pin]
         state: State<F>,
+        headers: HeaderSet,
         // Set once answered: polling again answers "polled after completion" instead of polling a finished inner
         // future (which may panic).
         answered: bool,
@@ -33,9 +35,10 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(super) const fn new(fut: F) -> Self {
+    pub(super) const fn new(fut: F, headers: HeaderSet) -> Self {
         Self {
             state: State::Calling { fut },
+            headers,
             answered: false,
         }
     }
@@ -43,6 +46,7 @@ impl<F> ResponseFuture<F> {
     pub(super) const fn failed(error: BoxError) -> Self {
         Self {
             state: State::Failed { error: Some(error) },
+            headers: HeaderSet::NONE,
             answered: false,
         }
     }
@@ -80,21 +84,23 @@ where
         };
         *this.answered = true;
         Poll::Ready(Ok(match result {
-            Ok(response) => admitted(response),
+            Ok(response) => admitted(response, *this.headers),
             Err(err) => rejected(err),
         }))
     }
 }
 
-/// Adds the verdicts' metadata; the body is passed on as it is, guards and all.
-fn admitted<B>(response: http::Response<B>) -> http::Response<tonic::body::Body>
+/// Adds the verdicts' metadata of the families `headers`; the body is passed on as it is, guards and all.
+fn admitted<B>(response: http::Response<B>, headers: HeaderSet) -> http::Response<tonic::body::Body>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
     let (mut parts, body) = response.into_parts();
-    if let Some(verdicts) = parts.extensions.get::<Verdicts>() {
-        insert_verdicts(&mut parts.headers, verdicts);
+    if headers != HeaderSet::NONE
+        && let Some(verdicts) = parts.extensions.get::<Verdicts>()
+    {
+        headers.render(verdicts, &mut parts.headers);
     }
     http::Response::from_parts(parts, tonic::body::Body::new(body))
 }

@@ -3,6 +3,7 @@ use std::fmt;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use tollgate_http::HeaderSet;
 use tollgate_tower::__private::DeferredReadiness;
 use tollgate_tower::BoxError;
 use tower_service::Service;
@@ -12,15 +13,17 @@ use super::ResponseFuture;
 /// A service whose tollgate rejections are gRPC responses; built by [`GrpcLimitLayer`](super::GrpcLimitLayer).
 pub struct GrpcLimit<S> {
     inner: S,
+    headers: HeaderSet,
     // An error from the inner service's `poll_ready`, answered by the next call as a status: with an infallible
     // error type, readiness errors can only be reported through a response.
     not_ready: DeferredReadiness,
 }
 
 impl<S> GrpcLimit<S> {
-    pub(super) const fn new(inner: S) -> Self {
+    pub(super) const fn new(inner: S, headers: HeaderSet) -> Self {
         Self {
             inner,
+            headers,
             not_ready: DeferredReadiness::new(),
         }
     }
@@ -35,6 +38,7 @@ impl<S: Clone> Clone for GrpcLimit<S> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
+            headers: self.headers,
             not_ready: self.not_ready.clone(),
         }
     }
@@ -66,7 +70,7 @@ where
     fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
         match self.not_ready.take() {
             Some(err) => ResponseFuture::failed(err),
-            None => ResponseFuture::new(self.inner.call(req)),
+            None => ResponseFuture::new(self.inner.call(req), self.headers),
         }
     }
 }

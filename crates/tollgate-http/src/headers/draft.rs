@@ -13,7 +13,9 @@
 //!
 //! - `r > 0`: `t = ⌈r × window ÷ limit⌉` s, the time the limiter takes to give `r` back at its sustained rate
 //!   (the policy's `q` per `w`): a client that spreads `r` over `t`, and follows each newer answer, paces itself at
-//!   the policy's rate;
+//!   the policy's rate. A sliding window counter whose current window holds requests (it says it is held for
+//!   longer than a window) gives nothing back before its next window: there `t` runs until a unit is surely
+//!   back once `r` is spent, so that the request a client sends when `t` is over is admitted;
 //! - `r = 0`, admitted: `t = ⌈reset − now⌉` s (at least 1): by then the limiter holds nothing of the key — the
 //!   bucket is full, the window's counts have decayed — so quota is surely back;
 //! - refused: the smaller of that and `⌈retry_after⌉` (at least 1), so that `Retry-After` (`⌈retry_after⌉`) never
@@ -46,8 +48,16 @@ pub(super) const EFFECTIVE_WINDOW: &str = ";t=";
 #[must_use]
 pub fn effective_window_secs(v: &Verdict) -> u64 {
     let d = &v.decision;
+    let busy = d.reset_after();
     let by_quota = match d.remaining {
-        0 => ceil_secs(d.reset_after()).max(1),
+        0 => ceil_secs(busy).max(1),
+        // Held longer than a window: a sliding window counter whose current window holds requests. Its count
+        // weighs on the next window too, so a unit is surely back only once the next window is a share of one
+        // unit in: `busy − window + window ÷ limit` (with `r` spent now, at most `limit` count in it).
+        _ if busy > v.window && d.limit > 0 => {
+            let share = v.window / u32::try_from(d.limit).unwrap_or(u32::MAX);
+            ceil_secs(busy - v.window + share).max(1)
+        }
         r => spend_secs(r, v.window, d.limit),
     };
     match d.retry_after {
@@ -128,6 +138,11 @@ mod tests {
             (v(Limited, 10, 10_000, 3, 7_000, Some(2_000)), 2),
             // A cost above the burst: no retry; by the quota.
             (v(CostExceedsCapacity, 10, 10_000, 10, 0, None), 10),
+            // A sliding window of 5 per second, its current window (from 0) holding requests: held until 2 s.
+            // Four spent now, the next window still counts them nearly whole; a fifth is surely in after 1.2 s.
+            (v(Allowed, 5, 1_000, 4, 2_000, None), 2),
+            // 20 per minute, 55 s into the window, 3 left: until the next window (in 5 s) is 3 s in.
+            (v(Allowed, 20, 60_000, 3, 65_000, None), 8),
             // Degenerate numbers stay finite.
             (v(Allowed, 0, 1_000, 5, 0, None), 1),
             (v(Allowed, 1, 1_000_000_000, u64::MAX, 0, None), u64::MAX),
