@@ -2,10 +2,10 @@
 //!
 //! A shared store's release is sent by a task after the response (a dropped response never waits for Redis), so a
 //! client that sends its next request as soon as it has read a response can reach the store before that release
-//! and find its own previous slot still held. A slot limiter's acquire refused while one of this instance's
-//! releases on the key is pending therefore waits for it and asks once more. The wait is here, in the limiter's
-//! permit path, rather than in a store, because this path is what hands the release to a task: it holds for every
-//! shared [`SlotStore`](tollgate_core::slot::SlotStore).
+//! and find its own previous slot still held. The concurrency limiter's acquire refused while one of this
+//! instance's releases on the key is pending therefore waits for it and asks once more. The wait is here, in the
+//! limiter's permit path, rather than in a store, because this path is what hands the release to a task: it holds
+//! for every shared [`SlotStore`](tollgate_core::slot::SlotStore).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -1,5 +1,5 @@
 //! The guard of one concurrency slot: renews a shared slot while the request runs, releases it on drop (counted
-//! in its limiter's [`Releases`] until the store's first answer).
+//! in its limiter's [`Releases`], if it keeps them, until the store's first answer).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,7 +18,7 @@ const RELEASE_RETRIES_FOR: Duration = Duration::from_secs(60);
 /// Holds `slot` on `key` in `store` until dropped.
 pub(crate) struct SlotGuard<L: SlotStore> {
     store: Arc<L>,
-    releases: Arc<Releases>,
+    releases: Option<Arc<Releases>>,
     key: String,
     slot: SlotId,
     renewal: Option<JoinHandle<()>>,
@@ -30,7 +30,7 @@ impl<L: SlotStore> SlotGuard<L> {
     /// lives, so a long request keeps it while a crashed instance's slots run out after `ttl`.
     pub(crate) fn new(
         store: Arc<L>,
-        releases: Arc<Releases>,
+        releases: Option<Arc<Releases>>,
         key: String,
         slot: SlotId,
         ttl: Duration,
@@ -65,7 +65,7 @@ impl<L: SlotStore> SlotGuard<L> {
     /// cancelled) or never will be (its reply was lost). Released on drop unless [`disarm`](Self::disarm)ed.
     pub(crate) fn unrenewed(
         store: Arc<L>,
-        releases: Arc<Releases>,
+        releases: Option<Arc<Releases>>,
         key: String,
         slot: SlotId,
     ) -> Self {
@@ -129,7 +129,11 @@ impl<L: SlotStore> Drop for SlotGuard<L> {
         };
         // Counted from now, before the response is finished: the client's next request, which may reach the store
         // before this release, waits for it if refused.
-        let mut in_flight = shared.then(|| self.releases.start(&self.key));
+        let mut in_flight = self
+            .releases
+            .as_ref()
+            .filter(|_| shared)
+            .map(|releases| releases.start(&self.key));
         let store = self.store.clone();
         let key = std::mem::take(&mut self.key);
         let slot = self.slot;

@@ -33,7 +33,11 @@ pub(crate) struct Shared<R, L> {
     slot_ttl: Duration,
     retry_after: Duration,
     store: Arc<L>,
-    releases: Arc<Releases>,
+    /// This instance's releases in flight by key, for the concurrency limiter on a shared store only: in-process
+    /// releases are done at once, and the fleet shedder's one key is every client's, so no release there is a
+    /// client's own, and asking again while shedding would double the load on that key when the fleet is
+    /// overloaded.
+    releases: Option<Arc<Releases>>,
     kind: RejectionKind,
     fallback: Option<Arc<MemorySlotStore>>,
 }
@@ -75,8 +79,8 @@ impl<R, L: SlotStore> Shared<R, L> {
             rule,
             slot_ttl: settings.slot_ttl,
             retry_after: settings.retry_after,
+            releases: (store.slots_expire() && !kind.is_overload()).then(Arc::default),
             store,
-            releases: Arc::default(),
             kind,
             fallback,
         }
@@ -90,7 +94,8 @@ impl<R, L: SlotStore> Shared<R, L> {
         // once it has been answered (within the store's timeout), or after one slot time: a slot never released
         // has expired by then.
         let refused = matches!(result, Ok(admission) if !admission.granted);
-        if refused && self.store.slots_expire() && self.releases.wait_for(&key, self.slot_ttl).await
+        if let Some(releases) = self.releases.as_ref().filter(|_| refused)
+            && releases.wait_for(&key, self.slot_ttl).await
         {
             (slot, result) = self.acquire(&key, limit).await;
         }
@@ -171,13 +176,7 @@ impl<R, L: SlotStore> Shared<R, L> {
                 }
                 self.judge
                     .admitted_locally(limit.saturating_sub(admission.in_flight), limit);
-                let guard = SlotGuard::new(
-                    local.clone(),
-                    self.releases.clone(),
-                    key,
-                    slot,
-                    self.slot_ttl,
-                );
+                let guard = SlotGuard::new(local.clone(), None, key, slot, self.slot_ttl);
                 Some(Conclusion::Admit(Some(Permit::new(guard))))
             })
     }
