@@ -1,7 +1,7 @@
 //! The concurrent-requests limiter over real TCP (axum, hyper client), in process and on the shared Redis:
 //! exactly N in flight and the rest rejected at once; permits back after completion, client disconnect, handler
-//! panic, body drop and cancellation; two instances holding one limit; a crashed instance's leases expiring;
-//! long requests renewing theirs.
+//! panic, body drop and cancellation; a client's next request waiting for the release of its previous one; two
+//! instances holding one limit; a crashed instance's leases expiring; long requests renewing theirs.
 
 mod support;
 
@@ -147,6 +147,107 @@ async fn a_redis_stall_leaves_no_lease_behind() {
     let slot_key = store.slot_key(&ann_key("in-flight"));
     let live = server.cli(&["ZCOUNT", &slot_key, "(0", "+inf"]);
     assert_eq!(live, "0", "a lease outlived the stall");
+}
+
+/// The Redis store with every release held back until an acquire is refused: a client's next request then surely
+/// reaches Redis while its previous slot is still held there. Logs what it is asked and answers.
+struct ReleasesHeldBack {
+    redis: Arc<tollgate_redis::RedisStore>,
+    refused: tokio::sync::Semaphore,
+    log: std::sync::Mutex<Vec<&'static str>>,
+}
+
+impl ReleasesHeldBack {
+    fn note(&self, event: &'static str) {
+        self.log.lock().unwrap().push(event);
+    }
+
+    fn log(&self) -> Vec<&'static str> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl SlotStore for ReleasesHeldBack {
+    fn slots_expire(&self) -> bool {
+        true
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        slot: SlotId,
+        limit: u64,
+        ttl: Duration,
+    ) -> Result<tollgate_core::slot::Admission, tollgate_core::StoreError> {
+        let admission = self.redis.acquire(key, slot, limit, ttl).await?;
+        if admission.granted {
+            self.note("granted");
+        } else {
+            self.note("refused");
+            self.refused.add_permits(1);
+        }
+        Ok(admission)
+    }
+
+    fn renew(
+        &self,
+        key: &str,
+        slot: SlotId,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, tollgate_core::StoreError>> + Send {
+        self.redis.renew(key, slot, ttl)
+    }
+
+    async fn release(&self, key: &str, slot: SlotId) -> Result<(), tollgate_core::StoreError> {
+        self.note("release asked");
+        self.refused.acquire().await.expect("open").forget();
+        self.redis.release(key, slot).await?;
+        self.note("released");
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_sending_one_request_after_another_never_meets_its_own_previous_slot() {
+    let store = Arc::new(ReleasesHeldBack {
+        redis: redis_instance(&unique_prefix("cc-seq")).await,
+        refused: tokio::sync::Semaphore::new(0),
+        log: std::sync::Mutex::default(),
+    });
+    let gate = Gate::new();
+    let limited = layer(1, store.clone());
+    let addr = serve(app(&gate, |r| r.layer(HttpLimitLayer::new(limited)))).await;
+
+    assert_eq!(get(addr, "/fast", ANN).await.status, 200);
+    // The response is read, and its release asked for, but held back: the slot is still in Redis.
+    assert_eq!(store.log(), ["granted", "release asked"]);
+    let slot_key = store.redis.slot_key(&ann_key("in-flight"));
+    assert_eq!(cli_url(&redis_url(), &["ZCARD", &slot_key]), "1");
+
+    // The next request meets it, waits for this instance's release, and asks again.
+    let next = get(addr, "/fast", ANN).await;
+    assert_eq!(
+        next.status, 200,
+        "refused by its own previous slot: {next:?}"
+    );
+    assert_eq!(
+        store.log()[2..],
+        ["refused", "released", "granted", "release asked"]
+    );
+
+    // A slot really held still refuses: asked again only after a release of this instance on the key.
+    let held = hold(addr, &gate, 1).await;
+    assert_eq!(store.log()[6..], ["refused", "released", "granted"]);
+    assert_eq!(get(addr, "/fast", ANN).await.status, 429);
+    assert_eq!(
+        store.log()[9..],
+        ["refused"],
+        "no release on its way: asked once"
+    );
+    gate.release(1);
+    for reply in held {
+        assert_eq!(reply.await.unwrap().status, 200);
+    }
 }
 
 #[test]

@@ -66,6 +66,8 @@ pub mod fleet;
 mod future;
 pub mod rate;
 #[cfg(feature = "stack")]
+mod releases;
+#[cfg(feature = "stack")]
 mod slot_guard;
 #[cfg(feature = "stack")]
 pub mod stack;

@@ -1,4 +1,5 @@
-//! The guard of one concurrency slot: renews a shared slot while the request runs, releases it on drop.
+//! The guard of one concurrency slot: renews a shared slot while the request runs, releases it on drop (counted
+//! in its limiter's [`Releases`], if it keeps them, until the store's first answer).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,12 +10,15 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tollgate_core::slot::{SlotId, SlotStore};
 
+use crate::limit::releases::Releases;
+
 /// How long a shared store's release is retried before the slot is left to expire.
 const RELEASE_RETRIES_FOR: Duration = Duration::from_secs(60);
 
 /// Holds `slot` on `key` in `store` until dropped.
 pub(crate) struct SlotGuard<L: SlotStore> {
     store: Arc<L>,
+    releases: Option<Arc<Releases>>,
     key: String,
     slot: SlotId,
     renewal: Option<JoinHandle<()>>,
@@ -24,7 +28,13 @@ pub(crate) struct SlotGuard<L: SlotStore> {
 impl<L: SlotStore> SlotGuard<L> {
     /// Guards a granted slot. A slot that expires (a shared store) is renewed every `ttl / 3` while the guard
     /// lives, so a long request keeps it while a crashed instance's slots run out after `ttl`.
-    pub(crate) fn new(store: Arc<L>, key: String, slot: SlotId, ttl: Duration) -> Self {
+    pub(crate) fn new(
+        store: Arc<L>,
+        releases: Option<Arc<Releases>>,
+        key: String,
+        slot: SlotId,
+        ttl: Duration,
+    ) -> Self {
         let renewal = if store.slots_expire() {
             match Handle::try_current() {
                 Ok(handle) => Some(handle.spawn(renew(store.clone(), key.clone(), slot, ttl))),
@@ -41,6 +51,7 @@ impl<L: SlotStore> SlotGuard<L> {
         };
         Self {
             store,
+            releases,
             key,
             slot,
             renewal,
@@ -52,9 +63,15 @@ impl<L: SlotStore> SlotGuard<L> {
 impl<L: SlotStore> SlotGuard<L> {
     /// A guard that never renews: for a slot whose grant is not known yet (the acquire is in flight and may be
     /// cancelled) or never will be (its reply was lost). Released on drop unless [`disarm`](Self::disarm)ed.
-    pub(crate) fn unrenewed(store: Arc<L>, key: String, slot: SlotId) -> Self {
+    pub(crate) fn unrenewed(
+        store: Arc<L>,
+        releases: Option<Arc<Releases>>,
+        key: String,
+        slot: SlotId,
+    ) -> Self {
         Self {
             store,
+            releases,
             key,
             slot,
             renewal: None,
@@ -110,6 +127,13 @@ impl<L: SlotStore> Drop for SlotGuard<L> {
                 return;
             }
         };
+        // Counted from now, before the response is finished: the client's next request, which may reach the store
+        // before this release, waits for it if refused.
+        let mut in_flight = self
+            .releases
+            .as_ref()
+            .filter(|_| shared)
+            .map(|releases| releases.start(&self.key));
         let store = self.store.clone();
         let key = std::mem::take(&mut self.key);
         let slot = self.slot;
@@ -121,7 +145,11 @@ impl<L: SlotStore> Drop for SlotGuard<L> {
             let give_up = Instant::now() + RELEASE_RETRIES_FOR;
             let mut pause = Duration::from_millis(50);
             loop {
-                match store.release(&key, slot).await {
+                let released = store.release(&key, slot).await;
+                // The first answer ends the wait of the acquires refused meanwhile, failed or not: a failing store
+                // would fail them too, and the retries that follow may take a minute.
+                drop(in_flight.take());
+                match released {
                     Ok(()) => return,
                     Err(err) if shared && Instant::now() + pause < give_up => {
                         tracing::debug!(key, error = %err, "releasing a concurrency slot failed; retrying");

@@ -1,13 +1,15 @@
-//! The slot limiters' decision, shared by every clone of a slot-limited service: the acquire, and the conclusion
-//! the [`Judge`] draws from the store's answer (mode, metrics, failure policy).
+//! The slot limiters' decision, shared by every clone of a slot-limited service: the acquire (once more after a
+//! refusal while this instance's own release on the key is on its way), and the conclusion the [`Judge`] draws
+//! from the store's answer (mode, metrics, failure policy).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::slot::{MemorySlotStore, SlotId, SlotStore, block_on_ready};
+use tollgate_core::slot::{Admission, MemorySlotStore, SlotId, SlotStore, block_on_ready};
 use tollgate_core::{FailurePolicy, StoreError};
 
 use crate::limit::core::{self, Judge};
+use crate::limit::releases::Releases;
 use crate::limit::slot_guard::SlotGuard;
 use crate::observe::{NearLimitShare, Signals, store_name, timed_async};
 use crate::{EnforcementSwitch, Mode, Name, Permit, Rejection, RejectionKind};
@@ -31,6 +33,11 @@ pub(crate) struct Shared<R, L> {
     slot_ttl: Duration,
     retry_after: Duration,
     store: Arc<L>,
+    /// This instance's releases in flight by key, for the concurrency limiter on a shared store only: in-process
+    /// releases are done at once, and the fleet shedder's one key is every client's, so no release there is a
+    /// client's own, and asking again while shedding would double the load on that key when the fleet is
+    /// overloaded.
+    releases: Option<Arc<Releases>>,
     kind: RejectionKind,
     fallback: Option<Arc<MemorySlotStore>>,
 }
@@ -72,6 +79,7 @@ impl<R, L: SlotStore> Shared<R, L> {
             rule,
             slot_ttl: settings.slot_ttl,
             retry_after: settings.retry_after,
+            releases: (store.slots_expire() && !kind.is_overload()).then(Arc::default),
             store,
             kind,
             fallback,
@@ -80,15 +88,49 @@ impl<R, L: SlotStore> Shared<R, L> {
 
     /// Decides one request against `limit` slots on `key`, in `mode` (`Enforce` or `Shadow`).
     pub(crate) async fn decide(self: Arc<Self>, key: String, limit: u64, mode: Mode) -> Conclusion {
+        let (mut slot, mut result) = self.acquire(&key, limit).await;
+        // Refused while a release of this instance on the key is on its way (a task sends it after the response):
+        // its slot may be what blocked this request, e.g. a client's previous request at a limit of 1. Ask again
+        // once it has been answered (within the store's timeout), or after one slot time: a slot never released
+        // has expired by then.
+        let refused = matches!(result, Ok(admission) if !admission.granted);
+        if let Some(releases) = self.releases.as_ref().filter(|_| refused)
+            && releases.wait_for(&key, self.slot_ttl).await
+        {
+            (slot, result) = self.acquire(&key, limit).await;
+        }
+        match result {
+            Ok(admission) if admission.granted => {
+                self.judge
+                    .admitted(limit.saturating_sub(admission.in_flight), limit);
+                let guard = SlotGuard::new(
+                    self.store.clone(),
+                    self.releases.clone(),
+                    key,
+                    slot,
+                    self.slot_ttl,
+                );
+                Conclusion::Admit(Some(Permit::new(guard)))
+            }
+            Ok(admission) => self.over_limit(mode, admission.in_flight, limit),
+            Err(err) => self.store_failed(key, slot, limit, mode, &err),
+        }
+    }
+
+    /// One acquire of a fresh slot, given back if its reply is lost.
+    async fn acquire(&self, key: &str, limit: u64) -> (SlotId, Result<Admission, StoreError>) {
         let slot = SlotId::new();
-        let ttl = self.slot_ttl;
         // A shared store's acquire may land even if this future is dropped while waiting for the reply (the
         // client went away): this guard then gives the slot back instead of letting it count until it expires.
-        let in_doubt = self
-            .store
-            .slots_expire()
-            .then(|| SlotGuard::unrenewed(self.store.clone(), key.clone(), slot));
-        let result = timed_async(self.store.acquire(&key, slot, limit, ttl)).await;
+        let in_doubt = self.store.slots_expire().then(|| {
+            SlotGuard::unrenewed(
+                self.store.clone(),
+                self.releases.clone(),
+                key.to_owned(),
+                slot,
+            )
+        });
+        let result = timed_async(self.store.acquire(key, slot, limit, self.slot_ttl)).await;
         match (&result, in_doubt) {
             // The reply was lost (a timeout, a dropped connection), not necessarily the request: the slot may be
             // held, or be granted once a stalled server wakes, so release it (the store refuses a slot released
@@ -98,16 +140,7 @@ impl<R, L: SlotStore> Shared<R, L> {
             (_, Some(guard)) => guard.disarm(),
             (_, None) => {}
         }
-        match result {
-            Ok(admission) if admission.granted => {
-                self.judge
-                    .admitted(limit.saturating_sub(admission.in_flight), limit);
-                let guard = SlotGuard::new(self.store.clone(), key, slot, ttl);
-                Conclusion::Admit(Some(Permit::new(guard)))
-            }
-            Ok(admission) => self.over_limit(mode, admission.in_flight, limit),
-            Err(err) => self.store_failed(key, slot, limit, mode, &err),
-        }
+        (slot, result)
     }
 
     fn over_limit(&self, mode: Mode, in_flight: u64, limit: u64) -> Conclusion {
@@ -143,7 +176,7 @@ impl<R, L: SlotStore> Shared<R, L> {
                 }
                 self.judge
                     .admitted_locally(limit.saturating_sub(admission.in_flight), limit);
-                let guard = SlotGuard::new(local.clone(), key, slot, self.slot_ttl);
+                let guard = SlotGuard::new(local.clone(), None, key, slot, self.slot_ttl);
                 Some(Conclusion::Admit(Some(Permit::new(guard))))
             })
     }

@@ -14,7 +14,10 @@
 //! With [`MemorySlotStore`](tollgate_core::slot::MemorySlotStore) the limit holds per instance; with the Redis
 //! store for the whole fleet. Shared slots expire after the slot time unless renewed, which the holder does
 //! every third of it while the request runs, so a crashed instance's requests stop counting after one slot time.
-//! A slot is released from `Drop` by a spawned task (best effort; the expiry is the backstop).
+//! A slot is released from `Drop` by a spawned task (best effort; the expiry is the backstop). The next request
+//! can reach the store before that release: refused while a release of this instance on its key is on its way,
+//! it waits for that release's answer (or one slot time, when the slot has expired anyway) and asks once more, so
+//! a client sending requests one after another never meets its own previous slot.
 //!
 //! There is no deny cache here, unlike the rate limiter's ([`deny_cache`](crate::limit::rate::deny_cache)): a
 //! refusal at capacity would not stay exact, since any holder (on any instance) may release its slot the next
