@@ -9,136 +9,19 @@
 //! `reset`, `now` advanced by the local time elapsed, and `retry_after` counting down to the store's retry
 //! instant. Response headers stay what Redis said.
 //!
-//! # Why a cached denial is exact
+//! Why that is exact — both algorithms admit at the first instant their state allows, and other traffic only
+//! delays it —, where the store's retry instant falls on the local clock (each reply bounds the clocks' offset;
+//! less a drift allowance, [`drift_margin`]), what frees tokens early (returned leases, refunds after the response:
+//! under-admission only, never over-admission), the single flight on expiry, and each case that would break it:
+//! `docs/design/deny-cache.md`. In short:
 //!
-//! Both algorithms (token bucket, sliding window counter) admit a request of cost `c` at the first instant
-//! their state allows it, and the store's `retry_after` is that instant minus the decision's, in whole
-//! microseconds, never rounded up: the token bucket's `admit_at = full_at − ⌊(capacity − need + remainder) /
-//! rate⌋` is the earliest microsecond with enough tokens, and the sliding window's `admit_at` is the first tick
-//! at which the previous window's weight has decayed enough (the same in `lua/*.lua`). Until then:
-//!
-//! - **other traffic only delays admission**: other instances' plain requests can only spend more (admitted
-//!   requests add to the state; denied ones leave it alone), so the store would deny K until T at least. What
-//!   can give tokens back before T is listed under *What frees tokens early* below: each of them makes the cache
-//!   refuse, until T, requests the store would admit — bounded under-admission, never an admission the store
-//!   would refuse;
-//! - **a costlier request is denied at least as long**: both algorithms admit `c' ≥ c` only where they admit `c`,
-//!   so an entry answers every cost from `c` up to the burst (beyond it the store answers
-//!   `CostExceedsCapacity`, which is not cached); its `retry_after` is then the one for `c`, never later than the
-//!   store's own for `c'`; `remaining` does not depend on the cost;
-//! - **a cheaper request may pass earlier**: a cost below `c` is not covered, and goes to the store; when the
-//!   store admits it, the entry is dropped (it would still refuse exactly, but with a `remaining` and `reset`
-//!   the store no longer gives).
-//!
-//! # Where T falls on the local clock
-//!
-//! The store's retry instant is `now + r` on **its** clock (Redis's `TIME`, µs): the decision's `now` and
-//! `retry_after`. The entry must stop answering no later than the local instant at which the store's clock reads
-//! that. Each reply bounds the two clocks' offset: the store decided after the request was sent, so at that
-//! moment the store's clock was ahead of the local one by at most `bound = now − sent` (`sent`: the local
-//! instant taken before the store was asked). The entry expires at the store's instant minus the tightest such
-//! bound the key's replies gave (the reply's own, or an earlier reply's for the same key — denials and admissions
-//! alike, at most a second old — whose request reached the store sooner after its send), less:
-//!
-//! - **500 ppm of the time since that bound's reply** (its request's send, to the expiry): the clocks' rates may
-//!   differ — the local clock and Redis's `TIME` by tens of parts per million, an NTP daemon slewing either by at
-//!   most 500 ppm (Linux's bound);
-//! - **the local clock's step allowance**: 1 µs for rounding on the default clock (the system's monotonic clock,
-//!   which is slewed but never stepped) or one given to [`DenyCache::steady_clock`]; 100 µs on a clock given to
-//!   [`DenyCache::clock`], which may be corrected by some µs either way (as
-//!   [`SystemClock`](tollgate_core::SystemClock) resynchronises).
-//!
-//! With only the reply's own bound this is `sent + r` less the margin — **100 µs + 500 ppm of `r`**
-//! ([`drift_margin`]) on a clock that may step — whatever the latency: the time the request took to reach the
-//! store only makes the entry expire earlier. A key denied over and over (a flood) keeps the tightest bound its
-//! replies gave, the one whose request reached the store soonest, so its entries expire within about that
-//! fastest one-way trip (and the drift allowance) of the store's instant, however slow the other round trips are
-//! on a loaded machine; the first request after the expiry then usually reaches the store after the instant and
-//! is admitted, and the next one's denial makes the next entry: about two store calls per accrued token. A
-//! denial whose entry would expire no later than its send is not cached (the requests in that window are
-//! coalesced like any after an expiry, below). The bound assumes one clock per key on the store's side (one
-//! Redis server; in a Cluster, the key's shard). The residual: a store clock stepped forward (an NTP step on the
-//! Redis host, or a failover or resharding to a server whose clock runs ahead) by more than the margin admits
-//! there earlier than an entry made before the step expires — by at most the step, for at most `r` after the
-//! step, plus the second an earlier reply's bound is kept; a step back only makes the cache more conservative
-//! than needed. (The margin no longer absorbs steps of up to 100 µs on the default clock, as the fixed 100 µs did:
-//! NTP daemons slew small offsets rather than step them (ntpd below 128 ms), so a step is rare, and far larger
-//! than 100 µs when it comes.)
-//!
-//! # What frees tokens early
-//!
-//! A cached denial refuses K until T; what puts tokens back into the store before T makes the cache refuse, in
-//! the meantime, requests the store would have admitted. The cache never admits: each case is
-//! **under-admission**, bounded by the tokens put back, on each instance holding an entry for K, for at most the
-//! entry's remaining life (at most its `r`); the tokens stay in the store for the requests after T (and for
-//! other instances), except what the bucket's capacity cuts off meanwhile. Never over-admission.
-//!
-//! - **A token lease returned** (token leases, feature `leases`: idle, evicted, `LeaseHandle::shutdown`, a
-//!   dropped layer; for a sliding window also the leftovers of a batch whose window ended, given back by the
-//!   holder's next call): the unspent part goes back into the bucket, or off the window's count, at once.
-//!   Bounded by the batch (at most `LeaseConfig::share_percent` of the burst) per returning instance.
-//! - **A refund after the response** ([`cost_after`](crate::RateLimitLayer::cost_after), on any instance): a
-//!   negative charge puts tokens back (never above full, or outside the window the request was counted in).
-//!   Bounded by the refunds during `r`. This is why a limiter charging after the response has **no deny cache by
-//!   default**, even on a shared store; switched on explicitly, it refuses such a key until T. A positive charge
-//!   (debt) only delays admission, like other traffic.
-//!
-//! What does **not** free tokens before T, though it lowers the leased tokens O that hold a token bucket's
-//! refill at `burst − O`: a lease report (an instance's renewal, setting its record to what it still holds) and
-//! an expired lease (an instance that died holding a batch, or let it lapse; its leftover is lost). Both lower O
-//! only after the content is floored with the book as it was, and the store's `retry_after` already counts the
-//! refill as if no cap held it (the token bucket's own arithmetic on the floored content): a lower cap lets the
-//! bucket catch up with the instant the denial announced, never pass it. A lease's grant (a batch debited) and
-//! a lockout (the key refused until the lockout's end, the retry instant the store gives) only delay admission,
-//! exact as any other traffic.
-//!
-//! # Single flight on expiry
-//!
-//! When an entry expires (for a flooded key whose tokens accrue every 10 ms, every 10 ms), every connection's
-//! next request would miss it and ask the store while the first one's round trip is in flight: about one call per
-//! connection per token. Instead the first request after the expiry asks the store alone and the others for that
-//! key wait for its reply, then look again: a denial the reply brought refuses them (a cache hit, exact as any:
-//! each is answered after the reply, at an instant the new entry covers); if it admitted (the token that accrued
-//! is spent, no room for another request of the entry's cost) the expired entry stays and the next of them asks
-//! alone in turn; if there is room, the entry goes and they all ask. Nothing is decided without the store or an
-//! entry the store's denial made, so the exactness above is untouched; only the calls are spaced.
-//!
-//! The wait is bounded: a request waits for at most 4 flights (each one store call, which the store's own timeout
-//! bounds), and when a flight ends without the store's decision (an error, or its request was dropped) the waiters
-//! ask on their own at once, so that none queues behind an outage. An expired entry coalesces only for one retry
-//! delay (at most a second) after its retry instant — or as long as the entry it replaced did: a denial just
-//! before the instant (a retry of some µs, whose entry expires before the waiters look again) does not shorten
-//! the key's window, or all of them would ask at once; after that, or for a key with no entry, the store is
-//! asked concurrently as without a cache. Requests that miss the cache pay one more look at the table.
-//!
-//! # What would break it, and how each case is handled
-//!
-//! - **A policy changed under a running key** (a deploy with a larger limit): the cache is one per layer, and a
-//!   layer's policy is fixed when it is built; a new layer (new policy) starts with an empty cache. Instances
-//!   still running the old policy answer as their own store calls would, under the old policy.
-//! - **An operator resetting a key in Redis** (deleting it to lift a block): the cache cannot see it. Call
-//!   [`DenyCacheHandle::forget`] for that key or [`DenyCacheHandle::clear`] (from
-//!   [`RateLimitLayer::deny_cache_handle`](crate::RateLimitLayer::deny_cache_handle)) on each instance, or wait
-//!   out the entry (at most the retry delay the store announced).
-//! - **A cheaper request**: entries are cost-aware (see above).
-//! - **Two keys with the same digest**: entries are found by a 64-bit digest and checked against a second,
-//!   independently keyed one: a wrong denial needs a 128-bit collision.
-//! - **A store that synthesizes denials** (a store-level failure policy answering for an unreachable Redis):
-//!   such a store must not report `is_shared` (`RedisStore` does not while it has one): its denials are not the
-//!   shared state's.
-//!
-//! Not cached: store errors (the failure policy answers each), admissions, `CostExceedsCapacity`, and the
-//! concurrency limiter's refusals. A concurrency denial is not exact in general: a shared lease is released at
-//! any time (a response finishes on another instance) and there is no instant before which the store would
-//! surely refuse; caching it would refuse what the store admits.
-//!
-//! # Memory
-//!
-//! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about 136
-//! bytes each with the table's own overhead): an entry past its coalescing window is replaced first, else the least
-//! recently used is evicted — evicting a live entry only costs its key one store call. Entries past their window are
-//! also swept (at most once a second, from an insertion, shard by shard). Evictions count in
-//! `tollgate_evictions_total{limiter}`.
+//! - a cached denial refuses only requests of at least the denied cost, until the store's own retry instant;
+//! - not cached: store errors, admissions, `CostExceedsCapacity`, the concurrency limiter's refusals, and (by
+//!   default) a limiter that charges after the response;
+//! - an operator who resets a key in Redis calls [`DenyCacheHandle::forget`] or [`DenyCacheHandle::clear`] on
+//!   each instance (or waits out the entry: at most the retry delay the store announced);
+//! - memory is bounded: [`DenyCache::max_keys`] entries (65 536 by default, about 136 bytes each), evictions
+//!   counted in `tollgate_evictions_total{limiter}`.
 //!
 //! # Metrics
 //!

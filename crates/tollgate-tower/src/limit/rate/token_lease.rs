@@ -8,100 +8,11 @@
 //! once, as if k requests had been admitted) and admits locally from it, with no round trip. Cold keys keep the
 //! plain path (one store call each, the deny cache included).
 //!
-//! - **k adapts** to the key's local demand: the tokens asked in the last [`batch_lasts`](LeaseConfig::batch_lasts)
-//!   of the period (a tenth by default: a batch lasts about 100 ms of a per-second limit), never above
-//!   [`share_percent`](LeaseConfig::share_percent) of the burst (10 % by default). A sliding window batch also
-//!   shrinks over its window's last batch time, to what the rest of the window can spend: slots leased late and
-//!   left at the window's end are lost to it (they are given back, but to the next window's estimate).
-//! - **Fetched ahead**: when a take leaves the batch below half of k, the next batch is fetched by a tokio task
-//!   (one at a time per key), so a steady hot key never waits for the store.
-//! - **Waiting on the fetch under way**: a request that finds its key's batch unable to pay while a fetch is out
-//!   (or due: it starts it) waits for that fetch and is decided from its batch — or from the next one, if the
-//!   requests ahead of it spent that — instead of asking the store beside it. One store call then serves a whole
-//!   batch of such requests, also when the store is slow, and the answer includes the batch (see the headers
-//!   below). The wait is bounded ([`wait`](LeaseConfig::wait)); a fetch that fails, or outlasts the bound, leaves
-//!   its waiters to the layer's failure policy, as a failed or timed-out plain call would.
-//! - **A short grant** (the store had less than k): the store says when k would be there; the layer fetches no
-//!   earlier and, once the batch is spent, refuses locally until then (as the deny cache does), so a key over its
-//!   limit costs no store call per refused request. The tokens that accrue meanwhile are not lost: the next fetch
-//!   takes them. A sliding window's refusal ends a tenth of a batch's time before its window does, whatever the
-//!   store said: slots that come free late in a window are that window's, and would be lost to it if the
-//!   instance waited for a whole batch past its end.
-//! - **Deadlines**: a token bucket batch is spent until the instance's send instant + the lease
-//!   [`ttl`](LeaseConfig::ttl), a sliding window batch until the end of the window it is counted in (measured
-//!   from the send instant too), both less the deny cache's clock-drift margin
-//!   ([`drift_margin`]): always before the store's own deadline.
-//! - **Returns**: unspent tokens go back to the store when the key is idle ([`idle`](LeaseConfig::idle)), when
-//!   an entry is evicted at the table's bound, on [`LeaseHandle::shutdown`] and, best effort, when the layer is
-//!   dropped. An instance that dies holding a batch loses at most that batch: its record expires at its deadline.
-//! - **When the store forgets** (a restart without persistence, a flush, a failover to a replica that missed the
-//!   last writes, a record expired early by a server clock stepped forward): each grant says what the store's
-//!   record holds for this instance ([`TokenLeaseGrant::held`]) and the batch is cut to it, so beyond what the
-//!   plain path admits through the same loss the fleet admits at most what the instances spend of their batches
-//!   until their next grant lands (each at most its batch).
-//! - **Failures**: a failed fetch is retried no sooner than 100 ms later; meanwhile the held batch is still spent
-//!   (bounded by its size), and requests it cannot cover take the plain path, where the layer's failure policy
-//!   (the one decision core's judge) answers the store's error.
-//! - **Lockouts** ([`Policy::with_lockout`](tollgate_core::Policy::with_lockout)): a lockout begins when the store
-//!   denies a request, on the plain path, as without leases: under a lockout policy a short grant refuses nothing
-//!   locally, so the requests the batch cannot pay go to the store, whose first denial locks the key. A lease
-//!   fetch on a locked key is refused by the store (nothing granted, the retry at the lockout's end: both stores,
-//!   in Lua and in the Rust twin, [`lockout::lease`](tollgate_core::algorithm::lockout::lease)), and an instance
-//!   that got the denial stops spending its own batch and refuses locally until the lockout's end. **What the
-//!   store cannot do is recall batches it granted before the denial**: other instances spend what they hold, up
-//!   to each batch's deadline (the lease ttl) or until they learn the lockout from a denial of their own. Those
-//!   tokens were debited from the bucket (or counted in the window) when they were granted, before the lockout
-//!   began, so the fleet's bound is the plain path's — `burst + rate × T` — and the admissions after the denial
-//!   are at most the batches outstanding at that instant (each at most `share_percent` of the burst), never a
-//!   token granted during the lockout. Counted at their grant, the fleet's admissions are what the plain path with
-//!   the lockout admits: at most `burst + rate × (t − t0)` up to the denial at t, none after (the store's first
-//!   denial comes no later than the plain path's would: leased tokens only make it come sooner).
-//!
-//! # Why the fleet stays exact
-//!
-//! The store side is proved in [`token_bucket_lease`](tollgate_core::algorithm::token_bucket_lease) (leased
-//! tokens hold the bucket below its capacity: the fleet admits at most `burst + rate × T` in any interval T) and
-//! [`sliding_window_lease`](tollgate_core::algorithm::sliding_window_lease) (a batch is counted, and spent, in one
-//! window). This side keeps the two promises those proofs rest on: it never spends a token it was not granted
-//! (each take is under the entry's lock, and a report never claims more than was left when it was sent), and it
-//! never spends after its deadline. A token bucket's report of what is left is sent while the instance goes on
-//! spending: the store's record only counts more than the instance holds, never less. A sliding window batch of
-//! an earlier window is never reported while it can still be spent: its leftovers are given back by the first
-//! call after its deadline.
-//!
-//! # Headers under leases
-//!
-//! A response's `remaining` is this instance's **view** of the key, kept per key in the lease table (for every
-//! request of the limiter, whichever path answered it):
-//!
-//! - the *view* V is the global remaining the store last reported (tokens no instance held then) plus this
-//!   instance's unspent batch, after the request's take: from a batch, the last fetch's figure; on the plain
-//!   path, the store's own remaining of that call plus the unspent batch;
-//! - the *shown* figure S is `min(V, S' − cost + refill)`, where S' is what the instance showed for the key last,
-//!   `cost` the request's if admitted (0 if refused), and `refill` what the quota refills (`limit / period`) in
-//!   the local time since that response — **except** that there is no refill credit while the store's last
-//!   answer left less than a batch unheld (a short grant, a denial, or a remaining below the batch wanted): the
-//!   key is being drained then, and what refills is the fleet's, not this instance's. S is kept in the quota's
-//!   fixed point (no fraction of a refill is lost between responses), floored at 0; the header shows ⌊S⌋.
-//!
-//! What holds, for the responses of one instance on one key:
-//!
-//! - **never above the view**: S ≤ V, the global remaining at the last fetch (or plain call) plus the unspent
-//!   batch;
-//! - **never rises but by refill**: between two responses S rises by at most what the quota refilled in the time
-//!   between them, less what this instance admitted; so for a client **hammering a hot key** — its requests
-//!   coming faster than the quota refills one token, or the store draining the key — `remaining` **never rises**:
-//!   each admission lowers S by its cost less a refill smaller than one token, and a refused request adds nothing;
-//! - a key under its limit is not ratcheted down to 0 while it is admitted: S regains what refills, up to V, as
-//!   the plain path's figure would (a strictly non-increasing figure would end at 0 on a key that is nowhere near
-//!   its limit).
-//!
-//! The sliding window's "refill" is the previous window's weight fading (at most `limit / period` per µs: its
-//! estimate is continuous across a window's end); its batch ends with the window it is counted in, and the view
-//! drops by what is left of it then. Not covered: answers of the failure policy (the store failing: what it
-//! synthesizes is not a view), and a key whose entry the table evicted at its bound (its next response starts a
-//! new view). `reset` is the store's at the last fetch; `now` is the store's instant then plus the local time
-//! elapsed since.
+//! How a batch's size adapts, when the next is fetched, how requests wait on a fetch under way, short grants,
+//! deadlines (before the store's own: less [`drift_margin`]), returns, what happens when the store forgets
+//! ([`TokenLeaseGrant::held`] cuts the batch), failures, lockouts, why the fleet stays exact, and what a response's
+//! `remaining` shows under leases (this instance's view: never above it, never rising but by refill):
+//! `docs/design/token-leases.md`. Configured by [`LeaseConfig`]; stopped by [`LeaseHandle::shutdown`].
 //!
 //! # Metrics
 //!
