@@ -15,6 +15,7 @@ mod cli;
 mod json;
 mod replay;
 mod report;
+mod sliding_log;
 mod tally;
 mod trace;
 

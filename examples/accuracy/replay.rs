@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use tollgate::algorithm::sliding_log::SlidingLog;
+use crate::sliding_log::SlidingLog;
 use tollgate::algorithm::sliding_window::{self, SlidingWindowState};
 use tollgate::algorithm::token_bucket::{self, TokenBucketState};
 use tollgate::{Policy, PolicyError, Quota, Timestamp};

@@ -18,7 +18,6 @@
 pub mod charge;
 pub mod fixed_window;
 pub mod lockout;
-pub mod sliding_log;
 pub mod sliding_window;
 pub mod sliding_window_lease;
 pub mod token_bucket;
