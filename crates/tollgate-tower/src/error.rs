@@ -7,7 +7,6 @@ use std::fmt;
 pub struct ConfigError(String);
 
 impl ConfigError {
-    #[cfg_attr(not(feature = "stack"), allow(dead_code))]
     pub(crate) fn new(message: impl Into<String>) -> Self {
         Self(message.into())
     }

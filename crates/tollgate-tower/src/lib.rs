@@ -49,7 +49,7 @@ pub use error::ConfigError;
 pub use key::{ConstKey, KeyError, KeyExtractor, KeyFn};
 pub use limit::rate::{DenyCache, DenyCacheHandle, RateLimit, RateLimitLayer};
 #[cfg(feature = "leases")]
-pub use limit::rate::{LeaseConfig, LeaseHandle, LeaseShareError};
+pub use limit::rate::{LeaseConfig, LeaseHandle};
 #[cfg(feature = "stack")]
 pub use limit::{
     adaptive::{AdaptiveLimit, AdaptiveLimitLayer},

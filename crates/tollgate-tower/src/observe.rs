@@ -33,7 +33,8 @@ use crate::Name;
 pub(crate) use crate::log_gate::LogGate;
 
 mod signal;
-pub use signal::{DECISION_TARGET, NEAR_LIMIT_TOTAL, NearLimitShare, ShareError};
+pub(crate) use signal::NearLimitShare;
+pub use signal::{DECISION_TARGET, NEAR_LIMIT_TOTAL};
 pub(crate) use signal::{Signals, store_name, timed, timed_async};
 
 /// The counter every limiter reports its decisions to: `tollgate_decisions_total{limiter, outcome}`.

@@ -25,34 +25,25 @@ pub const NEAR_LIMIT_TOTAL: &str = "tollgate_near_limit_total";
 pub const DECISION_TARGET: &str = "tollgate::decision";
 
 /// The share of the limit below which an admission counts as near the limit: validated, in parts per million.
-///
-/// ```
-/// use tollgate_tower::observe::NearLimitShare;
-///
-/// assert_eq!(NearLimitShare::DEFAULT.get(), 0.2);
-/// assert_eq!(NearLimitShare::new(0.05)?.get(), 0.05);
-/// assert!(NearLimitShare::new(1.5).is_err());
-/// assert!(NearLimitShare::new(f64::NAN).is_err());
-/// # Ok::<(), tollgate_tower::observe::ShareError>(())
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NearLimitShare {
+pub(crate) struct NearLimitShare {
     ppm: u32,
 }
 
 impl NearLimitShare {
     /// 20 %: an admission with less than a fifth of the limit remaining is near it.
-    pub const DEFAULT: Self = Self { ppm: 200_000 };
+    pub(crate) const DEFAULT: Self = Self { ppm: 200_000 };
 
-    /// Never near: counts nothing.
-    pub const OFF: Self = Self { ppm: 0 };
+    /// Never near: counts nothing (the worker shedder's, whose decisions have no limit to be near).
+    #[cfg(any(feature = "stack", test))]
+    pub(crate) const OFF: Self = Self { ppm: 0 };
 
     /// The share `share` of the limit (0.0 to 1.0; 0.0 never counts, 1.0 counts every admission that leaves the
     /// limit less than whole).
     ///
     /// # Errors
     /// If `share` is not a number from 0.0 to 1.0.
-    pub fn new(share: f64) -> Result<Self, ShareError> {
+    pub(crate) fn new(share: f64) -> Result<Self, ShareError> {
         if !(0.0..=1.0).contains(&share) {
             return Err(ShareError(share));
         }
@@ -64,7 +55,7 @@ impl NearLimitShare {
 
     /// The share, from 0.0 to 1.0.
     #[must_use]
-    pub fn get(self) -> f64 {
+    pub(crate) fn get(self) -> f64 {
         f64::from(self.ppm) / 1_000_000.0
     }
 }
@@ -77,7 +68,7 @@ impl Default for NearLimitShare {
 
 /// A near-limit share that is not a number from 0.0 to 1.0.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ShareError(f64);
+pub(crate) struct ShareError(f64);
 
 impl fmt::Display for ShareError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -263,6 +254,18 @@ pub(crate) fn store_name<St: ?Sized>() -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use super::NearLimitShare;
+
+    #[test]
+    fn near_limit_shares_are_validated() {
+        assert_eq!(NearLimitShare::DEFAULT.get(), 0.2);
+        assert_eq!(NearLimitShare::new(0.05).unwrap().get(), 0.05);
+        assert!(NearLimitShare::new(1.5).is_err());
+        assert!(NearLimitShare::new(f64::NAN).is_err());
+        let err = NearLimitShare::new(-0.1).unwrap_err().to_string();
+        assert!(err.contains("-0.1") && err.contains("0.0 to 1.0"), "{err}");
+    }
+
     use super::*;
 
     #[test]

@@ -9,10 +9,10 @@ use super::decide::Shared;
 use super::deny_cache::{DenyCache, DenyCacheHandle, DenyTable};
 use super::overrides::{Overrides, Plans, policy_prefix};
 use crate::limit::core::{Built, enforcement_methods};
-use crate::observe::{NearLimitShare, ShareError};
+use crate::observe::NearLimitShare;
 use crate::respond::Forward;
 use crate::respond::LayerWith;
-use crate::{CostAfter, EnforcementSwitch, Name, UnitCost};
+use crate::{ConfigError, CostAfter, EnforcementSwitch, Name, UnitCost};
 
 /// Applies a request-rate limit to a service: see the [module docs](super).
 ///
@@ -142,8 +142,9 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
     ///
     /// # Errors
     /// If `share` is not a number from 0.0 to 1.0.
-    pub fn near_limit(mut self, share: f64) -> Result<Self, ShareError> {
-        self.near_limit = NearLimitShare::new(share)?;
+    pub fn near_limit(mut self, share: f64) -> Result<Self, ConfigError> {
+        self.near_limit = NearLimitShare::new(share)
+            .map_err(|e| ConfigError::new(format!("{:?}: {e}", self.name)))?;
         self.built = Built::default();
         Ok(self)
     }

@@ -97,4 +97,4 @@ pub use overrides::{Overrides, Plan, PrefixError};
 pub use service::RateLimit;
 pub use set::{Applies, Everywhere, RateLimitSet, RateLimitSetHandle, RateLimitSetLayer, SetEntry};
 #[cfg(feature = "leases")]
-pub use token_lease::{LeaseConfig, LeaseHandle, LeaseShareError};
+pub use token_lease::{LeaseConfig, LeaseHandle};

@@ -68,7 +68,7 @@ use tollgate_core::{
 };
 
 use super::deny_cache::drift_margin;
-use crate::Name;
+use crate::{ConfigError, Name};
 
 /// Store calls made by token leases, by limiter and `call` (`fetch`, `return`).
 pub const TOKEN_LEASE_CALLS_TOTAL: &str = "tollgate_token_lease_calls_total";
@@ -121,22 +121,6 @@ impl Default for LeaseConfig {
     }
 }
 
-/// A lease share outside 1 to 100 %.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseShareError(u32);
-
-impl fmt::Display for LeaseShareError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "a lease share is a percentage of the burst from 1 to 100, not {}",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for LeaseShareError {}
-
 impl LeaseConfig {
     /// Batches of at most 10 % of the burst, each sized for a tenth of the period, a lease lifetime of the
     /// period (at least 100 ms, at most 10 s), returned after twice a batch's time idle.
@@ -158,9 +142,11 @@ impl LeaseConfig {
     ///
     /// # Errors
     /// When `percent` is not from 1 to 100.
-    pub fn share_percent(mut self, percent: u32) -> Result<Self, LeaseShareError> {
+    pub fn share_percent(mut self, percent: u32) -> Result<Self, ConfigError> {
         if !(1..=100).contains(&percent) {
-            return Err(LeaseShareError(percent));
+            return Err(ConfigError::new(format!(
+                "a lease share is a percentage of the burst from 1 to 100, not {percent}"
+            )));
         }
         self.share_ppm = u64::from(percent) * 10_000;
         Ok(self)
