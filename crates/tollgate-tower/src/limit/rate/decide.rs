@@ -21,7 +21,9 @@ use crate::{Cost, KeyError, KeyExtractor, Mode, Name, Rejection, Verdict};
 /// What the rate limiter concludes: an admission grants the verdict the headers are rendered from.
 pub(crate) type Conclusion = core::Conclusion<Box<Verdict>>;
 
-/// What a limiter's leases make of a request before the plain path.
+/// What a limiter's leases make of a request before the plain path (without token leases, always the plain
+/// path).
+#[cfg_attr(not(feature = "leases"), allow(dead_code))]
 pub(crate) enum AtOnce {
     /// Decided from the key's batch.
     Done(Conclusion),
