@@ -6,6 +6,9 @@
 //! (load shedding, a store that failed closed) with `Retry-After` and an `application/problem+json` body; a
 //! missing key source becomes a 500 naming it. No `HandleErrorLayer` is needed.
 //!
+//! The crate depends on no framework; its feature `axum` adds the keys that read what axum puts in a request
+//! ([`key::ClientIp`], [`key::PeerIp`], [`key::RouteKey`]).
+//!
 //! ```
 //! use std::net::SocketAddr;
 //! use std::sync::Arc;

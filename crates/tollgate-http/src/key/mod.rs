@@ -15,10 +15,14 @@
 //! the adapter answers 500 with the reason, rather than counting the request against a silent global bucket.
 
 mod cidr;
+#[cfg(feature = "axum")]
 mod client_ip;
+#[cfg(feature = "axum")]
 mod route;
 
 pub use cidr::{Cidr, CidrError};
+#[cfg(feature = "axum")]
 pub use client_ip::{ClientIp, ForwardedHeader, PeerIp};
+#[cfg(feature = "axum")]
 pub use route::RouteKey;
 pub use tollgate_tower::key::HeaderKey;
