@@ -70,6 +70,10 @@ impl<K: Send + Sync, St: Store, C: Send + Sync> Charger for Shared<K, St, C> {
         self.store
             .charge_detached(key, &self.policy, delta, decided_at, lost);
     }
+
+    fn charge_moves_reset(&self) -> bool {
+        self.policy.algorithm() == tollgate_core::Algorithm::TokenBucket
+    }
 }
 
 impl<K, St: Store, C> Shared<K, St, C> {
