@@ -9,6 +9,9 @@
 //! The same for a key whose cost is charged after the response (`cost_after`): the history goes through a
 //! `RateLimitLayer`, whose last response shows its admission with the charge (or refund) its real cost makes, and
 //! what it shows is spent once the charge has landed.
+//!
+//! And for the concurrency limiter (`qu="concurrent-requests"`): after any history of requests started and
+//! finished, the `r` an answer states is that many more requests admitted while every open one stays open.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -16,7 +19,8 @@ use std::time::Duration;
 
 use http::{HeaderMap, StatusCode};
 use proptest::prelude::*;
-use tollgate_client::fields::Observation;
+use tollgate_client::fields::{Observation, Unit};
+use tollgate_core::slot::{MemorySlotStore, SlotStore};
 use tollgate_core::{
     Algorithm, Clock, Decision, LostCharge, ManualClock, MemoryStore, Policy, Quota, Store,
     StoreError, Timestamp,
@@ -25,7 +29,8 @@ use tollgate_http::headers::HeaderSet;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{redis_url, unique_prefix};
 use tollgate_tower::{
-    BoxError, ConstKey, CostAfter, CostFn, FinalCost, RateLimitLayer, Rejection, Verdict, Verdicts,
+    BoxError, ConcurrencyLimitLayer, ConstKey, CostAfter, CostFn, FinalCost, PermitBody,
+    RateLimitLayer, Rejection, Verdict, Verdicts,
 };
 use tower::ServiceExt as _;
 
@@ -436,6 +441,111 @@ proptest! {
         c in charged(Algorithm::SlidingWindowCounter)
     ) {
         on_redis(&c)?;
+    }
+}
+
+/// The concurrency limiter's half: after any history of requests started and finished, a response's `r` is
+/// how many more may start, and that many more started while the ones open stay open are all admitted. Its
+/// policy states its ceiling in the unit `concurrent-requests`, and neither field a window.
+#[derive(Debug, Clone)]
+struct Slots {
+    limit: u64,
+    /// `true` starts a request (held open), `false` finishes the oldest open one.
+    history: Vec<bool>,
+}
+
+fn slots() -> impl Strategy<Value = Slots> {
+    (1u64..=6, prop::collection::vec(any::<bool>(), 0..24))
+        .prop_map(|(limit, history)| Slots { limit, history })
+}
+
+/// What one request's answer says: admitted, its response (held open while kept) and (q, r) as read back.
+async fn start<L: SlotStore>(
+    layer: &ConcurrencyLimitLayer<ConstKey, L>,
+) -> (bool, Option<http::Response<PermitBody<String>>>, (u64, u64)) {
+    let service = tower::ServiceBuilder::new()
+        .layer(layer.clone())
+        .service_fn(|_: http::Request<()>| async {
+            Ok::<_, BoxError>(http::Response::new(String::new()))
+        });
+    let (admitted, response, verdict) = match service.oneshot(http::Request::new(())).await {
+        Ok(response) => {
+            let verdict = response
+                .extensions()
+                .get::<Verdicts>()
+                .and_then(|v| v.only())
+                .cloned();
+            (true, Some(response), verdict)
+        }
+        Err(err) => {
+            let verdict = err
+                .downcast_ref::<Rejection>()
+                .and_then(|r| r.verdict())
+                .cloned();
+            (false, None, verdict)
+        }
+    };
+    let verdict = verdict.expect("every decision has a verdict");
+    let mut headers = HeaderMap::new();
+    HeaderSet::IETF.render(&Verdicts::from(verdict), &mut headers);
+    let said = Observation::read(StatusCode::OK, &headers);
+    let (policy, limit) = (&said.policies[0], &said.limits[0]);
+    assert_eq!(policy.unit, Unit::ConcurrentRequests, "{headers:?}");
+    assert_eq!((policy.window, limit.window), (None, None), "{headers:?}");
+    (admitted, response, (policy.quota, limit.remaining))
+}
+
+async fn start_what_is_said<L: SlotStore>(
+    store: Arc<L>,
+    case: &Slots,
+) -> Result<(), TestCaseError> {
+    let key = ConstKey::new(unique_prefix("ratelimit-fields-slots"));
+    let layer = ConcurrencyLimitLayer::new("in-flight", case.limit, store, key).unwrap();
+    let mut open = std::collections::VecDeque::new();
+    for &starts in &case.history {
+        if starts {
+            if let (_, Some(response), _) = start(&layer).await {
+                open.push_back(response);
+            }
+        } else {
+            drop(open.pop_front());
+        }
+    }
+    let (admitted, last, (q, r)) = start(&layer).await;
+    prop_assert_eq!(q, case.limit);
+    prop_assert!(r <= q);
+    let mut kept = Vec::from_iter(last);
+    for i in 0..r {
+        let (admitted_too, response, _) = start(&layer).await;
+        prop_assert!(
+            admitted_too,
+            "start {i} of r={r} (the answer admitted: {admitted}; {} open before it)",
+            open.len()
+        );
+        kept.extend(response);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn concurrency_in_process(case in slots()) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(start_what_is_said(Arc::new(MemorySlotStore::new()), &case))?;
+    }
+}
+
+proptest! {
+    // Each case is a few dozen round trips to the shared Redis.
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn concurrency_on_redis(case in slots()) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let store = runtime.block_on(RedisStore::connect(redis_url())).expect("the shared Redis");
+        runtime.block_on(start_what_is_said(Arc::new(store), &case))?;
     }
 }
 
