@@ -5,17 +5,34 @@
 //! The fields are rendered by the server's code (`HeaderSet`) and read back by this crate's parser, so the two
 //! halves are tested against each other; the decisions are the stores' own (`check_at`, at chosen instants:
 //! no wall clock).
+//!
+//! The same for a key whose cost is charged after the response (`cost_after`): the history goes through a
+//! `RateLimitLayer`, whose last response shows its admission with the charge (or refund) its real cost makes, and
+//! what it shows is spent once the charge has landed.
+//!
+//! And for the concurrency limiter (`qu="concurrent-requests"`): after any history of requests started and
+//! finished, the `r` an answer states is that many more requests admitted while every open one stays open.
 
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{HeaderMap, StatusCode};
 use proptest::prelude::*;
-use tollgate_client::fields::Observation;
-use tollgate_core::{Algorithm, Decision, MemoryStore, Policy, Quota, Timestamp};
+use tollgate_client::fields::{Observation, Unit};
+use tollgate_core::slot::{MemorySlotStore, SlotStore};
+use tollgate_core::{
+    Algorithm, Clock, Decision, LostCharge, ManualClock, MemoryStore, Policy, Quota, Store,
+    StoreError, Timestamp,
+};
 use tollgate_http::headers::HeaderSet;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{redis_url, unique_prefix};
-use tollgate_tower::{Rejection, Verdict, Verdicts};
+use tollgate_tower::{
+    BoxError, ConcurrencyLimitLayer, ConstKey, CostAfter, CostFn, FinalCost, PermitBody,
+    RateLimitLayer, Rejection, Verdict, Verdicts,
+};
+use tower::ServiceExt as _;
 
 const START: u64 = 1_700_000_000_000_000;
 
@@ -196,6 +213,339 @@ proptest! {
     #[test]
     fn sliding_window_on_redis(case in case(Algorithm::SlidingWindowCounter)) {
         spend_what_is_said(&mut redis(), &case)?;
+    }
+}
+
+/// A history of requests through a `RateLimitLayer` that charges each request's real cost after its response,
+/// then the last response's fields — shown with its charge — spent.
+#[derive(Debug, Clone)]
+struct Charged {
+    case: Case,
+    /// The last request's cost up front, and in the end (a charge if more, a refund if less).
+    upfront: u64,
+    real: u64,
+}
+
+fn charged(algorithm: Algorithm) -> impl Strategy<Value = Charged> {
+    (case(algorithm), 0u64..=3, 0u64..=45).prop_map(|(case, upfront, real)| Charged {
+        case,
+        upfront,
+        real,
+    })
+}
+
+/// Redis deciding and charging at a manual clock's instants; a charge after the response is spawned, as
+/// `RedisStore` does, and kept for the test to wait for.
+struct ClockedRedis {
+    store: RedisStore,
+    clock: ManualClock,
+    charges: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Store for ClockedRedis {
+    fn check(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.store.check_at(key, policy, cost, self.clock.now())
+    }
+
+    fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.store
+            .charge_at(key, policy, delta, decided_at, self.clock.now())
+    }
+
+    fn charge_detached(
+        &self,
+        key: String,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        _: LostCharge,
+    ) {
+        let (store, policy, now) = (self.store.clone(), *policy, self.clock.now());
+        let charge = tokio::spawn(async move {
+            store
+                .charge_at(&key, &policy, delta, decided_at, now)
+                .await
+                .expect("Redis charges");
+        });
+        self.charges.lock().unwrap().push(charge);
+    }
+}
+
+type Request = http::Request<(u64, u64)>;
+
+/// The limiter under test: its up-front cost is the request's first number.
+type Charging<St> = RateLimitLayer<ConstKey, St, CostFn<fn(&Request) -> u64>>;
+
+/// The charges spawned so far, taken for the test to wait for (none in process: they land at once).
+type Landed<'a> = &'a (dyn Fn() -> Vec<tokio::task::JoinHandle<()>> + Sync);
+
+/// One request of `(up front, real)` cost through `layer` at `at`: its verdict (admitted or refused), once every
+/// charge it caused has landed.
+async fn send<St: Store>(
+    layer: &Charging<St>,
+    clock: &ManualClock,
+    landed: Landed<'_>,
+    at: u64,
+    costs: (u64, u64),
+) -> Verdict {
+    clock.set(Timestamp::from_micros(at));
+    let service = tower::ServiceBuilder::new()
+        .layer(layer.clone())
+        .service_fn(|req: Request| async move {
+            let mut response = http::Response::new(String::new());
+            response.extensions_mut().insert(FinalCost(req.body().1));
+            Ok::<_, BoxError>(response)
+        });
+    let verdict = match service.oneshot(http::Request::new(costs)).await {
+        Ok(response) => response
+            .extensions()
+            .get::<Verdicts>()
+            .and_then(|v| v.only())
+            .cloned(),
+        Err(err) => err
+            .downcast_ref::<Rejection>()
+            .and_then(|r| r.verdict())
+            .cloned(),
+    };
+    for charge in landed() {
+        charge.await.expect("the charge ran");
+    }
+    verdict.expect("every decision has a verdict")
+}
+
+/// Runs the history through the layer (the last request charged after its response), reads the last response's
+/// fields, lets its charge land, and spends them at once or unit by unit within `t`: every spend admitted.
+async fn spend_what_is_said_after_a_charge<St: Store>(
+    store: Arc<St>,
+    clock: &ManualClock,
+    landed: Landed<'_>,
+    charged: &Charged,
+) -> Result<(), TestCaseError> {
+    let case = &charged.case;
+    let policy = case.policy();
+    let upfront: fn(&Request) -> u64 = |req| req.body().0;
+    let layer = RateLimitLayer::new(
+        "api",
+        policy,
+        store,
+        ConstKey::new(unique_prefix("ratelimit-fields-charged")),
+    )
+    .cost(CostFn::new(upfront))
+    .cost_after(CostAfter::Extension);
+    let mut now = START;
+    send(&layer, clock, landed, now, (1, 1)).await;
+    for &(gap, cost) in &case.history {
+        now += gap;
+        send(&layer, clock, landed, now, (cost, cost)).await;
+    }
+    now += 1;
+    let last = send(&layer, clock, landed, now, (charged.upfront, charged.real)).await;
+    let (r, t, _) = fields(&policy, last.decision);
+    prop_assert!(r <= policy.quota().burst());
+    let decided = last.decision.now.as_micros();
+    let within = |per_mille: u16| decided + t * 1_000_000 * u64::from(per_mille) / 1000;
+    let spends: Vec<(u64, u64)> = if case.at_once {
+        let at = within(case.spend_at.first().copied().unwrap_or(0));
+        (r > 0).then_some((at, r)).into_iter().collect()
+    } else {
+        let mut times: Vec<u64> = (0..r)
+            .map(|i| within(case.spend_at.get(i as usize).copied().unwrap_or(999)))
+            .collect();
+        times.sort_unstable();
+        times.into_iter().map(|at| (at, 1)).collect()
+    };
+    for (i, (at, cost)) in spends.into_iter().enumerate() {
+        let v = send(&layer, clock, landed, at, (cost, cost)).await;
+        prop_assert!(
+            v.decision.is_allowed(),
+            "spend {i} (cost {cost}) of r={r}, {}µs into t={t}: {:?} after {last:?}",
+            at - decided,
+            v.decision
+        );
+    }
+    Ok(())
+}
+
+fn in_process(charged: &Charged) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let store = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(spend_what_is_said_after_a_charge(
+        store,
+        &clock,
+        &Vec::new,
+        charged,
+    ))
+}
+
+fn on_redis(charged: &Charged) -> Result<(), TestCaseError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let store = Arc::new(ClockedRedis {
+        store: runtime
+            .block_on(RedisStore::connect(redis_url()))
+            .expect("the shared Redis"),
+        clock: clock.clone(),
+        charges: Mutex::new(Vec::new()),
+    });
+    let charges = store.clone();
+    let landed = move || std::mem::take(&mut *charges.charges.lock().unwrap());
+    runtime.block_on(spend_what_is_said_after_a_charge(
+        store, &clock, &landed, charged,
+    ))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn token_bucket_charged_after_the_response_in_process(c in charged(Algorithm::TokenBucket)) {
+        in_process(&c)?;
+    }
+
+    #[test]
+    fn sliding_window_charged_after_the_response_in_process(
+        c in charged(Algorithm::SlidingWindowCounter)
+    ) {
+        in_process(&c)?;
+    }
+}
+
+proptest! {
+    // Each case is a few dozen round trips to the shared Redis.
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn token_bucket_charged_after_the_response_on_redis(c in charged(Algorithm::TokenBucket)) {
+        on_redis(&c)?;
+    }
+
+    #[test]
+    fn sliding_window_charged_after_the_response_on_redis(
+        c in charged(Algorithm::SlidingWindowCounter)
+    ) {
+        on_redis(&c)?;
+    }
+}
+
+/// The concurrency limiter's half: after any history of requests started and finished, a response's `r` is
+/// how many more may start, and that many more started while the ones open stay open are all admitted. Its
+/// policy states its ceiling in the unit `concurrent-requests`, and neither field a window.
+#[derive(Debug, Clone)]
+struct Slots {
+    limit: u64,
+    /// `true` starts a request (held open), `false` finishes the oldest open one.
+    history: Vec<bool>,
+}
+
+fn slots() -> impl Strategy<Value = Slots> {
+    (1u64..=6, prop::collection::vec(any::<bool>(), 0..24))
+        .prop_map(|(limit, history)| Slots { limit, history })
+}
+
+/// What one request's answer says: admitted, its response (held open while kept) and (q, r) as read back.
+async fn start<L: SlotStore>(
+    layer: &ConcurrencyLimitLayer<ConstKey, L>,
+) -> (bool, Option<http::Response<PermitBody<String>>>, (u64, u64)) {
+    let service = tower::ServiceBuilder::new()
+        .layer(layer.clone())
+        .service_fn(|_: http::Request<()>| async {
+            Ok::<_, BoxError>(http::Response::new(String::new()))
+        });
+    let (admitted, response, verdict) = match service.oneshot(http::Request::new(())).await {
+        Ok(response) => {
+            let verdict = response
+                .extensions()
+                .get::<Verdicts>()
+                .and_then(|v| v.only())
+                .cloned();
+            (true, Some(response), verdict)
+        }
+        Err(err) => {
+            let verdict = err
+                .downcast_ref::<Rejection>()
+                .and_then(|r| r.verdict())
+                .cloned();
+            (false, None, verdict)
+        }
+    };
+    let verdict = verdict.expect("every decision has a verdict");
+    let mut headers = HeaderMap::new();
+    HeaderSet::IETF.render(&Verdicts::from(verdict), &mut headers);
+    let said = Observation::read(StatusCode::OK, &headers);
+    let (policy, limit) = (&said.policies[0], &said.limits[0]);
+    assert_eq!(policy.unit, Unit::ConcurrentRequests, "{headers:?}");
+    assert_eq!((policy.window, limit.window), (None, None), "{headers:?}");
+    (admitted, response, (policy.quota, limit.remaining))
+}
+
+async fn start_what_is_said<L: SlotStore>(
+    store: Arc<L>,
+    case: &Slots,
+) -> Result<(), TestCaseError> {
+    let key = ConstKey::new(unique_prefix("ratelimit-fields-slots"));
+    let layer = ConcurrencyLimitLayer::new("in-flight", case.limit, store, key).unwrap();
+    let mut open = std::collections::VecDeque::new();
+    for &starts in &case.history {
+        if starts {
+            if let (_, Some(response), _) = start(&layer).await {
+                open.push_back(response);
+            }
+        } else {
+            drop(open.pop_front());
+        }
+    }
+    let (admitted, last, (q, r)) = start(&layer).await;
+    prop_assert_eq!(q, case.limit);
+    prop_assert!(r <= q);
+    let mut kept = Vec::from_iter(last);
+    for i in 0..r {
+        let (admitted_too, response, _) = start(&layer).await;
+        prop_assert!(
+            admitted_too,
+            "start {i} of r={r} (the answer admitted: {admitted}; {} open before it)",
+            open.len()
+        );
+        kept.extend(response);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn concurrency_in_process(case in slots()) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(start_what_is_said(Arc::new(MemorySlotStore::new()), &case))?;
+    }
+}
+
+proptest! {
+    // Each case is a few dozen round trips to the shared Redis.
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn concurrency_on_redis(case in slots()) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let store = runtime.block_on(RedisStore::connect(redis_url())).expect("the shared Redis");
+        runtime.block_on(start_what_is_said(Arc::new(store), &case))?;
     }
 }
 

@@ -135,10 +135,12 @@ fn limiter(name: &str, source: &str) -> String {
 fn charged_and_refunded(addr: SocketAddr, limiter: &str) {
     let big = get_gen(addr, "ann", 15);
     assert_eq!(big.status, 200);
+    // The admission's numbers with the charge taken: nothing left, and the bucket full once 15 tokens of 6 minutes
+    // accrue.
+    assert_eq!(big.num("x-ratelimit-remaining"), 0);
     assert_eq!(
-        big.num("x-ratelimit-remaining"),
-        9,
-        "the admission's own numbers"
+        big.header("ratelimit"),
+        Some(format!("\"{limiter}\";r=0;t=5400").as_str())
     );
     let (denied, admitted) = until(addr, "ann", 1, "denied after the charge", |r| {
         r.status == 429
@@ -175,6 +177,11 @@ fn beside_another<St: Store>(store: Arc<St>) {
     assert_eq!(
         first.header("ratelimit-policy"),
         Some("\"everyone\";q=1000;w=3600, \"tokens\";q=10;w=3600")
+    );
+    // The charge shows in its own limiter's member only.
+    assert_eq!(
+        first.header("ratelimit"),
+        Some("\"everyone\";r=999;t=3597, \"tokens\";r=0;t=5400")
     );
     let (denied, admitted) = until(addr, "ann", 1, "denied after the charge", |r| {
         r.status == 429

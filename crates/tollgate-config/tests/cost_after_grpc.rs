@@ -94,7 +94,9 @@ async fn overdrawn(source: &str, store: Arc<impl Store>) {
         .await
         .expect("connect");
     let big = client.say_hello(call("ann", 15)).await.expect("admitted");
-    assert_eq!(meta(big.metadata(), "x-ratelimit-remaining"), "9");
+    // Shown with the charge taken: nothing left, the bucket full once 15 tokens of 6 minutes accrue.
+    assert_eq!(meta(big.metadata(), "x-ratelimit-remaining"), "0");
+    assert_eq!(meta(big.metadata(), "ratelimit"), r#""tokens";r=0;t=5400"#);
     let mut admitted = 0;
     let mut denied = None;
     for _ in 0..300 {

@@ -76,7 +76,9 @@ async fn charged_and_refunded(addr: SocketAddr) {
     let mut client = greeter(addr).await;
     let call = |key: &str, cost: u64| with_api_key(hello(&cost.to_string()), key);
     let big = client.say_hello(call("ann", 15)).await.expect("admitted");
-    assert_eq!(meta(big.metadata(), "x-ratelimit-remaining"), "9");
+    // Shown with the charge taken: nothing left, the bucket full once 15 tokens of 6 minutes accrue.
+    assert_eq!(meta(big.metadata(), "x-ratelimit-remaining"), "0");
+    assert_eq!(meta(big.metadata(), "ratelimit"), r#""tokens";r=0;t=5400"#);
     // A shared store charges in a task after the response: calls of cost 1 until it landed, bounded.
     let mut denied = None;
     let mut admitted = 0;

@@ -279,9 +279,11 @@ async fn overdraws_and_refunds<St: Store>(store: Arc<St>, clock: ManualClock, ge
         "the admission's own numbers"
     );
     wait_for_left(addr, "10 0").await;
-    // 15 in the end: 14 more, 5 beyond the bucket. The response shows its admission; the next requests the debt.
+    // 15 in the end: 14 more, 5 beyond the bucket. The response shows its admission with the charge: nothing left,
+    // and the bucket full again once the 15 tokens accrue (90 s).
     let big = http_get(addr, "/gen", &[("x-want", "15")]).await;
-    assert_eq!((big.status, big.num("x-ratelimit-remaining")), (200, 9));
+    assert_eq!((big.status, big.num("x-ratelimit-remaining")), (200, 0));
+    assert_eq!(big.header("ratelimit"), "\"gen\";r=0;t=90");
     // 5 owed and 1 for the next request: 6 tokens, 36 s.
     wait_for_left(addr, "0 36").await;
     let denied = http_get(addr, "/gen", &[("x-want", "1")]).await;
@@ -304,6 +306,65 @@ async fn overdraws_and_refunds<St: Store>(store: Arc<St>, clock: ManualClock, ge
     );
 }
 both_clocked_stores!(cost_after, cost_after_the_response_overdraws_and_refunds);
+
+/// The `r` a response shows after its charge is spent in full and admitted, and one more is refused: the shown
+/// value is what the key has left once the charge is taken, wherever the charge lands among the requests that
+/// spend it (on Redis it lands later, as a task). Token bucket and sliding window, each adapter.
+async fn the_shown_r_after_a_charge_is_admitted<St: Store>(
+    store: Arc<St>,
+    policy: Policy,
+    generic: bool,
+) {
+    let layer = RateLimitLayer::new("gen", policy, store, PeerIp)
+        .cost_after(CostAfter::Header("x-cost".into()));
+    let addr = serve(generation_app_with(layer, generic)).await;
+    // 1 up front, 4 in the end: of 10, 9 left at the decision and 6 once the 3 more are charged.
+    let charged = http_get(addr, "/gen", &[("x-want", "4")]).await;
+    assert_eq!(charged.status, 200, "{charged:#?}");
+    assert_eq!(charged.num("x-ratelimit-remaining"), 6);
+    let r: u64 = charged
+        .header("ratelimit")
+        .split(";r=")
+        .nth(1)
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(r, 6, "{charged:#?}");
+    // The clock is frozen: all within `t`. Each spends 1 (1 up front, 1 in the end).
+    for i in 0..r {
+        let spent = http_get(addr, "/gen", &[("x-want", "1")]).await;
+        assert_eq!(
+            spent.status, 200,
+            "request {i} of the {r} shown: {spent:#?}"
+        );
+    }
+    // Then nothing is left: once the charge has landed, the next is refused.
+    for _ in 0..500 {
+        if http_get(addr, "/left", &[]).await.body.starts_with("0 ") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(http_get(addr, "/gen", &[("x-want", "1")]).await.status, 429);
+}
+
+async fn shown_r_after_a_charge_token_bucket<St: Store>(store: Arc<St>, _: ManualClock) {
+    let policy = Policy::token_bucket(Quota::per_minute(10).unwrap());
+    the_shown_r_after_a_charge_is_admitted(store, policy, false).await;
+}
+both_clocked_stores!(shown_r_charged_bucket, shown_r_after_a_charge_token_bucket);
+
+async fn shown_r_after_a_charge_sliding_window<St: Store>(store: Arc<St>, _: ManualClock) {
+    let policy = Policy::sliding_window(Quota::per_minute(10).unwrap()).unwrap();
+    the_shown_r_after_a_charge_is_admitted(store, policy, true).await;
+}
+both_clocked_stores!(
+    shown_r_charged_window,
+    shown_r_after_a_charge_sliding_window
+);
 
 async fn cost_after_from_an_extension<St: Store>(store: Arc<St>, clock: ManualClock) {
     let policy = Policy::sliding_window(Quota::per_minute(10).unwrap()).unwrap();

@@ -68,7 +68,7 @@ pub use permit::{HoldPermit, Permit};
 pub use permit_body::PermitBody;
 pub use priority::{Classify, ClassifyFn, ConstPriority, Priority};
 pub use rejection::{Rejection, RejectionKind};
-pub use verdict::{Verdict, VerdictSink, Verdicts};
+pub use verdict::{QuotaUnit, Verdict, VerdictSink, Verdicts};
 
 /// Not public API: what the tollgate adapter crates (`tollgate-http`, `tollgate-grpc`) share with the limiters.
 /// Exempt from semver; may change in any release.

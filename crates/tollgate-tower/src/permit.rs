@@ -25,11 +25,15 @@
 use std::any::Any;
 use std::fmt;
 
-use crate::PermitBody;
+use crate::{PermitBody, Verdict, VerdictSink};
 
 /// A type-erased guard: dropping the permit gives back whatever it holds.
+///
+/// A concurrency limiter's permit also carries the limiter's [`Verdict`] (the slots left), for the response that
+/// holds it to carry into its [`Verdicts`](crate::Verdicts): [`take_verdict`](Self::take_verdict).
 pub struct Permit {
     _guard: Box<dyn Any + Send + Sync>,
+    verdict: Option<Box<Verdict>>,
 }
 
 impl Permit {
@@ -37,7 +41,21 @@ impl Permit {
     pub fn new<G: Any + Send + Sync>(guard: G) -> Self {
         Self {
             _guard: Box::new(guard),
+            verdict: None,
         }
+    }
+
+    /// This permit, carrying the verdict of the limiter that granted it.
+    pub(crate) fn with_verdict(mut self, verdict: Verdict) -> Self {
+        self.verdict = Some(Box::new(verdict));
+        self
+    }
+
+    /// The verdict of the limiter that granted this permit, once (the concurrency limiter's: how many more
+    /// requests may start). A [`HoldPermit`] implementation moves it into its response for the adapters that
+    /// render rate-limit fields; `http::Response`'s does.
+    pub fn take_verdict(&mut self) -> Option<Verdict> {
+        self.verdict.take().map(|v| *v)
     }
 
     /// The guard, if it is a `G` (the adaptive limiter marks its slot with how the request ended).
@@ -67,7 +85,12 @@ pub trait HoldPermit: Sized {
 impl<B> HoldPermit for http::Response<B> {
     type Held = http::Response<PermitBody<B>>;
 
-    fn hold(self, permit: Option<Permit>) -> Self::Held {
+    /// Moves the permit's verdict ([`Permit::take_verdict`]) into the response's [`Verdicts`](crate::Verdicts),
+    /// and the permit into the body.
+    fn hold(mut self, mut permit: Option<Permit>) -> Self::Held {
+        if let Some(verdict) = permit.as_mut().and_then(Permit::take_verdict) {
+            self.verdicts_mut().push(verdict);
+        }
         self.map(|body| PermitBody::new(body, permit))
     }
 }
@@ -94,7 +117,24 @@ impl<Req, T: HoldPermit> crate::limit::Answer<Req, T> for Hold {
         Ok(response.hold(grant))
     }
 
-    fn respond(&self, result: Result<T, crate::BoxError>, grant: Option<Permit>) -> Self::Output {
-        result.map(|response| response.hold(grant))
+    fn respond(
+        &self,
+        result: Result<T, crate::BoxError>,
+        mut grant: Option<Permit>,
+    ) -> Self::Output {
+        match result {
+            Ok(response) => Ok(response.hold(grant)),
+            Err(mut err) => {
+                // Rejected further in after this limiter admitted the request: its verdict travels with the
+                // rejection, as a rate limiter's does, for the adapter that answers it.
+                if let (Some(verdict), Some(rejection)) = (
+                    grant.as_mut().and_then(Permit::take_verdict),
+                    err.downcast_mut::<crate::Rejection>(),
+                ) {
+                    rejection.push_admitted(verdict);
+                }
+                Err(err)
+            }
+        }
     }
 }

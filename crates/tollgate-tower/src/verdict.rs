@@ -39,7 +39,19 @@
 use std::time::Duration;
 
 use crate::Name;
-use tollgate_core::Decision;
+use tollgate_core::{Decision, Outcome, Timestamp};
+
+/// What a verdict's quota counts: the quota unit of the IETF RateLimit fields (`qu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum QuotaUnit {
+    /// Requests (each of its cost) per window: the rate limiter's quota.
+    #[default]
+    Requests,
+    /// Requests in flight at once: the concurrency limiter's quota. It has no window: the decision's `limit` is the
+    /// most requests in flight, `remaining` how many more may start, and `window` is zero.
+    ConcurrentRequests,
+}
 
 /// One limiter's decision on one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,16 +66,51 @@ pub struct Verdict {
     pub decision: Decision,
     /// False in shadow mode: decided but not enforced, and not shown to clients.
     pub enforced: bool,
+    /// What the quota counts: requests per window, or requests in flight.
+    pub unit: QuotaUnit,
 }
 
 impl Verdict {
-    /// An enforced verdict.
+    /// An enforced verdict on a quota of requests per `window`.
     pub fn new(limiter: impl Into<Name>, window: Duration, decision: Decision) -> Self {
         Self {
             limiter: limiter.into(),
             window,
             decision,
             enforced: true,
+            unit: QuotaUnit::Requests,
+        }
+    }
+
+    /// An enforced verdict of a concurrency limiter ([`QuotaUnit::ConcurrentRequests`]) decided at `now`: at most
+    /// `limit` requests in flight, and `remaining` more may start (after this one, if it was admitted).
+    /// `retry_after` is `None` for an admission, and a refusal's announced retry delay otherwise.
+    ///
+    /// Nothing in flight resets at an instant: the decision's `reset` is `now`.
+    pub fn in_flight(
+        limiter: impl Into<Name>,
+        limit: u64,
+        remaining: u64,
+        retry_after: Option<Duration>,
+        now: Timestamp,
+    ) -> Self {
+        let outcome = match retry_after {
+            None => Outcome::Allowed,
+            Some(_) => Outcome::Limited,
+        };
+        Self {
+            limiter: limiter.into(),
+            window: Duration::ZERO,
+            decision: Decision {
+                outcome,
+                limit,
+                remaining: remaining.min(limit),
+                reset: now,
+                retry_after,
+                now,
+            },
+            enforced: true,
+            unit: QuotaUnit::ConcurrentRequests,
         }
     }
 
@@ -165,11 +212,14 @@ impl Verdicts {
         enforced.next().is_none().then_some(only).flatten()
     }
 
-    /// The enforced verdict that binds the client most: a denial first, then the fewest remaining, then the
-    /// latest reset. Single-policy headers (`X-RateLimit-*`) describe this one.
+    /// The enforced verdict on requests per window that binds the client most: a denial first, then the fewest
+    /// remaining, then the latest reset. Single-policy headers (`X-RateLimit-*`) describe this one; they say
+    /// when a window's quota is back (`X-RateLimit-Reset`), which a quota of requests in flight
+    /// ([`QuotaUnit::ConcurrentRequests`]) has no instant for, so its verdicts are never the binding one.
     #[must_use]
     pub fn binding(&self) -> Option<&Verdict> {
-        self.enforced().min_by_key(|v| {
+        let windowed = self.enforced().filter(|v| v.unit == QuotaUnit::Requests);
+        windowed.min_by_key(|v| {
             (
                 v.decision.is_allowed(),
                 v.decision.remaining,

@@ -136,5 +136,6 @@ async fn the_stack_on_a_tonic_server() {
 }
 
 fn critical_metadata_has_rate_fields(reply: &tonic::Response<grpc::countdown::CountReply>) -> bool {
-    grpc::meta(reply.metadata(), "ratelimit-policy") == "\"per-client\";q=100;w=3600"
+    grpc::meta(reply.metadata(), "ratelimit-policy")
+        == r#""per-client";q=100;w=3600, "in-flight";q=1;qu="concurrent-requests""#
 }

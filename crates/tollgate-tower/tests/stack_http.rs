@@ -104,7 +104,10 @@ async fn the_stack_on_a_router_over_redis() {
     let held = held.await.unwrap();
     assert_eq!(held.status, 200);
     assert_eq!(held.header("x-ratelimit-remaining"), "3");
-    assert_eq!(held.header("ratelimit-policy"), "\"per-client\";q=4;w=3600");
+    assert_eq!(
+        held.header("ratelimit-policy"),
+        r#""per-client";q=4;w=3600, "in-flight";q=1;qu="concurrent-requests""#
+    );
     until_released(&ann_leases).await;
 
     // Two tokens were taken (the held request and the rejected one): two remain.

@@ -20,12 +20,17 @@
 //!   bucket is full, the window's counts have decayed — so quota is surely back;
 //! - refused: the smaller of that and `⌈retry_after⌉` (at least 1), so that `Retry-After` (`⌈retry_after⌉`) never
 //!   points before the end of `t`.
+//!
+//! A concurrency limiter's quota ([`QuotaUnit::ConcurrentRequests`]) is announced in the draft's quota unit
+//! `qu="concurrent-requests"` (a String, one of the three units the draft defines): `q` the most requests in flight,
+//! `r` how many more may start. It has no window, so neither `w` (optional) nor `t` (optional) is sent: no time
+//! would bring a slot back but a request in flight finishing.
 
 use std::time::Duration;
 
 use http::HeaderName;
 
-use tollgate_tower::Verdict;
+use tollgate_tower::{QuotaUnit, Verdict};
 
 /// The revision whose meaning the fields carry.
 pub const REVISION: &str = "draft-ietf-httpapi-ratelimit-headers-11";
@@ -43,6 +48,14 @@ pub(super) const WINDOW: &str = ";w=";
 pub(super) const AVAILABLE: &str = ";r=";
 /// `RateLimit`'s effective window parameter.
 pub(super) const EFFECTIVE_WINDOW: &str = ";t=";
+/// `RateLimit-Policy`'s quota unit parameter with the unit of a concurrency limiter's quota.
+pub(super) const CONCURRENT_REQUESTS: &str = ";qu=\"concurrent-requests\"";
+
+/// Whether `v`'s quota has a window (`w` and `t` are sent): requests per window, not requests in flight.
+#[must_use]
+pub(super) fn windowed(v: &Verdict) -> bool {
+    v.unit != QuotaUnit::ConcurrentRequests
+}
 
 /// `t`: the effective window of `v`, in whole seconds (see the module docs).
 #[must_use]
@@ -90,7 +103,8 @@ mod tests {
     use tollgate_core::{Decision, Outcome, Timestamp};
 
     use super::effective_window_secs;
-    use tollgate_tower::Verdict;
+    use crate::headers::HeaderSet;
+    use tollgate_tower::{Verdict, Verdicts};
 
     fn v(
         outcome: Outcome,
@@ -151,5 +165,35 @@ mod tests {
         for (verdict, t) in cases {
             assert_eq!(effective_window_secs(&verdict), t, "{verdict:?}");
         }
+    }
+
+    /// A concurrency limiter's quota in the draft's unit, without a window; beside a rate limiter's, each member
+    /// keeps its own parameters, and the GitHub-style fields describe the rate limiter's.
+    #[test]
+    fn a_concurrency_quota_is_announced_in_its_unit_without_a_window() {
+        let now = Timestamp::from_micros(1_700_000_000_000_000);
+        let slots = Verdict::in_flight("slots", 5, 4, None, now);
+        let mut headers = http::HeaderMap::new();
+        HeaderSet::ALL.render(&Verdicts::from(slots.clone()), &mut headers);
+        assert_eq!(
+            headers["ratelimit-policy"],
+            r#""slots";q=5;qu="concurrent-requests""#
+        );
+        assert_eq!(headers["ratelimit"], r#""slots";r=4"#);
+        assert_eq!(headers.len(), 2, "no X-RateLimit-*: {headers:?}");
+
+        let refused = Verdict::in_flight("slots", 5, 0, Some(Duration::from_secs(1)), now);
+        let mut verdicts = Verdicts::from(refused);
+        verdicts.push(v(Outcome::Allowed, 100, 60_000, 98, 1_200, None));
+        let mut headers = http::HeaderMap::new();
+        HeaderSet::ALL.render(&verdicts, &mut headers);
+        assert_eq!(
+            headers["ratelimit-policy"],
+            r#""v";q=100;w=60, "slots";q=5;qu="concurrent-requests""#
+        );
+        assert_eq!(headers["ratelimit"], r#""v";r=98;t=59, "slots";r=0"#);
+        assert_eq!(headers["x-ratelimit-resource"], "v");
+        assert_eq!(headers["x-ratelimit-remaining"], "98");
+        assert!(verdicts.binding().is_some_and(|b| &*b.limiter == "v"));
     }
 }

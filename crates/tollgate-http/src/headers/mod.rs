@@ -7,7 +7,11 @@
 //!   `RateLimit: "<name>";r=<available>;t=<effective window s>`, one list member per enforced limiter, outermost
 //!   limiter first. `r` is what the limiter would admit now; `t` the time within which the client should spend no
 //!   more than `r` ([`draft::effective_window_secs`]: for `r > 0` the time the limit takes to accrue `r`).
-//! - GitHub style, for the binding limiter (a denial first, else the fewest remaining): `X-RateLimit-Limit`,
+//!   A concurrency limiter's quota ([`QuotaUnit::ConcurrentRequests`](tollgate_tower::QuotaUnit)) has no window:
+//!   `RateLimit-Policy: "<name>";q=<most in flight>;qu="concurrent-requests"` and `RateLimit: "<name>";r=<slots
+//!   left after this request>`, without `w` or `t`.
+//! - GitHub style, for the binding limiter among those with a window (a denial first, else the fewest remaining;
+//!   a concurrency limiter alone writes none of them): `X-RateLimit-Limit`,
 //!   `-Remaining`, `-Reset` (epoch seconds of the stored reset, rounded up), `-Used` (`limit − remaining`) and
 //!   `-Resource` (the limiter's name).
 //!
@@ -139,41 +143,40 @@ impl HeaderSet {
 
     /// [`render`](Self::render) for any number of verdicts, formatting every field.
     fn render_general(self, verdicts: &Verdicts, headers: &mut HeaderMap) {
-        let Some(binding) = verdicts.binding() else {
+        if verdicts.enforced().next().is_none() {
             return;
-        };
+        }
         // Grow the map once, and format every value in one scratch buffer.
         headers.reserve(self.fields());
         let mut buf = String::with_capacity(64);
         if self.ietf {
             for (i, v) in verdicts.enforced().rev().enumerate() {
-                push_member(
-                    &mut buf,
-                    i,
-                    &v.limiter,
-                    draft::QUOTA,
-                    v.window_limit(),
-                    draft::WINDOW,
-                    v.window_secs(),
-                );
+                push_name(&mut buf, i, &v.limiter);
+                push_param(&mut buf, draft::QUOTA, v.window_limit());
+                if draft::windowed(v) {
+                    push_param(&mut buf, draft::WINDOW, v.window_secs());
+                } else {
+                    buf.push_str(draft::CONCURRENT_REQUESTS);
+                }
             }
             insert_str(headers, RATELIMIT_POLICY, &buf);
             buf.clear();
             for (i, v) in verdicts.enforced().rev().enumerate() {
-                push_member(
-                    &mut buf,
-                    i,
-                    &v.limiter,
-                    draft::AVAILABLE,
-                    v.decision.remaining,
-                    draft::EFFECTIVE_WINDOW,
-                    draft::effective_window_secs(v),
-                );
+                push_name(&mut buf, i, &v.limiter);
+                push_param(&mut buf, draft::AVAILABLE, v.decision.remaining);
+                if draft::windowed(v) {
+                    push_param(
+                        &mut buf,
+                        draft::EFFECTIVE_WINDOW,
+                        draft::effective_window_secs(v),
+                    );
+                }
             }
             insert_str(headers, RATELIMIT, &buf);
             buf.clear();
         }
-        if self.github {
+        // Only quotas per window are described there (see `Verdicts::binding`).
+        if let (true, Some(binding)) = (self.github, verdicts.binding()) {
             render_github(binding, headers, &mut buf);
         }
     }
@@ -184,16 +187,18 @@ impl HeaderSet {
     }
 }
 
-/// Appends one list member: `"name";a=x;b=y`, preceded by `, ` unless it is the first.
-fn push_member(buf: &mut String, index: usize, name: &str, a: &str, x: u64, b: &str, y: u64) {
+/// Starts one list member: `"name"`, preceded by `, ` unless it is the first.
+fn push_name(buf: &mut String, index: usize, name: &str) {
     if index > 0 {
         buf.push_str(", ");
     }
     push_sf_string(buf, name);
+}
+
+/// Appends one integer parameter, `;a=x` (`a` is `;a=`).
+fn push_param(buf: &mut String, a: &str, x: u64) {
     buf.push_str(a);
     push_u64(buf, x);
-    buf.push_str(b);
-    push_u64(buf, y);
 }
 
 pub(crate) fn push_u64(buf: &mut String, n: u64) {

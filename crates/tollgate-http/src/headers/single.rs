@@ -197,6 +197,11 @@ impl HeaderSet {
     /// Renders `v` from its limiter's kept constants; `None` (nothing written) when they cannot be kept or the values
     /// do not fit the inline buffer.
     pub(super) fn render_single(self, v: &Verdict, headers: &mut HeaderMap) -> Option<()> {
+        // The kept constants are a quota per window's (`w`, `t` and the GitHub fields); a concurrency limiter's
+        // fields take the general path.
+        if !draft::windowed(v) {
+            return None;
+        }
         let constant = Constant::of(v)?.fields.as_ref()?;
         let mut s = Scratch {
             len: 0,
@@ -297,6 +302,15 @@ mod tests {
             verdict("say \"hi\" \\ é", Outcome::Allowed, 5, 5),
             verdict("max", Outcome::Allowed, u64::MAX, u64::MAX - 1),
             verdict(&long, Outcome::Allowed, 10, 3),
+            // A concurrency limiter's: no window, and the general path.
+            Verdict::in_flight("slots", 5, 4, None, Timestamp::from_micros(1)),
+            Verdict::in_flight(
+                "slots",
+                5,
+                0,
+                Some(Duration::from_secs(1)),
+                Timestamp::from_micros(1),
+            ),
         ];
         for set in [
             HeaderSet::ALL,

@@ -71,6 +71,11 @@ impl<R, Tk> Responder<R, Tk> {
 pub(crate) trait Charger: Send + Sync {
     /// Charges `delta` (a refund if negative) to `key`, for a request decided at `decided_at`, without waiting.
     fn charge(&self, key: String, delta: i64, decided_at: tollgate_core::Timestamp);
+
+    /// Whether a charge moves the key's reset (the instant it holds nothing of the key) by the time the charge
+    /// takes to accrue: a token bucket's, which is full that much later. A sliding window counter's reset is the
+    /// end of the window after the one the charge is counted in, whatever the count.
+    fn charge_moves_reset(&self) -> bool;
 }
 
 /// A request's part in a charge after the response: its key, what it was charged up front, and where its real
@@ -92,18 +97,24 @@ impl fmt::Debug for Settle {
 }
 
 impl Settle {
-    /// Charges the difference between the real cost the response states and what was charged up front. Only a
-    /// decided request is charged (a verdict says when): a failed-open one was never counted. A request admitted
-    /// over the limit in shadow mode spent nothing up front, so it is charged its whole cost.
+    /// Charges the difference between the real cost the response states and what was charged up front, and shows
+    /// it in `verdict` (see [`shown_after_charge`]). Only a decided request is charged (a verdict says when): a
+    /// failed-open one was never counted. A request admitted over the limit in shadow mode spent nothing up front,
+    /// so it is charged its whole cost.
     #[cold]
     #[inline(never)]
-    fn after(&self, real: Option<u64>, verdict: Option<&crate::Verdict>) {
+    fn after(&self, real: Option<u64>, verdict: Option<&mut crate::Verdict>) {
         if let Some(verdict) = verdict {
-            self.after_decided(real, verdict.decision.is_allowed(), verdict.decision.now);
+            let allowed = verdict.decision.is_allowed();
+            let delta = self.after_decided(real, allowed, verdict.decision.now);
+            if allowed {
+                shown_after_charge(verdict, delta, self.charger.charge_moves_reset());
+            }
         }
     }
 
-    /// [`after`](Self::after) for a request decided at `decided_at`, `allowed` or over the limit (shadow mode).
+    /// [`after`](Self::after) for a request decided at `decided_at`, `allowed` or over the limit (shadow mode):
+    /// the delta charged (a refund if negative).
     #[cold]
     #[inline(never)]
     pub(crate) fn after_decided(
@@ -111,9 +122,9 @@ impl Settle {
         real: Option<u64>,
         allowed: bool,
         decided_at: tollgate_core::Timestamp,
-    ) {
+    ) -> i64 {
         let Some(real) = real else {
-            return;
+            return 0;
         };
         let spent = if allowed { self.upfront } else { 0 };
         let delta = i64::try_from(real)
@@ -122,6 +133,31 @@ impl Settle {
         if delta != 0 {
             self.charger.charge(self.key.clone(), delta, decided_at);
         }
+        delta
+    }
+}
+
+/// An admission's `verdict` as its response shows it once `delta` more than its up-front cost is charged, before
+/// the headers are written: `remaining` less the charge (at least 0), so that a client spending the shown `r` is
+/// admitted wherever the charge lands among its requests (they and the charge together take at most what the
+/// decision left); and, when the charge moves the key's reset (`moves_reset`, a token bucket), the reset later by
+/// the time the charge takes to accrue, never past the debt's floor (two windows from the decision). A refund
+/// (`delta < 0`) shows nothing more: on a shared store it lands later, and the shown `r` must hold before it does.
+pub(crate) fn shown_after_charge(verdict: &mut crate::Verdict, delta: i64, moves_reset: bool) {
+    let Ok(more) = u64::try_from(delta) else {
+        return;
+    };
+    if more == 0 {
+        return;
+    }
+    let d = &mut verdict.decision;
+    d.remaining = d.remaining.saturating_sub(more);
+    if moves_reset && d.limit > 0 {
+        let accrue =
+            u128::from(more).saturating_mul(verdict.window.as_micros()) / u128::from(d.limit);
+        let accrue = std::time::Duration::from_micros(u64::try_from(accrue).unwrap_or(u64::MAX));
+        let floor = d.now.saturating_add(verdict.window.saturating_mul(2));
+        d.reset = d.reset.saturating_add(accrue).min(floor.max(d.reset));
     }
 }
 
@@ -133,12 +169,12 @@ impl<Req, T, R: Respond<Req, T, Ticket = Tk>, Tk: Copy> Answer<Req, T> for Respo
     type Output = Result<R::Response, R::Error>;
 
     #[inline(always)]
-    fn amend_ok(&self, response: &mut T, grant: Option<Self::Grant>) -> Option<Self::Grant> {
+    fn amend_ok(&self, response: &mut T, mut grant: Option<Self::Grant>) -> Option<Self::Grant> {
         if let Some(settle) = &self.settle {
             let real = self
                 .respond
                 .final_cost(&self.ticket, response, &settle.source);
-            settle.after(real, grant.as_deref());
+            settle.after(real, grant.as_deref_mut());
         }
         self.respond.amend_ok(&self.ticket, response, grant)
     }
@@ -393,5 +429,54 @@ where
             let ready = take_ready(inner);
             ResponseFuture::deciding(decide, ready, req, answer)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tollgate_core::{Decision, Outcome, Timestamp};
+
+    use super::shown_after_charge;
+    use crate::Verdict;
+
+    /// 10 per minute, 9 left after the up-front cost, full again in 6 s.
+    fn admitted() -> Verdict {
+        Verdict::new(
+            "v",
+            Duration::from_secs(60),
+            Decision {
+                outcome: Outcome::Allowed,
+                limit: 10,
+                remaining: 9,
+                reset: Timestamp::from_micros(6_000_000),
+                retry_after: None,
+                now: Timestamp::from_micros(0),
+            },
+        )
+    }
+
+    #[test]
+    fn a_charge_shows_in_remaining_and_a_token_buckets_reset() {
+        let shown = |delta, moves_reset| {
+            let mut v = admitted();
+            shown_after_charge(&mut v, delta, moves_reset);
+            (
+                v.decision.remaining,
+                v.decision.reset.as_micros() / 1_000_000,
+            )
+        };
+        // 3 more: 6 left; the bucket is full 3 tokens (18 s) later.
+        assert_eq!(shown(3, true), (6, 24));
+        // 14 more: nothing left, full once the 15 tokens accrue (90 s).
+        assert_eq!(shown(14, true), (0, 90));
+        // Beyond the debt's floor (two windows): the reset stops there.
+        assert_eq!(shown(1_000, true), (0, 120));
+        // A sliding window's reset does not move.
+        assert_eq!(shown(3, false), (6, 6));
+        // A refund, or nothing more, shows nothing more.
+        assert_eq!(shown(-5, true), (9, 6));
+        assert_eq!(shown(0, true), (9, 6));
     }
 }

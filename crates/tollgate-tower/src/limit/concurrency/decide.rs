@@ -3,16 +3,16 @@
 //! from the store's answer (mode, metrics, failure policy).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tollgate_core::slot::{Admission, MemorySlotStore, SlotId, SlotStore, block_on_ready};
-use tollgate_core::{FailurePolicy, StoreError};
+use tollgate_core::{FailurePolicy, StoreError, Timestamp};
 
 use crate::limit::core::{self, Judge};
 use crate::limit::releases::Releases;
 use crate::limit::slot_guard::SlotGuard;
 use crate::observe::{NearLimitShare, Signals, store_name, timed_async};
-use crate::{EnforcementSwitch, Mode, Name, Permit, Rejection, RejectionKind};
+use crate::{EnforcementSwitch, Mode, Name, Permit, Rejection, RejectionKind, Verdict};
 
 /// What a slot limiter concludes: an admission grants the permit its response holds.
 pub(crate) type Conclusion = core::Conclusion<Permit>;
@@ -101,8 +101,8 @@ impl<R, L: SlotStore> Shared<R, L> {
         }
         match result {
             Ok(admission) if admission.granted => {
-                self.judge
-                    .admitted(limit.saturating_sub(admission.in_flight), limit);
+                let remaining = limit.saturating_sub(admission.in_flight);
+                self.judge.admitted(remaining, limit);
                 let guard = SlotGuard::new(
                     self.store.clone(),
                     self.releases.clone(),
@@ -110,7 +110,12 @@ impl<R, L: SlotStore> Shared<R, L> {
                     slot,
                     self.slot_ttl,
                 );
-                Conclusion::Admit(Some(Permit::new(guard)))
+                Conclusion::Admit(Some(self.permit(
+                    Permit::new(guard),
+                    limit,
+                    remaining,
+                    mode,
+                )))
             }
             Ok(admission) => self.over_limit(mode, admission.in_flight, limit),
             Err(err) => self.store_failed(key, slot, limit, mode, &err),
@@ -143,15 +148,40 @@ impl<R, L: SlotStore> Shared<R, L> {
         (slot, result)
     }
 
+    /// `permit` of an admission that left `remaining` of `limit` slots, carrying the concurrency limiter's verdict
+    /// for the response's RateLimit fields. The fleet shedder's carries none: its ceiling is the fleet's capacity,
+    /// not a quota the client could pace itself to.
+    fn permit(&self, permit: Permit, limit: u64, remaining: u64, mode: Mode) -> Permit {
+        if self.kind.is_overload() {
+            return permit;
+        }
+        let mut verdict =
+            Verdict::in_flight(self.judge.name.clone(), limit, remaining, None, now());
+        verdict.enforced = mode == Mode::Enforce;
+        permit.with_verdict(verdict)
+    }
+
     fn over_limit(&self, mode: Mode, in_flight: u64, limit: u64) -> Conclusion {
+        let remaining = limit.saturating_sub(in_flight);
         self.judge.over_limit(
             mode,
-            limit.saturating_sub(in_flight),
+            remaining,
             &format_args!("{in_flight} in flight, limit {limit}: {}", self.kind),
             || None,
             || {
-                Rejection::new(self.kind, self.judge.name.clone())
-                    .with_retry_after(self.retry_after)
+                let rejection = Rejection::new(self.kind, self.judge.name.clone())
+                    .with_retry_after(self.retry_after);
+                if self.kind.is_overload() {
+                    return rejection;
+                }
+                let verdict = Verdict::in_flight(
+                    self.judge.name.clone(),
+                    limit,
+                    remaining,
+                    Some(self.retry_after),
+                    now(),
+                );
+                rejection.with_verdict(verdict)
             },
         )
     }
@@ -174,10 +204,17 @@ impl<R, L: SlotStore> Shared<R, L> {
                 if !admission.granted {
                     return Some(self.over_limit(mode, admission.in_flight, limit));
                 }
-                self.judge
-                    .admitted_locally(limit.saturating_sub(admission.in_flight), limit);
+                let remaining = limit.saturating_sub(admission.in_flight);
+                self.judge.admitted_locally(remaining, limit);
                 let guard = SlotGuard::new(local.clone(), None, key, slot, self.slot_ttl);
-                Some(Conclusion::Admit(Some(Permit::new(guard))))
+                let permit = self.permit(Permit::new(guard), limit, remaining, mode);
+                Some(Conclusion::Admit(Some(permit)))
             })
     }
+}
+
+/// The instant a slot decision is made, for its verdict: a slot store answers without a clock, and the verdict
+/// states no time (a quota of requests in flight has no window), so the local clock serves.
+fn now() -> Timestamp {
+    Timestamp::from(SystemTime::now())
 }

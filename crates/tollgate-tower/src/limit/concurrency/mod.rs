@@ -11,6 +11,13 @@
 //! - the store fails: the layer's failure policy answers (admit, reject with
 //!   [`StoreUnavailable`](crate::RejectionKind::StoreUnavailable), or count in process).
 //!
+//! Both answers carry the limiter's [`Verdict`](crate::Verdict) (unit
+//! [`ConcurrentRequests`](crate::QuotaUnit::ConcurrentRequests): the ceiling, and the slots left after this
+//! request), an admission's in its response (through the permit, [`HoldPermit`](crate::HoldPermit)) and a
+//! rejection's in the [`Rejection`](crate::Rejection), for the adapters' RateLimit fields
+//! (`qu="concurrent-requests"`). The fleet shedder's answers carry none: its ceiling is the fleet's capacity, not a
+//! quota the client could pace itself to.
+//!
 //! With [`MemorySlotStore`](tollgate_core::slot::MemorySlotStore) the limit holds per instance; with the Redis
 //! store for the whole fleet. Shared slots expire after the slot time unless renewed, which the holder does
 //! every third of it while the request runs, so a crashed instance's requests stop counting after one slot time.

@@ -16,7 +16,7 @@ use crate::key::{hash_bytes, with_key_buffer};
 use crate::limit::core::{self, Judge};
 use crate::limit::future::Charger;
 use crate::observe::{CHARGES_LOST_TOTAL, NearLimitShare, Signals, store_name, timed, timed_async};
-use crate::{Cost, KeyError, KeyExtractor, Mode, Name, Rejection, Verdict};
+use crate::{Cost, KeyError, KeyExtractor, Mode, Name, QuotaUnit, Rejection, Verdict};
 
 /// What the rate limiter concludes: an admission grants the verdict the headers are rendered from.
 pub(crate) type Conclusion = core::Conclusion<Box<Verdict>>;
@@ -71,6 +71,10 @@ impl<K: Send + Sync, St: Store, C: Send + Sync> Charger for Shared<K, St, C> {
         };
         self.store
             .charge_detached(key, &self.policy, delta, decided_at, lost);
+    }
+
+    fn charge_moves_reset(&self) -> bool {
+        self.policy.algorithm() == tollgate_core::Algorithm::TokenBucket
     }
 }
 
@@ -433,6 +437,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             window: self.window,
             decision,
             enforced: mode == Mode::Enforce,
+            unit: QuotaUnit::Requests,
         }
     }
 

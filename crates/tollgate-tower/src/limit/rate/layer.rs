@@ -114,7 +114,10 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
     /// bucket's content goes down to −burst at most, a sliding window's count up to twice its limit). That
     /// appears in the headers of the next requests: refused with 429, `remaining` 0, and `Retry-After` (and the
     /// RateLimit field's `t`) the time until the debt is repaid and the request's own cost accrued. The
-    /// response carrying the charge still shows the decision made when it was admitted. A refund never leaves
+    /// response carrying the charge shows its admission with the charge taken, since the real cost is known
+    /// before its headers are written: `remaining` (the RateLimit field's `r`) less the charge, at least 0, and for
+    /// a token bucket the reset later by the time the charge takes to accrue; a refund shows nothing more (on a
+    /// shared store it lands later). A refund never leaves
     /// the key better off than if the request had not happened (never above a full bucket; a window gives back
     /// only what it still counts of the request).
     ///

@@ -63,7 +63,7 @@ use super::decide::{Conclusion, Shared};
 use crate::key::with_key_buffer;
 use crate::limit::core;
 use crate::limit::future::{
-    Answer, Deciding, Grants, ResponseFuture, Settle, decide_later, refuse,
+    Answer, Deciding, Grants, ResponseFuture, Settle, decide_later, refuse, shown_after_charge,
 };
 use crate::readiness::DeferredReadiness;
 use crate::respond::LayerWith;
@@ -346,6 +346,8 @@ struct More {
 #[derive(Debug)]
 struct Settled {
     settle: Settle,
+    /// The limiter whose verdict shows the charge.
+    limiter: crate::Name,
     allowed: bool,
     decided_at: tollgate_core::Timestamp,
 }
@@ -390,6 +392,7 @@ impl SetGrant {
         };
         self.more().settles.push(Settled {
             settle,
+            limiter: verdict.limiter.clone(),
             allowed: verdict.decision.is_allowed(),
             decided_at: verdict.decision.now,
         });
@@ -426,9 +429,9 @@ where
 
     #[inline(always)]
     fn amend_ok(&self, response: &mut T, grant: Option<SetGrant>) -> Option<SetGrant> {
-        let (own, more) = grant.map_or((None, None), |g| (g.own, g.more));
+        let (mut own, more) = grant.map_or((None, None), |g| (g.own, g.more));
         if let Some(more) = more {
-            self.amend_more(response, *more);
+            self.amend_more(response, *more, own.as_deref_mut());
         }
         let own = self.respond.amend_ok(&self.ticket, response, own)?;
         Some(SetGrant {
@@ -444,10 +447,10 @@ where
     }
 
     fn respond(&self, result: Result<T, BoxError>, grant: Option<SetGrant>) -> Self::Output {
-        let (own, more) = grant.map_or((None, None), |g| (g.own, g.more));
+        let (mut own, more) = grant.map_or((None, None), |g| (g.own, g.more));
         let result = match (result, more) {
             (Ok(mut response), Some(more)) => {
-                self.amend_more(&mut response, *more);
+                self.amend_more(&mut response, *more, own.as_deref_mut());
                 Ok(response)
             }
             (Err(err), Some(more)) => Err(with_admitted(err, more.rest)),
@@ -458,17 +461,19 @@ where
 }
 
 impl<R, Tk> SetAnswer<R, Tk> {
-    /// Charges what the response states to the limiters that charge after it, and leaves the further limiters'
-    /// verdicts on it (last to first) for the responder.
+    /// Charges what the response states to the limiters that charge after it, shows each charge in its limiter's
+    /// verdict (`own`, the responder's, or one of the further limiters'), and leaves the further limiters'
+    /// verdicts on the response (last to first) for the responder.
     #[cold]
     #[inline(never)]
-    fn amend_more<Req, T>(&self, response: &mut T, more: More)
+    fn amend_more<Req, T>(&self, response: &mut T, mut more: More, mut own: Option<&mut Verdict>)
     where
         T: VerdictSink,
         R: Respond<Req, T, Ticket = Tk>,
     {
         for Settled {
             settle,
+            limiter,
             allowed,
             decided_at,
         } in &more.settles
@@ -476,7 +481,17 @@ impl<R, Tk> SetAnswer<R, Tk> {
             let real = self
                 .respond
                 .final_cost(&self.ticket, response, &settle.source);
-            settle.after_decided(real, *allowed, *decided_at);
+            let delta = settle.after_decided(real, *allowed, *decided_at);
+            if !*allowed {
+                continue;
+            }
+            let shown = match own.as_deref_mut() {
+                Some(v) if v.limiter == *limiter => Some(v),
+                _ => more.rest.iter_mut().find(|v| v.limiter == *limiter),
+            };
+            if let Some(verdict) = shown {
+                shown_after_charge(verdict, delta, settle.charger.charge_moves_reset());
+            }
         }
         if !more.rest.is_empty() {
             response.verdicts_mut().extend(more.rest.into_iter().rev());
