@@ -7,7 +7,7 @@
 //! - `tollgate_store_errors_total{limiter, kind, failure_policy}` ([`STORE_ERRORS_TOTAL`]): every store error, by
 //!   [`StoreError::kind`](tollgate_core::StoreError::kind);
 //! - `tollgate_near_limit_total{limiter}` ([`NEAR_LIMIT_TOTAL`]): admissions that left less than the limiter's
-//!   [`NearLimitShare`] of its limit (default 20 %), the alerting signal before clients see 429s;
+//!   near-limit share of its limit (`.near_limit(share)`, default 20 %), the alerting signal before clients see 429s;
 //! - `tollgate_charges_lost_total{limiter}` ([`CHARGES_LOST_TOTAL`]): charges after the response
 //!   ([`RateLimitLayer::cost_after`](crate::RateLimitLayer::cost_after)) that could not reach the store (it
 //!   failed, or could not be reached): the request was served, its real cost never counted.
