@@ -2,7 +2,9 @@
 //! through three tollgate layers (failing open, closed and to a local limit), the primary is failed over with
 //! `SENTINEL FAILOVER` or killed with SIGKILL. Under each policy, decisions come from Redis again within 10 s; no
 //! limiter call reaches a replica (the servers run with `replica-read-only no`, so one would succeed there
-//! silently and be counted); and the limit holds afterwards on the new primary.
+//! silently and be counted); and the limit holds afterwards on the new primary. The `SENTINEL FAILOVER` case runs
+//! over TLS too (servers and Sentinels TLS-only, mutual TLS, one CA), where a wrong CA or a missing client
+//! certificate is a typed start-up error.
 
 mod common;
 
@@ -52,11 +54,22 @@ impl Recording {
     }
 }
 
-async fn sentinel_store(setup: &RedisSentinels, namespace: &str) -> RedisStore {
-    RedisStore::sentinel_builder(setup.addrs(), SENTINEL_MASTER)
+/// The store's builder for `setup`: over TLS (the setup's CA and client certificate) when the setup speaks it.
+fn sentinel_builder(setup: &RedisSentinels, namespace: &str) -> tollgate_redis::RedisStoreBuilder {
+    let builder = RedisStore::sentinel_builder(setup.addrs(), SENTINEL_MASTER)
         .namespace(namespace)
         .timeout(Duration::from_secs(2))
-        .circuit_breaker(3, Duration::from_millis(200))
+        .circuit_breaker(3, Duration::from_millis(200));
+    match setup.tls() {
+        Some(files) => builder
+            .tls_ca_file(&files.ca)
+            .tls_client_cert_files(&files.client_cert, &files.client_key),
+        None => builder,
+    }
+}
+
+async fn sentinel_store(setup: &RedisSentinels, namespace: &str) -> RedisStore {
+    sentinel_builder(setup, namespace)
         .build()
         .await
         .expect("the Sentinel store builds")
@@ -76,8 +89,14 @@ fn script_calls(server: &tollgate_testkit::redis::RedisServer) -> u64 {
         .sum()
 }
 
-async fn failover_while_requests_flow(kill: bool) {
-    let mut setup = tokio::task::block_in_place(RedisSentinels::start);
+async fn failover_while_requests_flow(kill: bool, tls: bool) {
+    let mut setup = tokio::task::block_in_place(|| {
+        if tls {
+            RedisSentinels::start_tls()
+        } else {
+            RedisSentinels::start()
+        }
+    });
     let old_primary = setup.primary_port();
     let namespace = unique_prefix("sentinel");
     let plenty = common::hourly_bucket(1_000_000);
@@ -181,23 +200,31 @@ async fn failover_while_requests_flow(kill: bool) {
         );
     }
     eprintln!(
-        "failover ({}): Sentinel named the new primary after {switched:?}; decisions resumed after {resumed:?}",
+        "failover ({}{}): Sentinel named the new primary after {switched:?}; decisions resumed after {resumed:?}",
         if kill {
             "SIGKILL of the primary"
         } else {
             "SENTINEL FAILOVER"
-        }
+        },
+        if tls { ", over TLS" } else { "" }
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_failover_while_requests_flow() {
-    failover_while_requests_flow(false).await;
+    failover_while_requests_flow(false, false).await;
+}
+
+/// The same over TLS only: the store finds the primary through Sentinels it reaches over TLS, trusting the setup's
+/// CA and presenting its client certificate to the Sentinels and the servers alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_over_tls_while_requests_flow() {
+    failover_while_requests_flow(false, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_primary_while_requests_flow() {
-    failover_while_requests_flow(true).await;
+    failover_while_requests_flow(true, false).await;
 }
 
 #[tokio::test]
@@ -218,4 +245,39 @@ async fn an_unknown_master_name_or_no_sentinel_is_reported() {
         matches!(err, tollgate_redis::BuildError::InvalidUrl(_)),
         "{err:?}"
     );
+}
+
+/// Over TLS, a set-up mistake is the same typed error as against a standalone TLS server: a CA that did not sign
+/// the Sentinels' certificates, or no client certificate where the Sentinels demand one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_mistakes_towards_the_sentinels_are_typed() {
+    let setup = tokio::task::block_in_place(RedisSentinels::start_tls);
+    let files = setup.tls().expect("a TLS setup").clone();
+    let namespace = unique_prefix("sentinel-tls");
+    let dir = std::env::temp_dir().join(unique_prefix("sentinel-other-ca"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let other = tollgate_testkit::tls::TlsFiles::unrelated_ca(&dir.join("ca.pem"));
+    let err = sentinel_builder(&setup, &namespace)
+        .tls_ca_file(&other)
+        .build()
+        .await
+        .unwrap_err();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        matches!(err, tollgate_redis::BuildError::CertificateUntrusted(_)),
+        "{err:?}"
+    );
+    let err = RedisStore::sentinel_builder(setup.addrs(), SENTINEL_MASTER)
+        .namespace(&namespace)
+        .timeout(Duration::from_secs(2))
+        .tls_ca_file(&files.ca)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, tollgate_redis::BuildError::Tls(_)), "{err:?}");
+    // The right material builds and decides.
+    let store = sentinel_store(&setup, &namespace).await;
+    let limit = common::hourly_bucket(1);
+    assert!(store.check("k", &limit, 1).await.unwrap().is_allowed());
+    assert!(!store.check("k", &limit, 1).await.unwrap().is_allowed());
 }
