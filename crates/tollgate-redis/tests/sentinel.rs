@@ -4,7 +4,9 @@
 //! limiter call reaches a replica (the servers run with `replica-read-only no`, so one would succeed there
 //! silently and be counted); and the limit holds afterwards on the new primary. The `SENTINEL FAILOVER` case runs
 //! over TLS too (servers and Sentinels TLS-only, mutual TLS, one CA), where a wrong CA or a missing client
-//! certificate is a typed start-up error.
+//! certificate is a typed start-up error. Where the demoted primary keeps its clients (Sentinel's `CLIENT KILL`
+//! neutralized), only the store's `+switch-master` watcher moves it: every call after the watcher logs the switch
+//! is decided on the new primary.
 
 mod common;
 
@@ -13,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tollgate_core::{Decision, FailurePolicy, Policy, Store, StoreError};
 use tollgate_redis::RedisStore;
-use tollgate_testkit::redis::{RedisSentinels, SENTINEL_MASTER, unique_prefix};
+use tollgate_testkit::redis::{RedisSentinels, SENTINEL_MASTER, SentinelSetup, unique_prefix};
 
 /// The bound the issue sets on resuming decisions after the failover starts.
 const RESUME_WITHIN: Duration = Duration::from_secs(10);
@@ -280,4 +282,195 @@ async fn tls_mistakes_towards_the_sentinels_are_typed() {
     let limit = common::hourly_bucket(1);
     assert!(store.check("k", &limit, 1).await.unwrap().is_allowed());
     assert!(!store.check("k", &limit, 1).await.unwrap().is_allowed());
+}
+
+/// The store's log lines announcing a switch (the `switch` field: `<master> <old ip> <old port> <new ip> <new
+/// port>`), each with the instant it was logged.
+static SWITCHES: Mutex<Vec<(Instant, String)>> = Mutex::new(Vec::new());
+
+/// A tracing subscriber that records the store's `Sentinel announced a new primary` lines in [`SWITCHES`] and
+/// nothing else: the watcher logs one once it has moved the pool on, which is the instant the test measures from.
+struct SwitchLog;
+
+struct SwitchField(Option<String>);
+
+impl tracing::field::Visit for SwitchField {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "switch" {
+            self.0 = Some(format!("{value:?}"));
+        }
+    }
+}
+
+impl tracing::Subscriber for SwitchLog {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target() == "tollgate_redis::sentinel" && metadata.is_event()
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut switch = SwitchField(None);
+        event.record(&mut switch);
+        if let Some(switch) = switch.0 {
+            SWITCHES.lock().unwrap().push((Instant::now(), switch));
+        }
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// When the store logged the switch from port `old` to port `new`.
+async fn switch_logged(old: u16, new: u16) -> Instant {
+    let wanted = format!("{SENTINEL_MASTER} 127.0.0.1 {old} 127.0.0.1 {new}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some((at, _)) = SWITCHES.lock().unwrap().iter().find(|(_, s)| *s == wanted) {
+            return *at;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store never logged the switch {wanted:?}: {:?}",
+            SWITCHES.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The Sentinels' `+switch-master` is what moves the store when nothing else does: here the demoted primary keeps
+/// its clients (the Sentinels' `CLIENT KILL` is neutralized) and, running `replica-read-only no`, keeps accepting
+/// their writes, so a store that did not follow the announcement would go on deciding on the demoted server,
+/// silently, for good. Every call that starts after the store logs the switch (the watcher logs it once it has
+/// moved the pool on) must be decided on the new primary: its key is there. And once the old primary is a
+/// replica, no call reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_switch_master_every_call_is_decided_on_the_new_primary() {
+    let _ = tracing::subscriber::set_global_default(SwitchLog);
+    let setup = tokio::task::block_in_place(|| {
+        RedisSentinels::start_with(SentinelSetup {
+            keep_clients_on_demotion: true,
+            ..SentinelSetup::default()
+        })
+    });
+    let old_primary = setup.primary_port();
+    let store = sentinel_store(&setup, &unique_prefix("sentinel-watch")).await;
+    // The watcher subscribes in the background: an announcement before that would be missed.
+    tokio::task::block_in_place(|| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !setup
+            .sentinel_cli(0, &["CLIENT", "LIST"])
+            .lines()
+            .any(|l| l.split_whitespace().any(|f| f == "sub=1"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the store's watcher did not subscribe to the first Sentinel"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+
+    // One call at a time, each on a key of its own, so where each was decided can be read off the servers (a
+    // bucket of 2 an hour keeps a key it spent from for half an hour).
+    let policy = common::hourly_bucket(2);
+    let calls: Arc<Mutex<Vec<(String, Instant, bool)>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flow = {
+        let (store, calls, stop) = (store.clone(), Arc::clone(&calls), Arc::clone(&stop));
+        tokio::spawn(async move {
+            for n in 0_u64.. {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let key = format!("call-{n}");
+                let started = Instant::now();
+                let ok = store.check(&key, &policy, 1).await.is_ok();
+                calls.lock().unwrap().push((key, started, ok));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    // Waits until `count` calls started after `since` were decided by Redis.
+    let decided = async |count: usize, since: Instant| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let done = calls
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, at, ok)| *ok && *at > since)
+                .count();
+            if done >= count {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{done} of {count} calls decided");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    decided(5, Instant::now()).await;
+
+    let failover = Instant::now();
+    setup.failover();
+    let _ = tokio::task::block_in_place(|| setup.wait_for_new_primary(old_primary));
+    let new_primary = setup.primary_port();
+    let switched = switch_logged(old_primary, new_primary).await;
+    // The demoted primary keeps the store's old connection; from its demotion on, nothing may reach it.
+    let demoted = setup.server(old_primary);
+    tokio::task::block_in_place(|| {
+        demoted.wait_until("demotion to replica", || {
+            demoted.cli(&["ROLE"]).starts_with("slave")
+        });
+    });
+    assert_eq!(demoted.cli(&["CONFIG", "RESETSTAT"]), "OK");
+    decided(20, Instant::now()).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flow.await.unwrap();
+
+    let after: Vec<String> = calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, at, ok)| *ok && *at > switched)
+        .map(|(key, _, _)| store.redis_key(key, policy.algorithm()))
+        .collect();
+    assert!(
+        after.len() >= 20,
+        "calls decided after the switch: {after:?}"
+    );
+    let reached_demoted = script_calls(demoted);
+    // A key on the new primary was written there: it stopped replicating from the old one (`REPLICAOF NO ONE`)
+    // before Sentinel announced the switch.
+    let primary = setup.server(new_primary);
+    let mut exists = vec!["EXISTS"];
+    exists.extend(after.iter().map(String::as_str));
+    let missing: Vec<&String> = if primary.cli(&exists) == after.len().to_string() {
+        Vec::new()
+    } else {
+        after
+            .iter()
+            .filter(|key| primary.cli(&["EXISTS", key]) != "1")
+            .collect()
+    };
+    assert!(
+        missing.is_empty() && reached_demoted == 0,
+        "{} of {} calls started after the store logged the switch were not decided on the new primary ({:?}…); \
+         {reached_demoted} limiter calls reached the demoted primary after it became a replica",
+        missing.len(),
+        after.len(),
+        &missing[..missing.len().min(3)]
+    );
+    eprintln!(
+        "watcher: {} calls started after the store logged the switch ({:?} after SENTINEL FAILOVER), each decided \
+         on the new primary",
+        after.len(),
+        switched - failover
+    );
 }

@@ -1014,6 +1014,13 @@ impl RedisSentinels {
             .expect("two servers")
     }
 
+    /// Runs `redis-cli` against the `i`-th Sentinel (in the order of [`addrs`](Self::addrs)) and returns its
+    /// trimmed output.
+    #[must_use]
+    pub fn sentinel_cli(&self, i: usize, args: &[&str]) -> String {
+        self.sentinels[i].cli(args)
+    }
+
     /// `SENTINEL FAILOVER` on the first Sentinel: the replica is promoted without the primary failing.
     ///
     /// # Panics
