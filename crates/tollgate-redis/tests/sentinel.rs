@@ -353,11 +353,21 @@ async fn switch_logged(old: u16, new: u16) -> Instant {
 /// replica, no call reaches it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_switch_master_every_call_is_decided_on_the_new_primary() {
+    every_call_after_the_switch_on_the_new_primary(false).await;
+}
+
+/// The same over TLS: the watcher subscribes to Sentinels that speak TLS only and demand a client certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_switch_master_over_tls_every_call_is_decided_on_the_new_primary() {
+    every_call_after_the_switch_on_the_new_primary(true).await;
+}
+
+async fn every_call_after_the_switch_on_the_new_primary(tls: bool) {
     let _ = tracing::subscriber::set_global_default(SwitchLog);
     let setup = tokio::task::block_in_place(|| {
         RedisSentinels::start_with(SentinelSetup {
+            tls,
             keep_clients_on_demotion: true,
-            ..SentinelSetup::default()
         })
     });
     let old_primary = setup.primary_port();
@@ -468,8 +478,9 @@ async fn after_switch_master_every_call_is_decided_on_the_new_primary() {
         &missing[..missing.len().min(3)]
     );
     eprintln!(
-        "watcher: {} calls started after the store logged the switch ({:?} after SENTINEL FAILOVER), each decided \
-         on the new primary",
+        "watcher{}: {} calls started after the store logged the switch ({:?} after SENTINEL FAILOVER), each \
+         decided on the new primary",
+        if tls { " over TLS" } else { "" },
         after.len(),
         switched - failover
     );
