@@ -160,9 +160,10 @@ async fn follow(clients: Vec<redis::Client>, generation: Weak<AtomicU64>) {
                 let Some(generation) = generation.upgrade() else {
                     return;
                 };
+                generation.fetch_add(1, Ordering::Relaxed);
+                // Logged once the pool has moved on: a call that starts after this line gets a new connection.
                 let what: String = message.get_payload().unwrap_or_default();
                 tracing::info!(switch = %what, "Sentinel announced a new primary: reconnecting");
-                generation.fetch_add(1, Ordering::Relaxed);
             }
         }
         if generation.strong_count() == 0 {

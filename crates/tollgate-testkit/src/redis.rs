@@ -722,24 +722,56 @@ impl RedisCluster {
 /// The master name the private Sentinel setups monitor.
 pub const SENTINEL_MASTER: &str = "tollgate-primary";
 
+/// How a private Sentinel setup is made: [`RedisSentinels::start_with`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SentinelSetup {
+    /// Everything speaks TLS only, with certificates from one CA, and every server and Sentinel demands a client
+    /// certificate: the primary and the replica (replication over TLS too), and the Sentinels to their clients, to
+    /// the servers and to each other. The clients use [`RedisSentinels::tls`].
+    pub tls: bool,
+    /// A demoted primary keeps its clients. Sentinel ends its reconfiguration of a demoted primary with
+    /// `CLIENT KILL TYPE normal`, so clients connected to it have to reconnect and ask Sentinel again; here the
+    /// Sentinels send a harmless `EXISTS` instead of `CLIENT` (`sentinel rename-command`), so only a client that
+    /// follows Sentinel's announcements leaves the demoted server.
+    pub keep_clients_on_demotion: bool,
+}
+
 /// One `redis-sentinel` process; killed on drop.
 #[derive(Debug)]
 struct SentinelProcess {
     port: u16,
     dir: PathBuf,
+    tls: Option<TlsFiles>,
     child: Option<Child>,
 }
 
 impl SentinelProcess {
-    fn start(primary_port: u16, down_after: Duration) -> Self {
+    fn start(
+        primary_port: u16,
+        down_after: Duration,
+        setup: SentinelSetup,
+        tls: Option<&TlsFiles>,
+    ) -> Self {
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port();
             let dir = fresh_dir(&format!("sentinel-{port}"));
             let conf = dir.join("sentinel.conf");
             let log = dir.join("sentinel.log");
-            let text = format!(
-                "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nlogfile {log}\n\
+            let mut text = match tls {
+                None => format!("port {port}\n"),
+                // `tls-replication`: Sentinel's own connections (to the servers and to the other Sentinels) use
+                // TLS, presenting `tls-cert-file` as their client certificate.
+                Some(files) => format!(
+                    "port 0\ntls-port {port}\ntls-cert-file {cert}\ntls-key-file {key}\ntls-ca-cert-file {ca}\n\
+                     tls-auth-clients yes\ntls-replication yes\n",
+                    cert = files.server_cert.display(),
+                    key = files.server_key.display(),
+                    ca = files.ca.display(),
+                ),
+            };
+            text.push_str(&format!(
+                "bind 127.0.0.1\ndaemonize no\ndir {dir}\nlogfile {log}\n\
                  sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary_port} 2\n\
                  sentinel down-after-milliseconds {SENTINEL_MASTER} {down}\n\
                  sentinel failover-timeout {SENTINEL_MASTER} 10000\n\
@@ -747,7 +779,15 @@ impl SentinelProcess {
                 dir = dir.display(),
                 log = log.display(),
                 down = down_after.as_millis(),
-            );
+            ));
+            if setup.keep_clients_on_demotion {
+                // `CLIENT KILL TYPE normal` becomes `EXISTS KILL TYPE normal` (and `CLIENT SETNAME …` on
+                // Sentinel's own links `EXISTS SETNAME …`): a command of any arity that changes nothing, so the
+                // `MULTI` block that demotes a primary still runs.
+                text.push_str(&format!(
+                    "sentinel rename-command {SENTINEL_MASTER} CLIENT EXISTS\n"
+                ));
+            }
             std::fs::write(&conf, text).expect("cannot write sentinel.conf");
             let child = Command::new(binary("redis-sentinel"))
                 .arg(&conf)
@@ -763,6 +803,7 @@ impl SentinelProcess {
             let mut sentinel = Self {
                 port,
                 dir,
+                tls: tls.cloned(),
                 child: Some(child),
             };
             let deadline = Instant::now() + STARTUP;
@@ -781,15 +822,16 @@ impl SentinelProcess {
     }
 
     fn cli(&self, args: &[&str]) -> String {
-        run_cli(
-            &[
-                "-h".into(),
-                "127.0.0.1".into(),
-                "-p".into(),
-                self.port.to_string(),
-            ],
-            args,
-        )
+        let mut tool_args = vec![
+            "-h".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            self.port.to_string(),
+        ];
+        if let Some(files) = &self.tls {
+            tool_args.extend(tls_cli_args(files));
+        }
+        run_cli(&tool_args, args)
     }
 }
 
@@ -812,6 +854,18 @@ impl Drop for SentinelProcess {
 pub struct RedisSentinels {
     servers: Vec<RedisServer>,
     sentinels: Vec<SentinelProcess>,
+    /// The certificates' directory of a TLS setup (removed with the setup).
+    cert_dir: Option<PathBuf>,
+}
+
+impl Drop for RedisSentinels {
+    fn drop(&mut self) {
+        self.sentinels.clear();
+        self.servers.clear();
+        if let Some(dir) = &self.cert_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl RedisSentinels {
@@ -821,31 +875,71 @@ impl RedisSentinels {
     /// When a process does not start or the Sentinels do not agree within 20 s.
     #[must_use]
     pub fn start() -> Self {
-        let primary = RedisServer::start_with(&["--replica-read-only", "no"]);
+        Self::start_with(SentinelSetup::default())
+    }
+
+    /// [`start`](Self::start), with TLS only everywhere ([`SentinelSetup::tls`]).
+    ///
+    /// # Panics
+    /// When a process does not start or the Sentinels do not agree within 20 s.
+    #[must_use]
+    pub fn start_tls() -> Self {
+        Self::start_with(SentinelSetup {
+            tls: true,
+            ..SentinelSetup::default()
+        })
+    }
+
+    /// [`start`](Self::start) as `setup` says.
+    ///
+    /// # Panics
+    /// When a process does not start or the Sentinels do not agree within 20 s.
+    #[must_use]
+    pub fn start_with(setup: SentinelSetup) -> Self {
+        let cert_dir = setup.tls.then(|| fresh_dir("sentinel-certs"));
+        let tls = cert_dir.as_ref().map(|dir| ServerTls {
+            files: TlsFiles::generate(dir, &TlsFiles::LOCAL_NAMES, false),
+            auth_clients: true,
+        });
+        let primary = RedisServer::start_inner(&["--replica-read-only", "no"], tls.clone());
         let _ = primary.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
         let port = primary.port().to_string();
-        let replica = RedisServer::start_with(&[
-            "--replicaof",
-            "127.0.0.1",
-            &port,
-            "--replica-read-only",
-            "no",
-        ]);
+        let replica = RedisServer::start_inner(
+            &[
+                "--replicaof",
+                "127.0.0.1",
+                &port,
+                "--replica-read-only",
+                "no",
+            ],
+            tls.clone(),
+        );
         let _ = replica.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
         replica.wait_until("replication link up", || {
             replica
                 .cli(&["INFO", "replication"])
                 .contains("master_link_status:up")
         });
+        let files = tls.as_ref().map(|t| &t.files);
         let sentinels = (0..3)
-            .map(|_| SentinelProcess::start(primary.port(), Duration::from_millis(1_000)))
+            .map(|_| {
+                SentinelProcess::start(primary.port(), Duration::from_millis(1_000), setup, files)
+            })
             .collect();
-        let setup = Self {
+        let started = Self {
             servers: vec![primary, replica],
             sentinels,
+            cert_dir,
         };
-        setup.wait_until_known();
-        setup
+        started.wait_until_known();
+        started
+    }
+
+    /// The certificates of a TLS setup: one CA signed the servers' and the Sentinels' certificate and the client
+    /// certificate, which every server and Sentinel demands.
+    #[must_use]
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.servers[0].tls()
     }
 
     fn wait_until_known(&self) {
@@ -918,6 +1012,13 @@ impl RedisSentinels {
             .iter()
             .find(|s| s.port() != primary)
             .expect("two servers")
+    }
+
+    /// Runs `redis-cli` against the `i`-th Sentinel (in the order of [`addrs`](Self::addrs)) and returns its
+    /// trimmed output.
+    #[must_use]
+    pub fn sentinel_cli(&self, i: usize, args: &[&str]) -> String {
+        self.sentinels[i].cli(args)
     }
 
     /// `SENTINEL FAILOVER` on the first Sentinel: the replica is promoted without the primary failing.
