@@ -127,6 +127,12 @@ pub(crate) async fn scenario(args: &Args, redis: Result<(), String>) {
          the rounds: a spread that takes in 1.000 shows no difference. over bound: the most any run admitted past \
          what its limiters could give over the span of its decisions."
     );
+    if args.rounds == 1 {
+        println!(
+            "One round: no spread to judge a served/s difference by (the machine's load moves it); --rounds N, N \
+             of 3 or more, gives one."
+        );
+    }
     if !over.is_empty() {
         println!("\nADMITTED OVER THE BOUND: {}", over.join("; "));
     }
