@@ -2,7 +2,7 @@
 //! store, in one run.
 //!
 //! `cargo bench --bench deny_cache_flood -- [--rounds 8] [--seconds 0.5] [--connections 16] [--limit 100]
-//! [--period 1s] [--keys hot|cold] [--only 0|1|2] [--requests N]`
+//! [--period 1s] [--keys hot|cold] [--only 0|1|2] [--requests N] [--check]`
 //!
 //! Each variant is an axum server (one worker thread) with one token bucket (`--limit` per `--period`) on one key for
 //! every request; a load generator on its own thread keeps `--connections` keep-alive connections sending `GET /` back
@@ -18,6 +18,9 @@
 //! ends a turn after N requests per connection instead of after `--seconds`: under `valgrind --tool=callgrind`
 //! two runs of different lengths give one variant's instructions per request (the difference over the
 //! difference in requests; start-up cancels out), a figure a loaded machine does not move.
+//!
+//! `--check` (CI's smoke run, e.g. `--rounds 2 --seconds 0.3 --check`) exits 1 if any turn admitted more than its
+//! bound, or if a variant refused nothing (a flood that never reached the bound tests nothing).
 //!
 //! `--keys cold` gives every request a key of its own instead (a full bucket each: all admitted, nothing to
 //! cache): what the cache costs the requests it cannot help, Redis with it against Redis without it.
@@ -37,70 +40,61 @@ use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::RedisServer;
 use tollgate_tower::{KeyError, KeyFn, RateLimitLayer};
 
+#[path = "../examples/common/cli.rs"]
+mod cli;
+
+/// The command line (clap); `cargo bench` adds `--bench`, which is accepted and ignored.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "deny_cache_flood",
+    about = "A flood on one blocked key: Redis with the deny cache, Redis without it, \
+                                               and the in-process store"
+)]
 struct Options {
+    /// Rounds: each variant takes one turn per round, in a rotating order
+    #[arg(long, default_value = "8", value_parser = cli::positive_usize)]
     rounds: usize,
+    /// Seconds per turn
+    #[arg(long, default_value = "0.5", value_parser = seconds)]
     seconds: f64,
+    /// Keep-alive connections of the load generator
+    #[arg(long, default_value = "16", value_parser = cli::positive_usize)]
     connections: usize,
+    /// The token bucket's limit per --period
+    #[arg(long, default_value = "100", value_parser = cli::positive)]
     limit: u64,
+    /// The token bucket's period, e.g. 1s, 1m, 100ms
+    #[arg(long, default_value = "1s", value_parser = cli::duration)]
     period: Duration,
-    cold: bool,
-    only: Option<usize>,
+    /// hot: one key per turn for every request; cold: a key per request
+    #[arg(long, value_enum, default_value = "hot")]
+    keys: Keys,
+    /// Only variant N (0 in-process, 1 Redis + deny cache, 2 Redis without it)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(0..3))]
+    only: Option<u8>,
+    /// End a turn after N requests per connection instead of after --seconds
+    #[arg(long, value_name = "N", value_parser = cli::positive)]
     requests: Option<u64>,
+    /// Exit 1 unless every variant that ran refused some requests and admitted none over its bound in any turn
+    /// (--keys hot only: a key per request has no bound to go over)
+    #[arg(long)]
+    check: bool,
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
-fn options() -> Result<Options, String> {
-    let mut o = Options {
-        rounds: 8,
-        seconds: 0.5,
-        connections: 16,
-        limit: 100,
-        period: Duration::from_secs(1),
-        cold: false,
-        only: None,
-        requests: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "--bench" {
-            continue;
-        }
-        let value = args.next().ok_or(format!("{flag} needs a value"))?;
-        let bad = || format!("{flag} {value:?}: not valid");
-        match flag.as_str() {
-            "--rounds" => o.rounds = value.parse().map_err(|_| bad())?,
-            "--seconds" => o.seconds = value.parse().map_err(|_| bad())?,
-            "--connections" => o.connections = value.parse().map_err(|_| bad())?,
-            "--limit" => o.limit = value.parse().map_err(|_| bad())?,
-            "--only" => o.only = Some(value.parse().ok().filter(|v| *v < 3).ok_or_else(bad)?),
-            "--requests" => o.requests = Some(value.parse().map_err(|_| bad())?),
-            "--keys" => {
-                o.cold = match value.as_str() {
-                    "hot" => false,
-                    "cold" => true,
-                    _ => return Err(bad()),
-                }
-            }
-            "--period" => {
-                o.period = match value.strip_suffix("ms") {
-                    Some(ms) => Duration::from_millis(ms.parse().map_err(|_| bad())?),
-                    None => match value.strip_suffix('s') {
-                        Some(s) => Duration::from_secs(s.parse().map_err(|_| bad())?),
-                        None => match value.strip_suffix('m') {
-                            Some(m) => {
-                                Duration::from_secs(60 * m.parse::<u64>().map_err(|_| bad())?)
-                            }
-                            None => return Err(bad()),
-                        },
-                    },
-                }
-            }
-            _ => return Err(format!("unknown flag {flag}")),
-        }
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Keys {
+    Hot,
+    Cold,
+}
+
+/// Seconds above 0 (a fraction allowed).
+fn seconds(v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() => Ok(s),
+        _ => Err("expected a number of seconds above 0".to_owned()),
     }
-    if o.rounds == 0 || o.connections == 0 || o.limit == 0 || o.seconds <= 0.0 {
-        return Err("--rounds, --connections, --limit and --seconds must be above 0".into());
-    }
-    Ok(o)
 }
 
 /// One variant's server: its store's limiter on the key `turn-<n>`, `n` set before each turn (with `cold`,
@@ -221,10 +215,14 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn main() {
-    let o = options().unwrap_or_else(|e| {
-        eprintln!("deny_cache_flood: {e}");
-        std::process::exit(2)
-    });
+    let o: Options = cli::parse();
+    if o.check && o.keys == Keys::Cold {
+        cli::fail(
+            "--check needs --keys hot: with a key per request every request is admitted, there is no bound",
+        );
+    }
+    let cold = o.keys == Keys::Cold;
+    let only = o.only.map(usize::from);
     let load_before = load_average();
     let redis = RedisServer::start();
     let policy = Policy::token_bucket(Quota::new(o.limit, o.period).expect("a valid quota"));
@@ -263,25 +261,11 @@ fn main() {
                 policy,
                 turn.clone(),
                 false,
-                o.cold,
+                cold,
             ))
             .await,
-            serve(app(
-                store("cached").await,
-                policy,
-                turn.clone(),
-                true,
-                o.cold,
-            ))
-            .await,
-            serve(app(
-                store("plain").await,
-                policy,
-                turn.clone(),
-                false,
-                o.cold,
-            ))
-            .await,
+            serve(app(store("cached").await, policy, turn.clone(), true, cold)).await,
+            serve(app(store("plain").await, policy, turn.clone(), false, cold)).await,
         ]
     });
     let mut totals: Vec<Totals> = names.iter().map(|_| Totals::default()).collect();
@@ -294,7 +278,7 @@ fn main() {
         let mut rates = [0.0; 3];
         for k in 0..3 {
             let v = (round + k) % 3;
-            if o.only.is_some_and(|only| only != v) {
+            if only.is_some_and(|only| only != v) {
                 continue;
             }
             turn.fetch_add(1, Ordering::Relaxed);
@@ -320,7 +304,7 @@ fn main() {
             t.served += served;
             t.admitted += admitted;
             t.calls += calls;
-            if !o.cold {
+            if !cold {
                 t.over_bound = t.over_bound.max(admitted as i64 - bound(elapsed) as i64);
             }
         }
@@ -336,7 +320,7 @@ fn main() {
     }
     println!(
         "flood on {}: token bucket {} per {:?}, {} connections, {} rounds of {} s turns; Redis {}",
-        if o.cold {
+        if cold {
             "a new key per request"
         } else {
             "one key"
@@ -381,5 +365,38 @@ fn main() {
             t.calls.saturating_sub(t.admitted) as f64 / rejected.max(1) as f64,
             t.calls as f64 / t.admitted.max(1) as f64,
         );
+    }
+    if o.check {
+        check(&names, &totals);
+    }
+}
+
+/// `--check`: every variant that ran must have refused requests (else the flood never reached the bound and
+/// nothing was tested) and admitted no turn more than `burst + rate × turn` (what one fresh bucket can give).
+fn check(names: &[&str], totals: &[Totals]) {
+    let mut failed = false;
+    for (name, t) in names.iter().zip(totals) {
+        if t.rates.is_empty() {
+            continue;
+        }
+        let verdict = if t.over_bound > 0 {
+            failed = true;
+            format!("FAILED: a turn admitted {} over its bound", t.over_bound)
+        } else if t.admitted == 0 || t.admitted == t.served {
+            failed = true;
+            format!(
+                "FAILED: {} of {} admitted, the flood did not test the bound",
+                t.admitted, t.served
+            )
+        } else {
+            "ok".to_owned()
+        };
+        println!(
+            "check: {name:<26} {} admitted of {} served, none over the bound: {verdict}",
+            t.admitted, t.served
+        );
+    }
+    if failed {
+        std::process::exit(1);
     }
 }

@@ -2,7 +2,7 @@
 //! without leases and Redis with token leases, in one run.
 //!
 //! `cargo bench --bench token_leases_hot_key -- [--limit 20000] [--offered 30000] [--seconds 3] [--warmup 2.5]
-//! [--open-loop] [--redis-load CLIENTS]`
+//! [--open-loop] [--redis-load CLIENTS] [--check]`
 //!
 //! Each variant is 4 `RateLimitLayer`s (4 instances: their own store, or their own Redis pool on one private
 //! `redis-server` from the testkit), one token bucket of `--limit` per second (burst = limit) on one key. An
@@ -17,6 +17,10 @@
 //! requests pile up on it — the overloaded case, where what counts is the Redis calls per decision.
 //! `--redis-load CLIENTS`: meanwhile `redis-benchmark` (CLIENTS connections, pipelines of 16 SETs on keys of its
 //! own) keeps the same Redis busy, so that every call waits behind that load: a slow Redis.
+//! `--check` (CI's smoke run, e.g. `--limit 500 --offered 6000 --seconds 1 --warmup 0.5 --check`) exits 1 if a
+//! variant admitted more over the whole run than its buckets can give between its first request and its last
+//! answer (burst + rate × that span, per bucket: each starts full), or refused nothing in the measured window
+//! (a load under the limit tests nothing).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +33,9 @@ use tollgate_tower::{BoxError, ConstKey, LeaseConfig, RateLimitLayer, VerdictSin
 use tower::util::BoxCloneService;
 use tower::{Service, ServiceExt};
 
+#[path = "../examples/common/cli.rs"]
+mod cli;
+
 #[derive(Debug, Default)]
 struct Reply(Verdicts);
 impl VerdictSink for Reply {
@@ -39,13 +46,46 @@ impl VerdictSink for Reply {
 
 type Svc = BoxCloneService<(), Reply, BoxError>;
 
-fn arg(name: &str, default: f64) -> f64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// The command line (clap); `cargo bench` adds `--bench`, which is accepted and ignored.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "token_leases_hot_key",
+    about = "One hot key on 4 instances sharing Redis: in-process, Redis, \
+                                                   Redis with token leases"
+)]
+struct Options {
+    /// The token bucket's limit per second (burst = limit)
+    #[arg(long, default_value = "20000", value_parser = cli::positive)]
+    limit: u64,
+    /// Requests per second offered to the fleet (a quarter per instance)
+    #[arg(long, default_value = "30000", value_parser = seconds)]
+    offered: f64,
+    /// Seconds measured
+    #[arg(long, default_value = "3", value_parser = seconds)]
+    seconds: f64,
+    /// Seconds of load before measuring (spends the burst)
+    #[arg(long, default_value = "2.5", value_parser = seconds)]
+    warmup: f64,
+    /// Each request a task of its own, sent when the schedule owes it
+    #[arg(long)]
+    open_loop: bool,
+    /// Keep the Redis busy with redis-benchmark, CLIENTS connections
+    #[arg(long, value_name = "CLIENTS", default_value = "0")]
+    redis_load: u32,
+    /// Exit 1 unless every variant refused some requests and admitted no more than its bound over the span its
+    /// counted decisions were made in
+    #[arg(long)]
+    check: bool,
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// A number above 0 (a fraction allowed).
+fn seconds(v: &str) -> std::result::Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() => Ok(s),
+        _ => Err("expected a number above 0".to_owned()),
+    }
 }
 
 fn service<St: Store>(store: Arc<St>, policy: Policy, leases: bool) -> Svc {
@@ -66,6 +106,22 @@ struct Result {
     offered: u64,
     admitted: u64,
     latencies: Vec<u32>,
+    /// Admitted over the whole run, warm-up included: from a full bucket.
+    all_admitted: u64,
+    /// When the first request was sent and the last answer came: every decision was made between them.
+    span: Option<(Instant, Instant)>,
+}
+
+/// The union of two spans.
+fn widen(
+    a: Option<(Instant, Instant)>,
+    b: Option<(Instant, Instant)>,
+) -> Option<(Instant, Instant)> {
+    match (a, b) {
+        (Some((a0, a1)), Some((b0, b1))) => Some((a0.min(b0), a1.max(b1))),
+        (a, None) => a,
+        (None, b) => b,
+    }
 }
 
 /// Offers `per_ms` requests per millisecond to one instance for `warmup` and then `measured` (wall clock), one
@@ -85,6 +141,7 @@ async fn offer(
     let mut sent = 0_u64;
     let (mut offered, mut admitted, mut latencies) = (0, 0, Vec::with_capacity(200_000));
     let mut tasks = Vec::new();
+    let (mut span, mut all_admitted) = (None, 0);
     loop {
         tick.tick().await;
         let elapsed = start.elapsed();
@@ -105,6 +162,7 @@ async fn offer(
                         (
                             ok,
                             u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX),
+                            (t, Instant::now()),
                         )
                     }),
                 ));
@@ -112,6 +170,8 @@ async fn offer(
             }
             let ok = svc.ready().await.unwrap().call(()).await.is_ok();
             let latency = u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX);
+            span = widen(span, Some((t, Instant::now())));
+            all_admitted += u64::from(ok);
             if counted {
                 offered += 1;
                 admitted += u64::from(ok);
@@ -120,7 +180,9 @@ async fn offer(
         }
     }
     for (counted, task) in tasks {
-        let (ok, latency) = task.await.unwrap();
+        let (ok, latency, decided) = task.await.unwrap();
+        span = widen(span, Some(decided));
+        all_admitted += u64::from(ok);
         if counted {
             offered += 1;
             admitted += u64::from(ok);
@@ -131,6 +193,8 @@ async fn offer(
         offered,
         admitted,
         latencies,
+        all_admitted,
+        span,
     }
 }
 
@@ -152,15 +216,13 @@ fn evalsha_calls(redis: &RedisServer) -> u64 {
 }
 
 fn main() {
-    let limit = arg("--limit", 20_000.0) as u64;
-    let offered = arg("--offered", 30_000.0);
-    let seconds = arg("--seconds", 3.0);
-    let warmup = Duration::from_secs_f64(arg("--warmup", 2.5));
-    let open_loop = std::env::args().any(|a| a == "--open-loop");
+    let o: Options = cli::parse();
+    let (limit, offered, seconds, open_loop) = (o.limit, o.offered, o.seconds, o.open_loop);
+    let warmup = Duration::from_secs_f64(o.warmup);
     let measured = Duration::from_secs_f64(seconds);
-    let instances = 4;
+    let instances: u32 = 4;
     let redis = RedisServer::start();
-    let load = arg("--redis-load", 0.0) as u32;
+    let load = o.redis_load;
     let mut loader = (load > 0).then(|| {
         let port = redis
             .url()
@@ -213,6 +275,7 @@ fn main() {
         "added p50"
     );
     let mut base_p50 = None;
+    let mut checks = Vec::new();
     for (name, kind) in [
         ("in-process (per instance)", 0),
         ("Redis", 1),
@@ -268,6 +331,16 @@ fn main() {
         let calls = evalsha_calls(&redis).saturating_sub(calls_before);
         let offered_n: u64 = results.iter().map(|r| r.offered).sum();
         let admitted: u64 = results.iter().map(|r| r.admitted).sum();
+        let all_admitted: u64 = results.iter().map(|r| r.all_admitted).sum();
+        let span = results.iter().fold(None, |span, r| widen(span, r.span));
+        // What the buckets under test can give over the whole run: each starts full (a fresh key), so the
+        // burst plus the rate × the span of every decision (leased tokens hold a shared bucket below its
+        // capacity, so leases add nothing). In-process, each instance has a bucket of its own.
+        let buckets = if kind == 0 { u64::from(instances) } else { 1 };
+        let span_us = span.map_or(0, |(from, to)| to.duration_since(from).as_micros() as u64);
+        let quota = policy.quota();
+        let most = buckets * (quota.burst() + span_us * quota.limit() / quota.period_micros() + 1);
+        checks.push((name, offered_n, admitted, all_admitted, most));
         let mut latencies: Vec<u32> = results.into_iter().flat_map(|r| r.latencies).collect();
         latencies.sort_unstable();
         let (p50, p99) = (percentile(&latencies, 50.0), percentile(&latencies, 99.0));
@@ -299,4 +372,32 @@ fn main() {
          the Redis rows share one bucket: ÷(limit×T+burst) ≤ 1.02 is the goal, ≈ limit×T/(limit×T+burst) = {:.3} when exact)",
         seconds / (seconds + 1.0)
     );
+    if o.check {
+        check(&checks);
+    }
+}
+
+/// `--check`: per variant (name, offered and admitted in the measured window, admitted over the whole run, its
+/// bound), every variant must have refused some requests in the measured window (a load under the limit tests
+/// nothing) and admitted no more over the whole run than its bound.
+fn check(rows: &[(&str, u64, u64, u64, u64)]) {
+    let mut failed = false;
+    for &(name, offered, admitted, all_admitted, most) in rows {
+        let verdict = if all_admitted > most {
+            failed = true;
+            format!("FAILED: {} over the bound", all_admitted - most)
+        } else if admitted == 0 || admitted == offered {
+            failed = true;
+            format!("FAILED: {admitted} of {offered} admitted, the load did not test the bound")
+        } else {
+            "ok".to_owned()
+        };
+        println!(
+            "check: {name:<25} {all_admitted} admitted over the run (bound {most}), {admitted} of {offered} measured: \
+             {verdict}"
+        );
+    }
+    if failed {
+        std::process::exit(1);
+    }
 }

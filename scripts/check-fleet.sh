@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's fleet simulation, run as CI runs it (REDIS_URL must answer: scripts/test.sh sees to that), with its
-# figures checked by check_fleet.py: the in-process rows admit about N x limit, the Redis rows about limit.
+# figures checked by check_fleet.py: the in-process rows admit about N x limit, the Redis rows about limit. Then
+# the flood (--scenario flood), short: no row may admit more than its limiters can give over its run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,17 @@ if ! out="$(cargo run --quiet --release --example fleet -- --limit 50 --offered 
   --json 2>"$log")"; then
   cat "$log" >&2
   echo "check-fleet: the fleet simulation failed" >&2
+  exit 1
+fi
+echo "$out" | python3 scripts/check_fleet.py
+
+# The flood's bound is exact whatever the run's length (burst + rate × the span of the run's decisions, or the
+# limit per window the span touches), so the shortest run the simulation takes is enough: 500 ms of warm-up and
+# 500 ms measured per design, one round, 8 connections (2 per instance).
+if ! out="$(cargo run --quiet --release --example fleet -- --scenario flood --limit 50 --warmup 500ms \
+  --duration 500ms --connections 8 --json 2>"$log")"; then
+  cat "$log" >&2
+  echo "check-fleet: the fleet flood failed" >&2
   exit 1
 fi
 echo "$out" | python3 scripts/check_fleet.py

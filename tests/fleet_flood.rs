@@ -148,6 +148,66 @@ fn the_flood_holds_the_limit_and_the_deny_cache_spares_redis() {
     }
 }
 
+/// `--rounds`: every row has each round's own figures, no round admitted more than its limiters can give over
+/// its span (a token bucket's burst plus what accrues, per bucket: tight enough that one request more fails), and
+/// the medians lie within their spread.
+#[test]
+fn the_flood_in_rounds_holds_every_round_to_its_bound() {
+    let run = fleet_json(&[
+        "--scenario",
+        "flood",
+        "--instances",
+        "2",
+        "--limit",
+        "50",
+        "--connections",
+        "4",
+        "--duration",
+        "500ms",
+        "--warmup",
+        "500ms",
+        "--rounds",
+        "2",
+    ]);
+    assert_eq!(run["rounds"], 2);
+    for row in run["rows"].as_array().unwrap() {
+        let rounds = row["per_round"].as_array().expect("per_round");
+        assert_eq!(rounds.len(), 2, "{row}");
+        let (low, median, high) = (
+            num(row, "served_per_s_lowest"),
+            num(row, "served_per_s"),
+            num(row, "served_per_s_highest"),
+        );
+        assert!(low <= median && median <= high, "{row}");
+        if row["state"] == "-" {
+            assert!(
+                row["over_bound"].is_null() && row["vs_in_process"].is_null(),
+                "{row}"
+            );
+            continue;
+        }
+        assert_eq!(row["over_bound"], 0, "{row}");
+        for round in rounds {
+            let (admitted, most) = (num(round, "admitted_in_run"), num(round, "most_admissible"));
+            assert!(admitted > 0.0 && admitted <= most, "{row}");
+            if row["design"] == "token bucket" {
+                // From a full bucket of 50 (per instance in-process) plus 50/s for a run of about a second.
+                let buckets = if row["state"] == "in-process" {
+                    2.0
+                } else {
+                    1.0
+                };
+                assert!(most <= buckets * (50.0 + 50.0 * 1.5 + 1.0), "{row}");
+            }
+        }
+        if row["state"] == "in-process" {
+            assert_eq!(row["vs_in_process"], 1.0, "{row}");
+        } else {
+            assert!(num(row, "vs_in_process") > 0.0, "{row}");
+        }
+    }
+}
+
 /// The steady table's column: in-process rows make no Redis calls; a Redis row makes one per admission at least
 /// and at most one per decision (the deny cache answers the rest), counted over the whole run; a lease row some,
 /// at most one per decision.
@@ -199,6 +259,7 @@ fn the_flood_refuses_flags_it_does_not_take() {
         &["--scenario", "flood", "--offered", "500"][..],
         &["--scenario", "flood", "--autoscale"],
         &["--scenario", "storm"],
+        &["--rounds", "2"],
         &["--redis-cluster", ","],
     ] {
         let out = Command::new(example("fleet"))

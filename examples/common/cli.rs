@@ -111,10 +111,10 @@ pub(crate) fn duration_or_zero(s: &str) -> Result<Duration, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
+    // Imported in each test: a bench that includes this file compiles the module without its tests.
     #[test]
     fn durations_take_a_unit_and_keep_fractions_exact() {
+        use super::*;
         assert_eq!(duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(duration("0.5h"), Ok(Duration::from_secs(1800)));
         assert_eq!(duration("1.25s"), Ok(Duration::from_millis(1250)));
@@ -126,6 +126,7 @@ mod tests {
 
     #[test]
     fn numbers_and_percentages_have_their_bounds() {
+        use super::*;
         assert_eq!(positive("1_000"), Ok(1000));
         assert!(positive("0").is_err());
         assert!(positive("-1").is_err());

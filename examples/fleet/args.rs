@@ -69,6 +69,11 @@ struct Flags {
     #[arg(long, value_name = "C", default_value = "32", value_parser = at_most(1_024))]
     connections: u64,
 
+    /// The flood only: run every design N times, in interleaved rounds (each round in a rotated order), and
+    /// print medians with their spread (lowest–highest) [default: 1]
+    #[arg(long, value_name = "N", value_parser = at_most(100))]
+    rounds: Option<u64>,
+
     /// Grow the fleet from 1 to N instances during the run and print the admitted rate per second
     #[arg(long)]
     autoscale: bool,
@@ -95,6 +100,8 @@ pub(crate) struct Args {
     pub(crate) redis_cluster: Option<Vec<String>>,
     pub(crate) scenario: Scenario,
     pub(crate) connections: usize,
+    /// Interleaved rounds of the flood.
+    pub(crate) rounds: usize,
     pub(crate) autoscale: bool,
     pub(crate) json: bool,
     pub(crate) plot: Option<std::path::PathBuf>,
@@ -132,6 +139,9 @@ impl Args {
                     .into(),
             );
         }
+        if flags.scenario != Scenario::Flood && flags.rounds.is_some() {
+            return Err("--rounds is the flood's: it goes with --scenario flood".into());
+        }
         if flags.json && flags.autoscale {
             return Err("--json prints the table's rows: it does not go with --autoscale".into());
         }
@@ -164,6 +174,7 @@ impl Args {
             redis_cluster: flags.redis_cluster,
             scenario: flags.scenario,
             connections: flags.connections as usize,
+            rounds: flags.rounds.unwrap_or(1) as usize,
             autoscale: flags.autoscale,
             json: flags.json,
             plot: flags.plot,

@@ -157,6 +157,23 @@ pub(crate) struct Flooded {
     /// Store calls, by `calls`, over the window.
     pub(crate) calls: u64,
     pub(crate) admitted_per_second: Vec<u64>,
+    /// Admitted over the whole run, warm-up included: what the limiter gave from its first decision on.
+    pub(crate) admitted_in_run: u64,
+    /// When the first request was written and the last answer read, over the whole run: every decision was made
+    /// between them.
+    pub(crate) span: Option<(Instant, Instant)>,
+}
+
+/// The union of two spans.
+fn widen(
+    a: Option<(Instant, Instant)>,
+    b: Option<(Instant, Instant)>,
+) -> Option<(Instant, Instant)> {
+    match (a, b) {
+        (Some((a0, a1)), Some((b0, b1))) => Some((a0.min(b0), a1.max(b1))),
+        (a, None) => a,
+        (None, b) => b,
+    }
 }
 
 /// One client flooding the fleet: `connections` keep-alive connections, spread over `targets`, each sending
@@ -201,6 +218,8 @@ pub(crate) async fn flood(
         total.served += one.served;
         total.admitted += one.admitted;
         total.failed += one.failed;
+        total.admitted_in_run += one.admitted_in_run;
+        total.span = widen(total.span, one.span);
         for (sum, n) in total
             .admitted_per_second
             .iter_mut()
@@ -237,6 +256,7 @@ async fn flood_one(
         if phase.load(Ordering::SeqCst) == DONE {
             return out;
         }
+        let sent = Instant::now();
         if stream
             .write_all(b"GET / HTTP/1.1\r\nhost: fleet\r\n\r\n")
             .await
@@ -249,10 +269,12 @@ async fn flood_one(
             out.failed += 1;
             return out;
         };
+        let done = Instant::now();
+        out.span = widen(out.span, Some((sent, done)));
+        out.admitted_in_run += u64::from(status == 200);
         if phase.load(Ordering::SeqCst) != MEASURING {
             continue;
         }
-        let done = Instant::now();
         out.served += 1;
         match status {
             200 => {
