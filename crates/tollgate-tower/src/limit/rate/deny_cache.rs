@@ -135,8 +135,9 @@
 //! # Memory
 //!
 //! A [`BoundedTable`] with `MemoryStore`'s rules at the bound ([`DenyCache::max_keys`], 65 536 by default, about 136
-//! bytes each with the table's own overhead): an entry past its coalescing window is replaced first, else the least
-//! recently used is evicted — evicting a live entry only costs its key one store call. Entries past their window are
+//! bytes each with the table's own overhead): an entry past its coalescing window is replaced first, else one not
+//! used since the table's eviction hand last passed it (CLOCK) — evicting a live entry only costs its key one store
+//! call. Entries past their window are
 //! also swept (at most once a second, from an insertion, shard by shard). Evictions count in
 //! `tollgate_evictions_total{limiter}`.
 //!
@@ -359,8 +360,8 @@ impl DenyCache {
         }
     }
 
-    /// Holds at most `max_keys` denied keys (at least 1): at the bound an expired entry is replaced, else the
-    /// least recently used is evicted.
+    /// Holds at most `max_keys` denied keys (at least 1): at the bound an expired entry is replaced, else one not
+    /// used since the eviction hand last passed it is evicted.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
         self
