@@ -2,8 +2,8 @@
 //!
 //! `cargo bench --bench bytes_per_key` — each contender runs in a fresh child process, which reads its own
 //! resident set size (VmRSS) before and after tracking 1 M keys `client-0000000` … `client-0999999`. The
-//! `_at_bound` contenders flood a store bounded at 1 M keys with 4 M distinct keys (it evicts the least recently
-//! used past the bound): resident growth ÷ the keys it holds at the end. The `_locked` contenders lock every key out
+//! `_at_bound` contenders flood a store bounded at 1 M keys with 4 M distinct keys (it evicts at the bound, by
+//! CLOCK): resident growth ÷ the keys it holds at the end. The `_locked` contenders lock every key out
 //! (a lockout policy, each key denied once).
 
 use std::num::NonZeroU32;

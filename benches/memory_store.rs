@@ -126,7 +126,7 @@ fn shuffled(n: usize) -> Vec<usize> {
 /// The bound of the flood group's stores: small enough that a flood fills it at once.
 const FLOOD_BOUND: usize = 1 << 16;
 
-/// A new-key flood at the bound: keys cycle over four times the bound, so (for an exact LRU) every check is for a
+/// A new-key flood at the bound: keys cycle over four times the bound, so (for LRU or CLOCK) every check is for a
 /// key the store does not hold, at a full table — each one an eviction, or a refusal for a refusing store.
 /// governor has no bound: it keeps all of them, so every check after the first pass is a hit for it (the
 /// competitor's cost with unbounded memory).
@@ -258,10 +258,54 @@ fn count(what: &str, n: usize) {
     }
 }
 
+/// Two threads on the 1 M keys in random order (one walk of `random_order`, the threads half of it apart): the
+/// cost of a miss-bound check when two cores share the shards.
+fn contended_random(c: &mut Criterion) {
+    let mut group = c.benchmark_group("2_threads_1M_keys_random_order");
+    let keys = keys(KEYS);
+    let order = shuffled(KEYS);
+    let run = |iters: u64, check: &(dyn Fn(&String) + Sync)| -> Duration {
+        let barrier = Barrier::new(2);
+        let (keys, order) = (&keys, &order);
+        std::thread::scope(|s| {
+            let worker = |from: usize| {
+                let barrier = &barrier;
+                move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    let mut i = from;
+                    for _ in 0..iters {
+                        i = (i + 1) % KEYS;
+                        check(&keys[order[i]]);
+                    }
+                    start.elapsed()
+                }
+            };
+            let a = s.spawn(worker(0));
+            let b = s.spawn(worker(KEYS / 2));
+            (a.join().unwrap() + b.join().unwrap()) / 2
+        })
+    };
+    let (_, policy) = policies().into_iter().next().unwrap();
+    let store = MemoryStore::builder().max_keys(2 * KEYS).build();
+    let governor = governor_keyed();
+    for &i in &order {
+        drop(black_box(store.check_now(&keys[i], &policy, 1)));
+        drop(black_box(governor.check_key(&keys[i])));
+    }
+    group.bench_function("tollgate_token_bucket", |b| {
+        b.iter_custom(|iters| run(iters, &|k| drop(black_box(store.check_now(k, &policy, 1)))));
+    });
+    group.bench_function("governor_gcra", |b| {
+        b.iter_custom(|iters| run(iters, &|k| drop(black_box(governor.check_key(k)))));
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = single_key, distinct_keys, random_order, new_key_flood, contended
+    targets = single_key, distinct_keys, random_order, new_key_flood, contended, contended_random
 }
 
 /// `PAIRED=<rounds>`: the random-order group's two contenders on one machine state, without criterion: both

@@ -1,10 +1,11 @@
-//! `BoundedTable` against a model (`support/lru_model.rs`: exact recency order, the first decayed entry of the 4
-//! at the hand, else the least recently used): inserts, reads, removals and sweeps, evicting and refusing
+//! `BoundedTable` against a model (`support/clock_model.rs`: CLOCK over the slots, a decayed entry at the hand
+//! first, else the first unvisited one unless one of the 3 after it is decayed; the new key takes the victim's
+//! slot, a removal gives a slot to the last entry): inserts, reads, removals and sweeps, evicting and refusing
 //! tables alike, on one shard. Values own something (a `String`), as a lease owns its batch: an eviction must
 //! hand back the evicted value itself.
 
-#[path = "support/lru_model.rs"]
-mod lru_model;
+#[path = "support/clock_model.rs"]
+mod clock_model;
 
 use std::collections::HashMap;
 
@@ -52,11 +53,11 @@ proptest! {
         refuse in any::<bool>(),
         ops in prop::collection::vec(op(), 1..300),
     ) {
-        let on_full = if refuse { OnFull::Refuse } else { OnFull::EvictLru };
+        let on_full = if refuse { OnFull::Refuse } else { OnFull::Evict };
         let table = BoundedTable::builder().max_keys(max_keys).on_full(on_full).build::<Lease>();
         let digest = |k: u8| table.digest(&[k]);
         let mut entries: HashMap<u8, Lease> = HashMap::new();
-        let mut lru = lru_model::Lru::new();
+        let mut clock = clock_model::Clock::new();
         let mut now = 1_000;
         for (i, op) in ops.iter().enumerate() {
             match *op {
@@ -64,21 +65,20 @@ proptest! {
                     let value = Lease { batch: format!("batch {i}"), until: now + ttl };
                     let got = table.insert(digest(key), value.clone(), now);
                     let want = if entries.contains_key(&key) {
-                        lru.touch(key);
+                        clock.touch(key);
                         entries.insert(key, value);
                         Ok(None)
                     } else if entries.len() < max_keys {
-                        lru.push(key);
+                        clock.push(0, key);
                         entries.insert(key, value);
                         Ok(None)
                     } else {
                         let (victim, decayed) =
-                            lru.victim(|k| entries[&k].until <= now).expect("a full table");
+                            clock.victim(|k| entries[&k].until <= now).expect("a full table");
                         if refuse && !decayed {
                             Err(max_keys)
                         } else {
-                            lru.remove(victim);
-                            lru.push(key);
+                            clock.replace(victim, key);
                             let old = entries.remove(&victim).expect("held");
                             entries.insert(key, value);
                             Ok(Some((digest(victim), old, !decayed)))
@@ -94,27 +94,23 @@ proptest! {
                 Op::Get(key) => {
                     let got = table.get(digest(key), |v| v.clone());
                     if entries.contains_key(&key) {
-                        lru.touch(key);
+                        clock.touch(key);
                     }
                     prop_assert_eq!(got, entries.get(&key).cloned(), "op {} {:?}", i, op);
                 }
                 Op::Remove(key) => {
-                    lru.remove(key);
+                    clock.remove(key);
                     prop_assert_eq!(table.remove(digest(key)), entries.remove(&key), "op {} {:?}", i, op);
                 }
                 Op::Sweep => {
                     table.sweep(now);
-                    let decayed: Vec<u8> =
-                        entries.iter().filter(|(_, v)| v.until <= now).map(|(&k, _)| k).collect();
-                    for key in decayed {
-                        lru.remove(key);
-                        entries.remove(&key);
-                    }
+                    clock.sweep(|k| entries[&k].until <= now);
+                    entries.retain(|_, v| v.until > now);
                 }
                 Op::Advance(us) => now += us,
             }
             prop_assert_eq!(table.len(), entries.len(), "op {} {:?}", i, op);
-            prop_assert_eq!(lru.len(), entries.len());
+            prop_assert_eq!(clock.len(), entries.len());
         }
     }
 }

@@ -32,7 +32,7 @@ fn store(max_keys: usize) -> MemoryStore<ManualClock> {
 
 #[test]
 fn evicting_is_the_default() {
-    assert_eq!(MemoryStore::new().on_full(), OnFull::EvictLru);
+    assert_eq!(MemoryStore::new().on_full(), OnFull::Evict);
 }
 
 #[test]
@@ -81,9 +81,9 @@ fn a_client_that_keeps_requesting_during_a_flood_keeps_its_state() {
         }
         for i in 0..20_000 {
             store.check_now(&format!("flood-{i}"), &policy, 1).unwrap();
-            // Both come back every 25 new keys: always among the most recent 5 % of a shard, never evicted (an
-            // eviction takes a decayed entry or the least recently used; both hold state, and 25 keys are far
-            // fewer than a shard's 500).
+            // Both come back every 25 new keys, so each is used again long before the hand comes round (each new
+            // key moves it on by one at least; a shard holds 500): never evicted (an eviction takes a decayed
+            // entry or one not used since the hand last passed it; both hold state).
             if i % 25 == 0 {
                 let d = store.check_now("abuser", &policy, 1).unwrap();
                 assert_eq!(
@@ -101,7 +101,8 @@ fn a_client_that_keeps_requesting_during_a_flood_keeps_its_state() {
 
 #[test]
 fn decayed_keys_are_evicted_before_live_ones() {
-    // 8 keys, one shard, in exact recency order (the hand looks at 4 from where the last eviction left it).
+    // 8 keys, one shard, in slot order (the scout looks at 4 from where the last eviction left it, then the CLOCK
+    // hand takes the first not used since it last passed).
     for policy in policies() {
         let clock = clock();
         let store = MemoryStore::builder()
@@ -119,8 +120,8 @@ fn decayed_keys_are_evicted_before_live_ones() {
         }
         let e = store.evictions();
         assert_eq!((e.decayed, e.live), (4, 0), "{policy:?}");
-        // "live" comes back (a peek is a use too), then 5 more: the remaining 4 decayed keys go first, then the
-        // least recently used live one, "new-0".
+        // "live" comes back (a check of cost 0 is a use too), then 5 more: the remaining 4 decayed keys go first,
+        // then "new-0", the first the hand meets that was not used since it was added ("live" was: it is passed).
         store.check_now("live", &policy, 0).unwrap();
         for i in 3..8 {
             store.check_now(&format!("new-{i}"), &policy, 1).unwrap();
@@ -130,7 +131,7 @@ fn decayed_keys_are_evicted_before_live_ones() {
         assert_eq!(
             store.check_now("live", &policy, 1).unwrap().outcome,
             Outcome::Limited,
-            "{policy:?}: \"live\" was not the least recently used"
+            "{policy:?}: \"live\" was used, and passed over"
         );
         assert_eq!(
             store.check_now("new-0", &policy, 0).unwrap().remaining,
@@ -165,7 +166,7 @@ fn in_a_large_shard_decayed_keys_are_found_first() {
         }
         assert_eq!(store.len(), 1_000);
         clock.advance(Duration::from_millis(100));
-        // Full: half decayed, half live, alternating in recency order. 250 new keys: the hand, which looks at 4
+        // Full: half decayed, half live, alternating in slot order. 250 new keys: the scout, which looks at 4
         // entries from where the last eviction left it, meets a decayed one within 2 every time (none is live-
         // evicted; a sampled eviction, as the store once had, expected about 12, hence the bound of 60).
         for i in 0..250 {
@@ -180,10 +181,10 @@ fn in_a_large_shard_decayed_keys_are_found_first() {
 #[test]
 fn a_decayed_key_deep_in_a_full_shard_is_found_by_the_hand() {
     // One short-lived key in the middle of a shard of 1000 long-lived ones, filled at one instant; then it decays
-    // and new keys arrive. Each eviction looks at 4 entries at the hand, which starts at the least recently used
-    // end and moves 4 on per eviction while the tail moves 1: it passes the whole shard within 1000 / 3 evictions,
-    // so the decayed key is evicted by then (about the 125th; the evictions before it take the least recently
-    // used live keys, as an exact LRU would).
+    // and new keys arrive. Each eviction's scout looks at 4 entries from where the last left off, starting at
+    // the first slot, while the CLOCK hand moves 1: it passes the whole shard within 1000 / 4 evictions, so the
+    // decayed key is evicted by then (the 126th; the evictions before it take the oldest live keys, none of which
+    // was used since it was added, in slot order: as an exact LRU would).
     let short = Quota::new(5, Duration::from_millis(50)).unwrap();
     let long = Quota::per_hour(5).unwrap();
     for (short, long) in [
@@ -216,7 +217,7 @@ fn a_decayed_key_deep_in_a_full_shard_is_found_by_the_hand() {
         }
         let e = store.evictions();
         assert_eq!((e.live + e.decayed, e.decayed), (333, 1), "{long:?}");
-        // Found on the hand's first pass; the most recent keys keep their state.
+        // Found on the scout's first pass; the most recent keys keep their state.
         assert!(
             found.is_some_and(|i| i < 200),
             "{long:?}: found at {found:?}"
@@ -257,8 +258,9 @@ fn a_bucket_and_a_window_share_the_bound() {
         store.check_now(&format!("w{i}"), &window, 1).unwrap();
         assert!(store.len() <= 300);
     }
-    // The most recent keys of both algorithms are still there (the last 25 of each, spent one of five: one list
-    // orders both algorithms' keys, and 50 are far fewer than the 300 it holds).
+    // The most recent keys of both algorithms are still there (the last 25 of each, spent one of five: one hand
+    // walks both algorithms' slots, a new key takes the slot just behind it, and 50 are far fewer than the 300
+    // it goes round before it meets them again).
     for i in 975..1_000 {
         assert_eq!(
             store
@@ -294,9 +296,9 @@ fn concurrent_floods_from_threads_stay_bounded_and_keep_the_active_client() {
                             .expect("a flood key is decided, never refused");
                         assert!(d.is_allowed());
                         assert!(store.len() <= 2_000);
-                        // The abuser keeps requesting, from every thread: whichever threads run, it is among the
-                        // most recent 16 or so keys of its 500-key shard, and only the least recently used (or a
-                        // decayed key) is evicted.
+                        // The abuser keeps requesting, from every thread: whichever threads run, it is used again
+                        // within 16 or so new keys of its 500-key shard, far fewer than the hand's revolution, and
+                        // only a key not used since the hand passed it (or a decayed key) is evicted.
                         if i % 4 == 0 {
                             let d = store.check_now("abuser", policy, 1).unwrap();
                             assert_eq!(d.outcome, Outcome::Limited, "t{t} key {i}");

@@ -1,12 +1,14 @@
 //! The eviction order against a model: a store of at most 20 keys (one shard) decides every request exactly as an
-//! unbounded store that forgets, at each insertion past the bound, the key the rule of `support/lru_model.rs`
-//! names: exact recency order, the first decayed key of the 4 at the hand, else the least recently used. (Issue
-//! 21's exact LRU changed this spec: the sampled eviction before it, comparing a store of at most 8 keys whole,
-//! forgot the least recently used decayed key if any, else the least recently used.) Manual clock; token bucket
-//! and sliding window alike, alone and sharing the store.
+//! unbounded store that forgets, at each insertion past the bound, the key the rule of `support/clock_model.rs`
+//! names: CLOCK over the slots (token buckets' then sliding windows'), a decayed key at the hand first, else the
+//! first unvisited one unless one of the 3 after it is decayed. A new key of the victim's algorithm takes its
+//! slot; one of the other algorithm is added after its own slab's last, the victim's slot going to its slab's
+//! last key. (This spec replaced exact recency order with a hand that looked at 4 entries for a decayed one,
+//! else took the least recently used.) Manual clock; token bucket and sliding window alike, alone and sharing
+//! the store.
 
-#[path = "support/lru_model.rs"]
-mod lru_model;
+#[path = "support/clock_model.rs"]
+mod clock_model;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -51,7 +53,7 @@ impl State {
 struct Model {
     max_keys: usize,
     entries: HashMap<(u8, bool), State>,
-    lru: lru_model::Lru<(u8, bool)>,
+    clock: clock_model::Clock<(u8, bool)>,
 }
 
 impl Model {
@@ -78,7 +80,7 @@ impl Model {
             if let Some(state) = state {
                 *entry = state;
             }
-            self.lru.touch((key, window));
+            self.clock.touch((key, window));
             return decision;
         }
         let Some(state) = state else {
@@ -91,14 +93,21 @@ impl Model {
         if self.entries.len() >= self.max_keys {
             let entries = &self.entries;
             let (victim, _) = self
-                .lru
+                .clock
                 .victim(|k| entries[&k].expires_at() <= now)
                 .unwrap();
-            self.lru.remove(victim);
             self.entries.remove(&victim);
+            self.entries.insert((key, window), state);
+            if victim.1 == window {
+                self.clock.replace(victim, (key, window));
+            } else {
+                self.clock.remove(victim);
+                self.clock.push(usize::from(window), (key, window));
+            }
+            return decision;
         }
         self.entries.insert((key, window), state);
-        self.lru.push((key, window));
+        self.clock.push(usize::from(window), (key, window));
         decision
     }
 }
@@ -123,7 +132,7 @@ proptest! {
     ) {
         let clock = ManualClock::new(Timestamp::from_micros(T0));
         let store = MemoryStore::builder().clock(clock.clone()).max_keys(max_keys).build();
-        let mut model = Model { max_keys, entries: HashMap::new(), lru: lru_model::Lru::new() };
+        let mut model = Model { max_keys, entries: HashMap::new(), clock: clock_model::Clock::new() };
         for (i, op) in ops.iter().enumerate() {
             match *op {
                 Op::Advance(ms) => clock.advance(Duration::from_millis(ms)),

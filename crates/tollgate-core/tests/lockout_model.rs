@@ -258,10 +258,13 @@ fn an_evicted_entry_takes_its_lockout_with_it() {
             Outcome::Limited
         );
         clock.advance(Duration::from_millis(10));
-        // Two new keys in a store of two: "a", the least recently used, is evicted (live: it is locked).
+        // Three new keys in a store of two: "b" is added; "c" evicts "b" (the hand passes "a", used since it was
+        // added, and clears its bit); "d" evicts "a" (live: it is locked).
         assert!(store.check_now("b", &locking, 1).unwrap().is_allowed());
         assert!(store.check_now("c", &locking, 1).unwrap().is_allowed());
-        assert_eq!((store.len(), store.evictions().live), (2, 1), "{window}");
+        assert_eq!(store.peek_now("a", &locking, 0).outcome, Outcome::Limited); // held (a peek is no use)
+        assert!(store.check_now("d", &locking, 1).unwrap().is_allowed());
+        assert_eq!((store.len(), store.evictions().live), (2, 2), "{window}");
         // "a" again: a new key, and its next request is decided by its own fresh state, not the old lockout.
         assert!(store.check_now("a", &locking, 1).unwrap().is_allowed());
         let next = store.check_now("a", &locking, 1).unwrap();
@@ -279,7 +282,7 @@ fn a_locked_entry_whose_state_decayed_is_not_evicted_as_decayed() {
         assert!(store.check_now("locked", &locking, 1).unwrap().is_allowed());
     }
     assert!(!store.check_now("locked", &locking, 1).unwrap().is_allowed()); // locked for 2 s
-    // "idle" after it, so "locked" is the least recently used, where the hand starts.
+    // "idle" after it, so "locked" is in the first slot, where the hands start.
     assert!(store.check_now("idle", &plain, 1).unwrap().is_allowed());
     // 1.9 s on, both buckets (3 a second) are full again, but "locked" is locked for 0.1 s more: of the two, only
     // "idle" has decayed, and it is the one a new key evicts.

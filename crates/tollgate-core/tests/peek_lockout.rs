@@ -1,5 +1,5 @@
-//! MemoryStore's peek and lockouts on a manual clock: a peek leaves the key's state, its recency and the
-//! store's size alone; a lockout outlives the quota's own state and ends exactly.
+//! MemoryStore's peek and lockouts on a manual clock: a peek leaves the key's state, its visited bit (what
+//! eviction goes by) and the store's size alone; a lockout outlives the quota's own state and ends exactly.
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ const T0: u64 = 1_700_000_000_000_000;
 
 #[test]
 fn a_peek_does_not_make_a_key_recent() {
-    // Two keys fit; at the bound the least recently used of the shard (all of it, at this size) goes.
+    // Two keys fit; at the bound the first the hand meets that was not used since it was added goes.
     let clock = ManualClock::new(Timestamp::from_micros(T0));
     let store = MemoryStore::builder()
         .max_keys(2)
@@ -19,7 +19,7 @@ fn a_peek_does_not_make_a_key_recent() {
     let policy = Policy::token_bucket(Quota::per_hour(1).unwrap());
     assert!(store.check_now("a", &policy, 1).unwrap().is_allowed());
     assert!(store.check_now("b", &policy, 1).unwrap().is_allowed());
-    // A peek of "a" (and of a key never seen) is no use: "a" stays the least recently used, nothing is added.
+    // A peek of "a" (and of a key never seen) is no use: "a" stays unvisited, first at the hand; nothing is added.
     assert_eq!(store.peek_now("a", &policy, 1).outcome, Outcome::Limited);
     assert!(store.peek_now("c", &policy, 1).is_allowed());
     assert_eq!(store.len(), 2);

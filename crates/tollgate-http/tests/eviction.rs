@@ -34,8 +34,8 @@ async fn a_key_flood_over_http_neither_locks_out_newcomers_nor_frees_the_abuser(
     for i in 0..400 {
         let reply = get(format!("flood-{i}")).await;
         assert_eq!(reply.status, 200, "flood key {i}: {reply:#?}");
-        // Every other key: always among the 3 most recent of the 64 (an eviction takes the least recently used,
-        // or a decayed one; the abuser is neither).
+        // Every other key: used again within 3 new keys, long before the hand goes round the 64 (an eviction
+        // takes one not used since the hand last passed it, or a decayed one; the abuser is neither).
         if i % 2 == 0 {
             let reply = get("abuser".into()).await;
             assert_eq!(reply.status, 429, "flood key {i}: the abuser was freed");

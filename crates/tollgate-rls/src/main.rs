@@ -52,7 +52,7 @@ struct Cli {
     #[arg(long)]
     leases: bool,
 
-    /// Most descriptors the in-process store tracks (least recently used evicted at the bound).
+    /// Most descriptors the in-process store tracks (at the bound a decayed one, else one not used lately, is evicted).
     #[arg(long, value_name = "N", default_value_t = tollgate_core::DEFAULT_MAX_KEYS)]
     max_keys: usize,
 

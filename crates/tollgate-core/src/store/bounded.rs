@@ -6,7 +6,7 @@ use std::hash::{BuildHasher, Hasher, RandomState};
 use parking_lot::Mutex;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
-use super::table::{Expiry, List, MAX_SHARD_KEYS, Slab};
+use super::table::{Expiry, Hand, MAX_SHARD_KEYS, Slab};
 use crate::StoreError;
 
 /// The fewest keys a shard is given (as in the store: shards of a few keys would fill long before the bound).
@@ -27,14 +27,15 @@ pub struct Evicted<V> {
 }
 
 /// A sharded, bounded map from key digests to values that decay, with [`MemoryStore`](super::MemoryStore)'s
-/// policy at the bound: evict a decayed entry, else the least recently used one (or refuse, if asked).
+/// policy at the bound: evict a decayed entry, else one not used since the eviction hand last passed it (CLOCK,
+/// see the store's docs), or refuse, if asked.
 ///
 /// It is the table behind every bounded per-key state in tollgate beyond the store's own (whose shards keep one
 /// such table per algorithm under one bound). The two planned users:
 ///
 /// - **the deny cache** (a shared store's local memory of denied keys) keeps `BoundedTable<Denial>`, where a
 ///   denial's [`expires_at`](Expiry::expires_at) is its retry instant. Evicting a live denial only costs a store
-///   call (the next request for that key asks Redis again), so it uses [`OnFull::EvictLru`] and never refuses.
+///   call (the next request for that key asks Redis again), so it uses [`OnFull::Evict`] and never refuses.
 /// - **the lease table** (token batches leased from Redis for hot keys) keeps `BoundedTable<Lease>`, where a
 ///   lease expires with its batch. [`insert`](BoundedTable::insert) hands back the entry it evicted, so the
 ///   caller can return the batch's unused tokens to Redis, or abandon them (under-admission bounded by the
@@ -53,8 +54,8 @@ pub struct Evicted<V> {
 /// let key = |k: &str| table.digest(k.as_bytes());
 /// assert!(table.insert(key("a"), Denial { until: 100 }, 0)?.is_none());
 /// assert!(table.insert(key("b"), Denial { until: 100 }, 0)?.is_none());
-/// assert_eq!(table.get(key("a"), |d| d.until), Some(100)); // "a" is now the most recently used
-/// // Full: "b", the least recently used, makes room for "c".
+/// assert_eq!(table.get(key("a"), |d| d.until), Some(100)); // "a" is used: the hand passes it once
+/// // Full: "b", not used since it was added, makes room for "c".
 /// let evicted = table.insert(key("c"), Denial { until: 100 }, 0)?.expect("evicted");
 /// assert_eq!((evicted.key, evicted.live), (key("b"), true));
 /// assert_eq!(table.get(key("b"), |d| d.until), None);
@@ -77,7 +78,7 @@ pub struct BoundedTable<V> {
 
 struct Shard<V> {
     slab: Slab<V>,
-    list: List,
+    hand: Hand,
     evictions: EvictionCounts,
 }
 
@@ -140,7 +141,7 @@ impl BoundedTableBuilder {
                 .map(|_| {
                     Mutex::new(Shard {
                         slab: Slab::default(),
-                        list: List::default(),
+                        hand: Hand::default(),
                         evictions: EvictionCounts::default(),
                     })
                 })
@@ -190,14 +191,14 @@ impl<V: Expiry> BoundedTable<V> {
     /// value is passed like any other: the caller's value says what decayed means for it.
     pub fn get<R>(&self, key: u64, f: impl FnOnce(&mut V) -> R) -> Option<R> {
         let mut guard = self.shard(key).lock();
-        let Shard { slab, list, .. } = &mut *guard;
-        let slot = slab.find(key)?;
-        list.touch(slab, slot);
-        Some(f(&mut slab.node_mut(slot).value))
+        let slot = guard.slab.find(key)?;
+        let node = guard.slab.node_mut(slot);
+        node.visited = true;
+        Some(f(&mut node.value))
     }
 
     /// Sets `key`'s value (replacing any), as used at `now`. At the bound, a new key takes the place of the entry
-    /// [`OnFull::EvictLru`] chooses (a decayed one found at the list's hand, else the least recently used), which
+    /// [`OnFull::Evict`] chooses (a decayed one found at the hand, else one not used since the hand passed it), which
     /// is returned as [`Evicted`], its value moved out, so that the caller can end it as it would any entry (a
     /// lease table returns or abandons the evicted lease's batch). A table that refuses makes room only with a
     /// decayed entry and otherwise answers [`StoreError::KeyCapacity`]. A replaced value (same key) is dropped.
@@ -205,16 +206,17 @@ impl<V: Expiry> BoundedTable<V> {
         let mut guard = self.shard(key).lock();
         let Shard {
             slab,
-            list,
+            hand,
             evictions,
         } = &mut *guard;
         if let Some(slot) = slab.find(key) {
-            slab.node_mut(slot).value = value;
-            list.touch(slab, slot);
+            let node = slab.node_mut(slot);
+            node.value = value;
+            node.visited = true;
             return Ok(None);
         }
         if slab.len() >= self.shard_capacity
-            && let Some((victim, decayed)) = list.victim(slab, now)
+            && let Some((victim, decayed)) = hand.victim(slab, now)
         {
             if self.on_full == OnFull::Refuse && !decayed {
                 return Err(StoreError::KeyCapacity {
@@ -222,9 +224,7 @@ impl<V: Expiry> BoundedTable<V> {
                 });
             }
             // The new key takes the victim's slot: no allocation, no move.
-            list.unlink(slab, victim);
             let (old_key, old_value) = slab.replace(victim, key, value);
-            list.push_front(slab, victim);
             evictions.add(!decayed);
             self.log.record(!decayed, evictions, self.max_keys);
             return Ok(Some(Evicted {
@@ -233,42 +233,30 @@ impl<V: Expiry> BoundedTable<V> {
                 live: !decayed,
             }));
         }
-        let slot = slab.push(key, value);
-        list.push_front(slab, slot);
+        slab.push(key, value);
         Ok(None)
     }
 
     /// Removes `key`'s value.
     pub fn remove(&self, key: u64) -> Option<V> {
         let mut guard = self.shard(key).lock();
-        let Shard { slab, list, .. } = &mut *guard;
-        let slot = slab.find(key)?;
-        Some(remove_at(slab, list, slot))
+        let slot = guard.slab.find(key)?;
+        Some(guard.slab.swap_remove(slot).value)
     }
 
     /// Drops every value that has decayed at `now` (a whole-table scan: for a chore, never a request).
     pub fn sweep(&self, now: u64) {
         for shard in &*self.shards {
             let mut guard = shard.lock();
-            let Shard { slab, list, .. } = &mut *guard;
+            let slab = &mut guard.slab;
             // From the last slot down: the node a removal moves into a slot was already looked at.
             for slot in (0..slab.len() as u32).rev() {
                 if slab.node(slot).value.expires_at() <= now {
-                    remove_at(slab, list, slot);
+                    slab.swap_remove(slot);
                 }
             }
         }
     }
-}
-
-/// Removes the entry in `slot` from the list and the slab.
-fn remove_at<V: Expiry>(slab: &mut Slab<V>, list: &mut List, slot: u32) -> V {
-    list.unlink(slab, slot);
-    let (node, moved) = slab.swap_remove(slot);
-    if let Some(from) = moved {
-        list.relink(slab, from, slot);
-    }
-    node.value
 }
 
 impl<V> BoundedTable<V> {

@@ -18,11 +18,12 @@ pub const DEFAULT_NAME: &str = "memory_store";
 #[non_exhaustive]
 pub enum OnFull {
     /// Evict an entry to make room (the default): a decayed one if the eviction finds one (that loses nothing;
-    /// it looks at a few entries of the recency list, at a hand that goes round the list over successive
-    /// evictions), else the least recently used. Every new key gets its own state, as nginx's `limit_req` zone
-    /// does; an active client, being recent, keeps its own.
+    /// it looks at the entries at a hand that goes round the shard over successive evictions), else one not used
+    /// since the hand last passed it (CLOCK, which approximates the least recently used). Every new key gets its
+    /// own state, as nginx's `limit_req` zone does; an active client, being used again before the hand comes
+    /// round, keeps its own.
     #[default]
-    EvictLru,
+    Evict,
     /// Refuse the new key with [`StoreError::KeyCapacity`](crate::StoreError::KeyCapacity) (the limiter's failure
     /// policy answers it) and keep every tracked key, until expired ones can be swept.
     Refuse,
@@ -96,7 +97,7 @@ impl EvictionLog {
             tracing::warn!(
                 limiter = %self.name,
                 max_keys,
-                "bounded store full: evicting least recently used keys that still hold state (max_keys is too \
+                "bounded store full: evicting keys that still hold state (max_keys is too \
                  small for the traffic, or a flood of new keys is on); see {EVICTIONS_TOTAL}"
             );
         }

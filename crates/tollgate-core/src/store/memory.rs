@@ -1,4 +1,4 @@
-//! The in-process store: sharded, bounded (evicting the least recently used at the bound), self-cleaning.
+//! The in-process store: sharded, bounded (evicting by CLOCK at the bound, decayed entries first), self-cleaning.
 //!
 //! ```
 //! use tollgate_core::{MemoryStore, Policy, Quota};
@@ -27,7 +27,7 @@ use hashbrown::HashTable;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
 use super::memory_lease::LeaseBooks;
-use super::table::{Arena, Expiry, Links, List, MAX_SHARD_KEYS, Slab};
+use super::table::{Arena, Expiry, Hand, MAX_SHARD_KEYS, SECOND, Slab};
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
 pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
@@ -44,22 +44,25 @@ const MIN_SHARD_KEYS: usize = 256;
 /// "fresh" is dropped as the store grows, without any chore for the caller.
 ///
 /// At most `max_keys` keys are tracked (each of the N shards holds `max_keys / N`, rounded up). At the bound, by
-/// default ([`OnFull::EvictLru`]), a key that is not tracked yet takes the place of another, chosen by exact
-/// recency: each shard keeps its entries in a slab threaded by a doubly linked recency list (a use moves the
-/// entry to the head). The entry evicted is a decayed one if the eviction finds one among the 4 entries at the
-/// list's *hand* (that loses nothing), else the least recently used of the shard. The hand walks the list from
-/// the least recently used end over successive evictions (4 entries each) and starts over when it has passed
-/// it all, so decayed entries anywhere in a shard are found without a scan; a shard of at most 4 entries is
-/// looked at whole. So a new client is always decided by its own bucket or window, never by the failure policy,
-/// and a client that keeps sending (a limited abuser included) is recent and keeps its state: of a shard of `n`
-/// keys, only one that `n` others have been used since can be evicted live. An eviction costs O(1) (at most 5
-/// entries read, no allocation: the new key takes the evicted one's slot). `docs/BENCHMARKS.md` ("MemoryStore at
-/// its key bound") has the measurements against the sampled eviction this replaced, and governor.
+/// default ([`OnFull::Evict`]), a key that is not tracked yet takes the place of another, chosen by CLOCK
+/// (second chance) with decayed entries first. Each entry carries a *visited* bit beside its state, which a use
+/// sets: a hit writes its entry and nothing else. An eviction takes a decayed entry if its *scout* finds one among
+/// the 4 entries where it stopped last (that loses nothing; the scout goes round the shard, 4 entries per
+/// eviction, so decayed entries anywhere are found without a scan; a shard of at most 4 is looked at whole).
+/// Else the CLOCK *hand* walks on from where it stopped: a decayed entry it meets is taken, a visited one loses
+/// its bit and is passed, and the first one not visited is evicted. The new key takes the evicted entry's slot,
+/// just behind the hand. So a new client is always decided by its own bucket or window, never by the failure
+/// policy, and a client that keeps sending (a limited abuser included) keeps its state as long as it comes back
+/// before the hand does: a flood of new keys moves the hand one entry per key plus the visited entries it passes,
+/// so in a shard of `n` keys of which `h` are in use a revolution takes about `n − h` new keys (exact LRU kept a
+/// key for `n`). An eviction costs O(1) amortised (each bit the hand clears was set by a use; no allocation: the
+/// new key takes the evicted one's slot). `docs/design/eviction.md` compares the policy with the exact LRU it
+/// replaced on a hot set in a flood; `docs/BENCHMARKS.md` has the measurements.
 ///
 /// Evictions are counted in `tollgate_evictions_total{limiter}` (the label is the store's
 /// [name](MemoryStoreBuilder::name)) and in [`evictions`](Self::evictions); while entries that still hold state
 /// are evicted, a warning is logged (at most one every 10 s): `max_keys` is too small for the traffic, or a flood
-/// of new keys is on. A token bucket and a sliding window sharing a store share its bound and its recency list.
+/// of new keys is on. A token bucket and a sliding window sharing a store share its bound and its hand.
 ///
 /// Lockout ends ([`Policy::with_lockout`]) are kept beside the entries, in a per-shard table of the keys that have
 /// one: an entry is only its algorithm's state, and a policy without a lockout never reads the table. An end
@@ -354,7 +357,7 @@ impl<C: Clock> MemoryStore<C> {
         let now = now.min(Timestamp::LATEST);
         let lockout = policy.lockout_micros();
         let shard = lock(self.shard(hash));
-        // Only read: the entry is not moved on the recency list.
+        // Only read: the entry is not marked visited.
         match policy.algorithm() {
             Algorithm::TokenBucket => {
                 let state = shard.slabs.locked::<BucketEntry>(hash, lockout);
@@ -630,7 +633,7 @@ impl<S: Copy, F: FnOnce(Option<Locked<S>>) -> Step<Locked<S>>> Decide<S> for Wit
 /// shard's lockout table keeps).
 pub(super) trait Entry: Copy + Expiry {
     type State: Copy;
-    /// Tells this algorithm's links from the other's on the shard's one list.
+    /// Tells this algorithm's links from the other's under the shard's one hand.
     const TAG: u32;
     fn slab(slabs: &mut Slabs) -> &mut Slab<Self>;
     fn slab_ref(slabs: &Slabs) -> &Slab<Self>;
@@ -730,8 +733,8 @@ impl Expiry for WindowEntry {
     }
 }
 
-/// The top bit of a link on a shard's list: the sliding-window slab (clear: the token-bucket slab).
-const WINDOW: u32 = 1 << 31;
+/// The top bit of a link under a shard's hand: the sliding-window slab (clear: the token-bucket slab).
+const WINDOW: u32 = SECOND;
 
 /// The keys of a shard that carry a lockout end (`Policy::with_lockout`), per algorithm: a side table, so that
 /// entries of policies without a lockout carry no lockout bytes and their checks never read it. An end lives as
@@ -782,7 +785,7 @@ impl Lockouts {
     }
 }
 
-/// A shard's two slabs, one per algorithm, which its one list runs through, and their keys' lockout ends.
+/// A shard's two slabs, one per algorithm, which its one hand walks, and their keys' lockout ends.
 #[derive(Default)]
 pub(super) struct Slabs {
     buckets: Slab<BucketEntry>,
@@ -808,12 +811,15 @@ impl Slabs {
 }
 
 impl Arena for Slabs {
-    #[inline]
-    fn links(&mut self, link: u32) -> &mut Links {
+    fn lens(&self) -> [u32; 2] {
+        [self.buckets.len() as u32, self.windows.len() as u32]
+    }
+
+    fn visited(&mut self, link: u32) -> &mut bool {
         if link & WINDOW == 0 {
-            self.buckets.links(link)
+            &mut self.buckets.node_mut(link).visited
         } else {
-            self.windows.links(link & !WINDOW)
+            &mut self.windows.node_mut(link & !WINDOW).visited
         }
     }
 
@@ -835,7 +841,7 @@ impl Arena for Slabs {
 #[derive(Default)]
 pub(super) struct Shard {
     slabs: Slabs,
-    list: List,
+    hand: Hand,
     evictions: EvictionCounts,
     /// Sweep when the shard grows to this many keys…
     sweep_at: usize,
@@ -868,13 +874,15 @@ impl Shard {
         };
         let (step, locked_until) = decide.decide::<E>(state, held);
         if let Some(slot) = slot {
+            // The state and the visited bit are one node: a hit writes that alone.
+            let node = E::slab(&mut self.slabs).node_mut(slot);
+            node.visited = true;
             if let Some(state) = step.state {
-                E::slab(&mut self.slabs).node_mut(slot).value = E::new(state, &step.decision);
+                node.value = E::new(state, &step.decision);
                 if D::LOCKOUT && locked_until != held {
                     self.slabs.lockouts.set(E::TAG, hash, locked_until);
                 }
             }
-            self.list.touch(&mut self.slabs, slot | E::TAG);
             return Ok(step.decision);
         }
         let Some(state) = step.state else {
@@ -889,7 +897,7 @@ impl Shard {
         let cap = bound.shard_capacity;
         let len = self.len();
         match bound.on_full {
-            OnFull::EvictLru => {
+            OnFull::Evict => {
                 // Sweeps only while growing (each one at twice the keys of the last: O(1) amortised); at the bound,
                 // eviction makes room one key at a time, decayed keys first, so no request waits on a scan.
                 if len < cap && len >= self.sweep_at.max(MIN_SWEEP) && now >= self.next_expiry {
@@ -914,15 +922,14 @@ impl Shard {
             }
         }
         self.next_expiry = self.next_expiry.min(expires_at);
-        let slot = E::slab(&mut self.slabs).push(hash, entry);
-        self.list.push_front(&mut self.slabs, slot | E::TAG);
+        E::slab(&mut self.slabs).push(hash, entry);
         if D::LOCKOUT && locked_until != 0 {
             self.slabs.lockouts.set(E::TAG, hash, locked_until);
         }
         Ok(step.decision)
     }
 
-    /// Evicts the list's victim for the new key `hash`, which takes the victim's slot when both are of one
+    /// Evicts the hand's victim for the new key `hash`, which takes the victim's slot when both are of one
     /// algorithm (no allocation, nothing moved); `false` if it still has to be added (the victim was of the other
     /// algorithm, or there was none).
     fn evict_for<E: Entry>(
@@ -934,38 +941,31 @@ impl Shard {
         bound: &Bound,
         log: &EvictionLog,
     ) -> bool {
-        let Some((victim, decayed)) = self.list.victim(&mut self.slabs, now) else {
+        let Some((victim, decayed)) = self.hand.victim(&mut self.slabs, now) else {
             return false; // an empty shard is never full (its capacity is at least 1)
         };
         self.next_expiry = self.next_expiry.min(expires_at);
-        self.list.unlink(&mut self.slabs, victim);
         let replaced = victim & WINDOW == E::TAG;
         if replaced {
             let (old, _) = E::slab(&mut self.slabs).replace(victim & !WINDOW, hash, entry);
             self.slabs.lockouts.remove(E::TAG, old);
-            self.list.push_front(&mut self.slabs, victim);
         } else {
-            self.remove_unlinked(victim);
+            self.remove(victim);
         }
         self.evictions.add(!decayed);
         log.record(!decayed, &self.evictions, bound.max_keys);
         replaced
     }
 
-    /// Removes the entry at `link`, already out of the list, from its slab (whose last entry moves into its slot).
-    fn remove_unlinked(&mut self, link: u32) {
+    /// Removes the entry at `link` from its slab (whose last entry moves into its slot) and its lockout end.
+    fn remove(&mut self, link: u32) {
         let (tag, slot) = (link & WINDOW, link & !WINDOW);
-        let (key, moved) = if tag == 0 {
-            let (node, moved) = self.slabs.buckets.swap_remove(slot);
-            (node.key, moved)
+        let key = if tag == 0 {
+            self.slabs.buckets.swap_remove(slot).key
         } else {
-            let (node, moved) = self.slabs.windows.swap_remove(slot);
-            (node.key, moved)
+            self.slabs.windows.swap_remove(slot).key
         };
         self.slabs.lockouts.remove(tag, key);
-        if let Some(from) = moved {
-            self.list.relink(&mut self.slabs, from | tag, link);
-        }
     }
 
     fn sweep(&mut self, now: u64, bound: &Bound) {
@@ -979,8 +979,7 @@ impl Shard {
                 let link = slot | tag;
                 let expires_at = self.slabs.expires_at(link);
                 if expires_at <= now {
-                    self.list.unlink(&mut self.slabs, link);
-                    self.remove_unlinked(link);
+                    self.remove(link);
                 } else {
                     next = next.min(expires_at);
                 }

@@ -1,24 +1,29 @@
-//! One shard's entries and their exact recency order, shared by [`MemoryStore`](super::MemoryStore) (two slabs
-//! per shard, one per algorithm, on one list) and [`BoundedTable`](super::BoundedTable) (one slab per shard).
+//! One shard's entries and the hand that chooses what to evict, shared by [`MemoryStore`](super::MemoryStore)
+//! (two slabs per shard, one per algorithm, under one hand) and [`BoundedTable`](super::BoundedTable) (one slab
+//! per shard).
 //!
-//! A [`Slab`] keeps the entries densely in a `Vec` of nodes, with a hashbrown index from key digest to slot; a
-//! [`List`] threads a doubly linked recency list through the nodes (head: most recently used). A use moves its
-//! node to the head; a new key at the bound takes the place of the [`List::victim`]: the first decayed entry
-//! among the [`LOOK`] at the list's *hand*, else the tail (the least recently used). The hand walks from the
-//! tail towards the head over successive evictions and starts again at the tail when it passes the head, so
-//! decayed entries anywhere in the list are found without a scan. (Links through hashbrown's own buckets would
-//! save the index, but hashbrown rehashes in place after enough removals, which would move them.)
+//! A [`Slab`] keeps the entries densely in a `Vec` of nodes, with a hashbrown index from key digest to slot. A
+//! node holds the key, the value and a *visited* bit, which a use sets: a hit writes its own node and nothing
+//! else (no list to move it on, no neighbour to relink). At the bound, a new key takes the place of the
+//! [`Hand::victim`]: a decayed entry found by the *scout*, which looks at [`LOOK`] entries per eviction and goes
+//! round the shard over successive ones, else the choice of CLOCK (second chance), whose hand walks the slots in
+//! order (the first slab's, then the second's, then round again): an entry it meets that has decayed is the
+//! victim; one visited since the hand last passed it loses its bit and is passed; the first one not visited is
+//! the victim. The hand then stands just after the victim, so a new key that takes the victim's slot is met again
+//! only after a whole revolution: a key used once (a flood's) goes at the next pass, a key used at least once per
+//! revolution never does.
 
 use hashbrown::HashTable;
 
-/// No node: the end of a list, an empty list's head and tail, a hand that starts at the tail.
-pub(crate) const NIL: u32 = u32::MAX;
+/// The top bit of a link: the second slab's slots (clear: the first's).
+pub(crate) const SECOND: u32 = 1 << 31;
 
-/// How many entries an eviction checks at the hand for a decayed one: the cost of an eviction in a flood, where
-/// none has decayed (each is a read of a node at a random slot).
+/// How many entries the scout looks at per eviction for a decayed one: the decayed go first, at a bounded cost
+/// per eviction (in a flood, where none has decayed, each is a read of a node).
 pub(crate) const LOOK: usize = 4;
 
-/// The most entries a shard may hold: links are `u32`, one bit of which tells a store's two slabs apart.
+/// The most entries a shard may hold: links are `u32`, one bit of which tells a store's two slabs apart (and a
+/// slot plus one must not reach it).
 pub(crate) const MAX_SHARD_KEYS: usize = (1 << 31) - 2;
 
 /// A stored value that knows when it has decayed back to "fresh" (indistinguishable from no entry at all).
@@ -27,22 +32,12 @@ pub trait Expiry {
     fn expires_at(&self) -> u64;
 }
 
-/// A node's neighbours in its list: `prev` towards the head (more recent), `next` towards the tail.
-#[derive(Clone, Copy)]
-pub(crate) struct Links {
-    prev: u32,
-    next: u32,
-}
-
-const UNLINKED: Links = Links {
-    prev: NIL,
-    next: NIL,
-};
-
+/// An entry: its key, its value and what eviction needs of it, in one place.
 pub(crate) struct Node<V> {
     pub(crate) key: u64,
-    links: Links,
     pub(crate) value: V,
+    /// Used since the hand last passed it (or since it was added, if it was not yet passed).
+    pub(crate) visited: bool,
 }
 
 /// Entries in a dense `Vec`, found by key through an index of slots.
@@ -74,7 +69,7 @@ impl<V> Slab<V> {
             .copied()
     }
 
-    /// The key's value, read only.
+    /// The key's value, read only (not a use).
     pub(crate) fn get(&self, key: u64) -> Option<&V> {
         self.find(key).map(|slot| &self.nodes[slot as usize].value)
     }
@@ -88,13 +83,13 @@ impl<V> Slab<V> {
         &self.nodes[slot as usize]
     }
 
-    /// Adds a key that has none, unlinked; returns its slot.
+    /// Adds a key that has none, not visited yet; returns its slot.
     pub(crate) fn push(&mut self, key: u64, value: V) -> u32 {
         let slot = self.nodes.len() as u32;
         self.nodes.push(Node {
             key,
-            links: UNLINKED,
             value,
+            visited: false,
         });
         let nodes = &self.nodes;
         self.index
@@ -102,10 +97,11 @@ impl<V> Slab<V> {
         slot
     }
 
-    /// Gives `slot` (unlinked) to a key that has none; returns the key and value it held.
+    /// Gives `slot` to a key that has none, not visited yet; returns the key and value it held.
     pub(crate) fn replace(&mut self, slot: u32, key: u64, value: V) -> (u64, V) {
         self.unindex(slot);
         let node = &mut self.nodes[slot as usize];
+        node.visited = false;
         let old = (
             std::mem::replace(&mut node.key, key),
             std::mem::replace(&mut node.value, value),
@@ -116,20 +112,18 @@ impl<V> Slab<V> {
         old
     }
 
-    /// Removes the (unlinked) node in `slot`; the last node moves into it, and its old slot is returned (the
-    /// list must then [`relink`](List::relink) it).
-    pub(crate) fn swap_remove(&mut self, slot: u32) -> (Node<V>, Option<u32>) {
+    /// Removes the node in `slot`; the last node moves into it (keeping its visited bit).
+    pub(crate) fn swap_remove(&mut self, slot: u32) -> Node<V> {
         self.unindex(slot);
         let last = self.nodes.len() as u32 - 1;
         let node = self.nodes.swap_remove(slot as usize);
-        if slot == last {
-            return (node, None);
+        if slot != last {
+            let key = self.nodes[slot as usize].key;
+            if let Some(i) = self.index.find_mut(key, |&i| i == last) {
+                *i = slot;
+            }
         }
-        let key = self.nodes[slot as usize].key;
-        if let Some(i) = self.index.find_mut(key, |&i| i == last) {
-            *i = slot;
-        }
-        (node, Some(last))
+        node
     }
 
     fn unindex(&mut self, slot: u32) {
@@ -140,16 +134,21 @@ impl<V> Slab<V> {
     }
 }
 
-/// What a [`List`] runs through: one slab, or a store's two.
+/// What a [`Hand`] walks: one slab, or a store's two (the second's links carry [`SECOND`]).
 pub(crate) trait Arena {
-    fn links(&mut self, link: u32) -> &mut Links;
+    /// How many entries each slab holds (a single slab's second is 0).
+    fn lens(&self) -> [u32; 2];
+    fn visited(&mut self, link: u32) -> &mut bool;
     fn expires_at(&self, link: u32) -> u64;
 }
 
 impl<V: Expiry> Arena for Slab<V> {
-    #[inline]
-    fn links(&mut self, link: u32) -> &mut Links {
-        &mut self.nodes[link as usize].links
+    fn lens(&self) -> [u32; 2] {
+        [self.nodes.len() as u32, 0]
+    }
+
+    fn visited(&mut self, link: u32) -> &mut bool {
+        &mut self.nodes[link as usize].visited
     }
 
     fn expires_at(&self, link: u32) -> u64 {
@@ -157,141 +156,73 @@ impl<V: Expiry> Arena for Slab<V> {
     }
 }
 
-/// A recency list and its hand.
-pub(crate) struct List {
-    head: u32,
-    tail: u32,
-    /// Where the next eviction starts looking for a decayed entry ([`NIL`]: at the tail).
-    hand: u32,
+/// The two positions an eviction starts from: the *scout*, which looks for decayed entries, and the CLOCK hand.
+/// Each is a link, which may have fallen past its slab's end since (a removal moved that slab's last entry down,
+/// or the slab was emptied); it then stands at the next slab's first entry.
+#[derive(Default)]
+pub(crate) struct Hand {
+    scout: u32,
+    clock: u32,
 }
 
-impl Default for List {
-    fn default() -> Self {
-        Self {
-            head: NIL,
-            tail: NIL,
-            hand: NIL,
-        }
-    }
-}
-
-impl List {
-    /// Marks `link` (in the list) as the most recently used.
-    // The test inlined into the store's check (a call measured 6 instructions on the single-key path).
-    #[inline(always)]
-    pub(crate) fn touch(&mut self, arena: &mut impl Arena, link: u32) {
-        if self.head != link {
-            self.move_to_front(arena, link);
-        }
-    }
-
-    /// `unlink` and `push_front` in one, for a node that is not the head (so it has a `prev`, and the list a
-    /// head): its own links read and written in one place, no test for ends it cannot be at (the move a hit pays
-    /// on many keys).
-    #[inline]
-    fn move_to_front(&mut self, arena: &mut impl Arena, link: u32) {
-        let head = self.head;
-        let own = arena.links(link);
-        let Links { prev, next } = *own;
-        *own = Links {
-            prev: NIL,
-            next: head,
-        };
-        if self.hand == link {
-            self.hand = prev;
-        }
-        arena.links(prev).next = next;
-        if next == NIL {
-            self.tail = prev;
-        } else {
-            arena.links(next).prev = prev;
-        }
-        arena.links(head).prev = link;
-        self.head = link;
-    }
-
-    /// Takes `link` out of the list. A hand on it moves on towards the head (where it would have gone next).
-    pub(crate) fn unlink(&mut self, arena: &mut impl Arena, link: u32) {
-        let Links { prev, next } = *arena.links(link);
-        if self.hand == link {
-            self.hand = prev;
-        }
-        if prev == NIL {
-            self.head = next;
-        } else {
-            arena.links(prev).next = next;
-        }
-        if next == NIL {
-            self.tail = prev;
-        } else {
-            arena.links(next).prev = prev;
-        }
-    }
-
-    /// Puts the unlinked `link` at the head.
-    pub(crate) fn push_front(&mut self, arena: &mut impl Arena, link: u32) {
-        let head = self.head;
-        *arena.links(link) = Links {
-            prev: NIL,
-            next: head,
-        };
-        if head == NIL {
-            self.tail = link;
-        } else {
-            arena.links(head).prev = link;
-        }
-        self.head = link;
-    }
-
-    /// The node that was at `from` is now at `to` (a slab moved it): points its neighbours, and the ends and the
-    /// hand, at `to`.
-    pub(crate) fn relink(&mut self, arena: &mut impl Arena, from: u32, to: u32) {
-        let Links { prev, next } = *arena.links(to);
-        if prev == NIL {
-            self.head = to;
-        } else {
-            arena.links(prev).next = to;
-        }
-        if next == NIL {
-            self.tail = to;
-        } else {
-            arena.links(next).prev = to;
-        }
-        if self.hand == from {
-            self.hand = to;
-        }
-    }
-
-    /// What to evict at `now`, and whether it has decayed: the first decayed entry of the [`LOOK`] from the hand
-    /// towards the head (passing the head, the look goes on from the tail), else the tail, the least recently
-    /// used. The hand stays where the look ended. `None` for an empty list.
+impl Hand {
+    /// What to evict at `now`, and whether it has decayed; `None` for an empty arena. First the scout looks at
+    /// [`LOOK`] entries from where it stopped last: the first decayed one is the victim (it loses nothing). Else
+    /// the CLOCK hand walks from where it stopped last: an entry that has decayed is the victim; one visited since
+    /// the hand last passed it loses its bit and is passed; the first one not visited is the victim. Each is left
+    /// just after the entry it chose, or the last it looked at; the bits it cleared stay cleared whether or not the
+    /// caller then evicts the victim (a refusing table does not evict a live one).
     ///
-    /// So a live entry is only evicted when the `LOOK` entries at the hand are all live, and each such eviction
-    /// moves the hand `LOOK` entries on: while at most `LOOK − 1` entries are used or added per eviction, the hand
-    /// passes every entry of a list of `n` within `n / (LOOK − 1)` evictions, and a decayed entry is evicted before
-    /// the tail unless it decayed after the hand passed it (it is then found on the next pass, or evicted as the
-    /// tail). A list of at most `LOOK` entries is looked at whole: a decayed entry, if any, is always evicted
-    /// first.
+    /// The scout moves `LOOK` entries per eviction that finds no decayed one, so it passes every entry of a shard
+    /// of `n` within `n / LOOK` such evictions: a decayed entry is evicted before a live one unless it decayed
+    /// after the scout passed it (it is then found on the next pass, or by the hand). A shard of at most `LOOK`
+    /// entries is looked at whole. Each visited entry the hand passes costs a read and a write, and was set by a
+    /// use since the hand last passed it: an eviction costs O(1) amortised over the uses (`LOOK` reads, and at
+    /// most one revolution of the hand, when every entry was used since its last).
     pub(crate) fn victim(&mut self, arena: &mut impl Arena, now: u64) -> Option<(u32, bool)> {
-        if self.tail == NIL {
+        let lens = arena.lens();
+        let total = lens[0] as usize + lens[1] as usize;
+        if total == 0 {
             return None;
         }
-        let mut at = if self.hand == NIL {
-            self.tail
-        } else {
-            self.hand
-        };
-        for _ in 0..LOOK {
+        let mut at = settle(lens, self.scout);
+        for _ in 0..LOOK.min(total) {
             if arena.expires_at(at) <= now {
-                self.hand = at; // the unlink moves it on
+                self.scout = at + 1;
                 return Some((at, true));
             }
-            at = match arena.links(at).prev {
-                NIL => self.tail,
-                prev => prev,
-            };
+            at = settle(lens, at + 1);
         }
-        self.hand = at;
-        Some((self.tail, arena.expires_at(self.tail) <= now))
+        self.scout = at;
+        let mut at = settle(lens, self.clock);
+        loop {
+            if arena.expires_at(at) <= now {
+                self.clock = at + 1;
+                return Some((at, true));
+            }
+            let visited = arena.visited(at);
+            if !*visited {
+                break;
+            }
+            *visited = false;
+            at = settle(lens, at + 1);
+        }
+        self.clock = at + 1;
+        Some((at, false))
+    }
+}
+
+/// The first entry at or after `link`, in walking order, of a non-empty arena whose slabs hold `lens`.
+#[inline]
+fn settle(lens: [u32; 2], link: u32) -> u32 {
+    let (half, slot) = ((link >> 31) as usize, link & !SECOND);
+    if slot < lens[half] {
+        return link;
+    }
+    let other = 1 - half;
+    if lens[other] > 0 {
+        (other as u32) << 31
+    } else {
+        (half as u32) << 31
     }
 }

@@ -242,8 +242,8 @@ impl DenyCache {
         }
     }
 
-    /// Holds at most `max_keys` denied keys (at least 1): at the bound an expired entry is replaced, else the
-    /// least recently used is evicted.
+    /// Holds at most `max_keys` denied keys (at least 1): at the bound an expired entry is replaced, else one not
+    /// used since the eviction hand last passed it is evicted.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
         self
@@ -272,7 +272,7 @@ impl DenyCache {
         DenyTable {
             table: BoundedTable::builder()
                 .max_keys(self.max_keys)
-                .on_full(OnFull::EvictLru)
+                .on_full(OnFull::Evict)
                 .name(limiter.to_string())
                 .build(),
             check: RandomState::new(),
@@ -545,7 +545,7 @@ impl DenyTable {
         }) {
             return;
         }
-        // Never refuses (`EvictLru`); an evicted entry only costs its key a store call.
+        // Never refuses (`Evict`); an evicted entry only costs its key a store call.
         let _ = self.table.insert(digest, entry, now);
         self.sweep(now);
     }

@@ -171,8 +171,8 @@ impl LeaseConfig {
         self
     }
 
-    /// Holds at most `max_keys` keys (hot ones and recently seen ones; at least 1): at the bound the least
-    /// recently used of a sample is evicted, and returns its batch.
+    /// Holds at most `max_keys` keys (hot ones and recently seen ones; at least 1): at the bound an expired entry,
+    /// else one not used since the eviction hand last passed it, is evicted, and returns its batch.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
         self
@@ -227,7 +227,7 @@ impl LeaseConfig {
             store,
             table: BoundedTable::builder()
                 .max_keys(self.max_keys)
-                .on_full(OnFull::EvictLru)
+                .on_full(OnFull::Evict)
                 .name(label.clone())
                 .build(),
             check: RandomState::new(),
