@@ -11,7 +11,7 @@ use tollgate_core::{Clock, FailurePolicy, ManualClock, Policy, Quota, Store};
 use tollgate_http::key::{ClientIp, HeaderKey, PeerIp, RouteKey};
 use tollgate_http::problem::{ProblemType, ProblemTypes};
 use tollgate_http::{HeaderSet, HttpLimitLayer};
-use tollgate_tower::{Mode, RateLimitLayer, RejectionKind};
+use tollgate_tower::{DenyCache, Mode, RateLimitLayer, RejectionKind};
 
 use support::{Reply, get as http_get, limited_app as app, serve, serve_with};
 
@@ -37,13 +37,10 @@ fn assert_allowed(reply: &Reply, name: &str, limit: u64, window: u64, remaining:
 }
 
 async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>, clock: ManualClock) {
-    let addr = serve(app(RateLimitLayer::new(
-        "per-client",
-        per_hour(3),
-        store,
-        PeerIp,
-    )))
-    .await;
+    // On Redis the deny cache is on, as by default, on the test's clock.
+    let layer = RateLimitLayer::new("per-client", per_hour(3), store, PeerIp)
+        .deny_cache_config(DenyCache::new().steady_clock(clock.clone()));
+    let addr = serve(app(layer)).await;
     // 3 per hour: each request takes one token, which refills in 1200 s; the bucket is full again at `reset`.
     // Draft -11's `t`: the time the remaining tokens take to accrue (2 × 1200 s, 1200 s), and with none left the
     // time until the bucket is full (3600 s).
@@ -80,6 +77,21 @@ async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>, clock: Manu
         denied.body,
         r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"rate limit \"per-client\" exceeded; retry after 1200 s","violated-policies":["per-client"],"limiter":"per-client","kind":"rate_limited"}"#
     );
+
+    // Refused again (on Redis from the deny cache, the store's denial held until its retry instant): the same
+    // answer, field for field, the clock standing still.
+    let again = http_get(addr, "/", &[]).await;
+    assert_eq!(again.status, 429);
+    for field in [
+        "ratelimit",
+        "ratelimit-policy",
+        "retry-after",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ] {
+        assert_eq!(again.header(field), denied.header(field), "{field}");
+    }
+    assert_eq!(again.body, denied.body);
 
     let health = http_get(addr, "/health", &[]).await;
     assert_eq!(health.status, 200);

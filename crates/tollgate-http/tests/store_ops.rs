@@ -49,7 +49,9 @@ fn login_app<St: Store>(layer: RateLimitLayer<PeerIp, St>) -> Router {
 }
 
 async fn lockout_headers_tell_the_truth<St: Store>(store: Arc<St>, clock: ManualClock) {
-    let layer = RateLimitLayer::new("login", login_policy(), store, PeerIp);
+    // On Redis the deny cache is on, as by default, on the test's clock.
+    let layer = RateLimitLayer::new("login", login_policy(), store, PeerIp)
+        .deny_cache_config(DenyCache::new().steady_clock(clock.clone()));
     let addr = serve(login_app(layer)).await;
     assert_eq!(http_get(addr, "/attempts-left", &[]).await.body, "2 0");
     assert_eq!(http_get(addr, "/login", &[]).await.status, 200);

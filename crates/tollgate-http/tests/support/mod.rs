@@ -173,7 +173,8 @@ pub async fn redis_store() -> Arc<RedisStore> {
     Arc::new(store)
 }
 
-/// Redis deciding at the instants of a [`ManualClock`] (`RedisStore::check_at`) instead of its own `TIME`.
+/// Redis deciding at the instants of a [`ManualClock`] (`RedisStore::check_at`) instead of its own `TIME`. Shared,
+/// as Redis is: a layer over it caches its denials (its deny cache) unless told otherwise.
 pub struct ClockedRedis {
     redis: Arc<RedisStore>,
     clock: ManualClock,
@@ -187,6 +188,10 @@ impl Store for ClockedRedis {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         self.redis.check_at(key, policy, cost, self.clock.now())
+    }
+
+    fn is_shared(&self) -> bool {
+        true
     }
 
     fn peek(
