@@ -1,4 +1,4 @@
-//! `examples/axum_server --config FILE` as a black box over real TCP: the policy file (3 then 429 for an
+//! `examples/axum_server --config FILE` as a black box over real TCP: the shipped policy file (3 then 429 for an
 //! ordinary key, 6 for `gold`, `internal` never limited and counted as exempt), `SIGHUP` reloads (a key whose
 //! policy is unchanged keeps its state, an invalid file keeps the old set and says where it is wrong), and an
 //! invalid file at start, on the in-process store and on a private Redis.
@@ -12,7 +12,7 @@ use tollgate_testkit::examples::{ExampleServer, example};
 use tollgate_testkit::http::{Reply, get};
 use tollgate_testkit::redis::RedisServer;
 
-/// The policy file shipped with the examples: the example as written.
+/// The policy file shipped with the examples: the documented example as written.
 const POLICY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policy.toml");
 
 /// `axum_server --config FILE` running, asked over TCP.

@@ -1,4 +1,4 @@
-//! Reading policy files: the example as written, every field, and every error at its place.
+//! Reading policy files: the documented example as written, every field, and every error at its place.
 
 use tollgate_config::{ConfigError, PolicyFile};
 
