@@ -11,6 +11,7 @@ use tollgate_http::headers::HeaderSet;
 use tollgate_redis::cli::RedisArgs;
 use tollgate_rls::config::{Algorithm, ConfigDir, Loader};
 use tollgate_rls::{OnStoreError, Options, RateLimitService, Reloader};
+use tollgate_tower::DenyCache;
 
 /// Envoy's rate limit service (envoy.service.ratelimit.v3.RateLimitService) on tollgate: envoyproxy/ratelimit's
 /// YAML, tollgate's algorithms, in-process or Redis state.
@@ -46,6 +47,11 @@ struct Cli {
     /// How long a Redis call may take before it counts as a store error.
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     redis_timeout: Option<Duration>,
+
+    /// Decide every descriptor on Redis, its denials included (by default a descriptor Redis refused is refused
+    /// here, without a Redis call, until Redis's own retry instant: the deny cache).
+    #[arg(long)]
+    no_deny_cache: bool,
 
     /// Token leases: a hot descriptor spends tokens leased from Redis in batches instead of a round trip each (not
     /// available in this build yet: refused at start-up).
@@ -154,6 +160,12 @@ async fn run(cli: Cli) -> Result<(), Fatal> {
             "--leases leases tokens from Redis: it needs --redis-url (or --redis-sentinel, --redis-cluster)".into(),
         ));
     }
+    if cli.leases {
+        return Err(Fatal(
+            2,
+            "--leases: token leases are not available in tollgate-rls yet (Redis's denials are cached: the deny cache is on)".into(),
+        ));
+    }
     let metrics = match cli.metrics_addr {
         Some(addr) => Some(serve_metrics(addr).await?),
         None => None,
@@ -212,7 +224,12 @@ async fn run(cli: Cli) -> Result<(), Fatal> {
         Some(store) => {
             let target = cli.redis.target().unwrap_or_default();
             announce(addr, &format!("redis {target}"), &summary, metrics);
-            serve(listener, RateLimitService::new(store, config, options)).await
+            if cli.no_deny_cache {
+                serve(listener, RateLimitService::new(store, config, options)).await
+            } else {
+                let store = DenyCache::new().around("tollgate-rls", store);
+                serve(listener, RateLimitService::new(store, config, options)).await
+            }
         }
         None => {
             let store = MemoryStore::builder()

@@ -1,6 +1,7 @@
 //! The real `tollgate-rls` binary over TCP, asked by a tonic client built from the same protos: flags and bad
 //! files, health, decisions on the in-process store and on Redis (two replicas sharing one limit), a directory
-//! reload (and a bad change that keeps the loaded set), and a SIGTERM with requests in flight.
+//! reload (and a bad change that keeps the loaded set), the deny cache on Redis, and a SIGTERM with requests in
+//! flight.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -228,6 +229,7 @@ fn help_lists_every_flag_and_bad_flags_or_files_exit_2_with_one_line() {
         "--redis-sentinel",
         "--redis-master",
         "--redis-cluster",
+        "--no-deny-cache",
         "--leases",
         "--max-keys",
         "--on-store-error",
@@ -282,6 +284,19 @@ fn help_lists_every_flag_and_bad_flags_or_files_exit_2_with_one_line() {
     assert_eq!(status, Some(2), "{err}");
     assert!(
         err.contains("--leases") && err.contains("--redis-url"),
+        "{err}"
+    );
+    let dir = bad.path().to_str().unwrap();
+    let (status, err) = run(&[
+        "--config-dir",
+        dir,
+        "--leases",
+        "--redis-url",
+        "redis://127.0.0.1:1",
+    ]);
+    assert_eq!(status, Some(2), "{err}");
+    assert!(
+        err.contains("--leases") && err.contains("not available"),
         "{err}"
     );
 }
@@ -434,6 +449,62 @@ async fn a_changed_directory_is_applied_without_a_restart_and_a_bad_change_keeps
         assert!(Instant::now() < deadline, "the fix was never applied");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// What one replica asks Redis for `n` requests of one descriptor limited to 3 an hour: the answers, the
+/// status of the last one, and the scripts Redis ran for them.
+async fn flood_on(redis: &RedisServer, extra: &[&str], n: usize) -> (Vec<Code>, (u32, u32), u64) {
+    let dir = ConfigDir::new(&[("edge.yaml", PER_HOUR_3)]);
+    let url = redis.url();
+    let namespace = unique_prefix("rls-deny");
+    let mut args = vec![
+        "--redis-url",
+        url.as_str(),
+        "--redis-namespace",
+        namespace.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    let rls = Rls::start(dir.path(), &args);
+    let mut client = rls.client().await;
+    let ann = request("edge", &[("user", "ann")]);
+    // Start-up's own script calls are over once it listens.
+    let before = redis.command_calls("evalsha");
+    let got = codes(&mut client, &ann, n).await;
+    let calls = redis.command_calls("evalsha") - before;
+    let last = client
+        .should_rate_limit(ann)
+        .await
+        .expect("an answer")
+        .into_inner();
+    let status = &last.statuses[0];
+    let limit = status
+        .current_limit
+        .as_ref()
+        .expect("the limit")
+        .requests_per_unit;
+    (got, (limit, status.limit_remaining), calls)
+}
+
+#[tokio::test]
+async fn the_deny_cache_refuses_what_redis_refused_without_asking_it_again() {
+    let redis = RedisServer::start();
+    let n = 40;
+    let (cached, cached_last, cached_calls) = flood_on(&redis, &[], n).await;
+    let (plain, plain_last, plain_calls) = flood_on(&redis, &["--no-deny-cache"], n).await;
+    let expected: Vec<Code> = (0..n).map(|i| if i < 3 { OK } else { OVER }).collect();
+    assert_eq!(cached, expected);
+    assert_eq!(plain, expected, "the same answers without the cache");
+    assert_eq!(
+        cached_last, plain_last,
+        "the cached denial's status is Redis's"
+    );
+    assert_eq!(cached_last, (3, 0));
+    // The next admission is about 20 minutes away: after the first denial nothing more reaches Redis.
+    assert_eq!(cached_calls, 4, "3 admissions and the first denial");
+    assert_eq!(
+        plain_calls, n as u64,
+        "without the cache, every request is a script call"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

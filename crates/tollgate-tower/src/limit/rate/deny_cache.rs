@@ -90,7 +90,7 @@ use std::time::{Duration, Instant};
 
 use event_listener::{Event, EventListener};
 use tollgate_core::store::{BoundedTable, Expiry, OnFull};
-use tollgate_core::{Clock, Decision, Outcome, Timestamp};
+use tollgate_core::{Clock, Decision, Outcome, Policy, Timestamp};
 
 use crate::Name;
 
@@ -416,10 +416,31 @@ impl DenyTable {
         KeyDigests { digest, check }
     }
 
+    /// The digests of `key` decided under `policy`, for a table shared by keys whose policy may change (a
+    /// store wrapped by [`DenyCache::around`]): an entry answers only requests under the policy it was made
+    /// under.
+    pub(crate) fn key_under(&self, key: &str, policy: &Policy) -> KeyDigests {
+        let under = self.check.hash_one(policy);
+        KeyDigests {
+            digest: self.table.digest(key.as_bytes()) ^ under.rotate_left(29),
+            check: self.check.hash_one((key.as_bytes(), policy)),
+        }
+    }
+
     /// The cached denial of `key` for a request of `cost`, as the store would give it now; `None` when the
     /// store must be asked.
     pub(crate) fn lookup(&self, key: &str, cost: u64) -> Option<Decision> {
         let (digest, check) = self.digests(key);
+        self.lookup_digests(KeyDigests { digest, check }, cost)
+    }
+
+    /// [`lookup`](Self::lookup) of `key` under `policy` (see [`key_under`](Self::key_under)).
+    pub(crate) fn lookup_under(&self, key: &str, policy: &Policy, cost: u64) -> Option<Decision> {
+        self.lookup_digests(self.key_under(key, policy), cost)
+    }
+
+    fn lookup_digests(&self, key: KeyDigests, cost: u64) -> Option<Decision> {
+        let KeyDigests { digest, check } = key;
         let now = self.now();
         let decision = self
             .table
@@ -593,6 +614,16 @@ impl DenyTable {
         self.table.sweep(now);
     }
 
+    /// Forgets every entry.
+    pub(crate) fn clear(&self) {
+        self.table.sweep(u64::MAX);
+    }
+
+    /// Entries held (expired ones included until replaced or swept).
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
     fn forget(&self, key: &str) {
         let (digest, check) = self.digests(key);
         if self.table.get(digest, |d| d.check == check) == Some(true) {
@@ -651,14 +682,14 @@ impl DenyCacheHandle {
     /// Forgets every cached denial.
     pub fn clear(&self) {
         if let Some(table) = self.table.get() {
-            table.table.sweep(u64::MAX);
+            table.clear();
         }
     }
 
     /// Denied keys held now (expired ones included until replaced or swept).
     #[must_use]
     pub fn len(&self) -> usize {
-        self.table.get().map_or(0, |t| t.table.len())
+        self.table.get().map_or(0, |t| t.len())
     }
 
     /// Whether no denial is held.

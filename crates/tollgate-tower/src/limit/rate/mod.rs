@@ -84,6 +84,7 @@
 
 mod decide;
 pub mod deny_cache;
+mod deny_cached;
 mod layer;
 pub mod overrides;
 mod service;
@@ -92,6 +93,7 @@ pub mod set;
 pub mod token_lease;
 
 pub use deny_cache::{DenyCache, DenyCacheHandle};
+pub use deny_cached::DenyCachedStore;
 pub use layer::RateLimitLayer;
 pub use overrides::{Overrides, Plan, PrefixError};
 pub use service::RateLimit;

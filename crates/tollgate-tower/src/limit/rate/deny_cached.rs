@@ -1,0 +1,176 @@
+//! The deny cache around a store, for callers that decide on a [`Store`] themselves instead of through
+//! [`RateLimitLayer`](crate::RateLimitLayer) (a rate limit service answering gateways, one store call per
+//! descriptor): [`DenyCache::around`] wraps a shared store so that its denials are answered locally until the
+//! store's own retry instant, with the same rules as the layer's cache (see [`deny_cache`](super::deny_cache)).
+//!
+//! ```
+//! use tollgate_core::{Decision, MemoryStore, Policy, Quota, Store, StoreError};
+//! use tollgate_tower::DenyCache;
+//!
+//! // A stand-in for Redis: a shared store that answers asynchronously.
+//! struct Shared(MemoryStore);
+//! impl Store for Shared {
+//!     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+//!         self.0.check(key, policy, cost).await
+//!     }
+//!     fn is_shared(&self) -> bool { true }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = Policy::token_bucket(Quota::per_minute(1)?);
+//! let store = DenyCache::new().around("gateway", Shared(MemoryStore::new()));
+//! assert!(store.check("ann", &policy, 1).await?.is_allowed());
+//! assert!(!store.check("ann", &policy, 1).await?.is_allowed()); // the store's denial, now cached
+//! // Answered locally, without a store call, until the store's retry instant:
+//! assert!(!store.check_immediate("ann", &policy, 1).expect("cached")?.is_allowed());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+
+use tollgate_core::store::LostCharge;
+use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
+use tollgate_core::{Decision, Policy, Store, StoreError, Timestamp};
+
+use super::deny_cache::{DenyCache, DenyTable, Turn};
+use crate::Name;
+
+impl DenyCache {
+    /// Wraps `store` (a shared one: Redis) in this deny cache, its hits counted under `limiter` in
+    /// `tollgate_deny_cache_hits_total{limiter}`. Built once, up front.
+    ///
+    /// An entry belongs to a key *and* its policy: a request decided under another policy (a limit changed by a
+    /// reload, or given by the request) is not answered by a denial made under the first, and asks the store.
+    pub fn around<S: Store>(&self, limiter: impl Into<Name>, store: S) -> DenyCachedStore<S> {
+        DenyCachedStore {
+            table: self.build(&limiter.into()),
+            store,
+        }
+    }
+}
+
+/// A [`Store`] whose denials are answered locally until the store's own retry instant: from
+/// [`DenyCache::around`].
+///
+/// [`check`](Store::check) refuses from the cache or asks the store (a key whose entry has just expired asks
+/// once, the other requests wait for that reply); [`check_immediate`](Store::check_immediate) answers a cached
+/// denial without a future. The rest goes to the store unchanged. It says it is not shared
+/// ([`Store::is_shared`]), so that a layer over it does not cache its denials a second time.
+pub struct DenyCachedStore<S> {
+    table: DenyTable,
+    store: S,
+}
+
+impl<S> fmt::Debug for DenyCachedStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DenyCachedStore")
+            .field("denials", &self.table.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> DenyCachedStore<S> {
+    /// The store it wraps.
+    pub const fn inner(&self) -> &S {
+        &self.store
+    }
+
+    /// Forgets every cached denial (an operator reset keys in the store): the next requests ask the store.
+    pub fn clear(&self) {
+        self.table.clear();
+    }
+
+    /// Denied keys held now (expired ones included until replaced or swept).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Whether no denial is held.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<S: Store> Store for DenyCachedStore<S> {
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        let digests = self.table.key_under(key, policy);
+        let flight = match self.table.turn(digests, cost).await {
+            Turn::Refuse(decision) => return Ok(decision),
+            Turn::Ask(flight) => flight,
+        };
+        // Measured from before the request is sent: the store decides no earlier.
+        let sent = self.table.now();
+        let result = self.store.check(key, policy, cost).await;
+        if let Ok(decision) = &result {
+            self.table.record(digests, cost, sent, decision);
+            if let Some(flight) = &flight {
+                flight.decided();
+            }
+        }
+        drop(flight);
+        result
+    }
+
+    fn check_immediate(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        if let Some(result) = self.store.check_immediate(key, policy, cost) {
+            return Some(result);
+        }
+        self.table.lookup_under(key, policy, cost).map(Ok)
+    }
+
+    fn peek(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.store.peek(key, policy, cost)
+    }
+
+    fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        // A refund only makes a cached denial stricter than the store until it expires (never an admission the
+        // store would refuse); an extra charge only delays what the store admits.
+        self.store.charge(key, policy, delta, decided_at)
+    }
+
+    fn charge_detached(
+        &self,
+        key: String,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        lost: LostCharge,
+    ) {
+        self.store
+            .charge_detached(key, policy, delta, decided_at, lost);
+    }
+
+    fn lease_tokens(
+        &self,
+        key: &str,
+        policy: &Policy,
+        request: &TokenLeaseRequest,
+    ) -> impl Future<Output = Result<TokenLeaseGrant, StoreError>> + Send {
+        self.store.lease_tokens(key, policy, request)
+    }
+
+    fn supports_token_leases(&self) -> bool {
+        self.store.supports_token_leases()
+    }
+}
