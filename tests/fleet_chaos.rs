@@ -182,6 +182,18 @@ fn bound(epochs: &[Epoch], from: Instant, to: Instant) -> u64 {
     u64::try_from(scaled / (period * 1_000_000)).expect("a bound in u64")
 }
 
+/// The sum of the samples of `name` whose labels include `label` in an instance's `/metrics`.
+fn scraped(server: &ExampleServer, name: &str, label: &str) -> f64 {
+    let reply = tollgate_testkit::http::get(server.metrics_addr(), "/metrics", &[]);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    reply
+        .body
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
 /// `calls=` of `cmdstat_evalsha` and `cmdstat_eval` together: the limiter's script calls a server ran.
 fn script_calls(server: &tollgate_testkit::redis::RedisServer) -> u64 {
     server.command_calls("evalsha") + server.command_calls("eval")
@@ -209,6 +221,8 @@ fn the_fleet_stays_within_its_bound_through_a_kill_a_redis_restart_and_a_failove
         "--leases",
         "--lease-share",
         LEASE_SHARE,
+        "--metrics-addr",
+        "127.0.0.1:0",
     ];
     let first_state = Instant::now();
     let mut servers: Vec<ExampleServer> = (0..4)
@@ -374,6 +388,19 @@ fn the_fleet_stays_within_its_bound_through_a_kill_a_redis_restart_and_a_failove
         "0",
         "no state on the new primary"
     );
+    // The leases and the deny cache were at work: each live instance admitted from leased batches.
+    let mut from_batches = Vec::new();
+    let mut cached_denials = 0.0;
+    for (i, server) in servers.iter().enumerate().filter(|(i, _)| *i != VICTIM) {
+        let local = scraped(
+            server,
+            "tollgate_token_lease_local_total",
+            "outcome=\"allowed\"",
+        );
+        assert!(local > 0.0, "instance {i} admitted nothing from a batch");
+        from_batches.push(local);
+        cached_denials += scraped(server, "tollgate_deny_cache_hits_total", "limiter=");
+    }
     let mut admitted: Vec<Answer> = limited.into_iter().filter(|a| a.status == 200).collect();
     admitted.sort_by_key(|a| a.answered);
     assert!(
@@ -440,7 +467,8 @@ fn the_fleet_stays_within_its_bound_through_a_kill_a_redis_restart_and_a_failove
     eprintln!(
         "fleet chaos: {} admitted, {} refused, {} failed closed in {:?} (run {:?}; kill at {:?}, restart at {:?}, \
          failover at {:?} ({} refusals first), new primary by {:?}, last call on the old one by {:?}, demotion at \
-         {:?}); slowest answer {slowest:?} (allowed {within:?}); admitted/bound per second: {report:?}",
+         {:?}); slowest answer {slowest:?} (allowed {within:?}); admitted from batches by the live instances \
+         {from_batches:?}, refused by their deny caches {cached_denials}; admitted/bound per second: {report:?}",
         statuses[0],
         statuses[1],
         statuses[2],
