@@ -62,7 +62,8 @@ const LIMITER_PATH: Duration = LEASE_WAIT
 /// an NTP daemon slews either clock by at most 500 ppm (Linux's bound; `docs/design/deny-cache.md`).
 const DRIFT_PPM: u128 = 500;
 
-/// A request not answered within this is a hang (the run fails on it long before: [`LIMITER_PATH`]).
+/// A request still unanswered after this is reported as unanswered (any answer later than [`LIMITER_PATH`] and the
+/// machine's own delay fails the run anyway).
 const HANG: Duration = Duration::from_secs(20);
 
 /// Client threads per instance on the limited route, and the pause between two `/health` probes.
@@ -145,14 +146,15 @@ fn client(
 /// end of the run).
 ///
 /// The store side's proof (`token_bucket_lease`, `docs/design/token-leases.md`, "Why the fleet stays exact"):
-/// leased tokens hold the bucket below its capacity, so a state's content plus the batches it granted are at most
-/// the burst at any instant. What the fleet spends of one state in an interval D is therefore at most the burst plus
-/// what that state refills while it is alive within D, at the bucket's rate (on the store's clock: [`DRIFT_PPM`]);
-/// and its batches are spent within [`LEASE_TTL`] of its end. A new state — Redis forgot, so the bucket is full
-/// again — is what the plain path admits through the same loss (the burst again); the batches held from the state
-/// before are its own term (each grant cuts an instance's batch to what the new state's record holds for it:
-/// "When the store forgets"). Several states overlap where the fleet may decide on two servers at once: between
-/// the promotion of the replica and the demotion of the old primary.
+/// leased tokens hold the bucket below its capacity, so a state's content plus the tokens its lease book counts
+/// as leased are at most the burst at any instant. What the fleet spends of one state's tokens in an interval D is
+/// therefore at most the burst plus what that state refills while it is alive within D, at the bucket's rate (on
+/// the store's clock: [`DRIFT_PPM`]); and its batches are spent within [`LEASE_TTL`] of its end. A new state —
+/// Redis forgot, so the bucket is full again — is what the plain path admits through the same loss (the burst
+/// again); the batches the instances still hold from the state before are that state's tokens, spent at most until
+/// their deadlines (each grant cuts an instance's batch to what the new state's record holds for it: "When the
+/// store forgets"), which its burst term covers. States overlap where the fleet may decide on two servers at once:
+/// between the promotion of the replica and the old primary's last limiter call.
 #[derive(Debug, Clone, Copy)]
 struct Epoch {
     what: &'static str,
@@ -298,13 +300,17 @@ fn the_fleet_stays_within_its_bound_through_a_kill_a_redis_restart_and_a_failove
     let promoted = Instant::now();
     let new_primary = setup.primary_port();
     // The old primary decides for whichever instance still reaches it until Sentinel demotes it (on its next look
-    // at it, up to 10 s later): how many limiter calls it has run, polled until then.
+    // at it, up to 10 s later): how many limiter calls it has run, each count with an instant taken after it was
+    // read, polled until one read after the demotion was seen.
     let demoted = setup.server(first_primary);
     let mut calls_on_old = Vec::new();
     let demotion = loop {
-        calls_on_old.push((Instant::now(), script_calls(demoted)));
-        if demoted.cli(&["ROLE"]).starts_with("slave") {
-            break Instant::now();
+        let replica = demoted.cli(&["ROLE"]).starts_with("slave");
+        let seen = Instant::now();
+        let calls = script_calls(demoted);
+        calls_on_old.push((Instant::now(), calls));
+        if replica {
+            break seen;
         }
         assert!(
             promoted.elapsed() < Duration::from_secs(20),
@@ -369,9 +375,9 @@ fn the_fleet_stays_within_its_bound_through_a_kill_a_redis_restart_and_a_failove
         );
     }
 
-    // The old primary's last limiter call came before the first poll that already counted every call it ever ran
-    // (the count only grows): that poll ends its state. None reached it once it was a replica; the fleet decided on
-    // the new one.
+    // The old primary ran its last limiter call before the first poll that already counted every call it ever ran
+    // (the count only grows): that poll ends its state. None reached it once it was a replica (the last poll, read
+    // after the demotion, counted them all); the fleet decided on the new one.
     let calls_at_end = script_calls(setup.server(first_primary));
     let left_old = calls_on_old
         .iter()
