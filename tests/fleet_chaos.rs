@@ -284,6 +284,13 @@ fn the_fleet_stays_within_its_bound_through_a_kill_a_redis_restart_and_a_failove
     // Sentinel may still be refreshing what it knows of the replica after the restart: it refuses until then. The
     // replica is promoted after the Sentinel accepts, so no sooner than the attempt it accepted.
     let failover = loop {
+        // A failover of the Sentinels' own (the primary unanswering for down-after-milliseconds) would promote the
+        // replica before the instant the bound counts from.
+        assert_eq!(
+            setup.primary_port(),
+            first_primary,
+            "Sentinel failed over before it was asked"
+        );
         let attempt = Instant::now();
         let reply = setup.sentinel_cli(0, &["SENTINEL", "FAILOVER", SENTINEL_MASTER]);
         if reply == "OK" {
