@@ -1046,6 +1046,23 @@ impl RedisSentinels {
         }
     }
 
+    /// Starts the server on `port` again after [`kill_primary`](Self::kill_primary) (or restarts it): empty, since
+    /// nothing is persisted, on the same port and with the same arguments. A primary that comes back within the
+    /// Sentinels' `down-after-milliseconds` stays the primary, and its replica resyncs from it (so forgets too).
+    ///
+    /// # Panics
+    /// When neither server has that port, or it does not come back.
+    pub fn restart(&mut self, port: u16) {
+        let server = self
+            .servers
+            .iter_mut()
+            .find(|s| s.port() == port)
+            .unwrap_or_else(|| panic!("no server on port {port}"));
+        server.restart();
+        // The setting `start_with` made is gone with the process (the replica's full resync would wait 5 s).
+        let _ = server.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
+    }
+
     /// The longest a failover of these Sentinels may take, the old primary's reconfiguration as a replica
     /// included: their `failover-timeout` is 10 s, and Sentinel tries a failover that did not complete again
     /// after twice that; 60 s is an attempt that fails, the retry and its reconfiguration (a loaded machine's
