@@ -3,6 +3,7 @@
 //! `cargo bench --bench memory_store` — criterion prints time per check for each pair side by side; the ratio
 //! is tollgate ÷ governor for the same group. Memory per key: `cargo bench --bench bytes_per_key`.
 //!
+//! `PAIRED=<rounds>` runs every case against governor in alternating slices, without criterion (see [`paired`]).
 //! `COUNT=<group>/<contender> N=<checks>` runs one contender without criterion, for valgrind (see `count`); there a
 //! contender `tollgate_<algorithm>_lockout` is that policy with a lockout.
 
@@ -14,6 +15,9 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use governor::{Quota as GQuota, RateLimiter};
 use tollgate_core::{MemoryStore, Policy, Quota};
+
+#[path = "memory_store/paired.rs"]
+mod paired;
 
 const KEYS: usize = 1_000_000;
 
@@ -308,60 +312,9 @@ criterion_group! {
     targets = single_key, distinct_keys, random_order, new_key_flood, contended, contended_random
 }
 
-/// `PAIRED=<rounds>`: the random-order group's two contenders on one machine state, without criterion: both
-/// stores filled, then rounds of 100 000 checks each, in turn (which goes first alternates), each timed. Prints
-/// the median time per check of each and the median of the rounds' ratios: on a loaded machine a ratio of two
-/// adjacent slices moves far less than two criterion runs seconds apart.
-fn paired(rounds: usize) {
-    const SLICE: usize = 100_000;
-    let keys = keys(KEYS);
-    let order = shuffled(KEYS);
-    let (_, policy) = policies().into_iter().next().unwrap();
-    let store = MemoryStore::builder().max_keys(2 * KEYS).build();
-    let governor = governor_keyed();
-    for &i in &order {
-        drop(black_box(store.check_now(&keys[i], &policy, 1)));
-        drop(black_box(governor.check_key(&keys[i])));
-    }
-    let (mut at_t, mut at_g) = (0, 0);
-    let slice = |at: &mut usize, check: &dyn Fn(&String)| {
-        let start = Instant::now();
-        for _ in 0..SLICE {
-            *at = (*at + 1) % KEYS;
-            check(&keys[order[*at]]);
-        }
-        start.elapsed().as_secs_f64() * 1e9 / SLICE as f64
-    };
-    let t = |k: &String| drop(black_box(store.check_now(k, &policy, 1)));
-    let g = |k: &String| drop(black_box(governor.check_key(k)));
-    let (mut ts, mut gs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..rounds {
-        let (a, b) = if round % 2 == 0 {
-            let a = slice(&mut at_t, &t);
-            (a, slice(&mut at_g, &g))
-        } else {
-            let b = slice(&mut at_g, &g);
-            (slice(&mut at_t, &t), b)
-        };
-        ts.push(a);
-        gs.push(b);
-        ratios.push(a / b);
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    println!(
-        "random order, {rounds} rounds of {SLICE}: tollgate {:.1} ns, governor {:.1} ns, median ratio {:.3}",
-        median(&mut ts),
-        median(&mut gs),
-        median(&mut ratios)
-    );
-}
-
 fn main() {
     if let Ok(rounds) = std::env::var("PAIRED") {
-        return paired(rounds.parse().expect("PAIRED=<rounds>"));
+        return paired::run(rounds.parse().expect("PAIRED=<rounds>"));
     }
     if let Ok(what) = std::env::var("COUNT") {
         let n = std::env::var("N")
