@@ -8,7 +8,7 @@ use tollgate_core::{
     Decision, FailurePolicy, LostCharge, MemoryStore, Policy, Store, StoreError, Timestamp,
 };
 
-use super::deny_cache::{DenyTable, Turn};
+use super::deny_cache::{Asked, DenyTable};
 use super::overrides::{Choice, Plans};
 #[cfg(feature = "leases")]
 use super::token_lease::{Leased, Waited};
@@ -246,24 +246,13 @@ impl<K, St: Store, C> Shared<K, St, C> {
             return self.conclude(result, &key, cost, mode, keep);
         };
         // A key whose cached denial has just expired is asked once; the others wait for that reply.
-        // Hashed once, for the turn and the record.
-        let digests = deny.key(&key);
-        let flight = match deny.turn(digests, cost).await {
-            Turn::Refuse(decision) => {
+        let ask = || timed_async(self.store.check(&key, &self.policy, cost));
+        let result = match deny.decide(deny.key(&key), cost, ask).await {
+            Asked::Cached(decision) => {
                 return self.over_limit(self.shown(&key, cost, decision), mode, keep);
             }
-            Turn::Ask(flight) => flight,
+            Asked::Store(result) => result,
         };
-        // The deny cache measures from before the request is sent: the store decides no earlier.
-        let sent = deny.now();
-        let result = timed_async(self.store.check(&key, &self.policy, cost)).await;
-        if let Ok(decision) = &result {
-            deny.record(digests, cost, sent, decision);
-            if let Some(flight) = &flight {
-                flight.decided();
-            }
-        }
-        drop(flight);
         self.conclude(result, &key, cost, mode, keep)
     }
 

@@ -83,6 +83,7 @@
 //! ```
 
 use std::fmt;
+use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -90,7 +91,7 @@ use std::time::{Duration, Instant};
 
 use event_listener::{Event, EventListener};
 use tollgate_core::store::{BoundedTable, Expiry, OnFull};
-use tollgate_core::{Clock, Decision, Outcome, Policy, Timestamp};
+use tollgate_core::{Clock, Decision, Outcome, Policy, StoreError, Timestamp};
 
 use crate::Name;
 
@@ -347,8 +348,16 @@ pub(crate) struct KeyDigests {
     check: u64,
 }
 
+/// What [`DenyTable::decide`] got for a request.
+pub(crate) enum Asked {
+    /// Refused from a cached denial, with the numbers the store gave.
+    Cached(Decision),
+    /// The store's own answer.
+    Store(Result<Decision, StoreError>),
+}
+
 /// A request's turn at a key the deny cache may hold.
-pub(crate) enum Turn<'a> {
+enum Turn<'a> {
     /// Refuse it with this cached decision.
     Refuse(Decision),
     /// Ask the store; with the key's single flight, hold it until the reply is recorded.
@@ -434,11 +443,6 @@ impl DenyTable {
         self.lookup_digests(KeyDigests { digest, check }, cost)
     }
 
-    /// [`lookup`](Self::lookup) of `key` under `policy` (see [`key_under`](Self::key_under)).
-    pub(crate) fn lookup_under(&self, key: &str, policy: &Policy, cost: u64) -> Option<Decision> {
-        self.lookup_digests(self.key_under(key, policy), cost)
-    }
-
     fn lookup_digests(&self, key: KeyDigests, cost: u64) -> Option<Decision> {
         let KeyDigests { digest, check } = key;
         let now = self.now();
@@ -455,7 +459,35 @@ impl DenyTable {
     /// A request the synchronous [`lookup`](Self::lookup) did not answer: refused from an entry (one a flight it
     /// waited for brought), or asking the store — as the key's single flight when its entry has just expired,
     /// while the others wait for that reply (at most [`MAX_WAITS`] flights, each one store call).
-    pub(crate) async fn turn(&self, key: KeyDigests, cost: u64) -> Turn<'_> {
+    /// Decides a request on a key with this cache: refused from an entry, or asked of the store by `ask` (as the
+    /// key's single flight when its entry has just expired), whose answer is recorded. Measured from before the
+    /// request is sent: the store decides no earlier.
+    pub(crate) async fn decide<F>(
+        &self,
+        key: KeyDigests,
+        cost: u64,
+        ask: impl FnOnce() -> F,
+    ) -> Asked
+    where
+        F: Future<Output = Result<Decision, StoreError>>,
+    {
+        let flight = match self.turn(key, cost).await {
+            Turn::Refuse(decision) => return Asked::Cached(decision),
+            Turn::Ask(flight) => flight,
+        };
+        let sent = self.now();
+        let result = ask().await;
+        if let Ok(decision) = &result {
+            self.record(key, cost, sent, decision);
+            if let Some(flight) = &flight {
+                flight.decided();
+            }
+        }
+        drop(flight);
+        Asked::Store(result)
+    }
+
+    async fn turn(&self, key: KeyDigests, cost: u64) -> Turn<'_> {
         let KeyDigests { digest, check } = key;
         let mut waits = 0;
         loop {

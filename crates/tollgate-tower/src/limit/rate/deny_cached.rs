@@ -22,8 +22,9 @@
 //! let store = DenyCache::new().around("gateway", Shared(MemoryStore::new()));
 //! assert!(store.check("ann", &policy, 1).await?.is_allowed());
 //! assert!(!store.check("ann", &policy, 1).await?.is_allowed()); // the store's denial, now cached
-//! // Answered locally, without a store call, until the store's retry instant:
-//! assert!(!store.check_immediate("ann", &policy, 1).expect("cached")?.is_allowed());
+//! // Held, and answered locally without a store call until the store's retry instant:
+//! assert_eq!(store.len(), 1);
+//! assert!(!store.check("ann", &policy, 1).await?.is_allowed());
 //! # Ok(())
 //! # }
 //! ```
@@ -35,7 +36,7 @@ use tollgate_core::store::LostCharge;
 use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
 use tollgate_core::{Decision, Policy, Store, StoreError, Timestamp};
 
-use super::deny_cache::{DenyCache, DenyTable, Turn};
+use super::deny_cache::{Asked, DenyCache, DenyTable};
 use crate::Name;
 
 impl DenyCache {
@@ -55,9 +56,8 @@ impl DenyCache {
 /// A [`Store`] whose denials are answered locally until the store's own retry instant: from
 /// [`DenyCache::around`].
 ///
-/// [`check`](Store::check) refuses from the cache or asks the store (a key whose entry has just expired asks
-/// once, the other requests wait for that reply); [`check_immediate`](Store::check_immediate) answers a cached
-/// denial without a future. The rest goes to the store unchanged. It says it is not shared
+/// [`check`](Store::check) refuses from the cache, without I/O, or asks the store (a key whose entry has just
+/// expired asks once, the other requests wait for that reply). The rest goes to the store unchanged. It says it is not shared
 /// ([`Store::is_shared`]), so that a layer over it does not cache its denials a second time.
 pub struct DenyCachedStore<S> {
     table: DenyTable,
@@ -98,34 +98,26 @@ impl<S> DenyCachedStore<S> {
 
 impl<S: Store> Store for DenyCachedStore<S> {
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        let digests = self.table.key_under(key, policy);
-        let flight = match self.table.turn(digests, cost).await {
-            Turn::Refuse(decision) => return Ok(decision),
-            Turn::Ask(flight) => flight,
-        };
-        // Measured from before the request is sent: the store decides no earlier.
-        let sent = self.table.now();
-        let result = self.store.check(key, policy, cost).await;
-        if let Ok(decision) = &result {
-            self.table.record(digests, cost, sent, decision);
-            if let Some(flight) = &flight {
-                flight.decided();
-            }
+        let key_under = self.table.key_under(key, policy);
+        match self
+            .table
+            .decide(key_under, cost, || self.store.check(key, policy, cost))
+            .await
+        {
+            Asked::Cached(decision) => Ok(decision),
+            Asked::Store(result) => result,
         }
-        drop(flight);
-        result
     }
 
+    // No look-up of its own here: `check` answers a cached denial without I/O, and a look-up in both would hash
+    // and search the key twice on every call the store must answer.
     fn check_immediate(
         &self,
         key: &str,
         policy: &Policy,
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
-        if let Some(result) = self.store.check_immediate(key, policy, cost) {
-            return Some(result);
-        }
-        self.table.lookup_under(key, policy, cost).map(Ok)
+        self.store.check_immediate(key, policy, cost)
     }
 
     fn peek(
