@@ -4,11 +4,15 @@
 //! A scope holds one **partition** per policy the responses named (its name and `pk`). A request spends one unit of
 //! every partition of its scope, and may be sent when each of them has a unit:
 //!
-//! - a `requests` partition holds the latest statement "`r` units within `t`" (the latest by the order the requests
-//!   were sent, not the order their answers came back). The units left are `r` less every request that may not be
-//!   counted in it: those sent after the one it answered, and those sent before it but still unanswered when it
-//!   was sent (over several connections the server may decide them after it). A request counted twice only ever
-//!   under-spends, and the next answer counts afresh. When `t` runs out the statement is over and **one** request probes: its answer is the next
+//! - a `requests` partition holds a statement "`r` units within `t`". The units left are `r` less every request
+//!   that may not be counted in it: those sent after the one it answered, and those sent before it but still
+//!   unanswered when it was sent (over several connections the server may decide them after it). A request
+//!   counted twice only ever under-spends. Each answer's statement is such a bound, so a newer answer (by the
+//!   order the requests were sent, not the order their answers came back) replaces the standing statement unless
+//!   the standing one leaves more and the newer one is consistent with it — says at least what the standing bound
+//!   left, less itself: then only this client spent the key between them, both bounds hold, and the larger stands
+//!   (a burst of requests sent together would otherwise each count the others as unsure). A refusal's statement
+//!   always replaces it. When `t` runs out the statement is over and **one** request probes: its answer is the next
 //!   statement. A statement's `r` is cut to the policy's `q`, and its `t` to the longest delay;
 //!   A policy's `q` per `w` is also a ceiling the client keeps itself: no more than `q` sent within any `w` (what
 //!   a window limiter allows, and a token bucket too), so that a server whose `r` says more than its own policy —
@@ -68,6 +72,13 @@ struct Statement {
     until: Instant,
     /// A probe's statement: one request, until its answer.
     probe: bool,
+}
+
+impl Statement {
+    /// What the statement still allows once `sent` requests were sent in the scope.
+    const fn left(&self, sent: u64) -> u64 {
+        self.remaining.saturating_sub(sent.saturating_sub(self.seq))
+    }
 }
 
 /// The announced policy as a ceiling: no more than `q` requests sent within any `w`, whatever the algorithm behind
@@ -470,6 +481,7 @@ impl State {
         self.learning = false;
         self.unanswered.remove(&ticket.seq);
         let horizon = now + settings.max_delay;
+        let refused = observation.refusal.is_some();
         if observation.policies.is_empty() && observation.limits.is_empty() {
             if observation.refusal.is_none() {
                 // Says nothing (or nothing readable): as if no field had ever been there.
@@ -480,7 +492,7 @@ impl State {
                 self.learn_policy(policy);
             }
             for limit in &observation.limits {
-                self.learn_limit(limit, ticket, now, horizon);
+                self.learn_limit(limit, ticket, now, refused, settings);
             }
         }
         if let Some(refusal) = observation.refusal {
@@ -535,32 +547,49 @@ impl State {
         }
     }
 
-    fn learn_limit(&mut self, limit: &LimitItem, ticket: Ticket, now: Instant, horizon: Instant) {
+    /// Learns a statement from an answer; a refusal's is always the one to follow.
+    fn learn_limit(
+        &mut self,
+        limit: &LimitItem,
+        ticket: Ticket,
+        now: Instant,
+        refused: bool,
+        settings: &Settings,
+    ) {
+        let sent = self.sent;
+        let horizon = now + settings.max_delay;
         let p = self.partition(&limit.name, limit.pk.as_deref());
         if p.unit != Unit::Requests {
-            return;
-        }
-        // An answer to a request sent before the one the statement answered is older news.
-        if p.statement
-            .as_ref()
-            .is_some_and(|s| !s.probe && s.seq > ticket.seq)
-        {
             return;
         }
         let Some(window) = limit.window else {
             // No horizon (`t` absent or 0): nothing to pace by; the probe or the last statement stands.
             return;
         };
-        let remaining = p
-            .quota
-            .map_or(limit.remaining, |q| limit.remaining.min(q))
-            .saturating_sub(ticket.unsure);
-        p.statement = Some(Statement {
-            remaining,
+        let said = p.quota.map_or(limit.remaining, |q| limit.remaining.min(q));
+        let new = Statement {
+            remaining: said.saturating_sub(ticket.unsure),
             seq: ticket.seq,
             until: (now + window).min(horizon),
             probe: false,
+        };
+        let keep = p.statement.as_ref().is_some_and(|s| {
+            if s.probe || now >= s.until || refused {
+                return false;
+            }
+            // An answer to a request sent before the one the statement answered is older news.
+            if s.seq > ticket.seq {
+                return true;
+            }
+            // Both bounds hold if only this client spends the key: the larger one stands. The newer answer shows
+            // somebody else spending when it says less than the standing bound left for the requests decided
+            // between the two (each sent by now) and itself; then it is the one to follow.
+            let standing = s.left(sent);
+            standing > new.left(sent) && said + 1 >= standing
         });
+        if !keep {
+            p.statement = Some(new);
+        }
     }
 }
 
@@ -685,6 +714,60 @@ mod tests {
         scope.observe(tickets[1], &said(&[("api", 0, 1)]), now);
         scope.observe(tickets[2], &said(&[("api", 3, 1)]), now);
         assert_eq!((0..10).filter_map(|_| scope.try_send(now)).count(), 1);
+    }
+
+    /// Requests sent together each count the others as unsure; while their answers agree with the standing
+    /// statement (only this client spends), the standing one's larger bound stands.
+    #[test]
+    fn a_burst_keeps_the_larger_bound_while_the_answers_agree() {
+        let scope = Scope::new(SETTINGS);
+        let now = Instant::now();
+        let probe = scope.try_send(now).unwrap();
+        scope.observe(probe, &said(&[("api", 19, 1)]), now);
+        let burst: Vec<_> = (0..16).map(|_| scope.try_send(now).unwrap()).collect();
+        // Decided in order: 18, 17, ..., 3 left; each was sent with the ones before it unanswered.
+        for (i, &t) in burst.iter().enumerate() {
+            scope.observe(t, &said(&[("api", 18 - i as u64, 1)]), now);
+        }
+        // The probe's answer left 19: 16 sent since, 3 more.
+        assert_eq!((0..10).filter_map(|_| scope.try_send(now)).count(), 3);
+    }
+
+    /// A newer answer that says less than the standing statement leaves (less itself) shows somebody else
+    /// spending the key: it replaces the larger bound.
+    #[test]
+    fn a_newer_answer_below_the_standing_bound_replaces_it() {
+        let scope = Scope::new(SETTINGS);
+        let now = Instant::now();
+        let probe = scope.try_send(now).unwrap();
+        scope.observe(probe, &said(&[("api", 10, 1)]), now);
+        let a = scope.try_send(now).unwrap();
+        let b = scope.try_send(now).unwrap();
+        // `b` was sent with `a` unanswered; the standing bound leaves 8, and `b` says 2 (at least 7 if only this
+        // client spent): somebody else spent 5. 2 less `a`, possibly decided after it: 1.
+        scope.observe(b, &said(&[("api", 2, 1)]), now);
+        assert_eq!((0..10).filter_map(|_| scope.try_send(now)).count(), 1);
+        let _ = a;
+    }
+
+    /// A refusal's statement replaces the standing one whatever it leaves.
+    #[test]
+    fn a_refusal_replaces_the_standing_statement() {
+        let scope = Scope::new(SETTINGS);
+        let now = Instant::now();
+        let probe = scope.try_send(now).unwrap();
+        scope.observe(probe, &said(&[("api", 10, 1)]), now);
+        let a = scope.try_send(now).unwrap();
+        let refused = Observation {
+            refusal: Some(Refusal::TooManyRequests),
+            retry_after: Some(Duration::from_secs(1)),
+            ..said(&[("api", 0, 1)])
+        };
+        scope.observe(a, &refused, now);
+        let later = now + Duration::from_millis(1500);
+        // Open again after the retry (and jitter), but the refusal's statement is over too: one probe.
+        assert!(scope.try_send(later).is_some());
+        assert!(scope.try_send(later).is_none());
     }
 
     #[test]
