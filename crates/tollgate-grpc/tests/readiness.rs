@@ -124,14 +124,24 @@ impl Service<http::Request<tonic::body::Body>> for FailsReadinessOnce {
 async fn a_readiness_error_becomes_the_next_calls_status() -> TestResult {
     let mut svc =
         GrpcLimitLayer::new(tower::layer::util::Identity::new()).layer(FailsReadinessOnce(true));
-    let response = svc.ready().await?.call(call("/a.B/C")).await?;
+    // The adapter takes any request body: the one to call it with is named here.
+    type Req = http::Request<tonic::body::Body>;
+    let response = ServiceExt::<Req>::ready(&mut svc)
+        .await?
+        .call(call("/a.B/C"))
+        .await?;
     let status = tonic::Status::from_header_map(response.headers()).expect("a status");
     assert_eq!(
         (status.code(), status.message()),
         (Code::Unavailable, "warming up")
     );
     assert_eq!(
-        status_of(&svc.ready().await?.call(call("/a.B/C")).await?),
+        status_of(
+            &ServiceExt::<Req>::ready(&mut svc)
+                .await?
+                .call(call("/a.B/C"))
+                .await?
+        ),
         Code::Ok
     );
     Ok(())

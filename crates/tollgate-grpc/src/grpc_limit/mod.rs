@@ -13,6 +13,9 @@
 //!   in the body, as the stack's permits do: hyper drops the response's extensions once the headers are
 //!   written, long before a stream ends.
 //!
+//! - a refused call's request body, which the limiters drop unread, is read to its end first (bounded; see
+//!   `grpc_limit/body.rs`), so that the stream ends cleanly instead of being reset under a client still sending.
+//!
 //! The service's error type is [`Infallible`](std::convert::Infallible): no `HandleErrorLayer` is needed.
 //!
 //! ```
@@ -33,10 +36,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod body;
 mod future;
 mod layer;
 mod service;
 
+pub(crate) use body::RequestBody;
 pub use future::ResponseFuture;
 pub use layer::GrpcLimitLayer;
 pub use service::GrpcLimit;

@@ -8,9 +8,12 @@ use tollgate_tower::__private::DeferredReadiness;
 use tollgate_tower::BoxError;
 use tower_service::Service;
 
-use super::ResponseFuture;
+use super::{RequestBody, ResponseFuture};
 
 /// A service whose tollgate rejections are gRPC responses; built by [`GrpcLimitLayer`](super::GrpcLimitLayer).
+///
+/// The service inside sees each request's body as a [`tonic::body::Body`] (as a tonic server's layers do, whatever
+/// body the server was given): one that reads the rest of itself if dropped unread, as a refused call's is.
 pub struct GrpcLimit<S> {
     inner: S,
     headers: HeaderSet,
@@ -54,7 +57,9 @@ impl<S: fmt::Debug> fmt::Debug for GrpcLimit<S> {
 
 impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for GrpcLimit<S>
 where
-    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<ResBody>>,
+    ReqBody: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
+    ReqBody::Error: Into<BoxError> + Send,
     S::Error: Into<BoxError>,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
@@ -70,7 +75,10 @@ where
     fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
         match self.not_ready.take() {
             Some(err) => ResponseFuture::failed(err),
-            None => ResponseFuture::new(self.inner.call(req), self.headers),
+            None => {
+                let req = req.map(|body| tonic::body::Body::new(RequestBody::new(body)));
+                ResponseFuture::new(self.inner.call(req), self.headers)
+            }
         }
     }
 }
