@@ -43,7 +43,7 @@ pub(crate) struct ServerArgs {
     #[arg(long, value_name = "POLICY", default_value = "closed", value_parser = failure_policy())]
     pub(crate) on_store_error: FailurePolicy,
 
-    /// Keys the in-process store tracks; a new key past them evicts the least recently used
+    /// Keys the in-process store tracks; a new key past them evicts one not used lately (CLOCK)
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_KEYS, value_parser = cli::positive_usize)]
     pub(crate) max_keys: usize,
 
@@ -185,7 +185,7 @@ impl ServerArgs {
         Ok(Some(store))
     }
 
-    /// The in-process store: `--max-keys` keys at most, evicting the least recently used at the bound, its
+    /// The in-process store: `--max-keys` keys at most, evicting one not used lately (CLOCK) at the bound, its
     /// evictions counted under `name` (the limiter it serves).
     pub(crate) fn memory_store(&self, name: &str) -> MemoryStore {
         MemoryStore::builder()
