@@ -97,6 +97,8 @@ impl<B> HoldPermit for http::Response<B> {
 
 /// The [`Answer`](crate::limit::Answer) of the slot limiters and shedders: an admitted response holds its
 /// [`Permit`] (through [`HoldPermit`]); errors pass on, and a failed call's permit is dropped at once.
+// Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Hold;
 

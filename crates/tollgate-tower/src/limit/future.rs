@@ -22,6 +22,8 @@ pub(crate) type Deciding<G> = Pin<Box<dyn Future<Output = Conclusion<G>> + Send>
 /// How a limiter's [`ResponseFuture`] turns the inner service's result, and what the admission granted, into its
 /// output. Implemented by [`Responder`] (the rate limiter: a [`Respond`]er renders the verdict) and, with feature
 /// `stack`, `permit::Hold` (the slot limiters and shedders: the response holds the permit until it is finished).
+// Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
+#[doc(hidden)]
 pub trait Answer<Req, T>: Grants {
     /// The limited service's output, `Result<Response, Error>`.
     type Output;
@@ -39,6 +41,8 @@ pub trait Answer<Req, T>: Grants {
 }
 
 /// What an admission grants a request under an [`Answer`].
+// Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
+#[doc(hidden)]
 pub trait Grants {
     /// What an admission grants the request (a verdict for the headers, a permit to hold).
     type Grant;
@@ -46,6 +50,8 @@ pub trait Grants {
 
 /// The rate limiter's [`Answer`]: its [`Respond`]er and the ticket it took from the request, and for a limiter
 /// that charges the cost after the response, what it needs to.
+// Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
+#[doc(hidden)]
 #[derive(Debug)]
 pub struct Responder<R, Tk> {
     respond: R,

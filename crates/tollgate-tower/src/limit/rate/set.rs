@@ -328,6 +328,8 @@ impl<S: fmt::Debug, K, St, C, A, R> fmt::Debug for RateLimitSet<S, K, St, C, A, 
 /// What a set's admission grants a request: the verdict of its first admitting limiter (the outermost), handed to
 /// the responder as a lone limiter's is, and — rarely — the others' and the charges due once the response states
 /// its real cost.
+// Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
+#[doc(hidden)]
 #[derive(Debug, Default)]
 pub struct SetGrant {
     own: Option<Box<Verdict>>,
@@ -409,6 +411,8 @@ impl SetGrant {
 /// The set's [`Answer`]: its [`Respond`]er and the ticket it took from the request. The set's first limiter
 /// counts as the outermost: verdicts are listed innermost first, so the others go into the response last to first
 /// (headers then list the limiters in the set's order) and the first is the responder's own, as a lone limiter's.
+// Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SetAnswer<R = Forward, Tk = ()> {
     respond: R,
