@@ -247,6 +247,7 @@ impl LeaseConfig {
             idle,
             margin: u64::try_from(drift_margin(ttl).as_micros()).unwrap_or(u64::MAX),
             fetching: AtomicUsize::new(0),
+            settled: Event::new(),
             closed: AtomicBool::new(false),
             return_on_drop: self.return_on_drop,
             sweeper: OnceLock::new(),
@@ -414,6 +415,8 @@ struct Inner<St> {
     idle: u64,
     margin: u64,
     fetching: AtomicUsize,
+    /// Notified when the last fetch under way lands (`fetching` back to 0).
+    settled: Event,
     closed: AtomicBool,
     return_on_drop: bool,
     sweeper: OnceLock<()>,
@@ -848,7 +851,9 @@ impl<St: Store> Inner<St> {
             // Its waiters listened under the entry's lock, before it was taken out: none misses this.
             landing.land(result.as_ref().err().map(copy_error));
         }
-        self.fetching.fetch_sub(1, Ordering::AcqRel);
+        if self.fetching.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.settled.notify(usize::MAX);
+        }
         if orphan && let Ok(grant) = result {
             // The entry went (evicted) while the call was out: what it granted goes straight back.
             if grant.granted > 0 {
@@ -1008,36 +1013,68 @@ impl<St: Store> Inner<St> {
     }
 }
 
+/// A future a [`LeaseControl`] returns.
+type Pending<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+
+/// What a layer's leases did so far, read by a [`LeaseHandle`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeaseFigures {
+    local_allowed: u64,
+    local_limited: u64,
+    store_calls: u64,
+    fetching: usize,
+}
+
 /// What a [`LeaseHandle`] reaches, whatever the store type.
 pub(crate) trait LeaseControl: Send + Sync {
-    fn shutdown(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
-    fn return_idle(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
-    fn figures(&self) -> (u64, u64, u64, usize);
+    fn shutdown(&self) -> Pending<'_>;
+    fn return_idle(&self) -> Pending<'_>;
+    fn settled(&self) -> Pending<'_>;
+    fn figures(&self) -> LeaseFigures;
+}
+
+impl<St> Inner<St> {
+    /// Until no fetch is under way: woken by the one that lands last, not by polling.
+    async fn settled(&self) {
+        loop {
+            if self.fetching.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            // Listening before looking again: a fetch landing in between notifies this listener.
+            let landed = self.settled.listen();
+            if self.fetching.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            landed.await;
+        }
+    }
 }
 
 impl<St: Store> LeaseControl for LeaseTable<St> {
-    fn shutdown(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+    fn shutdown(&self) -> Pending<'_> {
         Box::pin(async move {
             self.inner.closed.store(true, Ordering::Relaxed);
-            while self.inner.fetching.load(Ordering::Acquire) > 0 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            self.inner.settled().await;
             self.inner.end_leases(true).await;
         })
     }
 
-    fn return_idle(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+    fn return_idle(&self) -> Pending<'_> {
         Box::pin(self.inner.end_leases(false))
     }
 
-    fn figures(&self) -> (u64, u64, u64, usize) {
+    fn settled(&self) -> Pending<'_> {
+        Box::pin(self.inner.settled())
+    }
+
+    fn figures(&self) -> LeaseFigures {
         let i = &self.inner;
-        (
-            i.local_allowed.load(Ordering::Relaxed),
-            i.local_limited.load(Ordering::Relaxed),
-            i.store_calls.load(Ordering::Relaxed),
-            i.fetching.load(Ordering::Acquire),
-        )
+        LeaseFigures {
+            local_allowed: i.local_allowed.load(Ordering::Relaxed),
+            local_limited: i.local_limited.load(Ordering::Relaxed),
+            store_calls: i.store_calls.load(Ordering::Relaxed),
+            fetching: i.fetching.load(Ordering::Acquire),
+        }
     }
 }
 
@@ -1103,31 +1140,31 @@ impl LeaseHandle {
     /// Requests admitted from a leased batch so far.
     #[must_use]
     pub fn local_admissions(&self) -> u64 {
-        self.table.get().map_or(0, |t| t.figures().0)
+        self.table.get().map_or(0, |t| t.figures().local_allowed)
     }
 
     /// Requests refused locally (a batch spent while the store said it was short) so far.
     #[must_use]
     pub fn local_denials(&self) -> u64 {
-        self.table.get().map_or(0, |t| t.figures().1)
+        self.table.get().map_or(0, |t| t.figures().local_limited)
     }
 
     /// Store calls leases made so far (fetches and returns; the plain path's calls are not counted here).
     #[must_use]
     pub fn store_calls(&self) -> u64 {
-        self.table.get().map_or(0, |t| t.figures().2)
+        self.table.get().map_or(0, |t| t.figures().store_calls)
     }
 
     /// Fetches under way now.
     #[must_use]
     pub fn fetches_in_flight(&self) -> usize {
-        self.table.get().map_or(0, |t| t.figures().3)
+        self.table.get().map_or(0, |t| t.figures().fetching)
     }
 
     /// Waits until no fetch is under way (tests and benchmarks that step a manual clock).
     pub async fn settled(&self) {
-        while self.fetches_in_flight() > 0 {
-            tokio::time::sleep(Duration::from_micros(200)).await;
+        if let Some(table) = self.table.get() {
+            table.settled().await;
         }
     }
 }
