@@ -7,8 +7,6 @@ mod bounded;
 mod error;
 mod evictions;
 mod memory;
-mod memory_fixed;
-mod memory_lease;
 mod table;
 
 use std::future::Future;

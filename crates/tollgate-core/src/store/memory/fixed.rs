@@ -8,7 +8,7 @@ use crate::algorithm::lockout;
 use crate::algorithm::sliding_window::SlidingWindowState;
 use crate::{Decision, Policy, StoreError, Timestamp};
 
-use super::memory::{MemoryStore, WindowEntry, WithLockout, lock};
+use super::{MemoryStore, WindowEntry, WithLockout, lock};
 
 /// Mixed into a key's digest for its fixed-window state (any odd constant: distinct keys stay distinct).
 const FIXED_WINDOW_SALT: u64 = 0x9e37_79b9_7f4a_7c15;

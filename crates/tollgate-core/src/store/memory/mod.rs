@@ -11,6 +11,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+// The fixed window's and the token leases' parts of the store, on its shards.
+mod fixed;
+mod lease;
+
 use parking_lot::{Mutex, MutexGuard};
 use std::fmt;
 use std::future::{Future, ready};
@@ -26,8 +30,8 @@ use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, 
 use hashbrown::HashTable;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
-use super::memory_lease::LeaseBooks;
 use super::table::{Arena, Expiry, Hand, MAX_SHARD_KEYS, SECOND, Slab};
+use lease::LeaseBooks;
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
 pub const DEFAULT_MAX_KEYS: usize = 1 << 20;

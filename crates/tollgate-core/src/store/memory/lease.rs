@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use super::memory::{BucketEntry, MemoryStore, WindowEntry, WithLockout, lock};
+use super::{BucketEntry, MemoryStore, WindowEntry, WithLockout, lock};
 use crate::algorithm::Step;
 use crate::algorithm::lockout::{self, Locked};
 use crate::algorithm::sliding_window_lease::{self, WindowBook};
