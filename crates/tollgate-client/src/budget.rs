@@ -573,22 +573,27 @@ impl State {
             until: (now + window).min(horizon),
             probe: false,
         };
-        let keep = p.statement.as_ref().is_some_and(|s| {
-            if s.probe || now >= s.until || refused {
-                return false;
-            }
+        let Some(s) = p.statement.as_mut() else {
+            p.statement = Some(new);
+            return;
+        };
+        if s.probe || now >= s.until || refused {
+            *s = new;
+        } else if s.seq > ticket.seq {
             // An answer to a request sent before the one the statement answered is older news.
-            if s.seq > ticket.seq {
-                return true;
-            }
+        } else {
             // Both bounds hold if only this client spends the key: the larger one stands. The newer answer shows
             // somebody else spending when it says less than the standing bound left for the requests decided
             // between the two (each sent by now) and itself; then it is the one to follow.
             let standing = s.left(sent);
-            standing > new.left(sent) && said + 1 >= standing
-        });
-        if !keep {
-            p.statement = Some(new);
+            if standing > new.left(sent) && said + 1 >= standing {
+                // The count stands; the horizon is the newer one's if later: the state it was computed from
+                // holds more of this client's requests, and the probe once the count is spent must not come
+                // sooner than the newest answer says a unit is back.
+                s.until = s.until.max(new.until);
+            } else {
+                *s = new;
+            }
         }
     }
 }
@@ -731,6 +736,25 @@ mod tests {
         }
         // The probe's answer left 19: 16 sent since, 3 more.
         assert_eq!((0..10).filter_map(|_| scope.try_send(now)).count(), 3);
+    }
+
+    /// The standing statement's count stands beside an agreeing newer answer, but its horizon becomes the newer
+    /// one's: the probe comes no sooner than the newest answer says.
+    #[test]
+    fn a_kept_statement_takes_the_newer_horizon() {
+        let scope = Scope::new(SETTINGS);
+        let now = Instant::now();
+        let probe = scope.try_send(now).unwrap();
+        scope.observe(probe, &said(&[("api", 10, 1)]), now);
+        let _a = scope.try_send(now).unwrap();
+        let b = scope.try_send(now).unwrap();
+        let later = now + Duration::from_millis(500);
+        scope.observe(b, &said(&[("api", 8, 1)]), later);
+        // The probe's count: 8 more.
+        assert_eq!((0..20).filter_map(|_| scope.try_send(later)).count(), 8);
+        // Spent until the newer answer's horizon (1.5 s), not the probe's (1 s).
+        assert!(scope.try_send(now + Duration::from_millis(1200)).is_none());
+        assert!(scope.try_send(now + Duration::from_millis(1500)).is_some());
     }
 
     /// A newer answer that says less than the standing statement leaves (less itself) shows somebody else

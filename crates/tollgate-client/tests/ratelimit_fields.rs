@@ -129,14 +129,21 @@ impl Decide for Redis {
     }
 }
 
+/// The shared Redis with a timeout far above any stall of a loaded machine: what is under test is the fields,
+/// not the store's deadline (its 50 ms default would turn a busy moment into a failed case).
+async fn shared_redis() -> Result<RedisStore, tollgate_redis::BuildError> {
+    RedisStore::builder(redis_url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+}
+
 fn redis() -> Redis {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let store = runtime
-        .block_on(RedisStore::connect(redis_url()))
-        .expect("the shared Redis");
+    let store = runtime.block_on(shared_redis()).expect("the shared Redis");
     Redis { store, runtime }
 }
 
@@ -398,9 +405,7 @@ fn on_redis(charged: &Charged) -> Result<(), TestCaseError> {
         .unwrap();
     let clock = ManualClock::new(Timestamp::from_micros(START));
     let store = Arc::new(ClockedRedis {
-        store: runtime
-            .block_on(RedisStore::connect(redis_url()))
-            .expect("the shared Redis"),
+        store: runtime.block_on(shared_redis()).expect("the shared Redis"),
         clock: clock.clone(),
         charges: Mutex::new(Vec::new()),
     });
@@ -544,7 +549,7 @@ proptest! {
     #[test]
     fn concurrency_on_redis(case in slots()) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let store = runtime.block_on(RedisStore::connect(redis_url())).expect("the shared Redis");
+        let store = runtime.block_on(shared_redis()).expect("the shared Redis");
         runtime.block_on(start_what_is_said(Arc::new(store), &case))?;
     }
 }
