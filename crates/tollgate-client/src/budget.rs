@@ -492,7 +492,7 @@ impl State {
                 self.learn_policy(policy);
             }
             for limit in &observation.limits {
-                self.learn_limit(limit, ticket, now, refused, settings);
+                self.learn_limit(limit, ticket, now, horizon, refused);
             }
         }
         if let Some(refusal) = observation.refusal {
@@ -553,11 +553,10 @@ impl State {
         limit: &LimitItem,
         ticket: Ticket,
         now: Instant,
+        horizon: Instant,
         refused: bool,
-        settings: &Settings,
     ) {
         let sent = self.sent;
-        let horizon = now + settings.max_delay;
         let p = self.partition(&limit.name, limit.pk.as_deref());
         if p.unit != Unit::Requests {
             return;
@@ -586,7 +585,7 @@ impl State {
             // somebody else spending when it says less than the standing bound left for the requests decided
             // between the two (each sent by now) and itself; then it is the one to follow.
             let standing = s.left(sent);
-            if standing > new.left(sent) && said + 1 >= standing {
+            if standing > new.left(sent) && said.saturating_add(1) >= standing {
                 // The count stands; the horizon is the newer one's if later: the state it was computed from
                 // holds more of this client's requests, and the probe once the count is spent must not come
                 // sooner than the newest answer says a unit is back.

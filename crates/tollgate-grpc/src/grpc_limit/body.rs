@@ -1,5 +1,5 @@
-//! The request body the limited service sees, inside a `tonic::body::Body`: dropped unread (a refused call), it reads the rest of what
-//! the client sends before letting go, so that the stream ends as the client ended it.
+//! The request body the limited service sees, inside a `tonic::body::Body`: dropped unread (a refused call), it
+//! reads the rest of what the client sends before letting go, so that the stream ends as the client ended it.
 //!
 //! A refusal is answered before the call's message is read. Were the body dropped then, the server's HTTP/2 stack
 //! would reset the stream (`RST_STREAM` with `NO_ERROR`, which RFC 9113 allows after a complete response), and a
@@ -15,10 +15,10 @@ use bytes::Buf as _;
 use http_body::{Body, Frame, SizeHint};
 
 /// The most a refused call's body is read for.
-pub(super) const DRAIN_BYTES: usize = 64 * 1024;
+const DRAIN_BYTES: usize = 64 * 1024;
 
 /// The longest a refused call's body is read for.
-pub(super) const DRAIN_FOR: Duration = Duration::from_secs(1);
+const DRAIN_FOR: Duration = Duration::from_secs(1);
 
 /// A request body that reads the rest of itself when dropped before it was first polled.
 #[derive(Debug)]
