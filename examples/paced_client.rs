@@ -46,8 +46,8 @@ mod helloworld {
 #[command(name = "paced_client")]
 struct Args {
     /// A server: requests go to each in turn (repeatable).
-    #[arg(long = "url", required = true)]
-    urls: Vec<String>,
+    #[arg(long = "url", required = true, value_parser = absolute_url)]
+    urls: Vec<http::Uri>,
     /// Call `helloworld.Greeter/SayHello` over gRPC instead of `GET`.
     #[arg(long)]
     grpc: bool,
@@ -148,11 +148,7 @@ where
 
 async fn http(args: &Args, layer: &PaceLayer, tally: &Arc<Mutex<Tally>>) -> Result<(), String> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let urls: Arc<[http::Uri]> = args
-        .urls
-        .iter()
-        .map(|u| u.parse().map_err(|e| format!("--url {u}: {e}")))
-        .collect::<Result<_, _>>()?;
+    let urls: Arc<[http::Uri]> = args.urls.iter().cloned().collect();
     if args.no_pacing {
         http_with(args, client, urls, tally).await
     } else {
@@ -212,8 +208,7 @@ where
 async fn grpc(args: &Args, layer: &PaceLayer, tally: &Arc<Mutex<Tally>>) -> Result<(), String> {
     let mut channels = Vec::new();
     for url in &args.urls {
-        let channel = tonic::transport::Endpoint::from_shared(url.clone())
-            .map_err(|e| format!("--url {url}: {e}"))?
+        let channel = tonic::transport::Endpoint::from(url.clone())
             .connect()
             .await
             .map_err(|e| format!("--url {url}: {e}"))?;
@@ -311,4 +306,16 @@ fn print_row(args: &Args, tally: &Tally, elapsed: Duration) {
 
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
+}
+
+/// `--url`: an absolute `http://` or `https://` URL with a host, checked before anything is sent.
+fn absolute_url(value: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = value.parse().map_err(|e| format!("not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http" | "https"), Some(_)) => Ok(uri),
+        _ => Err(
+            "expected an absolute http:// or https:// URL with a host, e.g. http://127.0.0.1:3000/"
+                .into(),
+        ),
+    }
 }

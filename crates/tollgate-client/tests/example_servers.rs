@@ -217,3 +217,60 @@ mod grpc {
     include!("../../tollgate-grpc/proto/helloworld.rs");
     pub use greeter_client::GreeterClient;
 }
+
+/// The `paced_client` binary as a user runs it: `--json` prints one object with exactly the documented keys, a
+/// paced run is refused nowhere, and a URL that is not an absolute http(s) URL is refused at parse time.
+#[test]
+fn the_paced_client_binary_prints_its_row_and_checks_its_urls() {
+    let server = ExampleServer::start("axum_server", &["--limit", "5", "--period", "1s"]);
+    let out = std::process::Command::new(tollgate_testkit::examples::example("paced_client"))
+        .args([
+            "--url",
+            &url(&server),
+            "--concurrency",
+            "4",
+            "--duration",
+            "2s",
+            "--json",
+        ])
+        .output()
+        .expect("paced_client runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let mut keys: Vec<&str> = row
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "achieved_per_s",
+            "limit_per_s",
+            "ok",
+            "p99_wait_ms",
+            "refused",
+            "sent"
+        ]
+    );
+    assert_eq!(row["refused"], 0, "{row}");
+    assert!(row["ok"].as_u64().expect("a count") >= 5, "{row}");
+    assert_eq!(row["limit_per_s"], 5.0, "{row}");
+
+    let bad = std::process::Command::new(tollgate_testkit::examples::example("paced_client"))
+        .args(["--url", "nope"])
+        .output()
+        .expect("paced_client runs");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("absolute http:// or https:// URL"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
