@@ -250,6 +250,75 @@ async fn a_client_sending_one_request_after_another_never_meets_its_own_previous
     }
 }
 
+/// The Redis store with every release held back until an acquire has been refused by Redis, and that refusal
+/// held back until the release has been answered: the release reaches Redis after the acquire, but is over by the
+/// time the limiter hears of the refusal.
+struct ReleaseLandsDuringAcquire {
+    redis: Arc<tollgate_redis::RedisStore>,
+    go: tokio::sync::Semaphore,
+    released: tokio::sync::Semaphore,
+}
+
+impl SlotStore for ReleaseLandsDuringAcquire {
+    fn slots_expire(&self) -> bool {
+        true
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        slot: SlotId,
+        limit: u64,
+        ttl: Duration,
+    ) -> Result<tollgate_core::slot::Admission, tollgate_core::StoreError> {
+        let admission = self.redis.acquire(key, slot, limit, ttl).await?;
+        if !admission.granted {
+            self.go.add_permits(1);
+            self.released.acquire().await.expect("open").forget();
+        }
+        Ok(admission)
+    }
+
+    fn renew(
+        &self,
+        key: &str,
+        slot: SlotId,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, tollgate_core::StoreError>> + Send {
+        self.redis.renew(key, slot, ttl)
+    }
+
+    async fn release(&self, key: &str, slot: SlotId) -> Result<(), tollgate_core::StoreError> {
+        self.go.acquire().await.expect("open").forget();
+        self.redis.release(key, slot).await?;
+        self.released.add_permits(1);
+        Ok(())
+    }
+}
+
+/// One thread: the release task's answer and its end as a release in flight happen in one poll, before the
+/// refused acquire is polled again, so the order is fixed.
+#[tokio::test(flavor = "current_thread")]
+async fn a_release_answered_before_the_refusal_it_caused_still_lets_the_request_ask_again() {
+    let store = Arc::new(ReleaseLandsDuringAcquire {
+        redis: redis_instance(&unique_prefix("cc-during")).await,
+        go: tokio::sync::Semaphore::new(0),
+        released: tokio::sync::Semaphore::new(0),
+    });
+    let gate = Gate::new();
+    let limited = layer(1, store.clone());
+    let addr = serve(app(&gate, |r| r.layer(HttpLimitLayer::new(limited)))).await;
+
+    assert_eq!(get(addr, "/fast", ANN).await.status, 200);
+    // Its release is held: the next acquire is refused by Redis, the release then lands and is answered, and only
+    // then does the limiter hear of the refusal. The release was on its way as the acquire was sent: ask again.
+    let next = get(addr, "/fast", ANN).await;
+    assert_eq!(
+        next.status, 200,
+        "refused by its own previous slot, released meanwhile: {next:?}"
+    );
+}
+
 #[test]
 fn lease_times_from_3_ms_to_a_day_are_accepted_and_others_are_config_errors() {
     let store = Arc::new(MemorySlotStore::new());

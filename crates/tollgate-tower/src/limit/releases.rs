@@ -2,8 +2,10 @@
 //!
 //! A shared store's release is sent by a task after the response (a dropped response never waits for Redis), so a
 //! client that sends its next request as soon as it has read a response can reach the store before that release
-//! and find its own previous slot still held. The concurrency limiter's acquire refused while one of this
-//! instance's releases on the key is pending therefore waits for it and asks once more. The wait is here, in the
+//! and find its own previous slot still held. The concurrency limiter's acquire refused when one of this
+//! instance's releases on the key was pending as it was sent, or is pending still, therefore waits for it and asks
+//! once more. What counts is the release pending *as the acquire was sent*: it may reach the store after the
+//! acquire and still be answered before the acquire's refusal comes back. The wait is here, in the
 //! limiter's permit path, rather than in a store, because this path is what hands the release to a task: it holds
 //! for every shared [`SlotStore`](tollgate_core::slot::SlotStore).
 
@@ -30,6 +32,11 @@ struct Pending {
     ids: BTreeSet<u64>,
     settled: Event,
 }
+
+/// That releases on a key were pending at some instant: each was started then, so each has ended or is pending
+/// still when the mark is used.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mark;
 
 /// One release in flight, counted until dropped (its first answer came, or its task ended).
 pub(crate) struct InFlight {
@@ -64,13 +71,21 @@ impl Releases {
         }
     }
 
+    /// A mark of the releases on `key` pending now, if any: [`wait_for`](Self::wait_for) given it says there were
+    /// releases to wait for even if they have ended by then.
+    pub(crate) fn mark(&self, key: &str) -> Option<Mark> {
+        self.lock().keys.contains_key(key).then_some(Mark)
+    }
+
     /// Waits until every release on `key` started before this call has ended, for at most `limit`; returns whether
-    /// there was any. Releases started meanwhile are not waited for, so a busy key cannot keep a waiter waiting.
-    pub(crate) async fn wait_for(&self, key: &str, limit: Duration) -> bool {
+    /// there was any, or a `mark` taken earlier. Releases started meanwhile are not waited for, so a busy key
+    /// cannot keep a waiter waiting.
+    pub(crate) async fn wait_for(&self, key: &str, mark: Option<Mark>, limit: Duration) -> bool {
         let before = {
             let state = self.lock();
             if !state.keys.contains_key(key) {
-                return false;
+                // Those of the mark, if any, have ended already.
+                return mark.is_some();
             }
             state.next
         };
@@ -117,11 +132,11 @@ mod tests {
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_waiter_waits_for_the_releases_started_before_it_on_its_key_only() {
         let releases = Arc::new(Releases::default());
-        assert!(!releases.wait_for("a", Duration::from_secs(60)).await);
+        assert!(!releases.wait_for("a", None, Duration::from_secs(60)).await);
 
         let first = releases.start("a");
         let other_key = releases.start("b");
-        let mut wait = Box::pin(releases.wait_for("a", Duration::from_secs(60)));
+        let mut wait = Box::pin(releases.wait_for("a", None, Duration::from_secs(60)));
         assert_eq!((&mut wait).now_or_never(), None);
         // Started after the waiter: not waited for.
         let later = releases.start("a");
@@ -135,11 +150,26 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_mark_remembers_a_release_that_ended_before_the_wait() {
+        let releases = Arc::new(Releases::default());
+        assert!(releases.mark("a").is_none(), "nothing pending: no mark");
+        let first = releases.start("a");
+        let mark = releases.mark("a");
+        drop(first);
+        // Ended before the wait: without the mark there is nothing to wait for; with it, the wait says there was.
+        assert!(!releases.wait_for("a", None, Duration::from_secs(60)).await);
+        assert_eq!(
+            Box::pin(releases.wait_for("a", mark, Duration::from_secs(60))).now_or_never(),
+            Some(true)
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_release_that_never_ends_holds_a_waiter_for_the_limit_only() {
         let releases = Arc::new(Releases::default());
         let _stuck = releases.start("a");
         let started = tokio::time::Instant::now();
-        assert!(releases.wait_for("a", Duration::from_secs(10)).await);
+        assert!(releases.wait_for("a", None, Duration::from_secs(10)).await);
         assert_eq!(started.elapsed(), Duration::from_secs(10));
     }
 }

@@ -88,14 +88,16 @@ impl<R, L: SlotStore> Shared<R, L> {
 
     /// Decides one request against `limit` slots on `key`, in `mode` (`Enforce` or `Shadow`).
     pub(crate) async fn decide(self: Arc<Self>, key: String, limit: u64, mode: Mode) -> Conclusion {
+        // The releases of this instance on the key on their way as the acquire is sent (a task sends each after
+        // its response): one may reach the store after the acquire, and be answered before the acquire's refusal.
+        let mark = self.releases.as_ref().and_then(|r| r.mark(&key));
         let (mut slot, mut result) = self.acquire(&key, limit).await;
-        // Refused while a release of this instance on the key is on its way (a task sends it after the response):
-        // its slot may be what blocked this request, e.g. a client's previous request at a limit of 1. Ask again
-        // once it has been answered (within the store's timeout), or after one slot time: a slot never released
-        // has expired by then.
+        // Refused while such a release was (or still is) on its way: its slot may be what blocked this request,
+        // e.g. a client's previous request at a limit of 1. Ask again once it has been answered (within the
+        // store's timeout), or after one slot time: a slot never released has expired by then.
         let refused = matches!(result, Ok(admission) if !admission.granted);
         if let Some(releases) = self.releases.as_ref().filter(|_| refused)
-            && releases.wait_for(&key, self.slot_ttl).await
+            && releases.wait_for(&key, mark, self.slot_ttl).await
         {
             (slot, result) = self.acquire(&key, limit).await;
         }
