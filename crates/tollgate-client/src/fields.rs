@@ -18,7 +18,12 @@ use std::time::{Duration, SystemTime};
 
 use http::header::{DATE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, StatusCode};
-use sfv::{BareItem, List, ListEntry, Parameters, Parser};
+use std::convert::Infallible;
+
+use sfv::visitor::{
+    EntryVisitor, Ignored, InnerListVisitor, ItemVisitor, ListVisitor, ParameterVisitor,
+};
+use sfv::{BareItemFromInput, KeyRef, Parser};
 
 /// `RateLimit-Policy`.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -132,14 +137,21 @@ impl Observation {
     /// [`read`](Self::read) with the local clock reading `now` (for HTTP-dates when the response has no `Date`).
     #[must_use]
     pub fn read_at(status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Self {
-        let date = headers
-            .get(DATE)
-            .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok())
-            .unwrap_or(now);
+        // Read only for the figures measured from it (an epoch reset, an HTTP-date): most responses have none.
+        let date = || {
+            headers
+                .get(DATE)
+                .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok())
+                .unwrap_or(now)
+        };
         let policies = list(headers, &RATELIMIT_POLICY)
+            .into_iter()
             .filter_map(policy_item)
             .collect();
-        let mut limits: Vec<LimitItem> = list(headers, &RATELIMIT).filter_map(limit_item).collect();
+        let mut limits: Vec<LimitItem> = list(headers, &RATELIMIT)
+            .into_iter()
+            .filter_map(limit_item)
+            .collect();
         if limits.is_empty() && !headers.contains_key(RATELIMIT) {
             limits.extend(x_ratelimit(headers, date));
         }
@@ -157,78 +169,201 @@ impl Observation {
     }
 }
 
-/// The members of every `name` field of `headers`, as one List (a List may be split over several fields); none if
-/// any of them does not parse.
-fn list<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterator<Item = sfv::Item> + 'a {
-    let mut joined = Vec::new();
-    for (i, value) in headers.get_all(name).iter().enumerate() {
-        if i > 0 {
-            joined.extend_from_slice(b", ");
-        }
-        joined.extend_from_slice(value.as_bytes());
-    }
-    let parsed: List = if joined.is_empty() {
-        Vec::new()
-    } else {
-        Parser::new(&joined).parse_list().unwrap_or_default()
+/// The Items of every `name` field of `headers`, as one List (a List may be split over several fields); none if
+/// any of them does not parse. Read by [`MemberVisitor`] as the parser meets them: only the bare item's string and
+/// the parameters the draft defines are kept, and nothing else is built.
+fn list(headers: &HeaderMap, name: &HeaderName) -> Vec<Member> {
+    let mut values = headers.get_all(name).iter();
+    let Some(first) = values.next() else {
+        return Vec::new();
     };
-    parsed.into_iter().filter_map(|entry| match entry {
-        ListEntry::Item(item) => Some(item),
-        ListEntry::InnerList(_) => None,
-    })
-}
-
-fn name_of(item: &sfv::Item) -> Option<String> {
-    Some(item.bare_item.as_string()?.as_str().to_owned())
-}
-
-fn non_negative(params: &Parameters, key: &str) -> Option<Option<u64>> {
-    match params.get(key) {
-        None => Some(None),
-        Some(value) => u64::try_from(i64::from(value.as_integer()?)).ok().map(Some),
+    let mut members = Members(Vec::new());
+    let parsed = match values.next() {
+        // One field (the usual case): parsed where it lies.
+        None => Parser::new(first.as_bytes()).parse_list_with_visitor(&mut members),
+        Some(second) => {
+            let mut joined = first.as_bytes().to_vec();
+            for value in std::iter::once(second).chain(values) {
+                joined.extend_from_slice(b", ");
+                joined.extend_from_slice(value.as_bytes());
+            }
+            Parser::new(&joined).parse_list_with_visitor(&mut members)
+        }
+    };
+    match parsed {
+        Ok(()) => members.0.into_iter().filter(|m| !m.inner_list).collect(),
+        Err(_) => Vec::new(),
     }
 }
 
-fn pk(params: &Parameters) -> Option<Option<Vec<u8>>> {
-    match params.get("pk") {
-        None => Some(None),
-        Some(BareItem::ByteSequence(bytes)) => Some(Some(bytes.clone())),
-        Some(_) => None,
+/// A parameter the draft defines, as an Item gave it: absent, or the bare item it was (checked by its reader).
+#[derive(Debug, Default)]
+enum Param {
+    #[default]
+    Absent,
+    Integer(i64),
+    String(String),
+    Bytes(Vec<u8>),
+    /// Any other kind of bare item: never valid for a parameter the draft defines.
+    Other,
+}
+
+impl Param {
+    fn of(value: BareItemFromInput<'_>) -> Self {
+        match value {
+            BareItemFromInput::Integer(i) => Self::Integer(i64::from(i)),
+            BareItemFromInput::String(text) => Self::String(text.as_str().to_owned()),
+            BareItemFromInput::ByteSequence(bytes) => Self::Bytes(bytes),
+            _ => Self::Other,
+        }
+    }
+
+    /// `None` when present but not a non-negative integer; `Some(None)` when absent.
+    fn non_negative(&self) -> Option<Option<u64>> {
+        match self {
+            Self::Absent => Some(None),
+            Self::Integer(i) => u64::try_from(*i).ok().map(Some),
+            _ => None,
+        }
+    }
+
+    /// `pk`: `None` when present but not a byte sequence; `Some(None)` when absent.
+    fn bytes(self) -> Option<Option<Vec<u8>>> {
+        match self {
+            Self::Absent => Some(None),
+            Self::Bytes(bytes) => Some(Some(bytes)),
+            _ => None,
+        }
     }
 }
 
-fn policy_item(item: sfv::Item) -> Option<PolicyItem> {
-    let quota = non_negative(&item.params, "q")??;
-    let window = match non_negative(&item.params, "w")? {
+/// One List member as [`MemberVisitor`] read it.
+#[derive(Debug, Default)]
+struct Member {
+    /// The bare item, when a String (a member of the draft's fields names its policy so).
+    name: Option<String>,
+    /// An Inner List: no member of the draft's fields is one, so it is dropped.
+    inner_list: bool,
+    q: Param,
+    qu: Param,
+    w: Param,
+    r: Param,
+    t: Param,
+    pk: Param,
+}
+
+struct Members(Vec<Member>);
+
+impl<'de> ListVisitor<'de> for &mut Members {
+    type Out = ();
+    type Error = Infallible;
+
+    fn entry(&mut self) -> Result<impl EntryVisitor<'de>, Self::Error> {
+        self.0.push(Member::default());
+        let member = self.0.last_mut().expect("a member was just pushed");
+        Ok(MemberVisitor(member))
+    }
+
+    fn finish(self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+/// Fills one [`Member`]: its bare item, then its parameters (a key given twice keeps its last value, as a parsed
+/// Parameters map would).
+struct MemberVisitor<'a>(&'a mut Member);
+
+impl<'de> EntryVisitor<'de> for MemberVisitor<'_> {
+    type Error = Infallible;
+
+    fn item(self) -> Result<impl ItemVisitor<'de>, Self::Error> {
+        Ok(self)
+    }
+
+    fn inner_list(self) -> Result<impl InnerListVisitor<'de>, Self::Error> {
+        self.0.inner_list = true;
+        Ok(Ignored)
+    }
+}
+
+impl<'de> ItemVisitor<'de> for MemberVisitor<'_> {
+    type Out = ();
+    type Error = Infallible;
+
+    fn bare_item(
+        self,
+        bare_item: BareItemFromInput<'de>,
+    ) -> Result<impl ParameterVisitor<'de, Out = ()>, Self::Error> {
+        if let BareItemFromInput::String(name) = bare_item {
+            self.0.name = Some(name.as_str().to_owned());
+        }
+        Ok(self)
+    }
+}
+
+impl<'de> ParameterVisitor<'de> for MemberVisitor<'_> {
+    type Out = ();
+    type Error = Infallible;
+
+    fn parameter(
+        &mut self,
+        key: &'de KeyRef,
+        value: BareItemFromInput<'de>,
+    ) -> Result<(), Self::Error> {
+        let member = &mut *self.0;
+        let slot = match key.as_str() {
+            "q" => &mut member.q,
+            "qu" => &mut member.qu,
+            "w" => &mut member.w,
+            "r" => &mut member.r,
+            "t" => &mut member.t,
+            "pk" => &mut member.pk,
+            _ => return Ok(()),
+        };
+        *slot = Param::of(value);
+        Ok(())
+    }
+
+    fn finish(self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+fn policy_item(member: Member) -> Option<PolicyItem> {
+    let quota = member.q.non_negative()??;
+    let window = match member.w.non_negative()? {
         Some(0) => return None,
         Some(w) => Some(Duration::from_secs(w)),
         None => None,
     };
-    let unit = match item.params.get("qu") {
-        None => Unit::Requests,
-        Some(unit) => match unit.as_string()?.as_str() {
+    let unit = match &member.qu {
+        Param::Absent => Unit::Requests,
+        Param::String(unit) => match unit.as_str() {
             "requests" => Unit::Requests,
             "concurrent-requests" => Unit::ConcurrentRequests,
             _ => Unit::Other,
         },
+        _ => return None,
     };
     Some(PolicyItem {
-        name: name_of(&item)?,
-        pk: pk(&item.params)?,
+        pk: member.pk.bytes()?,
+        name: member.name?,
         quota,
         unit,
         window,
     })
 }
 
-fn limit_item(item: sfv::Item) -> Option<LimitItem> {
-    let remaining = non_negative(&item.params, "r")??;
-    let window = non_negative(&item.params, "t")?
+fn limit_item(member: Member) -> Option<LimitItem> {
+    let remaining = member.r.non_negative()??;
+    let window = member
+        .t
+        .non_negative()?
         .filter(|&t| t > 0)
         .map(Duration::from_secs);
     Some(LimitItem {
-        name: name_of(&item)?,
-        pk: pk(&item.params)?,
+        pk: member.pk.bytes()?,
+        name: member.name?,
         remaining,
         window,
     })
@@ -239,13 +374,13 @@ fn whole(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
 }
 
 /// The `X-RateLimit-*` limit: remaining (required), reset as epoch or delta seconds, limit for sanity.
-fn x_ratelimit(headers: &HeaderMap, date: SystemTime) -> Option<LimitItem> {
+fn x_ratelimit(headers: &HeaderMap, date: impl Fn() -> SystemTime) -> Option<LimitItem> {
     let remaining = whole(headers, &X_REMAINING)?;
     let limit = whole(headers, &X_LIMIT);
     let window = whole(headers, &X_RESET).and_then(|reset| {
         if reset > EPOCH_THRESHOLD {
             let at = SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(reset))?;
-            at.duration_since(date).ok()
+            at.duration_since(date()).ok()
         } else {
             Some(Duration::from_secs(reset))
         }
@@ -266,13 +401,13 @@ fn x_ratelimit(headers: &HeaderMap, date: SystemTime) -> Option<LimitItem> {
 
 /// `Retry-After` as delay-seconds or an HTTP-date measured from `date`. A date in the past is no wait; a negative
 /// or unreadable value is none.
-fn retry_after(headers: &HeaderMap, date: SystemTime) -> Option<Duration> {
+fn retry_after(headers: &HeaderMap, date: impl Fn() -> SystemTime) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
     if let Ok(secs) = value.parse::<u64>() {
         return Some(Duration::from_secs(secs));
     }
     let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(date).unwrap_or(Duration::ZERO))
+    Some(at.duration_since(date()).unwrap_or(Duration::ZERO))
 }
 
 /// A gRPC refusal in `headers` (a trailers-only response's head, or the trailers): `RESOURCE_EXHAUSTED` or
