@@ -684,10 +684,12 @@ async fn a_paused_or_killed_redis_mid_lease_meets_each_failure_policy() {
     }
 }
 
-/// Redis at a manual clock's instants, recording every lease grant (instant, tokens).
+/// Redis at a manual clock's instants, recording every lease grant (instant, tokens) and how many grants came
+/// before the store's first denial (events of one instant are told apart by their order).
 struct Granting {
     clocked: Clocked,
     grants: std::sync::Mutex<Vec<(u64, u64)>>,
+    granted_before_denial: std::sync::OnceLock<usize>,
     /// The store key the layer asks for (its limiter's name and the request's key).
     key: std::sync::Mutex<String>,
     /// What each return gave back.
@@ -697,7 +699,13 @@ struct Granting {
 impl Store for Granting {
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         key.clone_into(&mut self.key.lock().unwrap());
-        self.clocked.check(key, policy, cost).await
+        let decision = self.clocked.check(key, policy, cost).await?;
+        if !decision.is_allowed() {
+            let _ = self
+                .granted_before_denial
+                .set(self.grants.lock().unwrap().len());
+        }
+        Ok(decision)
     }
     async fn lease_tokens(
         &self,
@@ -738,6 +746,7 @@ async fn a_leased_lockout_policy_locks_a_hot_key_out_exactly_through_two_instanc
     let store = Arc::new(Granting {
         clocked: Clocked::new(redis, &clock),
         grants: std::sync::Mutex::default(),
+        granted_before_denial: std::sync::OnceLock::new(),
         key: std::sync::Mutex::default(),
         returned: std::sync::Mutex::default(),
     });
@@ -805,12 +814,10 @@ async fn a_leased_lockout_policy_locks_a_hot_key_out_exactly_through_two_instanc
         "admitted only {before} + {} of {bound}",
         after.len()
     );
-    let granted_after: u64 = store
-        .grants
-        .lock()
-        .unwrap()
+    // The lockout begins with the store's first denial: every grant after it, in the store's own order.
+    let first_denial = *store.granted_before_denial.get().expect("the store denied");
+    let granted_after: u64 = store.grants.lock().unwrap()[first_denial..]
         .iter()
-        .filter(|&&(t, _)| t >= t_d)
         .map(|&(_, g)| g)
         .sum();
     assert_eq!(
@@ -922,7 +929,8 @@ async fn a_fetch_that_outlasts_the_wait_leaves_its_waiters_to_the_failure_policy
         .unwrap();
     let layer = RateLimitLayer::new(
         "bounded-wait",
-        Policy::token_bucket(Quota::per_hour(1_000).unwrap()),
+        // Batches of 20 (2 %): a per-minute quota refills 83 in half its lease's life.
+        Policy::token_bucket(Quota::per_minute(1_000).unwrap()),
         Arc::new(redis),
         ConstKey::new("hot"),
     )
@@ -1030,6 +1038,7 @@ async fn an_instance_denied_under_a_lockout_stops_spending_its_batch() {
     let store = Arc::new(Granting {
         clocked: Clocked::new(redis, &clock),
         grants: std::sync::Mutex::default(),
+        granted_before_denial: std::sync::OnceLock::new(),
         key: std::sync::Mutex::default(),
         returned: std::sync::Mutex::default(),
     });
@@ -1097,8 +1106,10 @@ async fn an_instance_denied_under_a_lockout_stops_spending_its_batch() {
 /// admitted the fresh burst plus every batch held.) The clock stands still: no refill muddies the count.
 #[tokio::test(flavor = "current_thread")]
 async fn a_store_that_forgets_a_key_leaves_no_batch_spendable_beside_the_fresh_one() {
+    // A token bucket leases no more than its quota refills in half a lease's life (a per-minute quota's lease
+    // lives 10 s: batches of 8); the clock never moves here, so nothing refills.
     for policy in [
-        Policy::token_bucket(Quota::per_hour(100).unwrap()),
+        Policy::token_bucket(Quota::per_minute(100).unwrap()),
         Policy::sliding_window(Quota::per_hour(100).unwrap()).unwrap(),
     ] {
         // An hour's start: the sliding window's whole limit is in one window.
@@ -1115,7 +1126,8 @@ async fn a_store_that_forgets_a_key_leaves_no_batch_spendable_beside_the_fresh_o
         let mut instances: Vec<_> = (0..3)
             .map(|_| instance(store.clone(), policy, config()))
             .collect();
-        // Hot: each holds a batch (up to 20, fetched again below 10), its fetches landing between requests.
+        // Hot: each holds a batch (up to 20, a token bucket 8, fetched again below half), its fetches landing
+        // between requests.
         let mut before = 0;
         for k in 0..30 {
             let (svc, handle) = &mut instances[k % 3];

@@ -138,7 +138,8 @@ impl LeaseConfig {
     }
 
     /// The largest batch, as a percentage of the burst (1 to 100): what one instance can take from the others
-    /// at once, and the most a crash of it can lose.
+    /// at once, and the most a crash of it can lose. A token bucket's is also bounded by its refill (see
+    /// [`ttl`](Self::ttl)).
     ///
     /// # Errors
     /// When `percent` is not from 1 to 100.
@@ -159,7 +160,9 @@ impl LeaseConfig {
     }
 
     /// How long a token bucket lease lives (from the instance's send instant; a sliding window batch ends with
-    /// its window anyway).
+    /// its window anyway). A token bucket's batch holds at most what its quota refills in half of this (less the
+    /// drift margin), so that a response's remaining holds when a batch ends unspent: a slow quota (per hour and
+    /// slower) leases nothing with the default, the period capped at 10 s, and needs a longer lifetime to lease.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl.max(Duration::from_millis(1)));
         self
@@ -220,6 +223,8 @@ impl LeaseConfig {
             u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
         });
         let wait = self.wait.unwrap_or(DEFAULT_WAIT);
+        let margin = u64::try_from(drift_margin(ttl).as_micros()).unwrap_or(u64::MAX);
+        let max_batch = max_batch(policy, self.share_ppm, ttl, margin);
         let label = name.to_string();
         let inner = Arc::new(Inner {
             name: name.clone(),
@@ -239,13 +244,18 @@ impl LeaseConfig {
             instance: random_u64(),
             seq: AtomicU64::new(0),
             epoch,
-            max_batch: (quota.burst() * self.share_ppm / 1_000_000).max(1),
+            max_batch,
+            shown_cap: if policy.algorithm() == Algorithm::TokenBucket {
+                quota.burst().saturating_sub(max_batch)
+            } else {
+                quota.burst()
+            },
             token: quota.token_bucket_token(),
             rate: quota.token_bucket_rate(),
             wait,
             ttl,
             idle,
-            margin: u64::try_from(drift_margin(ttl).as_micros()).unwrap_or(u64::MAX),
+            margin,
             fetching: AtomicUsize::new(0),
             settled: Event::new(),
             closed: AtomicBool::new(false),
@@ -264,6 +274,26 @@ impl LeaseConfig {
             inner,
         })
     }
+}
+
+/// The largest batch: `share_ppm` of the burst and, for a token bucket, no more than the quota refills over half a
+/// batch's life (the lease's lifetime less the drift margin: the other half is left for the fetch's round trip),
+/// so that what a batch holds when it ends unspent has been refilled by then (see "Headers under leases"). A
+/// sliding window's is at least 1.
+fn max_batch(policy: &Policy, share_ppm: u64, ttl: Duration, margin: u64) -> u64 {
+    let quota = policy.quota();
+    let share = quota.burst() * share_ppm / 1_000_000;
+    if policy.algorithm() == Algorithm::TokenBucket {
+        let life = u64::try_from(ttl.as_micros())
+            .unwrap_or(u64::MAX)
+            .saturating_sub(margin)
+            / 2;
+        let refilled = u128::from(quota.token_bucket_rate()) * u128::from(life)
+            / u128::from(quota.token_bucket_token());
+        // 0 when the quota refills less than a token in that time: no batch but what a request spends at once.
+        return share.min(u64::try_from(refilled).unwrap_or(u64::MAX));
+    }
+    share.max(1)
 }
 
 /// A random 64-bit instance id: RandomState is seeded by the OS per process, and the counter tells two tables
@@ -406,6 +436,9 @@ struct Inner<St> {
     seq: AtomicU64,
     epoch: u64,
     max_batch: u64,
+    /// The most a response shows: the burst less the largest batch (a batch that ends unspent takes its tokens
+    /// out of the bucket until they refill).
+    shown_cap: u64,
     /// The quota's fixed point (one token is `token` units, `rate` units accrue per µs): the shown remaining's.
     token: u64,
     rate: u64,
@@ -711,7 +744,7 @@ impl<St: Store> Inner<St> {
                 now: e.store_now(now),
             };
             let due = e.tokens < want.div_ceil(2);
-            return Take::Admit(decision, self.fetch_if(e, due, digest, key, want, now));
+            return Take::Admit(decision, self.fetch_if(e, due, digest, key, want, 0, now));
         }
         if now < e.denied_until && cost > 0 {
             let view = (e.global + e.tokens).min(limit);
@@ -725,8 +758,16 @@ impl<St: Store> Inner<St> {
             });
         }
         // The batch cannot pay: wait for the fetch under way (or the one due now) rather than ask the store beside
-        // it, whose answer would leave that batch out of this instance's view.
-        let fetch = self.fetch_if(e, true, digest, key, want, now);
+        // it, whose answer would leave that batch out of this instance's view. A token bucket's fetch asks for at
+        // least what this request lacks, so that a request costing more than the batch holds is paid from the
+        // batch and the store together, as the view that counts both promised (this request spends what it
+        // brings at once).
+        let lacking = if self.policy.algorithm() == Algorithm::TokenBucket {
+            cost.saturating_sub(e.tokens).min(limit)
+        } else {
+            0
+        };
+        let fetch = self.fetch_if(e, true, digest, key, want, lacking, now);
         if !e.fetching || cost == 0 {
             return Take::Plain(fetch);
         }
@@ -743,7 +784,7 @@ impl<St: Store> Inner<St> {
     /// showed last, less `spent`, plus what the quota refilled since — and no refill while the store's last answer
     /// left less than a batch unheld (the key is being drained: what refills is not this instance's to show).
     fn show(&self, e: &mut Entry, view: u64, spent: u64, now: u64) -> u64 {
-        let view = view.saturating_mul(self.token);
+        let view = view.min(self.shown_cap).saturating_mul(self.token);
         let shown = match e.shown {
             None => view,
             Some(shown) => {
@@ -785,7 +826,10 @@ impl<St: Store> Inner<St> {
             .unwrap_or(want)
     }
 
-    /// The fetch to start now, if one is `due` and allowed (not under way, not too early, a hot key).
+    /// The fetch to start now, if one is `due` and allowed (not under way, not too early, a hot key), for `want`
+    /// (the key's demand) or `need` (what the request that asks lacks), whichever is more. A token bucket's
+    /// batch, what is left of it included, holds at most `max_batch` beyond what the request needs.
+    #[allow(clippy::too_many_arguments)]
     fn fetch_if(
         &self,
         e: &mut Entry,
@@ -793,9 +837,17 @@ impl<St: Store> Inner<St> {
         digest: u64,
         key: &str,
         want: u64,
+        need: u64,
         now: u64,
     ) -> Option<Fetch> {
-        if !due || e.fetching || now < e.next_fetch || want < 2 {
+        if !due || e.fetching || now < e.next_fetch || want.max(need) < 2 {
+            return None;
+        }
+        let want = match self.policy.algorithm() {
+            Algorithm::TokenBucket => want.min(self.max_batch.saturating_sub(e.tokens)).max(need),
+            _ => want.max(need),
+        };
+        if want == 0 {
             return None;
         }
         e.fetching = true;
@@ -830,26 +882,34 @@ impl<St: Store> Inner<St> {
             .lease_tokens(&fetch.key, &self.policy, &fetch.request)
             .await;
         let now = self.clock.now().as_micros();
-        let (orphan, landing) = self
+        let (orphan, landing, surplus) = self
             .table
             .get(fetch.digest, |e| {
                 if !e.fetching || e.key.as_deref() != Some(&*fetch.key) {
-                    return (true, None);
+                    return (true, None, None);
                 }
                 e.fetching = false;
+                let mut surplus = None;
                 match &result {
-                    Ok(grant) => self.apply(e, &fetch, grant),
+                    Ok(grant) => {
+                        self.apply(e, &fetch, grant);
+                        surplus = self.surplus(e, grant);
+                    }
                     Err(err) => {
                         tracing::debug!(limiter = &*self.name, error = %err, "token lease fetch failed");
                         e.next_fetch = now + RETRY_FAILED_MICROS;
                     }
                 }
-                (false, e.landing.take())
+                (false, e.landing.take(), surplus)
             })
-            .unwrap_or((true, None));
+            .unwrap_or((true, None, None));
         if let Some(landing) = landing {
             // Its waiters listened under the entry's lock, before it was taken out: none misses this.
             landing.land(result.as_ref().err().map(copy_error));
+        }
+        if let Some(back) = surplus {
+            // Its waiters are released first; the fetch counts as under way until what it gives back has landed.
+            self.give_back(&fetch.key, back).await;
         }
         if self.fetching.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.settled.notify(usize::MAX);
@@ -925,6 +985,22 @@ impl<St: Store> Inner<St> {
                 e.denied_until = 0;
             }
         }
+    }
+
+    /// A token bucket batch that a short grant left above `max_batch` (the store could not pay what a request
+    /// lacked, so that request is refused): the call that gives it all back at once, since a batch that large
+    /// could end unspent before the bucket refills it. Requests take the plain path until the next fetch.
+    fn surplus(&self, e: &mut Entry, grant: &TokenLeaseGrant) -> Option<TokenLeaseRequest> {
+        if self.policy.algorithm() != Algorithm::TokenBucket
+            || grant.retry_after.is_none()
+            || e.tokens <= self.max_batch
+        {
+            return None;
+        }
+        let back = self.ending(e);
+        e.tokens = 0;
+        e.denied_until = 0;
+        back
     }
 
     /// The call that ends `e`'s lease, if it holds anything to give back; clears the batch.
