@@ -17,7 +17,8 @@ fn get(server: &ExampleServer) -> (u16, Option<u64>) {
 
 /// The example's flags for 200 per 30 days with batches of up to 20 % of the burst: one token refills every
 /// 3.6 hours, so none does during a test however slow the machine — the store's figure can only fall, exactly
-/// 200 are admitted, and an instance's remaining has no refill to rise by.
+/// 200 are admitted, and an instance's remaining has no refill to rise by. A token bucket's batch is at most what
+/// its quota refills in half a lease's life, so the leases live the period (the 10 s default would lease none).
 fn hot_flags(url: &str) -> Vec<&str> {
     vec![
         "--limit",
@@ -29,6 +30,8 @@ fn hot_flags(url: &str) -> Vec<&str> {
         "--leases",
         "--lease-share",
         "20",
+        "--lease-ttl",
+        "720h",
     ]
 }
 
@@ -108,6 +111,7 @@ fn lease_flags_are_checked() {
         (&["--lease-share", "20"][..], "needs --leases"),
         (&["--leases", "--lease-share", "0"][..], "from 1 to 100"),
         (&["--leases", "--lease-share", "x"][..], "from 1 to 100"),
+        (&["--lease-ttl", "1s"][..], "needs --leases"),
     ] {
         let out = Command::new(example("axum_server"))
             .env_remove("REDIS_URL")

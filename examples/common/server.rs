@@ -61,6 +61,11 @@ pub(crate) struct ServerArgs {
     #[arg(long, value_name = "PERCENT", value_parser = cli::percent)]
     pub(crate) lease_share: Option<u32>,
 
+    /// With --leases: how long a batch lives (a token bucket's batch is at most what its quota refills in half
+    /// of it, so a slow quota leases only with a long one) [default: the period, at least 100ms, at most 10s]
+    #[arg(long, value_name = "DUR", value_parser = cli::duration)]
+    pub(crate) lease_ttl: Option<Duration>,
+
     /// The limits from a policy file (TOML; see tollgate::config) instead of --limit/--period/--burst/--algorithm
     /// and the stack flags; read again on SIGHUP (an invalid file keeps the limits in force and says why)
     #[arg(long, value_name = "FILE")]
@@ -125,6 +130,11 @@ impl ServerArgs {
         if self.lease_share.is_some() && !self.leases {
             return Err(
                 "--lease-share sets the token leases' batch size: it needs --leases".to_owned(),
+            );
+        }
+        if self.lease_ttl.is_some() && !self.leases {
+            return Err(
+                "--lease-ttl sets how long a leased batch lives: it needs --leases".to_owned(),
             );
         }
         self.redis.builder().map_err(|e| e.to_string())?;
@@ -218,9 +228,12 @@ impl ServerArgs {
         }
     }
 
-    /// The token lease configuration `--leases` and `--lease-share` ask for.
+    /// The token lease configuration `--leases`, `--lease-share` and `--lease-ttl` ask for.
     pub(crate) fn lease_config(&self) -> Option<LeaseConfig> {
-        let config = LeaseConfig::new();
+        let mut config = LeaseConfig::new();
+        if let Some(ttl) = self.lease_ttl {
+            config = config.ttl(ttl);
+        }
         self.leases.then(|| match self.lease_share {
             // Checked when parsed (1 to 100).
             Some(share) => config.clone().share_percent(share).unwrap_or(config),
