@@ -10,6 +10,10 @@
 //! `RateLimitLayer`, whose last response shows its admission with the charge (or refund) its real cost makes, and
 //! what it shows is spent once the charge has landed.
 //!
+//! The same for a token bucket under token leases: the history goes through one leasing instance (batches
+//! fetched, spent and left to end), whose last response shows its view, and what it shows is spent through that
+//! instance.
+//!
 //! And for the concurrency limiter (`qu="concurrent-requests"`): after any history of requests started and
 //! finished, the `r` an answer states is that many more requests admitted while every open one stays open.
 
@@ -21,6 +25,7 @@ use http::{HeaderMap, StatusCode};
 use proptest::prelude::*;
 use tollgate_client::fields::{Observation, Unit};
 use tollgate_core::slot::{MemorySlotStore, SlotStore};
+use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
 use tollgate_core::{
     Algorithm, Clock, Decision, LostCharge, ManualClock, MemoryStore, Policy, Quota, Store,
     StoreError, Timestamp,
@@ -29,8 +34,8 @@ use tollgate_http::headers::HeaderSet;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{redis_url, unique_prefix};
 use tollgate_tower::{
-    BoxError, ConcurrencyLimitLayer, ConstKey, CostAfter, CostFn, FinalCost, PermitBody,
-    RateLimitLayer, Rejection, Verdict, Verdicts,
+    BoxError, ConcurrencyLimitLayer, ConstKey, CostAfter, CostFn, FinalCost, LeaseConfig,
+    PermitBody, RateLimitLayer, Rejection, Verdict, Verdicts,
 };
 use tower::ServiceExt as _;
 
@@ -268,6 +273,20 @@ impl Store for ClockedRedis {
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         self.store
             .charge_at(key, policy, delta, decided_at, self.clock.now())
+    }
+
+    fn lease_tokens(
+        &self,
+        key: &str,
+        policy: &Policy,
+        request: &TokenLeaseRequest,
+    ) -> impl Future<Output = Result<TokenLeaseGrant, StoreError>> + Send {
+        self.store
+            .lease_tokens_at(key, policy, request, self.clock.now())
+    }
+
+    fn supports_token_leases(&self) -> bool {
+        true
     }
 
     fn charge_detached(
@@ -562,4 +581,209 @@ fn a_fresh_key_states_q_over_w() {
         .check_at("k", &policy, 1, Timestamp::from_micros(START))
         .unwrap();
     assert_eq!(fields(&policy, d), (99, 60, None));
+}
+
+/// Token leases: a history of requests through one leasing instance (batches fetched and spent, some left to
+/// expire), then the last response's fields — this instance's view — spent through the same instance.
+#[derive(Debug, Clone)]
+struct Leased {
+    algorithm: Algorithm,
+    limit: u64,
+    period_ms: u64,
+    share_percent: u32,
+    ttl_ms: u64,
+    /// (µs since the previous request, cost)
+    history: Vec<(u64, u64)>,
+    spend_at: Vec<u16>,
+    at_once: bool,
+}
+
+fn leased(algorithm: Algorithm) -> impl Strategy<Value = Leased> {
+    (
+        (
+            20u64..=120,
+            prop::sample::select(vec![1_000u64, 2_000, 10_000]),
+            prop::sample::select(vec![10u32, 25, 50]),
+            prop::sample::select(vec![100u64, 400, 1_000]),
+        ),
+        prop::collection::vec(
+            (
+                prop_oneof![0u64..5_000, 0u64..60_000, 0u64..1_500_000],
+                1u64..=3,
+            ),
+            0..80,
+        ),
+        prop::collection::vec(0u16..1000, 0..120),
+        any::<bool>(),
+    )
+        .prop_map(
+            move |((limit, period_ms, share_percent, ttl_ms), history, spend_at, at_once)| Leased {
+                algorithm,
+                limit,
+                period_ms,
+                share_percent,
+                ttl_ms,
+                history,
+                spend_at,
+                at_once,
+            },
+        )
+}
+
+impl Leased {
+    fn policy(&self) -> Policy {
+        let quota =
+            Quota::new(self.limit, Duration::from_millis(self.period_ms)).expect("a valid quota");
+        Policy::new(self.algorithm, quota).expect("a valid policy")
+    }
+}
+
+/// The leasing limiter under test: each request's cost is its body.
+type Leasing<St> = RateLimitLayer<ConstKey, St, CostFn<fn(&http::Request<u64>) -> u64>>;
+
+/// One request of `cost` through the leasing instance at `at`, and the fetches it started landed at that instant
+/// (a store that answers before the clock moves on): its verdict.
+async fn send_leased<S>(
+    service: &mut S,
+    leases: &tollgate_tower::LeaseHandle,
+    clock: &ManualClock,
+    at: u64,
+    cost: u64,
+) -> Verdict
+where
+    S: tower::Service<http::Request<u64>, Response = http::Response<String>, Error = BoxError>,
+{
+    clock.set(Timestamp::from_micros(at));
+    let verdict = match service
+        .ready()
+        .await
+        .expect("ready")
+        .call(http::Request::new(cost))
+        .await
+    {
+        Ok(response) => response
+            .extensions()
+            .get::<Verdicts>()
+            .and_then(|v| v.only())
+            .cloned(),
+        Err(err) => err
+            .downcast_ref::<Rejection>()
+            .and_then(|r| r.verdict())
+            .cloned(),
+    };
+    leases.settled().await;
+    verdict.expect("every decision has a verdict")
+}
+
+/// Runs the history through one leasing instance, reads the last response's fields, and spends them through the
+/// same instance at once or unit by unit within `t`: every spend admitted.
+async fn spend_what_is_said_under_leases<St: Store>(
+    store: Arc<St>,
+    clock: &ManualClock,
+    case: &Leased,
+) -> Result<(), TestCaseError> {
+    let policy = case.policy();
+    let cost: fn(&http::Request<u64>) -> u64 = |req| *req.body();
+    let config = LeaseConfig::new()
+        .share_percent(case.share_percent)
+        .expect("a valid share")
+        .ttl(Duration::from_millis(case.ttl_ms))
+        .clock(clock.clone());
+    let layer: Leasing<St> = RateLimitLayer::new(
+        "api",
+        policy,
+        store,
+        ConstKey::new(unique_prefix("ratelimit-fields-leased")),
+    )
+    .cost(CostFn::new(cost))
+    .leases(config);
+    let leases = layer.lease_handle();
+    let mut service =
+        tower::ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(|_: http::Request<u64>| async {
+                Ok::<_, BoxError>(http::Response::new(String::new()))
+            });
+    let mut now = START;
+    let mut last = send_leased(&mut service, &leases, clock, now, 1).await;
+    for &(gap, cost) in &case.history {
+        now += gap;
+        last = send_leased(&mut service, &leases, clock, now, cost).await;
+    }
+    let (r, t, retry) = fields(&policy, last.decision);
+    if let Some(retry) = retry {
+        prop_assert!(
+            retry >= t,
+            "Retry-After {retry} before the end of t={t}: {last:?}"
+        );
+    }
+    prop_assert!(r <= policy.quota().burst());
+    let decided = last.decision.now.as_micros();
+    let within = |per_mille: u16| decided + t * 1_000_000 * u64::from(per_mille) / 1000;
+    let spends: Vec<(u64, u64)> = if case.at_once {
+        let at = within(case.spend_at.first().copied().unwrap_or(0));
+        (r > 0).then_some((at, r)).into_iter().collect()
+    } else {
+        let mut times: Vec<u64> = (0..r)
+            .map(|i| within(case.spend_at.get(i as usize).copied().unwrap_or(999)))
+            .collect();
+        times.sort_unstable();
+        times.into_iter().map(|at| (at, 1)).collect()
+    };
+    for (i, (at, cost)) in spends.into_iter().enumerate() {
+        let v = send_leased(&mut service, &leases, clock, at, cost).await;
+        prop_assert!(
+            v.decision.is_allowed(),
+            "spend {i} (cost {cost}) of r={r}, {}µs into t={t}: {:?} after {last:?}",
+            at - decided,
+            v.decision
+        );
+    }
+    leases.shutdown().await;
+    Ok(())
+}
+
+fn leased_in_process(case: &Leased) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let store = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+    // Paused time: the lease table's idle sweep runs only when the test waits, never on the machine's clock.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(spend_what_is_said_under_leases(store, &clock, case))
+}
+
+fn leased_on_redis(case: &Leased) -> Result<(), TestCaseError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let store = Arc::new(ClockedRedis {
+        store: runtime.block_on(shared_redis()).expect("the shared Redis"),
+        clock: clock.clone(),
+        charges: Mutex::new(Vec::new()),
+    });
+    runtime.block_on(spend_what_is_said_under_leases(store, &clock, case))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn token_bucket_under_leases_in_process(case in leased(Algorithm::TokenBucket)) {
+        leased_in_process(&case)?;
+    }
+}
+
+proptest! {
+    // Each case is a few dozen round trips to the shared Redis.
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn token_bucket_under_leases_on_redis(case in leased(Algorithm::TokenBucket)) {
+        leased_on_redis(&case)?;
+    }
 }
