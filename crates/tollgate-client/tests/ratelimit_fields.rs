@@ -350,6 +350,21 @@ async fn send<St: Store>(
     verdict.expect("every decision has a verdict")
 }
 
+/// How a client spends `r` within `t` from `decided` (µs): one request of cost `r` at the first of `spend_at`, or
+/// `r` requests of cost 1 at the instants `spend_at` names (per mille of `t`, sorted; the rest at its end).
+fn spends(decided: u64, t: u64, r: u64, spend_at: &[u16], at_once: bool) -> Vec<(u64, u64)> {
+    let within = |per_mille: u16| decided + t * 1_000_000 * u64::from(per_mille) / 1000;
+    if at_once {
+        let at = within(spend_at.first().copied().unwrap_or(0));
+        return (r > 0).then_some((at, r)).into_iter().collect();
+    }
+    let mut times: Vec<u64> = (0..r)
+        .map(|i| within(spend_at.get(i as usize).copied().unwrap_or(999)))
+        .collect();
+    times.sort_unstable();
+    times.into_iter().map(|at| (at, 1)).collect()
+}
+
 /// Runs the history through the layer (the last request charged after its response), reads the last response's
 /// fields, lets its charge land, and spends them at once or unit by unit within `t`: every spend admitted.
 async fn spend_what_is_said_after_a_charge<St: Store>(
@@ -380,17 +395,7 @@ async fn spend_what_is_said_after_a_charge<St: Store>(
     let (r, t, _) = fields(&policy, last.decision);
     prop_assert!(r <= policy.quota().burst());
     let decided = last.decision.now.as_micros();
-    let within = |per_mille: u16| decided + t * 1_000_000 * u64::from(per_mille) / 1000;
-    let spends: Vec<(u64, u64)> = if case.at_once {
-        let at = within(case.spend_at.first().copied().unwrap_or(0));
-        (r > 0).then_some((at, r)).into_iter().collect()
-    } else {
-        let mut times: Vec<u64> = (0..r)
-            .map(|i| within(case.spend_at.get(i as usize).copied().unwrap_or(999)))
-            .collect();
-        times.sort_unstable();
-        times.into_iter().map(|at| (at, 1)).collect()
-    };
+    let spends = spends(decided, t, r, &case.spend_at, case.at_once);
     for (i, (at, cost)) in spends.into_iter().enumerate() {
         let v = send(&layer, clock, landed, at, (cost, cost)).await;
         prop_assert!(
@@ -719,17 +724,7 @@ async fn spend_what_is_said_under_leases<St: Store>(
     }
     prop_assert!(r <= policy.quota().burst());
     let decided = last.decision.now.as_micros();
-    let within = |per_mille: u16| decided + t * 1_000_000 * u64::from(per_mille) / 1000;
-    let spends: Vec<(u64, u64)> = if case.at_once {
-        let at = within(case.spend_at.first().copied().unwrap_or(0));
-        (r > 0).then_some((at, r)).into_iter().collect()
-    } else {
-        let mut times: Vec<u64> = (0..r)
-            .map(|i| within(case.spend_at.get(i as usize).copied().unwrap_or(999)))
-            .collect();
-        times.sort_unstable();
-        times.into_iter().map(|at| (at, 1)).collect()
-    };
+    let spends = spends(decided, t, r, &case.spend_at, case.at_once);
     for (i, (at, cost)) in spends.into_iter().enumerate() {
         let v = send_leased(&mut service, &leases, clock, at, cost).await;
         prop_assert!(
