@@ -6,8 +6,11 @@
 //! - `rls in-process 1` / `4`: the service on the in-process store, one or four descriptors per request (a
 //!   decision is one descriptor decided), over 8 HTTP/2 connections (Envoy multiplexes its calls);
 //! - `rls redis 1` / `4`: the same on Redis (a request's descriptors are decided concurrently);
-//! - `axum in-process` / `axum redis`: an axum app behind the tollgate rate limiter (`HttpLimitLayer`), 64
-//!   HTTP/1.1 keep-alive connections, one decision per request.
+//! - `rls leases 1` / `4`: the same on Redis with token leases (`tollgate-rls --leases`: the hot descriptors are
+//!   admitted from batches leased from Redis);
+//! - `axum in-process` / `axum redis` / `axum leases`: an axum app behind the tollgate rate limiter
+//!   (`HttpLimitLayer`; with token leases for the last), 64 HTTP/1.1 keep-alive connections, one decision per
+//!   request.
 //!
 //! Server and load generator share the process (and the machine's cores). Every limit is high enough to admit
 //! everything: the figure is the cost of deciding, not of refusing. Medians of the rounds, with their range; the
@@ -27,6 +30,7 @@ use tollgate_rls::proto::envoy::extensions::common::ratelimit::v3::rate_limit_de
 use tollgate_rls::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tollgate_rls::{Options, RateLimitService};
+use tollgate_tower::LeaseConfig;
 
 #[path = "../../../benches/support/http_load.rs"]
 #[allow(dead_code)]
@@ -52,6 +56,8 @@ descriptors:
 enum Backend {
     InProcess,
     Redis,
+    /// Redis with token leases.
+    Leases,
 }
 
 #[derive(Clone, Copy)]
@@ -65,6 +71,7 @@ impl Row {
         let b = |b| match b {
             Backend::InProcess => "in-process",
             Backend::Redis => "redis",
+            Backend::Leases => "leases",
         };
         match self {
             Self::Rls(backend, n) => format!("rls {} {n}", b(backend)),
@@ -120,14 +127,17 @@ async fn serve_rls<S: Store>(store: S) -> SocketAddr {
     addr
 }
 
-fn axum_app<S: Store>(store: S) -> axum::Router {
+fn axum_app<S: Store>(store: S, leases: bool) -> axum::Router {
     let policy = Policy::sliding_window(Quota::per_second(100_000_000).unwrap()).unwrap();
-    let limiter = tollgate_tower::RateLimitLayer::new(
+    let mut limiter = tollgate_tower::RateLimitLayer::new(
         "bench",
         policy,
         Arc::new(store),
         tollgate_tower::ConstKey::new("client"),
     );
+    if leases {
+        limiter = limiter.leases(LeaseConfig::new());
+    }
     axum::Router::new()
         .route("/", axum::routing::get(|| async { "ok" }))
         .layer(tollgate_http::HttpLimitLayer::new(limiter))
@@ -143,6 +153,10 @@ async fn run(row: Row, seconds: Duration, namespace: &str) -> f64 {
             let addr = match backend {
                 Backend::InProcess => serve_rls(MemoryStore::new()).await,
                 Backend::Redis => serve_rls(redis_store(namespace).await).await,
+                Backend::Leases => {
+                    let store = redis_store(namespace).await;
+                    serve_rls(LeaseConfig::new().around("bench", store)).await
+                }
             };
             let mut channels = Vec::new();
             for _ in 0..CONNECTIONS {
@@ -163,6 +177,7 @@ async fn run(row: Row, seconds: Duration, namespace: &str) -> f64 {
                             .await
                             .expect("an answer");
                         assert_eq!(reply.get_ref().statuses.len(), descriptors);
+                        assert_eq!(reply.get_ref().overall_code, 1, "admitted (OK)");
                         done.fetch_add(descriptors as u64, Ordering::Relaxed);
                     }
                 }));
@@ -170,8 +185,9 @@ async fn run(row: Row, seconds: Duration, namespace: &str) -> f64 {
         }
         Row::Axum(backend) => {
             let app = match backend {
-                Backend::InProcess => axum_app(MemoryStore::new()),
-                Backend::Redis => axum_app(redis_store(namespace).await),
+                Backend::InProcess => axum_app(MemoryStore::new(), false),
+                Backend::Redis => axum_app(redis_store(namespace).await, false),
+                Backend::Leases => axum_app(redis_store(namespace).await, true),
             };
             let addr = http_load::serve(app).await;
             for _ in 0..IN_FLIGHT {
@@ -227,6 +243,9 @@ fn main() {
         Row::Rls(Backend::Redis, 1),
         Row::Rls(Backend::Redis, 4),
         Row::Axum(Backend::Redis),
+        Row::Rls(Backend::Leases, 1),
+        Row::Rls(Backend::Leases, 4),
+        Row::Axum(Backend::Leases),
     ];
     println!(
         "decisions/s, {IN_FLIGHT} requests in flight, {seconds} s per row, {rounds} interleaved rounds; load average before: {}",

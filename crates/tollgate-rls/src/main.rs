@@ -11,7 +11,7 @@ use tollgate_http::headers::HeaderSet;
 use tollgate_redis::cli::RedisArgs;
 use tollgate_rls::config::{Algorithm, ConfigDir, Loader};
 use tollgate_rls::{OnStoreError, Options, RateLimitService, Reloader};
-use tollgate_tower::DenyCache;
+use tollgate_tower::{DenyCache, LeaseConfig, LeasedStore};
 
 /// Envoy's rate limit service (envoy.service.ratelimit.v3.RateLimitService) on tollgate: envoyproxy/ratelimit's
 /// YAML, tollgate's algorithms, in-process or Redis state.
@@ -53,10 +53,19 @@ struct Cli {
     #[arg(long)]
     no_deny_cache: bool,
 
-    /// Token leases: a hot descriptor spends tokens leased from Redis in batches instead of a round trip each (not
-    /// available in this build yet: refused at start-up).
+    /// Token leases: a hot descriptor is admitted from batches of tokens leased from Redis instead of a round trip
+    /// each (exact: the replicas together never admit more than without; fixed windows keep the plain path).
     #[arg(long)]
     leases: bool,
+
+    /// With --leases: the largest batch, as a share of the limit's burst [default: 10]
+    #[arg(long, value_name = "PERCENT", requires = "leases", value_parser = clap::value_parser!(u32).range(1..=100))]
+    lease_share: Option<u32>,
+
+    /// With --leases: how long a batch lives (a token bucket's batch is at most what its limit refills in half of
+    /// it) [default: the limit's period, at least 100ms, at most 10s]
+    #[arg(long, value_name = "DURATION", requires = "leases", value_parser = duration)]
+    lease_ttl: Option<Duration>,
 
     /// Most descriptors the in-process store tracks (at the bound a decayed one, else one not used lately, is evicted).
     #[arg(long, value_name = "N", default_value_t = tollgate_core::DEFAULT_MAX_KEYS)]
@@ -160,12 +169,6 @@ async fn run(cli: Cli) -> Result<(), Fatal> {
             "--leases leases tokens from Redis: it needs --redis-url (or --redis-sentinel, --redis-cluster)".into(),
         ));
     }
-    if cli.leases {
-        return Err(Fatal(
-            2,
-            "--leases: token leases are not available in tollgate-rls yet (Redis's denials are cached: the deny cache is on)".into(),
-        ));
-    }
     let metrics = match cli.metrics_addr {
         Some(addr) => Some(serve_metrics(addr).await?),
         None => None,
@@ -220,26 +223,79 @@ async fn run(cli: Cli) -> Result<(), Fatal> {
         })
         .await
         .map_err(|e| Fatal(2, e.to_string()))?;
-    match redis {
+    let served = match redis {
         Some(store) => {
             let target = cli.redis.target().unwrap_or_default();
-            announce(addr, &format!("redis {target}"), &summary, metrics);
-            if cli.no_deny_cache {
-                serve(listener, RateLimitService::new(store, config, options)).await
-            } else {
-                let store = DenyCache::new().around("tollgate-rls", store);
-                serve(listener, RateLimitService::new(store, config, options)).await
+            let leases = lease_config(&cli)?;
+            let label = format!(
+                "redis {target}; deny cache {}; leases {}",
+                if cli.no_deny_cache { "off" } else { "on" },
+                if leases.is_some() { "on" } else { "off" }
+            );
+            announce(addr, &label, &summary, metrics);
+            match (cli.no_deny_cache, leases) {
+                (true, None) => {
+                    serve(listener, RateLimitService::new(store, config, options)).await
+                }
+                (false, None) => {
+                    let store = DenyCache::new().around(NAME, store);
+                    serve(listener, RateLimitService::new(store, config, options)).await
+                }
+                (true, Some(leases)) => {
+                    serve_leased(listener, leases.around(NAME, store), config, options).await
+                }
+                (false, Some(leases)) => {
+                    let store = leases.around(NAME, DenyCache::new().around(NAME, store));
+                    serve_leased(listener, store, config, options).await
+                }
             }
         }
         None => {
             let store = MemoryStore::builder()
                 .max_keys(cli.max_keys)
-                .name("tollgate-rls")
+                .name(NAME)
                 .build();
             announce(addr, "in-process", &summary, metrics);
             serve(listener, RateLimitService::new(store, config, options)).await
         }
+    };
+    if served.is_ok() {
+        println!("tollgate-rls stopped");
     }
+    served
+}
+
+/// The name the service's stores count under (evictions, deny cache hits, token leases).
+const NAME: &str = "tollgate-rls";
+
+/// The token leases `--leases`, `--lease-share` and `--lease-ttl` ask for.
+fn lease_config(cli: &Cli) -> Result<Option<LeaseConfig>, Fatal> {
+    if !cli.leases {
+        return Ok(None);
+    }
+    let mut config = LeaseConfig::new();
+    if let Some(share) = cli.lease_share {
+        config = config
+            .share_percent(share)
+            .map_err(|e| Fatal(2, format!("--lease-share: {e}")))?;
+    }
+    if let Some(ttl) = cli.lease_ttl {
+        config = config.ttl(ttl);
+    }
+    Ok(Some(config))
+}
+
+/// Serves on leased state, then returns every unspent batch to Redis once the requests in flight are answered.
+async fn serve_leased<S: Store>(
+    listener: tokio::net::TcpListener,
+    store: LeasedStore<S>,
+    config: std::sync::Arc<arc_swap::ArcSwap<tollgate_rls::config::RateLimitConfig>>,
+    options: Options,
+) -> Result<(), Fatal> {
+    let leases = store.handle();
+    let served = serve(listener, RateLimitService::new(store, config, options)).await;
+    leases.shutdown().await;
+    served
 }
 
 fn announce(addr: SocketAddr, store: &str, summary: &str, metrics: Option<SocketAddr>) {
@@ -257,7 +313,6 @@ async fn serve<S: Store>(
     tollgate_rls::serve(listener, service, stop_signal())
         .await
         .map_err(|e| Fatal(1, format!("serving failed: {e}")))?;
-    println!("tollgate-rls stopped");
     Ok(())
 }
 

@@ -49,7 +49,7 @@ pub use error::ConfigError;
 pub use key::{ConstKey, KeyError, KeyExtractor, KeyFn};
 pub use limit::rate::{DenyCache, DenyCacheHandle, DenyCachedStore, RateLimit, RateLimitLayer};
 #[cfg(feature = "leases")]
-pub use limit::rate::{LeaseConfig, LeaseHandle};
+pub use limit::rate::{LeaseConfig, LeaseHandle, LeasedStore};
 #[cfg(feature = "stack")]
 pub use limit::{
     adaptive::{AdaptiveLimit, AdaptiveLimitLayer},

@@ -16,8 +16,8 @@ use tollgate_core::{
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{RedisServer, cli_url, redis_url, unique_prefix};
 use tollgate_tower::{
-    BoxError, ConstKey, CostFn, DenyCache, LeaseConfig, LeaseHandle, RateLimitLayer, Rejection,
-    RejectionKind, VerdictSink, Verdicts,
+    BoxError, ConstKey, CostFn, DenyCache, LeaseConfig, LeaseHandle, LeasedStore, RateLimitLayer,
+    Rejection, RejectionKind, VerdictSink, Verdicts,
 };
 use tower::{Service, ServiceExt, util::BoxCloneService};
 
@@ -1177,4 +1177,163 @@ async fn a_store_that_forgets_a_key_leaves_no_batch_spendable_beside_the_fresh_o
             h.shutdown().await;
         }
     }
+}
+
+/// [`LeaseConfig::around`] on Redis, as a rate limit service uses it (one store call per descriptor, the policy
+/// with each call): three wrapped stores (three replicas, each its own instance id) on one hot key, on both
+/// algorithms, the clock standing still. After 60 requests, most admitted from batches with far fewer store calls
+/// than requests, a shutdown gives every unspent token back: the store holds the other 40. Then three more flood
+/// the key: together they admit the rest at most, and at least the rest less what two may hold unspent when the
+/// third refuses.
+#[tokio::test(flavor = "current_thread")]
+async fn leased_stores_on_one_redis_admit_the_burst_at_most_and_give_back_the_rest() {
+    for policy in [
+        Policy::token_bucket(Quota::per_minute(100).unwrap()),
+        Policy::sliding_window(Quota::per_hour(100).unwrap()).unwrap(),
+    ] {
+        // An hour's start: the sliding window's whole limit is in one window.
+        let now = start().as_micros();
+        let clock = ManualClock::new(Timestamp::from_micros(now - now % 3_600_000_000));
+        let store = clocked("leased-store", &clock).await;
+        let share = 20;
+        let replicas = || -> Vec<_> {
+            (0..3)
+                .map(|_| {
+                    LeaseConfig::new()
+                        .share_percent(share)
+                        .unwrap()
+                        .clock(clock.clone())
+                        .around("gateway", store.clone())
+                })
+                .collect()
+        };
+        let first = replicas();
+        let handles: Vec<_> = first.iter().map(LeasedStore::handle).collect();
+        for k in 0..60 {
+            let decision = first[k % 3].check("hot", &policy, 1).await.unwrap();
+            assert!(
+                decision.is_allowed(),
+                "{policy:?}: request {k}: {decision:?}"
+            );
+            handles[k % 3].settled().await;
+        }
+        let local: u64 = handles.iter().map(LeaseHandle::local_admissions).sum();
+        let calls = store.calls.load(Ordering::Relaxed);
+        assert!(
+            local > 30,
+            "{policy:?}: {local} of 60 admitted from batches"
+        );
+        // A call per batch (up to 8 tokens, 20 slots) and a replica's first, cold, requests: under half of 60.
+        assert!(
+            calls * 2 < 60,
+            "{policy:?}: {calls} store calls for 60 requests"
+        );
+        for handle in &handles {
+            handle.shutdown().await;
+        }
+        let after = store.check("hot", &policy, 1).await.unwrap();
+        assert!(after.is_allowed(), "{policy:?}: {after:?}");
+        assert_eq!(
+            after.remaining + 1,
+            40,
+            "{policy:?}: the store after shutdown: {after:?}"
+        );
+
+        // 39 left: flooded round robin until each of three refuses twice in a row.
+        let second = replicas();
+        let handles: Vec<_> = second.iter().map(LeasedStore::handle).collect();
+        let (mut admitted, mut refusals) = (0, [0; 3]);
+        for k in 0.. {
+            assert!(k < 1_000, "{admitted} admitted and still admitting");
+            let i = k % 3;
+            if second[i]
+                .check("hot", &policy, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+            {
+                admitted += 1;
+                refusals[i] = 0;
+            } else {
+                refusals[i] += 1;
+                if refusals.iter().all(|r| *r >= 2) {
+                    break;
+                }
+            }
+            handles[i].settled().await;
+        }
+        // A token bucket's batch is at most 8 here (what a per-minute quota refills in half a 10 s lease); a
+        // sliding window's, 20 % of 100.
+        let largest = if policy.algorithm() == tollgate_core::Algorithm::TokenBucket {
+            8
+        } else {
+            100 * u64::from(share) / 100
+        };
+        assert!(admitted <= 39, "{policy:?}: {admitted} admitted of 39");
+        assert!(
+            admitted + 2 * largest >= 39,
+            "{policy:?}: only {admitted} admitted of 39: more than two batches were stranded"
+        );
+        for handle in &handles {
+            handle.shutdown().await;
+        }
+    }
+}
+
+/// A wrapped store leases only what it can: a fixed window (no store leases one) takes the plain path, one store
+/// call per request; a leased policy refuses a charge after the response (a refund would land under leased tokens)
+/// where a fixed window's goes to the store; each policy leases in a table of its own, the handle counting them all.
+#[tokio::test(flavor = "current_thread")]
+async fn a_leased_store_keeps_fixed_windows_plain_refuses_charges_on_leased_policies_and_leases_per_policy()
+ {
+    let clock = ManualClock::new(start());
+    let store = clocked("leased-store-plain", &clock).await;
+    let leased = LeaseConfig::new()
+        .clock(clock.clone())
+        .around("gateway", store.clone());
+    let handle = leased.handle();
+    let fixed = Policy::fixed_window(Quota::per_hour(100).unwrap()).unwrap();
+    for _ in 0..20 {
+        assert!(leased.check("fixed", &fixed, 1).await.unwrap().is_allowed());
+        handle.settled().await;
+    }
+    assert_eq!(
+        store.calls.load(Ordering::Relaxed),
+        20,
+        "one call per request"
+    );
+    assert_eq!(handle.local_admissions(), 0);
+    // Passed on: the store's own answer (this one charges nothing).
+    let passed = leased.charge("fixed", &fixed, 1, clock.now()).await;
+    assert!(
+        matches!(passed, Err(StoreError::Unsupported("charge"))),
+        "{passed:?}"
+    );
+
+    let per_second = Policy::sliding_window(Quota::per_second(1_000).unwrap()).unwrap();
+    let per_hour = Policy::sliding_window(Quota::per_hour(1_000).unwrap()).unwrap();
+    for policy in [per_second, per_hour] {
+        for _ in 0..20 {
+            assert!(leased.check("hot", &policy, 1).await.unwrap().is_allowed());
+            handle.settled().await;
+        }
+    }
+    assert!(
+        handle.local_admissions() >= 2 * 10,
+        "both policies lease: {} admitted from batches",
+        handle.local_admissions()
+    );
+    let err = leased
+        .charge("hot", &per_hour, -1, clock.now())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Unsupported(what) if what.contains("leased")),
+        "{err:?}"
+    );
+    assert!(
+        !leased.supports_token_leases(),
+        "a layer over it must not lease again"
+    );
+    handle.shutdown().await;
 }

@@ -22,7 +22,8 @@
 //! see [`deny_cache`].
 //!
 //! With the `leases` feature, [`RateLimitLayer::leases`] admits hot keys from batches of tokens leased from the
-//! store, exactly: see [`token_lease`].
+//! store, exactly: see [`token_lease`]; [`LeaseConfig::around`] does the same for a caller that decides on a store
+//! itself.
 //!
 //! Shadow mode and the kill switch ([`Mode`](crate::Mode)) can be changed at run time through
 //! [`RateLimitLayer::enforcement`].
@@ -86,6 +87,8 @@ mod decide;
 pub mod deny_cache;
 mod deny_cached;
 mod layer;
+#[cfg(feature = "leases")]
+mod leased_store;
 pub mod overrides;
 mod service;
 pub mod set;
@@ -95,6 +98,8 @@ pub mod token_lease;
 pub use deny_cache::{DenyCache, DenyCacheHandle};
 pub use deny_cached::DenyCachedStore;
 pub use layer::RateLimitLayer;
+#[cfg(feature = "leases")]
+pub use leased_store::LeasedStore;
 pub use overrides::{Overrides, Plan, PrefixError};
 pub use service::RateLimit;
 pub use set::{Applies, Everywhere, RateLimitSet, RateLimitSetHandle, RateLimitSetLayer, SetEntry};

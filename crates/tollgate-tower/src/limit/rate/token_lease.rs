@@ -1090,15 +1090,27 @@ impl<St: Store> Inner<St> {
 }
 
 /// A future a [`LeaseControl`] returns.
-type Pending<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+pub(crate) type Pending<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 
 /// What a layer's leases did so far, read by a [`LeaseHandle`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct LeaseFigures {
     local_allowed: u64,
     local_limited: u64,
     store_calls: u64,
     fetching: usize,
+}
+
+impl LeaseFigures {
+    /// The figures of two tables together.
+    pub(crate) const fn sum(self, other: Self) -> Self {
+        Self {
+            local_allowed: self.local_allowed + other.local_allowed,
+            local_limited: self.local_limited + other.local_limited,
+            store_calls: self.store_calls + other.store_calls,
+            fetching: self.fetching + other.fetching,
+        }
+    }
 }
 
 /// What a [`LeaseHandle`] reaches, whatever the store type.

@@ -1,0 +1,275 @@
+//! Token leases around a store, for callers that decide on a [`Store`] themselves instead of through
+//! [`RateLimitLayer`](crate::RateLimitLayer) (a rate limit service answering gateways, one store call per
+//! descriptor): [`LeaseConfig::around`] wraps a store that leases tokens (Redis) so that a hot key is admitted from
+//! a batch leased from it, with the layer's rules (see [`token_lease`](super::token_lease)), whatever policy each
+//! call brings.
+//!
+//! ```
+//! use tollgate_core::{MemoryStore, Policy, Quota, Store};
+//! use tollgate_tower::LeaseConfig;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Any store that leases tokens: Redis in production, the in-process store here.
+//! let store = LeaseConfig::new().share_percent(5)?.around("gateway", MemoryStore::new());
+//! let leases = store.handle();
+//! let policy = Policy::token_bucket(Quota::per_second(1_000)?);
+//! for _ in 0..200 {
+//!     assert!(store.check("hot", &policy, 1).await?.is_allowed());
+//!     tokio::task::yield_now().await; // lets a fetch land
+//! }
+//! assert!(leases.local_admissions() > 100); // most were admitted from a batch
+//! leases.shutdown().await; // unspent tokens go back to the store
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+
+use tollgate_core::store::LostCharge;
+use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
+use tollgate_core::{Algorithm, Decision, Policy, Store, StoreError, Timestamp};
+
+use super::token_lease::{
+    LeaseConfig, LeaseControl, LeaseFigures, LeaseHandle, LeaseTable, Leased, Pending, Waited,
+};
+use crate::Name;
+
+impl LeaseConfig {
+    /// Wraps `store` (one whose [`Store::supports_token_leases`] is true: Redis, the in-process store) in token
+    /// leases with this configuration, counted under `limiter` in the lease metrics. Built once, up front.
+    ///
+    /// Each policy a call brings leases in a table of its own (a limit changed by a reload starts afresh; the
+    /// tables of earlier policies end their batches as they expire or go idle). A fixed window, which the stores
+    /// do not lease, and a store that leases nothing keep the plain path.
+    pub fn around<S: Store>(&self, limiter: impl Into<Name>, store: S) -> LeasedStore<S> {
+        let store = Arc::new(store);
+        LeasedStore {
+            tables: Arc::new(Tables {
+                name: limiter.into(),
+                config: self.clone(),
+                on: store.supports_token_leases(),
+                store: store.clone(),
+                by_policy: RwLock::new(HashMap::new()),
+                closed: AtomicBool::new(false),
+            }),
+            store,
+        }
+    }
+}
+
+/// What a charge on a leased policy gets.
+const CHARGE_UNDER_LEASES: StoreError = StoreError::Unsupported("charges on a leased policy");
+
+/// A [`Store`] whose hot keys are admitted from batches of tokens leased from the store it wraps: from
+/// [`LeaseConfig::around`].
+///
+/// [`check`](Store::check) answers from the key's batch, waits for the key's fetch under way, or asks the store
+/// (its answer shown as this instance sees the key, the unspent batch included); [`check_immediate`](Store::check_immediate)
+/// leaves every leased policy to `check`. A leased policy's [`charge`](Store::charge) is refused (a refund is not
+/// floored at the leased tokens). The rest goes to the store unchanged. It says it leases no tokens itself
+/// ([`Store::supports_token_leases`]), so that a layer over it does not lease a second time.
+pub struct LeasedStore<S> {
+    tables: Arc<Tables<S>>,
+    store: Arc<S>,
+}
+
+impl<S> fmt::Debug for LeasedStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedStore")
+            .field("limiter", &self.tables.name)
+            .field("leasing", &self.tables.on)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> LeasedStore<S> {
+    /// The store it wraps.
+    #[must_use]
+    pub fn inner(&self) -> &S {
+        &self.store
+    }
+
+    /// A handle on these leases: shut them down (return unspent batches) before the process exits, read their
+    /// figures.
+    #[must_use]
+    pub fn handle(&self) -> LeaseHandle {
+        let control: Arc<dyn LeaseControl> = self.tables.clone();
+        LeaseHandle::new(self.tables.name.clone(), Arc::new(OnceLock::from(control)))
+    }
+}
+
+/// The lease tables of a [`LeasedStore`], one per policy.
+struct Tables<S> {
+    name: Name,
+    config: LeaseConfig,
+    /// Whether the store leases tokens at all.
+    on: bool,
+    store: Arc<S>,
+    by_policy: RwLock<HashMap<Policy, Arc<LeaseTable<S>>>>,
+    /// Shut down: no table is made any more.
+    closed: AtomicBool,
+}
+
+impl<S: Store> Tables<S> {
+    /// The table `policy` leases in, made on its first call; `None` for the plain path.
+    fn table(&self, policy: &Policy) -> Option<Arc<LeaseTable<S>>> {
+        if !self.on || policy.algorithm() == Algorithm::FixedWindow {
+            return None;
+        }
+        if let Some(table) = self
+            .by_policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(policy)
+        {
+            return Some(table.clone());
+        }
+        if self.closed.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut tables = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
+        Some(
+            tables
+                .entry(*policy)
+                .or_insert_with(|| self.config.build(&self.name, policy, self.store.clone()))
+                .clone(),
+        )
+    }
+
+    /// Every table made so far.
+    fn all(&self) -> Vec<Arc<LeaseTable<S>>> {
+        self.by_policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
+impl<S: Store> LeaseControl for Tables<S> {
+    fn shutdown(&self) -> Pending<'_> {
+        Box::pin(async move {
+            self.closed.store(true, Ordering::Relaxed);
+            for table in self.all() {
+                table.shutdown().await;
+            }
+        })
+    }
+
+    fn return_idle(&self) -> Pending<'_> {
+        Box::pin(async move {
+            for table in self.all() {
+                table.return_idle().await;
+            }
+        })
+    }
+
+    fn settled(&self) -> Pending<'_> {
+        Box::pin(async move {
+            for table in self.all() {
+                table.settled().await;
+            }
+        })
+    }
+
+    fn figures(&self) -> LeaseFigures {
+        self.all()
+            .iter()
+            .map(|table| table.figures())
+            .fold(LeaseFigures::default(), LeaseFigures::sum)
+    }
+}
+
+impl<S: Store> Store for LeasedStore<S> {
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        let Some(table) = self.tables.table(policy) else {
+            return self.store.check(key, policy, cost).await;
+        };
+        match table.take(key, cost) {
+            Leased::Decided(decision) => return Ok(decision),
+            // The key's batch is empty and a fetch is under way: decided from the batch it brings.
+            Leased::Wait => match table.wait(key, cost).await {
+                Waited::Decided(decision) => return Ok(decision),
+                Waited::Failed(err) => return Err(err),
+                Waited::Plain => {}
+            },
+            Leased::Plain => {}
+        }
+        let mut decision = self.store.check(key, policy, cost).await?;
+        table.show_plain(key, cost, &mut decision);
+        Ok(decision)
+    }
+
+    // A leased policy is decided by `check` alone: a look-up here and another there would count the request's
+    // demand twice.
+    fn check_immediate(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        if self.tables.table(policy).is_some() {
+            return None;
+        }
+        self.store.check_immediate(key, policy, cost)
+    }
+
+    fn peek(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.store.peek(key, policy, cost)
+    }
+
+    // A refund would put tokens back under leased ones (the store's charge does not floor at what is leased): a
+    // leased policy's charge is refused, as the layer keeps leases and charges after the response apart.
+    async fn charge(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        if self.tables.table(policy).is_some() {
+            return Err(CHARGE_UNDER_LEASES);
+        }
+        self.store.charge(key, policy, delta, decided_at).await
+    }
+
+    fn charge_detached(
+        &self,
+        key: String,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        lost: LostCharge,
+    ) {
+        if self.tables.table(policy).is_some() {
+            lost.report(&CHARGE_UNDER_LEASES);
+            return;
+        }
+        self.store
+            .charge_detached(key, policy, delta, decided_at, lost);
+    }
+
+    fn is_shared(&self) -> bool {
+        self.store.is_shared()
+    }
+
+    fn lease_tokens(
+        &self,
+        key: &str,
+        policy: &Policy,
+        request: &TokenLeaseRequest,
+    ) -> impl Future<Output = Result<TokenLeaseGrant, StoreError>> + Send {
+        self.store.lease_tokens(key, policy, request)
+    }
+}
