@@ -198,7 +198,7 @@ async fn run() -> Result<(), String> {
         policy.quota().burst(),
         config.server.on_store_error,
         config.server.deny_cache_label(),
-        config.server.leases_label(),
+        config.server.leases_label(&policy),
         config.trusted_proxies.len()
     );
     println!("stack: {}", config.stack.describe());

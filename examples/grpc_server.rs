@@ -125,7 +125,7 @@ async fn serve<St: Store>(
         config.server.store_name(),
         config.server.on_store_error,
         config.server.deny_cache_label(),
-        config.server.leases_label(),
+        config.server.leases_label(&policy),
         config
             .api_key_header
             .as_ref()

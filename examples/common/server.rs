@@ -241,11 +241,17 @@ impl ServerArgs {
         })
     }
 
-    /// How token leases are set, for the start-up line.
-    pub(crate) fn leases_label(&self) -> String {
-        match (self.leases, self.lease_share) {
-            (false, _) => "off".to_owned(),
-            (true, share) => format!("on (batches up to {} % of the burst)", share.unwrap_or(10)),
+    /// How token leases are set for `policy`, for the start-up line.
+    pub(crate) fn leases_label(&self, policy: &Policy) -> String {
+        let Some(config) = self.lease_config() else {
+            return "off".to_owned();
+        };
+        let share = self.lease_share.unwrap_or(10);
+        match config.largest_batch(policy) {
+            0 => "on, but none leased: this token bucket refills less than a token in half a lease's life (a \
+                  longer --lease-ttl leases)"
+                .to_owned(),
+            batch => format!("on (batches up to {batch}: {share} % of the burst at most)"),
         }
     }
 

@@ -205,6 +205,42 @@ impl LeaseConfig {
         self
     }
 
+    /// The largest batch this configuration leases for `policy` (tokens for a token bucket, slots for a sliding
+    /// window): the share of the burst and, for a token bucket, what it refills in half a lease's life. 0 for a
+    /// token bucket that refills less than a token in that time (100 per hour, with the default lifetime): it
+    /// leases nothing and every request takes the plain path; a longer [`ttl`](Self::ttl) leases.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{Policy, Quota};
+    /// use tollgate_tower::LeaseConfig;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let config = LeaseConfig::new(); // 10 % of the burst
+    /// assert_eq!(config.largest_batch(&Policy::token_bucket(Quota::per_second(1_000)?)), 100);
+    /// let slow = Policy::token_bucket(Quota::per_hour(100)?);
+    /// assert_eq!(config.largest_batch(&slow), 0);
+    /// assert_eq!(config.ttl(Duration::from_secs(3_600)).largest_batch(&slow), 10);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn largest_batch(&self, policy: &Policy) -> u64 {
+        let ttl = self.ttl_for(policy);
+        let margin = u64::try_from(drift_margin(ttl).as_micros()).unwrap_or(u64::MAX);
+        max_batch(policy, self.share_ppm, ttl, margin)
+    }
+
+    /// How long a lease under `policy` lives: as configured, else the period within 100 ms to 10 s.
+    fn ttl_for(&self, policy: &Policy) -> Duration {
+        self.ttl.unwrap_or_else(|| {
+            policy
+                .quota()
+                .period()
+                .clamp(Duration::from_millis(100), Duration::from_secs(10))
+        })
+    }
+
     pub(crate) fn build<St: Store>(
         &self,
         name: &Name,
@@ -213,11 +249,7 @@ impl LeaseConfig {
     ) -> Arc<LeaseTable<St>> {
         let quota = policy.quota();
         let period = quota.period_micros();
-        let ttl = self.ttl.unwrap_or_else(|| {
-            quota
-                .period()
-                .clamp(Duration::from_millis(100), Duration::from_secs(10))
-        });
+        let ttl = self.ttl_for(policy);
         let epoch = (period / u64::from(self.batch_lasts)).max(1);
         let idle = self.idle.map_or(2 * epoch, |d| {
             u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
