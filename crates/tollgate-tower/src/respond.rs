@@ -56,7 +56,6 @@ pub trait Respond<Req, T> {
     /// [`RateLimitSet`](crate::limit::rate::RateLimitSet) answers with once its handle was given header families
     /// ([`RateLimitSetHandle::set_headers`](crate::limit::rate::RateLimitSetHandle::set_headers), a policy file's
     /// reload). Defaults to `self`, for a responder that writes no headers.
-    #[cfg(feature = "http")]
     #[must_use]
     fn with_header_families(self, families: u8) -> Self
     where

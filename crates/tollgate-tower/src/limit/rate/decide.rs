@@ -9,9 +9,8 @@ use tollgate_core::{
 };
 
 use super::deny_cache::{Asked, DenyTable};
+use super::lease_step::{LeaseTable, Leased, Waited};
 use super::overrides::{Choice, Plans};
-#[cfg(feature = "leases")]
-use super::token_lease::{Leased, Waited};
 use crate::key::{hash_bytes, with_key_buffer};
 use crate::limit::core::{self, Judge};
 use crate::limit::future::Charger;
@@ -23,7 +22,6 @@ pub(crate) type Conclusion = core::Conclusion<Box<Verdict>>;
 
 /// What a limiter's leases make of a request before the plain path (without token leases, always the plain
 /// path).
-#[cfg_attr(not(feature = "leases"), allow(dead_code))]
 pub(crate) enum AtOnce {
     /// Decided from the key's batch.
     Done(Conclusion),
@@ -47,8 +45,7 @@ pub(crate) struct Shared<K, St, C> {
     /// The deny cache, when on (a shared store's denials answered locally until their retry instant).
     deny: Option<Arc<DenyTable>>,
     /// Token leases, when on (hot keys admitted from batches leased from the store).
-    #[cfg(feature = "leases")]
-    leases: Option<Arc<super::token_lease::LeaseTable<St>>>,
+    leases: Option<Arc<LeaseTable<St>>>,
     /// What the keys' text and digests start with: the limiter's name, or `<name>#<policy>` for a bucket family
     /// of its own (an override's policy).
     key_prefix: Name,
@@ -92,7 +89,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         near_limit: NearLimitShare,
         deny: Option<Arc<DenyTable>>,
         after: Option<crate::CostAfter>,
-        #[cfg(feature = "leases")] leases: Option<Arc<super::token_lease::LeaseTable<St>>>,
+        leases: Option<Arc<LeaseTable<St>>>,
     ) -> Self {
         let algorithm = policy.algorithm().as_str();
         let signals = Signals::new(&name, "limited", algorithm, store_name::<St>(), near_limit);
@@ -101,7 +98,6 @@ impl<K, St: Store, C> Shared<K, St, C> {
             .as_ref()
             .map(|_| metrics::counter!(CHARGES_LOST_TOTAL, "limiter" => name.to_string()));
         // A limiter with leases decides by the key's text (the lease table keys by it), whatever the store.
-        #[cfg(feature = "leases")]
         let digest_prefix = if leases.is_some() {
             None
         } else {
@@ -119,7 +115,6 @@ impl<K, St: Store, C> Shared<K, St, C> {
             fallback,
             digest_prefix,
             deny,
-            #[cfg(feature = "leases")]
             leases,
             after,
             lost,
@@ -189,7 +184,6 @@ impl<K, St: Store, C> Shared<K, St, C> {
 
     /// Answers from the key's leased batch (admitted, or refused while the store said it is short), or says to
     /// wait for the key's fetch under way, or leaves it to the plain path. Starts a fetch when one is due.
-    #[cfg(feature = "leases")]
     #[inline]
     pub(crate) fn decide_leased(&self, key: &str, cost: u64, mode: Mode, keep: bool) -> AtOnce {
         let Some(leases) = &self.leases else {
@@ -202,24 +196,13 @@ impl<K, St: Store, C> Shared<K, St, C> {
         }
     }
 
-    /// Without the `leases` feature every request takes the plain path.
-    #[cfg(not(feature = "leases"))]
-    #[inline(always)]
-    pub(crate) fn decide_leased(&self, _key: &str, _cost: u64, _mode: Mode, _keep: bool) -> AtOnce {
-        AtOnce::Plain
-    }
-
     /// The store's own answer to a request on the plain path, as this instance shows it: for a leasing limiter,
     /// its view (the unspent batch included, never rising but by refill: see the token lease docs).
     #[inline(always)]
-    fn shown(&self, key: &str, cost: u64, decision: Decision) -> Decision {
-        #[cfg(feature = "leases")]
+    fn shown(&self, key: &str, cost: u64, mut decision: Decision) -> Decision {
         if let Some(leases) = &self.leases {
-            let mut decision = decision;
             leases.show_plain(key, cost, &mut decision);
-            return decision;
         }
-        let _ = (key, cost);
         decision
     }
 
@@ -233,7 +216,6 @@ impl<K, St: Store, C> Shared<K, St, C> {
         keep: bool,
     ) -> Conclusion {
         // A leasing key whose batch is empty while a fetch is under way is decided from that fetch's batch.
-        #[cfg(feature = "leases")]
         if let Some(leases) = &self.leases {
             match leases.wait(&key, cost).await {
                 Waited::Decided(decision) => return self.judge(decision, mode, keep),

@@ -345,8 +345,9 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                         .get_or_init(|| Arc::new(self.deny_config.build(&self.name)))
                         .clone()
                 });
+            // Overrides' states decide on the plain path: leases are the limiter's own policy's.
             #[cfg(feature = "leases")]
-            let leases = self.leases.as_ref().and_then(|config| {
+            let mut own_leases = self.leases.as_ref().and_then(|config| {
                 if !self.store.supports_token_leases() {
                     tracing::warn!(
                         limiter = &*self.name,
@@ -367,11 +368,8 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                 let _ = self.lease_table.set(table.handle());
                 Some(table)
             });
-            // Overrides' states decide on the plain path: leases are the limiter's own policy's.
-            #[cfg(feature = "leases")]
-            let mut own_leases = leases;
-            // Mutable only to take the leases out (with the `leases` feature).
-            #[cfg_attr(not(feature = "leases"), allow(unused_mut))]
+            #[cfg(not(feature = "leases"))]
+            let mut own_leases = None;
             let mut state = |policy: Policy| {
                 Shared::new(
                     self.name.clone(),
@@ -385,7 +383,6 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
                     self.near_limit,
                     deny.clone(),
                     self.after.clone(),
-                    #[cfg(feature = "leases")]
                     own_leases.take(),
                 )
             };

@@ -94,6 +94,13 @@ mod service;
 pub mod set;
 #[cfg(feature = "leases")]
 pub mod token_lease;
+// The decision consults token leases through `lease_step`: the leases themselves with the `leases` feature, a
+// table that cannot exist without it (a limiter's leases are then always `None`).
+#[cfg(not(feature = "leases"))]
+#[path = "no_leases.rs"]
+mod lease_step;
+#[cfg(feature = "leases")]
+use token_lease as lease_step;
 
 pub use deny_cache::{DenyCache, DenyCacheHandle};
 pub use deny_cached::DenyCachedStore;

@@ -49,7 +49,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-#[cfg(feature = "http")]
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
@@ -145,12 +144,10 @@ struct Entries<K, St, C, A> {
     list: ArcSwap<Vec<SetEntry<K, St, C, A>>>,
     /// The header families given to the handle (as the adapter encodes them), or [`OWN_HEADERS`]: each
     /// responder's own.
-    #[cfg(feature = "http")]
     headers: AtomicU8,
 }
 
 /// No header families given: each responder writes those it was built with.
-#[cfg(feature = "http")]
 const OWN_HEADERS: u8 = u8::MAX;
 
 impl<K, St, C, A> Entries<K, St, C, A> {
@@ -161,14 +158,11 @@ impl<K, St, C, A> Entries<K, St, C, A> {
     /// `respond`, writing the header families the handle was given, if any.
     #[inline(always)]
     fn responder<Req, T, R: Respond<Req, T> + Clone>(&self, respond: &R) -> R {
-        #[cfg(feature = "http")]
-        {
-            // Relaxed: the families are one byte read on their own; a request that reads the old ones just
-            // before a reload answers as the requests before it did.
-            let bits = self.headers.load(Ordering::Relaxed);
-            if bits != OWN_HEADERS {
-                return reheadered(respond, bits);
-            }
+        // Relaxed: the families are one byte read on their own; a request that reads the old ones just before a
+        // reload answers as the requests before it did.
+        let bits = self.headers.load(Ordering::Relaxed);
+        if bits != OWN_HEADERS {
+            return reheadered(respond, bits);
         }
         respond.clone()
     }
@@ -176,7 +170,6 @@ impl<K, St, C, A> Entries<K, St, C, A> {
 
 /// `respond` writing the header families of `bits`: out of line, so that a set never given any (built in code, or
 /// a file never reloaded with other families) pays one byte's load and compare per request.
-#[cfg(feature = "http")]
 #[cold]
 #[inline(never)]
 fn reheadered<Req, T, R: Respond<Req, T> + Clone>(respond: &R, bits: u8) -> R {
@@ -195,7 +188,6 @@ impl<K, St, C, A> RateLimitSetLayer<K, St, C, A> {
         Self {
             current: Arc::new(Entries {
                 list: ArcSwap::from_pointee(entries.into_iter().collect()),
-                #[cfg(feature = "http")]
                 headers: AtomicU8::new(OWN_HEADERS),
             }),
         }
@@ -265,7 +257,6 @@ impl<K, St, C, A> RateLimitSetHandle<K, St, C, A> {
     /// those its responder was built with (`tollgate-http`'s `HttpLimitLayer::headers`, a
     /// `tollgate_http::HeaderSet`): a policy file's reload changes them with the limiters. A responder that writes
     /// no headers ([`Forward`]) ignores them.
-    #[cfg(feature = "http")]
     pub fn set_headers(&self, families: impl Into<u8>) {
         self.current
             .headers
