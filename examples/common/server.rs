@@ -206,7 +206,7 @@ impl ServerArgs {
 
     /// `layer` with the failure policy `--on-store-error`, on Redis the deny cache `--deny-cache` asks for (the
     /// layer's default, on for Redis, when not given), and the token leases of `--leases`.
-    pub(crate) fn rate_limit<K, St: Store, C>(
+    pub(crate) fn rate_limit<K: Clone, St: Store, C: Clone>(
         &self,
         layer: RateLimitLayer<K, St, C>,
     ) -> RateLimitLayer<K, St, C> {

@@ -3,6 +3,7 @@
 //! its store or rule answered; what happens next is decided here, alike for every limiter.
 
 use std::fmt;
+#[cfg(feature = "stack")]
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -174,8 +175,10 @@ impl Judge {
 /// A layer's shared state, built on its first `layer` call and shared by every service from then on: axum calls
 /// `layer` once per route (and again per connection for routers with handlers), which must neither re-register
 /// metrics nor split the state. Clones share it; a builder method that changes a setting starts a fresh one.
+#[cfg(feature = "stack")]
 pub(crate) struct Built<T>(Arc<OnceLock<Arc<T>>>);
 
+#[cfg(feature = "stack")]
 impl<T> Built<T> {
     /// The shared state, built by `build` if this is the first call.
     pub(crate) fn get_or_init(&self, build: impl FnOnce() -> T) -> Arc<T> {
@@ -183,12 +186,14 @@ impl<T> Built<T> {
     }
 }
 
+#[cfg(feature = "stack")]
 impl<T> Default for Built<T> {
     fn default() -> Self {
         Self(Arc::default())
     }
 }
 
+#[cfg(feature = "stack")]
 impl<T> Clone for Built<T> {
     fn clone(&self) -> Self {
         Self(self.0.clone())
@@ -196,14 +201,22 @@ impl<T> Clone for Built<T> {
 }
 
 /// The enforcement builder methods every limiter layer shares, written once: `mode`, `shadow`, `switch` and
-/// `enforcement`, for a layer with fields `switch: EnforcementSwitch` and `built: Built<_>`.
+/// `enforcement`. With no arguments, for a layer with fields `switch: EnforcementSwitch` and `built: Built<_>`;
+/// else given the path to the layer's switch and how the layer takes a new one (`|layer, switch| layer`).
 macro_rules! enforcement_methods {
     () => {
+        $crate::limit::core::enforcement_methods!(switch, |mut this: Self, switch| {
+            this.switch = switch;
+            this.built = Default::default();
+            this
+        });
+    };
+    ($($switch:ident).+, $switched:expr) => {
         /// Sets the mode the layer starts in. The mode lives in the layer's switch: after
         /// [`switch`](Self::switch) this sets the mode of every layer sharing that switch (dark-launch one limiter
         /// with a switch of its own), and a `switch` given afterwards brings its own mode instead.
         pub fn mode(self, mode: $crate::Mode) -> Self {
-            self.switch.set(mode);
+            self.$($switch).+.set(mode);
             self
         }
 
@@ -214,16 +227,14 @@ macro_rules! enforcement_methods {
 
         /// Uses `switch` (e.g. one shared by several layers) for the enforcement mode, in the mode the switch is
         /// in: a mode set on this layer before is the old switch's, and is not carried over.
-        pub fn switch(mut self, switch: $crate::EnforcementSwitch) -> Self {
-            self.switch = switch;
-            self.built = Default::default();
-            self
+        pub fn switch(self, switch: $crate::EnforcementSwitch) -> Self {
+            ($switched)(self, switch)
         }
 
         /// A handle on the enforcement mode, to flip it at run time (the kill switch).
         #[must_use]
         pub fn enforcement(&self) -> $crate::EnforcementSwitch {
-            self.switch.clone()
+            self.$($switch).+.clone()
         }
     };
 }

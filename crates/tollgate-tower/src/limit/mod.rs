@@ -18,8 +18,10 @@
 //! - one judge (`core`): the enforcement [`Mode`](crate::Mode) (shadow mode and the kill switch), the decision
 //!   metrics, the rate-limited logs, and the one place where a store error meets the layer's
 //!   [`FailurePolicy`](tollgate_core::FailurePolicy) (admit, refuse with 503, or decide on an in-process fallback);
-//! - one way to share state across the copies axum makes of a layer (one per route): built on the first `layer`
-//!   call, then shared, so metrics are registered once and every copy counts against the same state.
+//! - one way to share state across the copies axum makes of a layer (one per route): the state is shared by every
+//!   service a layer and its clones build, so every copy counts against the same state. The rate limiter's is
+//!   built with its layer, up front (and again by a method that changes a setting); the stack's layers build
+//!   theirs on the first `layer` call.
 //!
 //! The layers **reject** at once; tower's `tower::limit` layers of similar names make callers wait instead.
 //!

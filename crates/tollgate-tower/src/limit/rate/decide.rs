@@ -121,6 +121,11 @@ impl<K, St: Store, C> Shared<K, St, C> {
         }
     }
 
+    /// The deny cache's table, when the cache is on.
+    pub(crate) fn deny_table(&self) -> Option<&Arc<DenyTable>> {
+        self.deny.as_ref()
+    }
+
     /// Names this state's keys by `prefix` instead of the limiter's name (a bucket family of its own).
     pub(crate) fn with_key_prefix(mut self, prefix: Name) -> Self {
         self.digest_prefix = digest_prefix(&*self.store, &prefix, self.after.is_some());

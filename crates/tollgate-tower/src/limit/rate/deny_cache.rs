@@ -85,8 +85,8 @@
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use event_listener::{Event, EventListener};
@@ -686,7 +686,7 @@ fn answer(entry: &Denial, now: u64) -> Decision {
 #[derive(Clone)]
 pub struct DenyCacheHandle {
     name: Name,
-    table: Arc<OnceLock<Arc<DenyTable>>>,
+    table: Option<Arc<DenyTable>>,
 }
 
 impl fmt::Debug for DenyCacheHandle {
@@ -699,21 +699,21 @@ impl fmt::Debug for DenyCacheHandle {
 }
 
 impl DenyCacheHandle {
-    pub(crate) fn new(name: Name, table: Arc<OnceLock<Arc<DenyTable>>>) -> Self {
+    pub(crate) const fn new(name: Name, table: Option<Arc<DenyTable>>) -> Self {
         Self { name, table }
     }
 
     /// Forgets the cached denial of the client key `key` (as the layer's key extractor writes it): the next
     /// request for it asks the store.
     pub fn forget(&self, key: &str) {
-        if let Some(table) = self.table.get() {
+        if let Some(table) = &self.table {
             table.forget(&format!("{}:{key}", self.name));
         }
     }
 
     /// Forgets every cached denial.
     pub fn clear(&self) {
-        if let Some(table) = self.table.get() {
+        if let Some(table) = &self.table {
             table.clear();
         }
     }
@@ -721,7 +721,7 @@ impl DenyCacheHandle {
     /// Denied keys held now (expired ones included until replaced or swept).
     #[must_use]
     pub fn len(&self) -> usize {
-        self.table.get().map_or(0, |t| t.len())
+        self.table.as_ref().map_or(0, |t| t.len())
     }
 
     /// Whether no denial is held.
@@ -730,9 +730,9 @@ impl DenyCacheHandle {
         self.len() == 0
     }
 
-    /// Whether the layer built a deny cache (it is on, and a service was built).
+    /// Whether the layer has a deny cache (it is on).
     #[must_use]
     pub fn is_active(&self) -> bool {
-        self.table.get().is_some()
+        self.table.is_some()
     }
 }

@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use tollgate_core::{FailurePolicy, MemoryStore, Policy, Store};
 use tower_layer::Layer;
@@ -7,11 +7,11 @@ use tower_layer::Layer;
 use super::RateLimit;
 use super::decide::Shared;
 use super::deny_cache::{DenyCache, DenyCacheHandle, DenyTable};
+use super::lease_step::LeaseTable;
 use super::overrides::{Overrides, Plans, policy_prefix};
-use crate::limit::core::{Built, enforcement_methods};
+use crate::limit::core::enforcement_methods;
 use crate::observe::NearLimitShare;
-use crate::respond::Forward;
-use crate::respond::LayerWith;
+use crate::respond::{Forward, LayerWith};
 use crate::{ConfigError, CostAfter, EnforcementSwitch, Name, UnitCost};
 
 /// Applies a request-rate limit to a service: see the [module docs](super).
@@ -19,9 +19,18 @@ use crate::{ConfigError, CostAfter, EnforcementSwitch, Name, UnitCost};
 /// A request over the limit is **rejected** at once (429 through the adapters); tower's
 /// `tower::limit::RateLimitLayer` of the same name makes callers wait instead.
 ///
-/// Cheap to clone; every service it builds shares the store, the enforcement switch and the local fallback.
+/// Cheap to clone. Its state is built with it, up front, and again by each method that changes a setting; every
+/// service it (or a clone) builds shares that state: the store, the enforcement switch, the local fallback, the
+/// deny cache and the token leases.
 #[must_use]
 pub struct RateLimitLayer<K, St, C = UnitCost> {
+    settings: Settings<K, St, C>,
+    /// The state every service of this layer and its clones shares, built from `settings`.
+    shared: Arc<Shared<K, St, C>>,
+}
+
+/// What a layer was configured with: its state is built from these.
+struct Settings<K, St, C> {
     name: Name,
     policy: Policy,
     store: Arc<St>,
@@ -34,26 +43,47 @@ pub struct RateLimitLayer<K, St, C = UnitCost> {
     /// The deny cache: `None` follows the store ([`Store::is_shared`]).
     deny_on: Option<bool>,
     deny_config: DenyCache,
-    deny_table: Arc<OnceLock<Arc<DenyTable>>>,
-    /// Token leases: off unless configured.
-    #[cfg(feature = "leases")]
-    leases: Option<super::LeaseConfig>,
-    #[cfg(feature = "leases")]
-    lease_table: Arc<OnceLock<Arc<dyn super::token_lease::LeaseControl>>>,
+    /// The deny cache's table, made the first time the cache is on and kept while other settings change (a handle
+    /// taken earlier still reaches it); a new configuration makes a new one.
+    deny_table: Option<Arc<DenyTable>>,
+    /// The token leases' table, made by [`RateLimitLayer::leases`] and kept likewise.
+    lease_table: Option<Arc<LeaseTable<St>>>,
     overrides: Overrides,
     /// The limiter's own buckets are named by its policy too (`<name>#<policy>`).
     per_policy: bool,
     after: Option<CostAfter>,
-    built: Built<Shared<K, St, C>>,
 }
 
-impl<K, St: Store> RateLimitLayer<K, St> {
+impl<K: Clone, St, C: Clone> Clone for Settings<K, St, C> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            policy: self.policy,
+            store: self.store.clone(),
+            key: self.key.clone(),
+            cost: self.cost.clone(),
+            switch: self.switch.clone(),
+            on_error: self.on_error,
+            fallback: self.fallback.clone(),
+            near_limit: self.near_limit,
+            deny_on: self.deny_on,
+            deny_config: self.deny_config.clone(),
+            deny_table: self.deny_table.clone(),
+            lease_table: self.lease_table.clone(),
+            overrides: self.overrides.clone(),
+            per_policy: self.per_policy,
+            after: self.after.clone(),
+        }
+    }
+}
+
+impl<K: Clone, St: Store> RateLimitLayer<K, St> {
     /// A limit named `name` (the policy name clients see in headers) enforcing `policy` on `store`, one bucket per
     /// key from `key`. Requests cost 1, enforcement is on, and a failing store rejects (fails closed).
     ///
     /// Layers with the same name on the same store share buckets (e.g. the copies axum makes per route).
     pub fn new(name: impl Into<Name>, policy: Policy, store: Arc<St>, key: K) -> Self {
-        Self {
+        Self::build(Settings {
             name: name.into(),
             policy,
             store,
@@ -65,44 +95,37 @@ impl<K, St: Store> RateLimitLayer<K, St> {
             near_limit: NearLimitShare::DEFAULT,
             deny_on: None,
             deny_config: DenyCache::new(),
-            deny_table: Arc::default(),
-            #[cfg(feature = "leases")]
-            leases: None,
-            #[cfg(feature = "leases")]
-            lease_table: Arc::default(),
+            deny_table: None,
+            lease_table: None,
             overrides: Overrides::new(),
             per_policy: false,
             after: None,
-            built: Built::default(),
-        }
+        })
     }
 }
 
-impl<K, St: Store, C> RateLimitLayer<K, St, C> {
+impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     /// Computes each request's cost with `cost` instead of charging 1.
-    pub fn cost<C2>(self, cost: C2) -> RateLimitLayer<K, St, C2> {
-        RateLimitLayer {
-            name: self.name,
-            policy: self.policy,
-            store: self.store,
-            key: self.key,
+    pub fn cost<C2: Clone>(self, cost: C2) -> RateLimitLayer<K, St, C2> {
+        let s = self.settings;
+        RateLimitLayer::build(Settings {
+            name: s.name,
+            policy: s.policy,
+            store: s.store,
+            key: s.key,
             cost,
-            switch: self.switch,
-            on_error: self.on_error,
-            fallback: self.fallback,
-            near_limit: self.near_limit,
-            deny_on: self.deny_on,
-            deny_config: self.deny_config,
-            deny_table: Arc::default(),
-            #[cfg(feature = "leases")]
-            leases: self.leases,
-            #[cfg(feature = "leases")]
-            lease_table: Arc::default(),
-            overrides: self.overrides,
-            per_policy: self.per_policy,
-            after: self.after,
-            built: Built::default(),
-        }
+            switch: s.switch,
+            on_error: s.on_error,
+            fallback: s.fallback,
+            near_limit: s.near_limit,
+            deny_on: s.deny_on,
+            deny_config: s.deny_config,
+            deny_table: s.deny_table,
+            lease_table: s.lease_table,
+            overrides: s.overrides,
+            per_policy: s.per_policy,
+            after: s.after,
+        })
     }
 
     /// Charges each request's real cost once its response is ready, read from `source` (the response's
@@ -132,62 +155,67 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
     /// any instance) can admit a key before a cached denial's retry instant, so a cached denial would no longer
     /// be exact. Switched on explicitly, it refuses such a key until that instant. Such a limiter keys by the key's text (its charge needs
     /// it), also on the in-process store.
-    pub fn cost_after(mut self, source: CostAfter) -> Self {
-        self.after = Some(source);
-        self.built = Built::default();
-        self
+    pub fn cost_after(self, source: CostAfter) -> Self {
+        if self.settings.lease_table.is_some() {
+            warn_leases_and_charges(&self.settings.name);
+        }
+        self.configure(|s| s.after = Some(source))
     }
 
-    enforcement_methods!();
+    enforcement_methods!(settings.switch, |this: Self, switch| this
+        .configure(|s| s.switch = switch));
 
     /// Counts an admission in `tollgate_near_limit_total{limiter}` when it leaves less than `share` of the limit
     /// (0.0 to 1.0; default 0.2, i.e. 20 %; 0.0 counts nothing): the alerting signal before clients see 429s.
     ///
     /// # Errors
     /// If `share` is not a number from 0.0 to 1.0.
-    pub fn near_limit(mut self, share: f64) -> Result<Self, ConfigError> {
-        self.near_limit = NearLimitShare::new(share)
-            .map_err(|e| ConfigError::new(format!("{:?}: {e}", self.name)))?;
-        self.built = Built::default();
-        Ok(self)
+    pub fn near_limit(self, share: f64) -> Result<Self, ConfigError> {
+        let share = NearLimitShare::new(share)
+            .map_err(|e| ConfigError::new(format!("{:?}: {e}", self.settings.name)))?;
+        Ok(self.configure(|s| s.near_limit = share))
     }
 
     /// What to do when the store fails: admit (`Open`), reject with 503 (`Closed`, the default), or decide on an
     /// in-process store with the same policy (`Local`: a per-instance limit while the shared one is down).
-    pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
-        self.on_error = policy;
-        self.fallback = match policy {
-            // The fallback's evictions at its key bound count under this limiter's name.
-            FailurePolicy::Local => Some(self.fallback.unwrap_or_else(|| {
-                Arc::new(MemoryStore::builder().name(self.name.to_string()).build())
-            })),
-            _ => None,
-        };
-        self.built = Built::default();
-        self
+    pub fn on_store_error(self, policy: FailurePolicy) -> Self {
+        self.configure(|s| {
+            s.on_error = policy;
+            s.fallback = match policy {
+                // The fallback's evictions at its key bound count under this limiter's name.
+                FailurePolicy::Local => Some(s.fallback.take().unwrap_or_else(|| {
+                    Arc::new(MemoryStore::builder().name(s.name.to_string()).build())
+                })),
+                _ => None,
+            };
+        })
     }
 
     /// Switches the [deny cache](super::deny_cache) on or off: a shared store's denials answered locally until
     /// the store's retry instant, exactly. On by default for a store whose [`Store::is_shared`] is true (Redis),
     /// off otherwise (an in-process store answers at once anyway).
-    pub fn deny_cache(mut self, on: bool) -> Self {
-        self.deny_on = Some(on);
-        self.deny_table = Arc::default();
-        self.built = Built::default();
-        self
+    pub fn deny_cache(self, on: bool) -> Self {
+        self.configure(|s| s.deny_on = Some(on))
     }
 
     /// Switches the deny cache on with `config` (its bound, its clock).
-    pub fn deny_cache_config(mut self, config: DenyCache) -> Self {
-        self.deny_config = config;
-        self.deny_cache(true)
+    pub fn deny_cache_config(self, config: DenyCache) -> Self {
+        self.configure(|s| {
+            s.deny_config = config;
+            s.deny_table = None;
+            s.deny_on = Some(true);
+        })
     }
 
-    /// A handle on this layer's deny cache, to forget denials (an operator reset a key in the store). Take it
-    /// after configuring the cache: it follows the cache this layer (and its clones) builds.
+    /// A handle on this layer's deny cache, to forget denials (an operator reset a key in the store). It reaches
+    /// the cache as configured when it is taken, which later settings keep, except a new
+    /// [`deny_cache_config`](Self::deny_cache_config): take it after that.
     #[must_use]
     pub fn deny_cache_handle(&self) -> DenyCacheHandle {
-        DenyCacheHandle::new(self.name.clone(), self.deny_table.clone())
+        DenyCacheHandle::new(
+            self.settings.name.clone(),
+            self.shared.deny_table().cloned(),
+        )
     }
 
     /// Admits hot keys from batches of tokens leased from the store ([token leases](super::token_lease)), with
@@ -196,100 +224,65 @@ impl<K, St: Store, C> RateLimitLayer<K, St, C> {
     /// with [`cost_after`](Self::cost_after): that logs a warning and keeps the plain path, which stays exact. A
     /// policy with a lockout is leased (see "Lockouts" in the [token lease docs](super::token_lease)).
     #[cfg(feature = "leases")]
-    pub fn leases(mut self, config: super::LeaseConfig) -> Self {
-        self.leases = Some(config);
-        self.lease_table = Arc::default();
-        self.built = Built::default();
-        self
+    pub fn leases(self, config: super::LeaseConfig) -> Self {
+        let s = &self.settings;
+        let table = if s.store.supports_token_leases() {
+            if s.after.is_some() {
+                warn_leases_and_charges(&s.name);
+            }
+            Some(config.build(&s.name, &s.policy, s.store.clone()))
+        } else {
+            tracing::warn!(
+                limiter = &*s.name,
+                "token leases asked for on a store that does not support them: plain path"
+            );
+            None
+        };
+        self.configure(|s| s.lease_table = table)
     }
 
     /// Per-key overrides and exemptions (see [`Overrides`]): a key's own policy, in a bucket of its own, or no
     /// limit at all (counted as `outcome="exempt"`).
-    pub fn overrides(mut self, overrides: Overrides) -> Self {
-        self.overrides = overrides;
-        self.built = Built::default();
-        self
+    pub fn overrides(self, overrides: Overrides) -> Self {
+        self.configure(|s| s.overrides = overrides)
     }
 
-    /// A handle on this layer's token leases: shut them down (return unspent batches), read their figures. Take
-    /// it after [`leases`](Self::leases): it follows the leases this layer (and its clones) builds.
+    /// A handle on this layer's token leases: shut them down (return unspent batches), read their figures. It
+    /// reaches the leases of the last [`leases`](Self::leases) before it, which later settings keep: take it after
+    /// that.
     #[cfg(feature = "leases")]
     #[must_use]
     pub fn lease_handle(&self) -> super::LeaseHandle {
-        super::LeaseHandle::new(self.name.clone(), self.lease_table.clone())
+        super::LeaseHandle::new(
+            self.settings.name.clone(),
+            self.settings
+                .lease_table
+                .as_ref()
+                .filter(|_| self.settings.after.is_none())
+                .map(|table| table.handle()),
+        )
     }
 
     /// Names this limiter's own buckets by its policy too, `<name>#<policy>:<key>` as overrides' buckets are:
     /// a changed policy then starts every key afresh instead of carrying state made under another policy (another
     /// algorithm's state would mean nothing), and an unchanged one keeps it. What a policy file builds, for hot
     /// reload; off by default (the buckets are `<name>:<key>`).
-    pub fn state_per_policy(mut self, on: bool) -> Self {
-        self.per_policy = on;
-        self.built = Built::default();
-        self
+    pub fn state_per_policy(self, on: bool) -> Self {
+        self.configure(|s| s.per_policy = on)
     }
 
     /// The limit's name.
     #[must_use]
     pub fn name(&self) -> &str {
-        &self.name
+        &self.settings.name
     }
 
     /// The limit's policy.
     #[must_use]
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        &self.settings.policy
     }
-}
 
-impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
-    fn clone(&self) -> Self {
-        Self {
-            name: self.name.clone(),
-            policy: self.policy,
-            store: self.store.clone(),
-            key: self.key.clone(),
-            cost: self.cost.clone(),
-            switch: self.switch.clone(),
-            on_error: self.on_error,
-            fallback: self.fallback.clone(),
-            near_limit: self.near_limit,
-            deny_on: self.deny_on,
-            deny_config: self.deny_config.clone(),
-            deny_table: self.deny_table.clone(),
-            #[cfg(feature = "leases")]
-            leases: self.leases.clone(),
-            #[cfg(feature = "leases")]
-            lease_table: self.lease_table.clone(),
-            overrides: self.overrides.clone(),
-            per_policy: self.per_policy,
-            after: self.after.clone(),
-            built: self.built.clone(),
-        }
-    }
-}
-
-impl<K, St, C> fmt::Debug for RateLimitLayer<K, St, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitLayer")
-            .field("name", &self.name)
-            .field("policy", &self.policy)
-            .field("mode", &self.switch.mode())
-            .field("on_store_error", &self.on_error)
-            .field("near_limit", &self.near_limit.get())
-            .field("deny_cache", &self.deny_on)
-            .field("leases", &{
-                #[cfg(feature = "leases")]
-                let on = self.leases.is_some();
-                #[cfg(not(feature = "leases"))]
-                let on = false;
-                on
-            })
-            .finish_non_exhaustive()
-    }
-}
-
-impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     /// What `req` would get from this limiter's store right now — its [`Decision`](tollgate_core::Decision)'s `remaining`, `reset`,
     /// `retry_after` and outcome, for the key and cost this layer would give it — without consuming or writing
     /// anything (see [`Store::peek`]): for dashboards and "N attempts left" pages. The mode (shadow, off) does
@@ -328,91 +321,120 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
         C: crate::Cost<Req>,
     {
         // A key with an override is peeked under its own policy (an exempt one under the limiter's).
-        let shared = self.shared();
-        Shared::plan_of(&shared, req).peek(req).await
+        Shared::plan_of(&self.shared, req).peek(req).await
     }
 
-    /// The state every service of this layer (and its clones) shares, built on the first call.
+    /// The state every service of this layer (and its clones) shares.
     pub(crate) fn shared(&self) -> Arc<Shared<K, St, C>> {
-        self.built.get_or_init(|| {
-            // A refund after the response (another instance's included) may admit a key before a cached denial's
-            // instant: a limiter charging after the response caches no denials unless told to.
-            let deny = self
-                .deny_on
-                .unwrap_or_else(|| self.store.is_shared() && self.after.is_none())
-                .then(|| {
-                    self.deny_table
-                        .get_or_init(|| Arc::new(self.deny_config.build(&self.name)))
-                        .clone()
-                });
-            // Overrides' states decide on the plain path: leases are the limiter's own policy's.
-            #[cfg(feature = "leases")]
-            let mut own_leases = self.leases.as_ref().and_then(|config| {
-                if !self.store.supports_token_leases() {
-                    tracing::warn!(
-                        limiter = &*self.name,
-                        "token leases asked for on a store that does not support them: plain path"
-                    );
-                    return None;
-                }
-                if self.after.is_some() {
-                    // A refund after the response would put tokens back under leased ones (the charge script does
-                    // not floor at the leased tokens): the two are exclusive for now.
-                    tracing::warn!(
-                        limiter = &*self.name,
-                        "token leases are not combined with a cost charged after the response: plain path"
-                    );
-                    return None;
-                }
-                let table = config.build(&self.name, &self.policy, self.store.clone());
-                let _ = self.lease_table.set(table.handle());
-                Some(table)
+        self.shared.clone()
+    }
+
+    /// The layer with `change` made to its settings, its state built again from them.
+    fn configure(self, change: impl FnOnce(&mut Settings<K, St, C>)) -> Self {
+        let mut settings = self.settings;
+        change(&mut settings);
+        Self::build(settings)
+    }
+
+    /// Builds the state `settings` describe, once: every service of the layer shares it.
+    fn build(mut settings: Settings<K, St, C>) -> Self {
+        let s = &mut settings;
+        // A refund after the response (another instance's included) may admit a key before a cached denial's
+        // instant: a limiter charging after the response caches no denials unless told to.
+        let deny_on = s
+            .deny_on
+            .unwrap_or_else(|| s.store.is_shared() && s.after.is_none());
+        let deny = if deny_on {
+            let (config, name) = (&s.deny_config, &s.name);
+            Some(
+                s.deny_table
+                    .get_or_insert_with(|| Arc::new(config.build(name)))
+                    .clone(),
+            )
+        } else {
+            None
+        };
+        // A refund after the response would put tokens back under leased ones (the charge script does not floor
+        // at the leased tokens): the two are exclusive for now. Overrides' states decide on the plain path: leases
+        // are the limiter's own policy's.
+        let mut own_leases = s.lease_table.clone().filter(|_| s.after.is_none());
+        let s = &settings;
+        let mut state = |policy: Policy| {
+            Shared::new(
+                s.name.clone(),
+                policy,
+                s.store.clone(),
+                s.key.clone(),
+                s.cost.clone(),
+                s.switch.clone(),
+                s.on_error,
+                s.fallback.clone(),
+                s.near_limit,
+                deny.clone(),
+                s.after.clone(),
+                own_leases.take(),
+            )
+        };
+        let mut shared = state(s.policy);
+        if s.per_policy {
+            shared = shared.with_key_prefix(policy_prefix(&s.name, &s.policy));
+        }
+        if !s.overrides.is_empty() {
+            let plans = Plans::new(&s.name, &s.overrides, |policy| {
+                Arc::new(state(policy).with_key_prefix(policy_prefix(&s.name, &policy)))
             });
-            #[cfg(not(feature = "leases"))]
-            let mut own_leases = None;
-            let mut state = |policy: Policy| {
-                Shared::new(
-                    self.name.clone(),
-                    policy,
-                    self.store.clone(),
-                    self.key.clone(),
-                    self.cost.clone(),
-                    self.switch.clone(),
-                    self.on_error,
-                    self.fallback.clone(),
-                    self.near_limit,
-                    deny.clone(),
-                    self.after.clone(),
-                    own_leases.take(),
-                )
-            };
-            let mut shared = state(self.policy);
-            if self.per_policy {
-                shared = shared.with_key_prefix(policy_prefix(&self.name, &self.policy));
-            }
-            if !self.overrides.is_empty() {
-                let plans = Plans::new(&self.name, &self.overrides, |policy| {
-                    Arc::new(state(policy).with_key_prefix(policy_prefix(&self.name, &policy)))
-                });
-                shared = shared.with_plans(plans);
-            }
-            shared
-        })
+            shared = shared.with_plans(plans);
+        }
+        Self {
+            shared: Arc::new(shared),
+            settings,
+        }
+    }
+}
+
+/// Says that token leases and a cost charged after the response are not combined: the limiter keeps the plain
+/// path, which stays exact.
+fn warn_leases_and_charges(name: &str) {
+    tracing::warn!(
+        limiter = name,
+        "token leases are not combined with a cost charged after the response: plain path"
+    );
+}
+
+impl<K: Clone, St, C: Clone> Clone for RateLimitLayer<K, St, C> {
+    fn clone(&self) -> Self {
+        Self {
+            settings: self.settings.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K, St, C> fmt::Debug for RateLimitLayer<K, St, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.settings;
+        f.debug_struct("RateLimitLayer")
+            .field("name", &s.name)
+            .field("policy", &s.policy)
+            .field("mode", &s.switch.mode())
+            .field("on_store_error", &s.on_error)
+            .field("near_limit", &s.near_limit.get())
+            .field("deny_cache", &s.deny_on)
+            .field("leases", &s.lease_table.is_some())
+            .finish_non_exhaustive()
     }
 }
 
 /// In place: the limiter itself answers through the responder.
-impl<S, R, K: Clone, St: Store, C: Clone> crate::respond::LayerWith<S, R>
-    for RateLimitLayer<K, St, C>
-{
+impl<S, R, K, St, C> LayerWith<S, R> for RateLimitLayer<K, St, C> {
     type Service = RateLimit<S, K, St, C, R>;
 
     fn layer_with(&self, inner: S, respond: R) -> Self::Service {
-        RateLimit::from_shared(inner, self.shared(), respond)
+        RateLimit::from_shared(inner, self.shared.clone(), respond)
     }
 }
 
-impl<S, K: Clone, St: Store, C: Clone> Layer<S> for RateLimitLayer<K, St, C> {
+impl<S, K, St, C> Layer<S> for RateLimitLayer<K, St, C> {
     type Service = RateLimit<S, K, St, C>;
 
     fn layer(&self, inner: S) -> Self::Service {

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 
 use tollgate_core::store::LostCharge;
 use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
@@ -99,7 +99,7 @@ impl<S: Store> LeasedStore<S> {
     #[must_use]
     pub fn handle(&self) -> LeaseHandle {
         let control: Arc<dyn LeaseControl> = self.tables.clone();
-        LeaseHandle::new(self.tables.name.clone(), Arc::new(OnceLock::from(control)))
+        LeaseHandle::new(self.tables.name.clone(), Some(control))
     }
 }
 

@@ -1225,34 +1225,34 @@ fn drop_hook<St: Store>(inner: &Arc<Inner<St>>) -> Box<dyn Fn() + Send + Sync> {
 #[derive(Clone)]
 pub struct LeaseHandle {
     name: Name,
-    table: Arc<OnceLock<Arc<dyn LeaseControl>>>,
+    table: Option<Arc<dyn LeaseControl>>,
 }
 
 impl fmt::Debug for LeaseHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseHandle")
             .field("limiter", &self.name)
-            .field("active", &self.table.get().is_some())
+            .field("active", &self.table.is_some())
             .finish()
     }
 }
 
 impl LeaseHandle {
-    pub(crate) fn new(name: Name, table: Arc<OnceLock<Arc<dyn LeaseControl>>>) -> Self {
+    pub(crate) fn new(name: Name, table: Option<Arc<dyn LeaseControl>>) -> Self {
         Self { name, table }
     }
 
     /// Stops leasing (later requests take the plain path), waits for fetches under way, and returns every
     /// unspent batch to the store. Call it before the process exits.
     pub async fn shutdown(&self) {
-        if let Some(table) = self.table.get() {
+        if let Some(table) = self.table.as_ref() {
             table.shutdown().await;
         }
     }
 
     /// Returns the batches of keys idle for the configured time now, rather than at the next sweep.
     pub async fn return_idle(&self) {
-        if let Some(table) = self.table.get() {
+        if let Some(table) = self.table.as_ref() {
             table.return_idle().await;
         }
     }
@@ -1260,30 +1260,30 @@ impl LeaseHandle {
     /// Requests admitted from a leased batch so far.
     #[must_use]
     pub fn local_admissions(&self) -> u64 {
-        self.table.get().map_or(0, |t| t.figures().local_allowed)
+        self.table.as_ref().map_or(0, |t| t.figures().local_allowed)
     }
 
     /// Requests refused locally (a batch spent while the store said it was short) so far.
     #[must_use]
     pub fn local_denials(&self) -> u64 {
-        self.table.get().map_or(0, |t| t.figures().local_limited)
+        self.table.as_ref().map_or(0, |t| t.figures().local_limited)
     }
 
     /// Store calls leases made so far (fetches and returns; the plain path's calls are not counted here).
     #[must_use]
     pub fn store_calls(&self) -> u64 {
-        self.table.get().map_or(0, |t| t.figures().store_calls)
+        self.table.as_ref().map_or(0, |t| t.figures().store_calls)
     }
 
     /// Fetches under way now.
     #[must_use]
     pub fn fetches_in_flight(&self) -> usize {
-        self.table.get().map_or(0, |t| t.figures().fetching)
+        self.table.as_ref().map_or(0, |t| t.figures().fetching)
     }
 
     /// Waits until no fetch is under way (tests and benchmarks that step a manual clock).
     pub async fn settled(&self) {
-        if let Some(table) = self.table.get() {
+        if let Some(table) = self.table.as_ref() {
             table.settled().await;
         }
     }
