@@ -234,7 +234,7 @@ fn the_fleet_stays_within_its_bound_through_a_kill_a_redis_restart_and_a_failove
         let line = server.first_line();
         assert!(
             line.contains(
-                "on store error closed, deny cache on, leases on (batches up to 50 % of the burst)"
+                "on store error closed, deny cache on, leases on (batches up to 10: 50 % of the burst at most)"
             ),
             "{line}"
         );

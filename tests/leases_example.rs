@@ -42,7 +42,7 @@ fn leases_admit_a_hot_client_from_batches_exactly_and_remaining_never_rises() {
     let server = ExampleServer::start("axum_server", &hot_flags(&url));
     let line = server.first_line();
     assert!(
-        line.contains("leases on (batches up to 20 % of the burst)"),
+        line.contains("leases on (batches up to 40: 20 % of the burst at most)"),
         "{line}"
     );
     let before = redis.command_calls("evalsha");
