@@ -4,7 +4,7 @@
 use futures_util::future::join_all;
 use tollgate_core::{Decision, Store, StoreError};
 
-use crate::service::Planned;
+use crate::plan::Planned;
 
 /// Decides planned descriptors on a store.
 #[derive(Debug)]

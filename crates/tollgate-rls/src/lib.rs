@@ -33,6 +33,7 @@
 pub mod config;
 mod engine;
 pub mod metrics;
+mod plan;
 pub mod proto;
 mod server;
 mod service;

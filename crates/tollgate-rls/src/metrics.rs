@@ -10,7 +10,7 @@ use metrics::{Counter, Gauge};
 use tollgate_core::{Decision, StoreError};
 use tollgate_tower::observe::{DECISIONS_TOTAL, NEAR_LIMIT_TOTAL, STORE_ERRORS_TOTAL};
 
-use crate::service::PlannedLimit;
+use crate::plan::PlannedLimit;
 
 /// Requests being answered.
 pub const REQUESTS_IN_FLIGHT: &str = "tollgate_rls_requests_in_flight";
