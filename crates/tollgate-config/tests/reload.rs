@@ -296,7 +296,10 @@ fn reload_changes_l<St: Store>(reloader: &Reloader<St>, text: &str) {
 /// Every field of a limiter takes effect on reload, over TCP: the key, routes, mode, exempt, overrides, cost,
 /// cost-after and lockout (the limit and period with them); a key whose policy is unchanged keeps its state
 /// through the key, routes, mode and exempt changes.
-fn every_field_takes_effect<St: Store>(store: Arc<St>) {
+///
+/// `scripts` counts the scripts the store's server has run (`u64::MAX` for the in-process store, whose charges land
+/// before the response does): a refund on Redis is a task of its own, which the next request must not outrun.
+fn every_field_takes_effect<St: Store>(store: Arc<St>, scripts: impl Fn() -> u64) {
     let (addr, reloader) = serve(&one("", ""), store);
     assert_eq!(statuses(addr, "spent", 2), [200, 429]);
 
@@ -355,7 +358,14 @@ fn every_field_takes_effect<St: Store>(store: Arc<St>) {
     // cost-after on is not asserted: the in-process store keys such a limiter by text, the others by digest.)
     reload_changes_l(&reloader, &one("", "cost-after = \"header:x-cost\""));
     for _ in 0..3 {
+        let before = scripts();
         assert_eq!(ask(addr, "/refund", "refunded", &[]).status, 200);
+        // The request's check and its refund.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while scripts() < before.saturating_add(2) {
+            assert!(std::time::Instant::now() < deadline, "the refund never ran");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
     reload_changes_l(&reloader, &one("", ""));
     let charged: Vec<_> = (0..2)
@@ -377,13 +387,16 @@ fn every_field_takes_effect<St: Store>(store: Arc<St>) {
 
 #[test]
 fn every_field_takes_effect_on_reload_in_process() {
-    every_field_takes_effect(Arc::new(MemoryStore::new()));
+    every_field_takes_effect(Arc::new(MemoryStore::new()), || u64::MAX);
 }
 
 #[test]
 fn every_field_takes_effect_on_reload_on_redis() {
     let redis = RedisServer::start();
-    every_field_takes_effect(Arc::new(common::redis_store(&redis)));
+    let store = Arc::new(common::redis_store(&redis));
+    every_field_takes_effect(store, || {
+        redis.command_calls("evalsha") + redis.command_calls("eval")
+    });
 }
 
 /// The file's trusted proxies take effect on reload: the client address is read from `X-Forwarded-For` once the
