@@ -116,6 +116,14 @@ struct Tables<S> {
 }
 
 impl<S: Store> Tables<S> {
+    /// Whether `policy` is leased: decided by [`check`](Store::check) from a batch, its charges refused. Read
+    /// without the tables' lock, so that only `check` looks a table up.
+    fn leased(&self, policy: &Policy) -> bool {
+        self.on
+            && policy.algorithm() != Algorithm::FixedWindow
+            && !self.closed.load(Ordering::Relaxed)
+    }
+
     /// The table `policy` leases in, made on its first call; `None` for the plain path.
     fn table(&self, policy: &Policy) -> Option<Arc<LeaseTable<S>>> {
         if !self.on || policy.algorithm() == Algorithm::FixedWindow {
@@ -179,8 +187,10 @@ impl<S: Store> LeaseControl for Tables<S> {
     }
 
     fn figures(&self) -> LeaseFigures {
-        self.all()
-            .iter()
+        self.by_policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
             .map(|table| table.figures())
             .fold(LeaseFigures::default(), LeaseFigures::sum)
     }
@@ -214,7 +224,7 @@ impl<S: Store> Store for LeasedStore<S> {
         policy: &Policy,
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
-        if self.tables.table(policy).is_some() {
+        if self.tables.leased(policy) {
             return None;
         }
         self.store.check_immediate(key, policy, cost)
@@ -238,7 +248,7 @@ impl<S: Store> Store for LeasedStore<S> {
         delta: i64,
         decided_at: Timestamp,
     ) -> Result<Decision, StoreError> {
-        if self.tables.table(policy).is_some() {
+        if self.tables.leased(policy) {
             return Err(CHARGE_UNDER_LEASES);
         }
         self.store.charge(key, policy, delta, decided_at).await
@@ -252,7 +262,7 @@ impl<S: Store> Store for LeasedStore<S> {
         decided_at: Timestamp,
         lost: LostCharge,
     ) {
-        if self.tables.table(policy).is_some() {
+        if self.tables.leased(policy) {
             lost.report(&CHARGE_UNDER_LEASES);
             return;
         }
