@@ -78,5 +78,5 @@ pub mod __private {
     pub use crate::readiness::DeferredReadiness;
 }
 
-/// The boxed error type of tower services, from which [`Rejection`] and [`KeyError`] are downcast.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The boxed error type of tower services (tower's own), from which [`Rejection`] and [`KeyError`] are downcast.
+pub use tower::BoxError;

@@ -25,6 +25,7 @@
 use std::any::Any;
 use std::fmt;
 
+use crate::limit::adaptive::{AdaptivePermit, Outcome as Ended};
 use crate::{PermitBody, Verdict, VerdictSink};
 
 /// A type-erased guard: dropping the permit gives back whatever it holds.
@@ -95,8 +96,11 @@ impl<B> HoldPermit for http::Response<B> {
     }
 }
 
-/// The [`Answer`](crate::limit::Answer) of the slot limiters and shedders: an admitted response holds its
-/// [`Permit`] (through [`HoldPermit`]); errors pass on, and a failed call's permit is dropped at once.
+/// The [`Answer`](crate::limit::Answer) of the slot limiters, the shedders and the adaptive limiter: an admitted
+/// response holds its [`Permit`] (through [`HoldPermit`]) until it is finished; errors pass on, and a failed call's
+/// permit is dropped at once. An adaptive limiter's permit also learns how the request ended: a response is a
+/// latency sample (taken when the body is done), an error of the inner service an overload signal; a request
+/// cancelled before either (its future dropped) gives its slot back without a sample.
 // Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -106,6 +110,8 @@ impl crate::limit::Grants for Hold {
     type Grant = Permit;
 }
 
+// The grant is crate-private (see `Answer`).
+#[allow(private_interfaces)]
 impl<Req, T: HoldPermit> crate::limit::Answer<Req, T> for Hold {
     type Output = Result<T::Held, crate::BoxError>;
 
@@ -115,7 +121,8 @@ impl<Req, T: HoldPermit> crate::limit::Answer<Req, T> for Hold {
     }
 
     #[inline(always)]
-    fn finish_ok(&self, response: T, grant: Option<Permit>) -> Self::Output {
+    fn finish_ok(&self, response: T, mut grant: Option<Permit>) -> Self::Output {
+        ended(&mut grant, Ended::Responded);
         Ok(response.hold(grant))
     }
 
@@ -125,8 +132,12 @@ impl<Req, T: HoldPermit> crate::limit::Answer<Req, T> for Hold {
         mut grant: Option<Permit>,
     ) -> Self::Output {
         match result {
-            Ok(response) => Ok(response.hold(grant)),
+            Ok(response) => {
+                ended(&mut grant, Ended::Responded);
+                Ok(response.hold(grant))
+            }
             Err(mut err) => {
+                ended(&mut grant, Ended::Dropped);
                 // Rejected further in after this limiter admitted the request: its verdict travels with the
                 // rejection, as a rate limiter's does, for the adapter that answers it.
                 if let (Some(verdict), Some(rejection)) = (
@@ -138,5 +149,17 @@ impl<Req, T: HoldPermit> crate::limit::Answer<Req, T> for Hold {
                 Err(err)
             }
         }
+    }
+}
+
+/// Marks how the request behind `permit` ended, if it holds an adaptive limiter's slot (the one permit that
+/// learns from it).
+#[inline(always)]
+fn ended(permit: &mut Option<Permit>, how: Ended) {
+    if let Some(slot) = permit
+        .as_mut()
+        .and_then(|p| p.guard_mut::<AdaptivePermit>())
+    {
+        slot.outcome = how;
     }
 }

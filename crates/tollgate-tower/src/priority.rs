@@ -16,11 +16,13 @@
 //! assert_eq!(ConstPriority(Priority::Low).classify(&Req { path: "/" }), Priority::Low);
 //! assert_eq!("high".parse::<Priority>()?, Priority::High);
 //! assert!(Priority::Critical.outranks(Priority::Low));
-//! # Ok::<(), tollgate_tower::priority::ParsePriorityError>(())
+//! # Ok::<(), tollgate_tower::ConfigError>(())
 //! ```
 
 use std::fmt;
 use std::str::FromStr;
+
+use crate::ConfigError;
 
 /// A request's class, from the most important ([`Critical`](Self::Critical)) to the least ([`Low`](Self::Low)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -76,32 +78,21 @@ impl fmt::Display for Priority {
     }
 }
 
-/// An unknown priority name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParsePriorityError(String);
-
-impl fmt::Display for ParsePriorityError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unknown priority {:?}: expected critical, high, normal or low",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for ParsePriorityError {}
-
 impl FromStr for Priority {
-    type Err = ParsePriorityError;
+    type Err = ConfigError;
 
-    /// Parses `critical`, `high`, `normal` or `low`, ignoring ASCII case and surrounding spaces.
+    /// Parses `critical`, `high`, `normal` or `low`, ignoring ASCII case and surrounding spaces; anything else is
+    /// a [`ConfigError`] naming what was given.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim();
         Self::ALL
             .into_iter()
             .find(|p| t.eq_ignore_ascii_case(p.as_str()))
-            .ok_or_else(|| ParsePriorityError(s.to_owned()))
+            .ok_or_else(|| {
+                ConfigError::new(format!(
+                    "unknown priority {s:?}: expected critical, high, normal or low"
+                ))
+            })
     }
 }
 

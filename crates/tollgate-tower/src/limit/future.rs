@@ -21,9 +21,12 @@ pub(crate) type Deciding<G> = Pin<Box<dyn Future<Output = Conclusion<G>> + Send>
 
 /// How a limiter's [`ResponseFuture`] turns the inner service's result, and what the admission granted, into its
 /// output. Implemented by [`Responder`] (the rate limiter: a [`Respond`]er renders the verdict) and, with feature
-/// `stack`, `permit::Hold` (the slot limiters and shedders: the response holds the permit until it is finished).
-// Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
+/// `stack`, `permit::Hold` (the slot limiters, the shedders and the adaptive limiter: the response holds the permit
+/// until it is finished).
+// Plumbing: named in the limiters' response future type (its output is the future's), not to be used; hidden
+// from the API. What it grants ([`Grants`]) is crate-private: the future's bound, not a name a caller meets.
 #[doc(hidden)]
+#[allow(private_bounds, private_interfaces)]
 pub trait Answer<Req, T>: Grants {
     /// The limited service's output, `Result<Response, Error>`.
     type Output;
@@ -40,10 +43,8 @@ pub trait Answer<Req, T>: Grants {
     fn respond(&self, result: Result<T, BoxError>, grant: Option<Self::Grant>) -> Self::Output;
 }
 
-/// What an admission grants a request under an [`Answer`].
-// Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
-#[doc(hidden)]
-pub trait Grants {
+/// What an admission grants a request under an [`Answer`]: crate-private, so that no grant type is public.
+pub(crate) trait Grants {
     /// What an admission grants the request (a verdict for the headers, a permit to hold).
     type Grant;
 }
@@ -171,6 +172,8 @@ impl<R, Tk> Grants for Responder<R, Tk> {
     type Grant = Box<crate::Verdict>;
 }
 
+// The grant is crate-private (see `Answer`).
+#[allow(private_bounds, private_interfaces)]
 impl<Req, T, R: Respond<Req, T, Ticket = Tk>, Tk: Copy> Answer<Req, T> for Responder<R, Tk> {
     type Output = Result<R::Response, R::Error>;
 
@@ -200,6 +203,8 @@ pin_project! {
     /// inner service with what the admission granted, or answers a refusal.
     ///
     /// Dropping it (a cancelled request) drops what it holds: a permit given back, a pending decision abandoned.
+    // What the answer grants is crate-private (see `Answer`).
+    #[allow(private_bounds)]
     pub struct ResponseFuture<F, S, Req, A: Grants> {
         #[pin]
         state: State<F, S, Req, A::Grant>,
@@ -227,6 +232,7 @@ pin_project! {
     }
 }
 
+#[allow(private_bounds)]
 impl<F, S, Req, A: Grants> ResponseFuture<F, S, Req, A> {
     // Inlined: the inner future is large, and building it in place saves a copy per request.
     #[inline(always)]

@@ -76,4 +76,5 @@ pub mod stack;
 #[cfg(feature = "stack")]
 pub mod worker;
 
-pub use future::{Answer, Grants, Responder, ResponseFuture};
+pub(crate) use future::Grants;
+pub use future::{Answer, Responder, ResponseFuture};

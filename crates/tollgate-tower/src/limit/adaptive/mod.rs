@@ -54,13 +54,12 @@
 //! ```
 
 mod algorithm;
-mod future;
 mod layer;
 mod limiter;
 mod service;
 
 pub use algorithm::{Aimd, Algorithm, Gradient2};
-pub use future::LearnFromResponse;
 pub use layer::{AdaptiveLimitLayer, DEFAULT_ADAPTIVE_NAME};
 pub use limiter::{ADAPTIVE_LATENCY, ADAPTIVE_LIMIT, DEFAULT_SHARES};
+pub(crate) use limiter::{AdaptivePermit, Outcome};
 pub use service::AdaptiveLimit;

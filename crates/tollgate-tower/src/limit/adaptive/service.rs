@@ -6,10 +6,10 @@ use crate::limit::core::Conclusion;
 use crate::{BoxError, Classify, Mode, Rejection, RejectionKind};
 use tower_service::Service;
 
-use super::LearnFromResponse;
 use super::limiter::Limiter;
 use crate::limit::ResponseFuture;
 use crate::limit::future::{pass, refuse};
+use crate::permit::Hold;
 use crate::{HoldPermit, Permit};
 
 /// A service whose requests are admitted within an adaptive concurrency limit: built by an
@@ -68,7 +68,7 @@ where
 {
     type Response = <S::Response as HoldPermit>::Held;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, S, Req, LearnFromResponse>;
+    type Future = ResponseFuture<S::Future, S, Req, Hold>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -78,7 +78,7 @@ where
         let limiter = &self.limiter;
         let mode = limiter.judge.mode();
         if mode == Mode::Off {
-            return pass(&mut self.inner, req, LearnFromResponse);
+            return pass(&mut self.inner, req, Hold);
         }
         let priority = self.classifier.classify(&req);
         if let Some(permit) = limiter.try_acquire(priority) {
@@ -87,7 +87,7 @@ where
                 limiter.limit(),
             );
             let permit = Permit::new(permit);
-            return ResponseFuture::calling(self.inner.call(req), Some(permit), LearnFromResponse);
+            return ResponseFuture::calling(self.inner.call(req), Some(permit), Hold);
         }
         let over = limiter.judge.over_limit(
             mode,
@@ -107,11 +107,11 @@ where
         );
         match over {
             Conclusion::Admit(permit) => {
-                ResponseFuture::calling(self.inner.call(req), permit, LearnFromResponse)
+                ResponseFuture::calling(self.inner.call(req), permit, Hold)
             }
             Conclusion::Reject(rejection) => {
                 limiter.shed.increment(1);
-                refuse(&mut self.inner, rejection, LearnFromResponse)
+                refuse(&mut self.inner, rejection, Hold)
             }
         }
     }

@@ -62,14 +62,13 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::fmt;
 use std::net::IpAddr;
 
 use metrics::Counter;
 use tollgate_core::Policy;
 
 use crate::observe::DECISIONS_TOTAL;
-use crate::{KeyExtractor, Name};
+use crate::{ConfigError, KeyExtractor, Name};
 
 /// What an override gives a key: a policy of its own, or no limit at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,26 +78,6 @@ pub enum Plan {
     /// Never limit the key (counted as `outcome="exempt"`).
     Exempt,
 }
-
-/// A network prefix that is longer than its address allows (`/33` for IPv4, `/129` for IPv6).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PrefixError {
-    addr: IpAddr,
-    prefix: u8,
-}
-
-impl fmt::Display for PrefixError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let max = if self.addr.is_ipv4() { 32 } else { 128 };
-        write!(
-            f,
-            "{}/{}: the prefix is longer than the address ({max} bits at most)",
-            self.addr, self.prefix
-        )
-    }
-}
-
-impl std::error::Error for PrefixError {}
 
 /// Per-key overrides and exemptions of one limiter: see the [module docs](self).
 ///
@@ -165,11 +144,13 @@ impl Overrides {
     /// Gives every client address in `addr/prefix` the plan `plan` (for keys that are client addresses).
     ///
     /// # Errors
-    /// If `prefix` is longer than the address.
-    pub fn network(mut self, addr: IpAddr, prefix: u8, plan: Plan) -> Result<Self, PrefixError> {
+    /// A [`ConfigError`] if `prefix` is longer than the address (`/33` for IPv4, `/129` for IPv6).
+    pub fn network(mut self, addr: IpAddr, prefix: u8, plan: Plan) -> Result<Self, ConfigError> {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         if prefix > max {
-            return Err(PrefixError { addr, prefix });
+            return Err(ConfigError::new(format!(
+                "{addr}/{prefix}: the prefix is longer than the address ({max} bits at most)"
+            )));
         }
         let addr = addr.to_canonical();
         self.networks

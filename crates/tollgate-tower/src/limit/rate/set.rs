@@ -319,10 +319,8 @@ impl<S: fmt::Debug, K, St, C, A, R> fmt::Debug for RateLimitSet<S, K, St, C, A, 
 /// What a set's admission grants a request: the verdict of its first admitting limiter (the outermost), handed to
 /// the responder as a lone limiter's is, and — rarely — the others' and the charges due once the response states
 /// its real cost.
-// Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
-#[doc(hidden)]
 #[derive(Debug, Default)]
-pub struct SetGrant {
+pub(crate) struct SetGrant {
     own: Option<Box<Verdict>>,
     more: Option<Box<More>>,
 }
@@ -414,6 +412,8 @@ impl<R, Tk> Grants for SetAnswer<R, Tk> {
     type Grant = SetGrant;
 }
 
+// The grant is crate-private (see `Answer`).
+#[allow(private_interfaces)]
 impl<Req, T, R, Tk> Answer<Req, T> for SetAnswer<R, Tk>
 where
     T: VerdictSink,
