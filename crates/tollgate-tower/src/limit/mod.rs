@@ -76,5 +76,7 @@ pub mod stack;
 #[cfg(feature = "stack")]
 pub mod worker;
 
+// For the permits of the stack's limiters.
+#[cfg(feature = "stack")]
 pub(crate) use future::Grants;
 pub use future::{Answer, Responder, ResponseFuture};
