@@ -1,8 +1,8 @@
 //! `BoundedTable` against a model (`support/clock_model.rs`: CLOCK over the slots, a decayed entry at the hand
 //! first, else the first unvisited one unless one of the 3 after it is decayed; the new key takes the victim's
-//! slot, a removal gives a slot to the last entry): inserts, reads, removals and sweeps, evicting and refusing
-//! tables alike, on one shard. Values own something (a `String`), as a lease owns its batch: an eviction must
-//! hand back the evicted value itself.
+//! slot, a removal gives a slot to the last entry): inserts, reads, removals (one key, or every value a predicate
+//! picks) and sweeps, evicting and refusing tables alike, on one shard. Values own something (a `String`), as a
+//! lease owns its batch: an eviction must hand back the evicted value itself.
 
 #[path = "support/clock_model.rs"]
 mod clock_model;
@@ -27,10 +27,15 @@ impl Expiry for Lease {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Insert { key: u8, ttl: u64 },
+    Insert {
+        key: u8,
+        ttl: u64,
+    },
     Get(u8),
     Remove(u8),
     Sweep,
+    /// Removes the values whose `until` has this parity.
+    RemoveWhere(u64),
     Advance(u64),
 }
 
@@ -40,6 +45,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0u8..24).prop_map(Op::Get),
         1 => (0u8..24).prop_map(Op::Remove),
         1 => Just(Op::Sweep),
+        1 => (0u64..2).prop_map(Op::RemoveWhere),
         2 => (1u64..30).prop_map(Op::Advance),
     ]
 }
@@ -106,6 +112,13 @@ proptest! {
                     table.sweep(now);
                     clock.sweep(|k| entries[&k].until <= now);
                     entries.retain(|_, v| v.until > now);
+                }
+                Op::RemoveWhere(parity) => {
+                    let removed = table.remove_where(|v| v.until % 2 == parity);
+                    let before = entries.len();
+                    clock.sweep(|k| entries[&k].until % 2 == parity);
+                    entries.retain(|_, v| v.until % 2 != parity);
+                    prop_assert_eq!(removed, before - entries.len(), "op {} {:?}", i, op);
                 }
                 Op::Advance(us) => now += us,
             }

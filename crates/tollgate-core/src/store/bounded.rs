@@ -260,6 +260,24 @@ impl<V: Expiry> BoundedTable<V> {
 }
 
 impl<V> BoundedTable<V> {
+    /// Removes every value `remove` picks, and says how many (a whole-table scan: for an operator's action,
+    /// never a request).
+    pub fn remove_where(&self, mut remove: impl FnMut(&V) -> bool) -> usize {
+        let mut removed = 0;
+        for shard in &*self.shards {
+            let mut guard = shard.lock();
+            let slab = &mut guard.slab;
+            // From the last slot down: the node a removal moves into a slot was already looked at.
+            for slot in (0..slab.len() as u32).rev() {
+                if remove(&slab.node(slot).value) {
+                    slab.swap_remove(slot);
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+
     /// Keys held now (decayed ones included until evicted, removed or swept).
     #[must_use]
     pub fn len(&self) -> usize {

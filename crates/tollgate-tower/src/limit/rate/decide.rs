@@ -8,7 +8,7 @@ use tollgate_core::{
     Decision, FailurePolicy, LostCharge, MemoryStore, Policy, Store, StoreError, Timestamp,
 };
 
-use super::deny_cache::{Asked, DenyTable};
+use super::deny_cache::{Asked, DenyTable, KeyDigests};
 use super::lease_step::{LeaseTable, Leased, Waited};
 use super::overrides::{Choice, Plans};
 use crate::key::{hash_bytes, with_key_buffer};
@@ -44,6 +44,9 @@ pub(crate) struct Shared<K, St, C> {
     digest_prefix: Option<DefaultHasher>,
     /// The deny cache, when on (a shared store's denials answered locally until their retry instant).
     deny: Option<Arc<DenyTable>>,
+    /// The deny cache's key hasher with the key prefix written, when the cache is on and the key's digests are
+    /// read from the request's parts (a limiter charging after the response reads them from the text it builds).
+    deny_prefix: Option<DefaultHasher>,
     /// Token leases, when on (hot keys admitted from batches leased from the store).
     leases: Option<Arc<LeaseTable<St>>>,
     /// What the keys' text and digests start with: the limiter's name, or `<name>#<policy>` for a bucket family
@@ -103,6 +106,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         } else {
             digest_prefix
         };
+        let deny_prefix = deny_prefix(deny.as_deref(), &name, after.is_some());
         Self {
             key_prefix: name.clone(),
             plans: None,
@@ -115,6 +119,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             fallback,
             digest_prefix,
             deny,
+            deny_prefix,
             leases,
             after,
             lost,
@@ -129,6 +134,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     /// Names this state's keys by `prefix` instead of the limiter's name (a bucket family of its own).
     pub(crate) fn with_key_prefix(mut self, prefix: Name) -> Self {
         self.digest_prefix = digest_prefix(&*self.store, &prefix, self.after.is_some());
+        self.deny_prefix = deny_prefix(self.deny.as_deref(), &prefix, self.after.is_some());
         self.key_prefix = prefix;
         self
     }
@@ -216,6 +222,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     pub(crate) async fn decide(
         &self,
         key: String,
+        deny: Option<KeyDigests>,
         cost: u64,
         mode: Mode,
         keep: bool,
@@ -228,13 +235,13 @@ impl<K, St: Store, C> Shared<K, St, C> {
                 Waited::Plain => {}
             }
         }
-        let Some(deny) = &self.deny else {
+        let (Some(table), Some(digests)) = (&self.deny, deny) else {
             let result = timed_async(self.store.check(&key, &self.policy, cost)).await;
             return self.conclude(result, &key, cost, mode, keep);
         };
         // A key whose cached denial has just expired is asked once; the others wait for that reply.
         let ask = || timed_async(self.store.check(&key, &self.policy, cost));
-        let result = match deny.decide(deny.key(&key), cost, ask).await {
+        let result = match table.decide(digests, &key, cost, ask).await {
             Asked::Cached(decision) => {
                 return self.over_limit(self.shown(&key, cost, decision), mode, keep);
             }
@@ -243,17 +250,55 @@ impl<K, St: Store, C> Shared<K, St, C> {
         self.conclude(result, &key, cost, mode, keep)
     }
 
-    /// Refuses at once a request the deny cache holds a denial for (counted as an ordinary `limited` decision);
-    /// `None` when the store must be asked.
+    /// The key's digests in the deny cache, when it is on: read from the request's parts, with no text built.
+    /// A limiter charging after the response reads them from its key's text ([`deny_key_of`](Self::deny_key_of)).
+    #[inline(always)]
+    pub(crate) fn deny_key<Req>(&self, req: &Req) -> Result<Option<KeyDigests>, KeyError>
+    where
+        K: KeyExtractor<Req>,
+    {
+        let Some(mut state) = self.deny_prefix.clone() else {
+            return Ok(None);
+        };
+        self.key.hash_key(req, &mut state)?;
+        Ok(Some(DenyTable::finish(state)))
+    }
+
+    /// The deny cache's digests of the key's text `key`, when the cache is on: for a limiter charging after the
+    /// response, which builds the text for the charge.
+    pub(crate) fn deny_key_of(&self, key: &str) -> Option<KeyDigests> {
+        self.deny.as_ref().map(|table| table.key(key))
+    }
+
+    /// Refuses at once a request the deny cache holds a denial for (counted as an ordinary `limited` decision),
+    /// before the key's text is built; `None` when the store must be asked, and always under token leases, where
+    /// the key's batch answers first ([`decide_at_once`](Self::decide_at_once) looks then).
     #[inline]
-    pub(crate) fn decide_cached(
+    pub(crate) fn decide_denied(
         &self,
-        key: &str,
+        deny: Option<KeyDigests>,
         cost: u64,
         mode: Mode,
         keep: bool,
     ) -> Option<Conclusion> {
-        let decision = self.deny.as_ref()?.lookup(key, cost)?;
+        if self.leases.is_some() {
+            return None;
+        }
+        let decision = self.deny.as_ref()?.lookup(deny?, cost)?;
+        Some(self.over_limit(decision, mode, keep))
+    }
+
+    /// [`decide_denied`](Self::decide_denied) under token leases, after the key's batch.
+    #[inline]
+    fn decide_denied_leased(
+        &self,
+        key: &str,
+        deny: Option<KeyDigests>,
+        cost: u64,
+        mode: Mode,
+        keep: bool,
+    ) -> Option<Conclusion> {
+        let decision = self.deny.as_ref()?.lookup(deny?, cost)?;
         Some(self.over_limit(self.shown(key, cost, decision), mode, keep))
     }
 
@@ -269,12 +314,14 @@ impl<K, St: Store, C> Shared<K, St, C> {
         Some(self.conclude(result, key, cost, mode, keep))
     }
 
-    /// Decides without a future or a key copy where anything can: a hot key's leased batch first (any store),
-    /// then a store that answers at once, then a shared store's cached denial. `None`: the store must be awaited.
+    /// Decides without a future or a key copy where anything can, once [`decide_denied`](Self::decide_denied)
+    /// has not: a hot key's leased batch first (any store), then a store that answers at once, then, under
+    /// leases, a shared store's cached denial of the key `deny` digests. `None`: the store must be awaited.
     #[inline(always)]
     pub(crate) fn decide_at_once(
         &self,
         key: &str,
+        deny: Option<KeyDigests>,
         cost: u64,
         mode: Mode,
         keep: bool,
@@ -282,9 +329,10 @@ impl<K, St: Store, C> Shared<K, St, C> {
         match self.decide_leased(key, cost, mode, keep) {
             AtOnce::Done(conclusion) => Some(conclusion),
             AtOnce::Later => None,
-            AtOnce::Plain => self
-                .decide_now(key, cost, mode, keep)
-                .or_else(|| self.decide_cached(key, cost, mode, keep)),
+            AtOnce::Plain => self.decide_now(key, cost, mode, keep).or_else(|| {
+                self.leases.as_ref()?;
+                self.decide_denied_leased(key, deny, cost, mode, keep)
+            }),
         }
     }
 
@@ -454,6 +502,20 @@ impl<K, St: Store, C> Shared<K, St, C> {
     }
 }
 
+/// The deny cache's key hasher with `prefix` written as [`digest_prefix`] writes it, when the cache is on and the
+/// key's digests are read from the request's parts (not `by_text`).
+fn deny_prefix(deny: Option<&DenyTable>, prefix: &str, by_text: bool) -> Option<DefaultHasher> {
+    let table = deny.filter(|_| !by_text)?;
+    Some(prefixed(table.hasher(), prefix))
+}
+
+/// `state` with `prefix` written: length first, then zeros up to a multiple of SipHash's 8-byte block.
+fn prefixed(mut state: DefaultHasher, prefix: &str) -> DefaultHasher {
+    hash_bytes(&mut state, prefix.as_bytes());
+    state.write(&[0; 8][..(8 - prefix.len() % 8) % 8]);
+    state
+}
+
 /// The store's key hasher with `prefix` written, when the store keys by digest: the prefix, length first (two
 /// limiters on one store never share a bucket, whatever their names hold), then zeros up to a multiple of
 /// SipHash's 8-byte block: each request's key then starts on a block of its own (an address is one block) instead
@@ -461,9 +523,5 @@ impl<K, St: Store, C> Shared<K, St, C> {
 /// throughout: the charge needs the key's text.
 fn digest_prefix<St: Store>(store: &St, prefix: &str, by_text: bool) -> Option<DefaultHasher> {
     let hasher = if by_text { None } else { store.key_hasher() };
-    hasher.map(|mut state| {
-        hash_bytes(&mut state, prefix.as_bytes());
-        state.write(&[0; 8][..(8 - prefix.len() % 8) % 8]);
-        state
-    })
+    hasher.map(|state| prefixed(state, prefix))
 }

@@ -84,7 +84,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -276,7 +276,7 @@ impl DenyCache {
                 .on_full(OnFull::Evict)
                 .name(limiter.to_string())
                 .build(),
-            check: RandomState::new(),
+            seed: RandomState::new(),
             clock: self
                 .clock
                 .clone()
@@ -293,6 +293,8 @@ impl DenyCache {
 struct Denial {
     /// The key's second digest, against collisions of the first.
     check: u64,
+    /// The digest of the key's text, by which an operator forgets it ([`DenyCacheHandle::forget`]).
+    text: u64,
     /// The cost denied: costs from here up to the burst are covered.
     cost: u64,
     /// Local instant (µs) the request was sent at.
@@ -398,7 +400,8 @@ impl Drop for FlightGuard<'_> {
 /// A layer's table of denied keys.
 pub(crate) struct DenyTable {
     table: BoundedTable<Denial>,
-    check: RandomState,
+    /// The key of every digest the table takes.
+    seed: RandomState,
     clock: Arc<dyn Clock>,
     /// The fixed part of the margin an entry expires early by (µs).
     fixed: u64,
@@ -406,44 +409,54 @@ pub(crate) struct DenyTable {
     next_sweep: AtomicU64,
 }
 
+/// What a key's state is carried on by for its second digest.
+const CHECK_BLOCK: u64 = u64::from_le_bytes(*b"checkkey");
+
 impl DenyTable {
     /// The local instant, in µs: take it before the store is asked.
     pub(crate) fn now(&self) -> u64 {
         self.clock.now().as_micros()
     }
 
-    fn digests(&self, key: &str) -> (u64, u64) {
-        (
-            self.table.digest(key.as_bytes()),
-            self.check.hash_one(key.as_bytes()),
-        )
+    /// A hasher keyed by this table's seed: write a key's parts into it, then [`finish`](Self::finish) it.
+    pub(crate) fn hasher(&self) -> DefaultHasher {
+        self.seed.build_hasher()
     }
 
-    /// The key's digests, for a request's [`turn`](Self::turn) and [`record`](Self::record): hashed once.
+    /// The digests of the key written into `state`: the entry's, and the check against its collisions — the same
+    /// state carried one block further, so that the key is read once and two keys whose entry digests collide
+    /// still differ in their checks.
+    #[inline]
+    pub(crate) fn finish(state: DefaultHasher) -> KeyDigests {
+        let digest = state.finish();
+        let mut further = state;
+        further.write_u64(CHECK_BLOCK);
+        KeyDigests {
+            digest,
+            check: further.finish(),
+        }
+    }
+
+    /// The digests of a key's text.
     pub(crate) fn key(&self, key: &str) -> KeyDigests {
-        let (digest, check) = self.digests(key);
-        KeyDigests { digest, check }
+        let mut state = self.hasher();
+        state.write(key.as_bytes());
+        Self::finish(state)
     }
 
     /// The digests of `key` decided under `policy`, for a table shared by keys whose policy may change (a
     /// store wrapped by [`DenyCache::around`]): an entry answers only requests under the policy it was made
     /// under.
     pub(crate) fn key_under(&self, key: &str, policy: &Policy) -> KeyDigests {
-        let under = self.check.hash_one(policy);
-        KeyDigests {
-            digest: self.table.digest(key.as_bytes()) ^ under.rotate_left(29),
-            check: self.check.hash_one((key.as_bytes(), policy)),
-        }
+        let mut state = self.hasher();
+        state.write(key.as_bytes());
+        policy.hash(&mut state);
+        Self::finish(state)
     }
 
-    /// The cached denial of `key` for a request of `cost`, as the store would give it now; `None` when the
-    /// store must be asked.
-    pub(crate) fn lookup(&self, key: &str, cost: u64) -> Option<Decision> {
-        let (digest, check) = self.digests(key);
-        self.lookup_digests(KeyDigests { digest, check }, cost)
-    }
-
-    fn lookup_digests(&self, key: KeyDigests, cost: u64) -> Option<Decision> {
+    /// The cached denial of the key `key` digests for a request of `cost`, as the store would give it now; `None`
+    /// when the store must be asked.
+    pub(crate) fn lookup(&self, key: KeyDigests, cost: u64) -> Option<Decision> {
         let KeyDigests { digest, check } = key;
         let now = self.now();
         let decision = self
@@ -456,15 +469,14 @@ impl DenyTable {
         Some(decision)
     }
 
-    /// A request the synchronous [`lookup`](Self::lookup) did not answer: refused from an entry (one a flight it
-    /// waited for brought), or asking the store — as the key's single flight when its entry has just expired,
-    /// while the others wait for that reply (at most [`MAX_WAITS`] flights, each one store call).
-    /// Decides a request on a key with this cache: refused from an entry, or asked of the store by `ask` (as the
-    /// key's single flight when its entry has just expired), whose answer is recorded. Measured from before the
-    /// request is sent: the store decides no earlier.
+    /// Decides a request on the key `key` digests (`text` its text) with this cache: refused from an entry (one a
+    /// flight it waited for brought), or asked of the store by `ask` — as the key's single flight when its entry
+    /// has just expired, while the others wait for that reply (at most [`MAX_WAITS`] flights, each one store
+    /// call) — whose answer is recorded. Measured from before the request is sent: the store decides no earlier.
     pub(crate) async fn decide<F>(
         &self,
         key: KeyDigests,
+        text: &str,
         cost: u64,
         ask: impl FnOnce() -> F,
     ) -> Asked
@@ -478,7 +490,7 @@ impl DenyTable {
         let sent = self.now();
         let result = ask().await;
         if let Ok(decision) = &result {
-            self.record(key, cost, sent, decision);
+            self.record(key, text, cost, sent, decision);
             if let Some(flight) = &flight {
                 flight.decided();
             }
@@ -545,7 +557,14 @@ impl DenyTable {
     /// Remembers the store's `decision` on `key` for a request of `cost` sent at local instant `sent`, if it is
     /// a denial that can be cached; any reply also tightens the bound on the clocks' offset an entry for the key
     /// keeps.
-    pub(crate) fn record(&self, key: KeyDigests, cost: u64, sent: u64, decision: &Decision) {
+    pub(crate) fn record(
+        &self,
+        key: KeyDigests,
+        text: &str,
+        cost: u64,
+        sent: u64,
+        decision: &Decision,
+    ) {
         if decision.is_allowed() {
             self.admitted(key, sent, decision);
             return;
@@ -583,6 +602,7 @@ impl DenyTable {
             .max(due.saturating_add(retry_micros.min(FLIGHT_WINDOW_MICROS)));
         let entry = Denial {
             check,
+            text: self.key(text).digest,
             cost,
             sent,
             due,
@@ -656,11 +676,11 @@ impl DenyTable {
         self.table.len()
     }
 
+    /// Forgets the entry of the key whose text is `key` (entries are found by digests of the key's parts, which
+    /// the text does not give: a scan, for an operator's action).
     fn forget(&self, key: &str) {
-        let (digest, check) = self.digests(key);
-        if self.table.get(digest, |d| d.check == check) == Some(true) {
-            self.table.remove(digest);
-        }
+        let text = self.key(key).digest;
+        self.table.remove_where(|d| d.text == text);
     }
 }
 

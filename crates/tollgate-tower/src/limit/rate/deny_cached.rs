@@ -101,7 +101,7 @@ impl<S: Store> Store for DenyCachedStore<S> {
         let key_under = self.table.key_under(key, policy);
         match self
             .table
-            .decide(key_under, cost, || self.store.check(key, policy, cost))
+            .decide(key_under, key, cost, || self.store.check(key, policy, cost))
             .await
         {
             Asked::Cached(decision) => Ok(decision),

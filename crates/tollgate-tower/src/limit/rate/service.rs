@@ -6,6 +6,7 @@ use tollgate_core::Store;
 use tower_service::Service;
 
 use super::decide::{Conclusion, Shared};
+use super::deny_cache::KeyDigests;
 use crate::key::with_key_buffer;
 use crate::limit::future::Settle;
 use crate::limit::future::{Deciding, decide_later, pass, refuse};
@@ -124,35 +125,41 @@ where
             }
             Some(Err(err)) => return refuse(&mut self.inner, err.into(), answer),
             None => {
-                let decided = with_key_buffer(
-                    #[inline(always)]
-                    |key| {
-                        shared.write_key(&req, key)?;
-                        let cost = shared.cost.cost(&req);
-                        Ok::<_, KeyError>(
-                            shared
-                                .decide_at_once(key, cost, mode, keep)
-                                .ok_or_else(|| (key.clone(), cost)),
-                        )
-                    },
-                );
+                // A cached denial refuses by the digests of the key's parts, before any text is built.
+                let deny = match shared.deny_key(&req) {
+                    Ok(deny) => deny,
+                    Err(err) => return refuse(&mut self.inner, err.into(), answer),
+                };
+                let cost = shared.cost.cost(&req);
+                let decided = match shared.decide_denied(deny, cost, mode, keep) {
+                    Some(conclusion) => Ok(Ok(conclusion)),
+                    None => with_key_buffer(
+                        #[inline(always)]
+                        |key| {
+                            shared.write_key(&req, key)?;
+                            Ok::<_, KeyError>(
+                                shared
+                                    .decide_at_once(key, deny, cost, mode, keep)
+                                    .ok_or_else(|| key.clone()),
+                            )
+                        },
+                    ),
+                };
                 match decided {
                     Ok(Ok(Conclusion::Admit(verdict))) => verdict,
                     Ok(Ok(Conclusion::Reject(rejection))) => {
                         return refuse(&mut self.inner, rejection, answer);
                     }
-                    Ok(Err((key, cost))) => {
+                    Ok(Err(key)) => {
                         let shared = shared.clone();
-                        return decide_shared_later(
-                            &mut self.inner,
-                            shared,
+                        let later = Later {
                             key,
+                            deny,
                             cost,
                             mode,
                             keep,
-                            req,
-                            answer,
-                        );
+                        };
+                        return decide_shared_later(&mut self.inner, shared, later, req, answer);
                     }
                     Err(err) => return refuse(&mut self.inner, err.into(), answer),
                 }
@@ -165,16 +172,22 @@ where
 // The path a request through the in-process store never takes stays out of `call`'s body: a hot path that is
 // short in code, not only in instructions, leaves more of the instruction cache to the service it protects.
 
-/// Decides through a store that cannot answer at once (Redis): with an owned key and a boxed decision.
-#[inline(never)]
-#[allow(clippy::too_many_arguments)]
-fn decide_shared_later<S, K, St, C, R, Req, Tk>(
-    inner: &mut S,
-    shared: Arc<Shared<K, St, C>>,
+/// A request's decision left to a store that cannot answer at once: its key, as text and as the deny cache's
+/// digests, its cost and how it is decided.
+struct Later {
     key: String,
+    deny: Option<KeyDigests>,
     cost: u64,
     mode: Mode,
     keep: bool,
+}
+
+/// Decides through a store that cannot answer at once (Redis): with an owned key and a boxed decision.
+#[inline(never)]
+fn decide_shared_later<S, K, St, C, R, Req, Tk>(
+    inner: &mut S,
+    shared: Arc<Shared<K, St, C>>,
+    later: Later,
     req: Req,
     answer: Responder<R, Tk>,
 ) -> ResponseFuture<S::Future, S, Req, Responder<R, Tk>>
@@ -186,8 +199,15 @@ where
     R: crate::respond::Respond<Req, S::Response, Ticket = Tk>,
     Tk: Copy,
 {
+    let Later {
+        key,
+        deny,
+        cost,
+        mode,
+        keep,
+    } = later;
     let decide: Deciding<Box<crate::Verdict>> =
-        Box::pin(async move { shared.decide(key, cost, mode, keep).await });
+        Box::pin(async move { shared.decide(key, deny, cost, mode, keep).await });
     decide_later(inner, decide, req, answer)
 }
 
@@ -222,11 +242,24 @@ where
         upfront: cost,
         source,
     });
-    match shared.decide_at_once(&key, cost, mode, true) {
+    let deny = shared.deny_key_of(&key);
+    let decided = shared
+        .decide_denied(deny, cost, mode, true)
+        .or_else(|| shared.decide_at_once(&key, deny, cost, mode, true));
+    match decided {
         Some(Conclusion::Admit(verdict)) => {
             ResponseFuture::calling(inner.call(req), verdict, answer)
         }
         Some(Conclusion::Reject(rejection)) => refuse(inner, rejection, answer),
-        None => decide_shared_later(inner, shared, key, cost, mode, true, req, answer),
+        None => {
+            let later = Later {
+                key,
+                deny,
+                cost,
+                mode,
+                keep: true,
+            };
+            decide_shared_later(inner, shared, later, req, answer)
+        }
     }
 }

@@ -59,6 +59,7 @@ use tower_service::Service;
 
 use super::RateLimitLayer;
 use super::decide::{Conclusion, Shared};
+use super::deny_cache::KeyDigests;
 use crate::key::with_key_buffer;
 use crate::limit::core;
 use crate::limit::future::{
@@ -511,7 +512,8 @@ fn with_admitted(
 /// A limiter's answer before any waiting: decided, or the key and cost to ask the store with.
 enum Now {
     Decided(Conclusion),
-    Later(String, u64),
+    /// Left to the store: the key's text, its digests in the deny cache, the cost.
+    Later(String, Option<KeyDigests>, u64),
 }
 
 /// A limiter the set waits for (its store cannot answer at once), asked once the others have decided; `settle`:
@@ -519,6 +521,7 @@ enum Now {
 struct Waiting<K, St, C> {
     shared: Arc<Shared<K, St, C>>,
     key: String,
+    deny: Option<KeyDigests>,
     cost: u64,
     mode: Mode,
     settle: bool,
@@ -578,9 +581,10 @@ where
                 Ok(Now::Decided(Conclusion::Reject(refused))) => {
                     return refuse(&mut self.inner, grant.into_rejection(refused), answer);
                 }
-                Ok(Now::Later(key, cost)) => later.push(Waiting {
+                Ok(Now::Later(key, deny, cost)) => later.push(Waiting {
                     shared: shared.clone(),
                     key,
+                    deny,
                     cost,
                     mode,
                     settle,
@@ -596,7 +600,11 @@ where
             for w in later {
                 let keep_this = keep || w.settle;
                 let key = if w.settle { Some(w.key.clone()) } else { None };
-                match w.shared.decide(w.key, w.cost, w.mode, keep_this).await {
+                match w
+                    .shared
+                    .decide(w.key, w.deny, w.cost, w.mode, keep_this)
+                    .await
+                {
                     Conclusion::Admit(verdict) => {
                         if let (Some(key), Some(v)) = (key, &verdict) {
                             grant.settle(&w.shared, key, w.cost, v);
@@ -631,12 +639,17 @@ where
     if let Some(decided) = shared.decide_digested(req, mode, keep) {
         return decided.map(Now::Decided);
     }
+    // A cached denial refuses by the digests of the key's parts, before any text is built.
+    let deny = shared.deny_key(req)?;
+    let cost = shared.cost.cost(req);
+    if let Some(conclusion) = shared.decide_denied(deny, cost, mode, keep) {
+        return Ok(Now::Decided(conclusion));
+    }
     with_key_buffer(|key| {
         shared.write_key(req, key)?;
-        let cost = shared.cost.cost(req);
-        Ok(match shared.decide_at_once(key, cost, mode, keep) {
+        Ok(match shared.decide_at_once(key, deny, cost, mode, keep) {
             Some(conclusion) => Now::Decided(conclusion),
-            None => Now::Later(key.clone(), cost),
+            None => Now::Later(key.clone(), deny, cost),
         })
     })
 }
@@ -660,7 +673,11 @@ where
     let mut key = String::new();
     shared.write_key(req, &mut key)?;
     let cost = shared.cost.cost(req);
-    Ok(match shared.decide_at_once(&key, cost, mode, true) {
+    let deny = shared.deny_key_of(&key);
+    let decided = shared
+        .decide_denied(deny, cost, mode, true)
+        .or_else(|| shared.decide_at_once(&key, deny, cost, mode, true));
+    Ok(match decided {
         Some(Conclusion::Admit(verdict)) => {
             if let Some(v) = &verdict {
                 grant.settle(shared, key, cost, v);
@@ -668,6 +685,6 @@ where
             Now::Decided(Conclusion::Admit(verdict.filter(|_| keep)))
         }
         Some(rejected) => Now::Decided(rejected),
-        None => Now::Later(key, cost),
+        None => Now::Later(key, deny, cost),
     })
 }
