@@ -11,7 +11,7 @@ use tollgate_core::{Clock, FailurePolicy, ManualClock, Policy, Quota, Store};
 use tollgate_http::key::{ClientIp, HeaderKey, PeerIp, RouteKey};
 use tollgate_http::problem::{ProblemType, ProblemTypes};
 use tollgate_http::{HeaderSet, HttpLimitLayer};
-use tollgate_tower::{DenyCache, Mode, RateLimitLayer, RejectionKind};
+use tollgate_tower::{DenyCacheConfig, Mode, RateLimitLayer, RejectionKind};
 
 use support::{Reply, get as http_get, limited_app as app, serve, serve_with};
 
@@ -39,7 +39,7 @@ fn assert_allowed(reply: &Reply, name: &str, limit: u64, window: u64, remaining:
 async fn limit_then_429_with_every_header<St: Store>(store: Arc<St>, clock: ManualClock) {
     // On Redis the deny cache is on, as by default, on the test's clock.
     let layer = RateLimitLayer::new("per-client", per_hour(3), store, PeerIp)
-        .deny_cache_config(DenyCache::new().steady_clock(clock.clone()));
+        .deny_cache_config(DenyCacheConfig::new().steady_clock(clock.clone()));
     let addr = serve(app(layer)).await;
     // 3 per hour: each request takes one token, which refills in 1200 s; the bucket is full again at `reset`.
     // Draft -11's `t`: the time the remaining tokens take to accrue (2 × 1200 s, 1200 s), and with none left the

@@ -14,7 +14,7 @@ use axum::routing::get;
 use tollgate_core::{Clock, Decision, ManualClock, Policy, Quota, Store, StoreError};
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::key::PeerIp;
-use tollgate_tower::{CostAfter, DenyCache, FinalCost, RateLimitLayer};
+use tollgate_tower::{CostAfter, DenyCacheConfig, FinalCost, RateLimitLayer};
 
 use support::{get as http_get, serve};
 
@@ -51,7 +51,7 @@ fn login_app<St: Store>(layer: RateLimitLayer<PeerIp, St>) -> Router {
 async fn lockout_headers_tell_the_truth<St: Store>(store: Arc<St>, clock: ManualClock) {
     // On Redis the deny cache is on, as by default, on the test's clock.
     let layer = RateLimitLayer::new("login", login_policy(), store, PeerIp)
-        .deny_cache_config(DenyCache::new().steady_clock(clock.clone()));
+        .deny_cache_config(DenyCacheConfig::new().steady_clock(clock.clone()));
     let addr = serve(login_app(layer)).await;
     assert_eq!(http_get(addr, "/attempts-left", &[]).await.body, "2 0");
     assert_eq!(http_get(addr, "/login", &[]).await.status, 200);
@@ -123,7 +123,7 @@ async fn deny_cache_is_exact_under_a_lockout<St: Store>(store: Arc<St>, clock: M
         .with_lockout(Duration::from_secs(60))
         .unwrap();
     let layer = RateLimitLayer::new("login", policy, shared.clone(), PeerIp)
-        .deny_cache_config(DenyCache::new().clock(clock.clone()));
+        .deny_cache_config(DenyCacheConfig::new().clock(clock.clone()));
     let addr = serve(login_app(layer)).await;
     for _ in 0..2 {
         assert_eq!(http_get(addr, "/login", &[]).await.status, 200);

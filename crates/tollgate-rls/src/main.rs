@@ -11,7 +11,7 @@ use tollgate_http::headers::HeaderSet;
 use tollgate_redis::cli::RedisArgs;
 use tollgate_rls::config::{Algorithm, ConfigDir, Loader};
 use tollgate_rls::{OnStoreError, Options, RateLimitService, Reloader};
-use tollgate_tower::{DenyCache, LeaseConfig, LeasedStore};
+use tollgate_tower::{DenyCacheConfig, LeaseConfig, LeasedStore};
 
 /// Envoy's rate limit service (envoy.service.ratelimit.v3.RateLimitService) on tollgate: envoyproxy/ratelimit's
 /// YAML, tollgate's algorithms, in-process or Redis state.
@@ -238,14 +238,14 @@ async fn run(cli: Cli) -> Result<(), Fatal> {
                     serve(listener, RateLimitService::new(store, config, options)).await
                 }
                 (false, None) => {
-                    let store = DenyCache::new().around(NAME, store);
+                    let store = DenyCacheConfig::new().around(NAME, store);
                     serve(listener, RateLimitService::new(store, config, options)).await
                 }
                 (true, Some(leases)) => {
                     serve_leased(listener, leases.around(NAME, store), config, options).await
                 }
                 (false, Some(leases)) => {
-                    let store = leases.around(NAME, DenyCache::new().around(NAME, store));
+                    let store = leases.around(NAME, DenyCacheConfig::new().around(NAME, store));
                     serve_leased(listener, store, config, options).await
                 }
             }

@@ -47,7 +47,9 @@ pub mod verdict;
 pub use cost::{Cost, CostAfter, CostFn, FinalCost, UnitCost};
 pub use error::ConfigError;
 pub use key::{ConstKey, KeyError, KeyExtractor, KeyFn};
-pub use limit::rate::{DenyCache, DenyCacheHandle, DenyCachedStore, RateLimit, RateLimitLayer};
+pub use limit::rate::{
+    DenyCacheConfig, DenyCacheHandle, DenyCachedStore, RateLimit, RateLimitLayer,
+};
 #[cfg(feature = "leases")]
 pub use limit::rate::{LeaseConfig, LeaseHandle, LeasedStore};
 #[cfg(feature = "stack")]

@@ -15,7 +15,7 @@ use tollgate_core::{
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{RedisServer, redis_url, unique_prefix};
 use tollgate_tower::{
-    BoxError, CostFn, DenyCache, DenyCacheHandle, KeyError, KeyFn, RateLimitLayer, Rejection,
+    BoxError, CostFn, DenyCacheConfig, DenyCacheHandle, KeyError, KeyFn, RateLimitLayer, Rejection,
     VerdictSink, Verdicts,
 };
 use tower::{Service, ServiceExt, util::BoxCloneService};
@@ -179,7 +179,7 @@ async fn compare(policy: Policy, steps: Vec<(u64, usize, u64)>, exact_numbers: b
     let memory = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
     let mut cached = service(
         layer(cached_store.clone(), policy)
-            .deny_cache_config(DenyCache::new().clock(clock.clone())),
+            .deny_cache_config(DenyCacheConfig::new().clock(clock.clone())),
     );
     let mut plain = service(layer(plain_store.clone(), policy).deny_cache(false));
     let mut in_process = service(layer(memory, policy));
@@ -298,7 +298,7 @@ async fn a_cheaper_request_still_asks_the_store() {
     });
     let policy = Policy::token_bucket(Quota::per_minute(10).unwrap());
     let mut svc = service(
-        layer(store.clone(), policy).deny_cache_config(DenyCache::new().clock(clock.clone())),
+        layer(store.clone(), policy).deny_cache_config(DenyCacheConfig::new().clock(clock.clone())),
     );
     assert!(decide(&mut svc, "k", 8).await.is_allowed());
     assert_eq!(decide(&mut svc, "k", 5).await.outcome, Outcome::Limited); // the store's denial, cached for ≥ 5
@@ -333,7 +333,7 @@ async fn invalidation_after_an_operator_reset() {
     });
     let policy = Policy::sliding_window(Quota::per_hour(1).unwrap()).unwrap();
     let layer =
-        layer(store.clone(), policy).deny_cache_config(DenyCache::new().clock(clock.clone()));
+        layer(store.clone(), policy).deny_cache_config(DenyCacheConfig::new().clock(clock.clone()));
     let handle: DenyCacheHandle = layer.deny_cache_handle();
     let mut svc = service(layer);
     for key in ["a", "b"] {
@@ -374,7 +374,7 @@ async fn bounded_under_a_flood_of_denied_keys() {
     });
     let policy = Policy::token_bucket(Quota::per_hour(1).unwrap());
     let layer = layer(store.clone(), policy)
-        .deny_cache_config(DenyCache::new().max_keys(64).clock(clock.clone()));
+        .deny_cache_config(DenyCacheConfig::new().max_keys(64).clock(clock.clone()));
     let handle = layer.deny_cache_handle();
     let mut svc = service(layer);
     assert!(decide(&mut svc, "abuser", 1).await.is_allowed());
@@ -488,7 +488,7 @@ async fn cached_refusals_answer_with_the_stores_header_fields() {
         stores.push(store.clone());
         let layer = RateLimitLayer::new("http", policy, store, tollgate_http::key::PeerIp);
         let layer = if cache {
-            layer.deny_cache_config(DenyCache::new().clock(clock.clone()))
+            layer.deny_cache_config(DenyCacheConfig::new().clock(clock.clone()))
         } else {
             layer.deny_cache(false)
         };
@@ -573,7 +573,7 @@ async fn denied_key(name: &str) -> (ManualClock, Arc<Gated>, Svc, Svc) {
     });
     let policy = Policy::token_bucket(Quota::per_second(1).unwrap());
     let mut cached = service(
-        layer(gated.clone(), policy).deny_cache_config(DenyCache::new().clock(clock.clone())),
+        layer(gated.clone(), policy).deny_cache_config(DenyCacheConfig::new().clock(clock.clone())),
     );
     let mut plain = service(layer(plain, policy).deny_cache(false));
     for svc in [&mut cached, &mut plain] {
@@ -774,7 +774,7 @@ async fn skewed_run(
     let twin = redis(&format!("{prefix}-twin")).await;
     let mut cached = service(
         layer(store.clone(), policy)
-            .deny_cache_config(DenyCache::new().steady_clock(clock.clone())),
+            .deny_cache_config(DenyCacheConfig::new().steady_clock(clock.clone())),
     );
     let mut admitted = 0;
     // Per key, the store instant its last denial said it would admit at.
@@ -900,7 +900,7 @@ async fn a_denial_just_before_the_instant_keeps_the_waiters_coalesced() {
     let policy = Policy::token_bucket(Quota::per_second(1).unwrap());
     let cached = service(
         layer(store.clone(), policy)
-            .deny_cache_config(DenyCache::new().steady_clock(clock.clone())),
+            .deny_cache_config(DenyCacheConfig::new().steady_clock(clock.clone())),
     );
     {
         let mut svc = cached.clone();

@@ -16,8 +16,8 @@ use tollgate_core::{
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{RedisServer, cli_url, redis_url, unique_prefix};
 use tollgate_tower::{
-    BoxError, ConstKey, CostFn, DenyCache, LeaseConfig, LeaseHandle, LeasedStore, RateLimitLayer,
-    Rejection, RejectionKind, VerdictSink, Verdicts,
+    BoxError, ConstKey, CostFn, DenyCacheConfig, LeaseConfig, LeaseHandle, LeasedStore,
+    RateLimitLayer, Rejection, RejectionKind, VerdictSink, Verdicts,
 };
 use tower::{Service, ServiceExt, util::BoxCloneService};
 
@@ -106,7 +106,7 @@ impl Store for Clocked {
 /// One instance of the leasing limiter on `store`, its deny cache (on, as by default on a shared store) on the
 /// store's manual clock: a denial's entry expires when the store's time says, not the machine's.
 fn instance(store: Arc<Clocked>, policy: Policy, config: LeaseConfig) -> (Svc, LeaseHandle) {
-    let deny_cache = DenyCache::new().clock(store.clock.clone());
+    let deny_cache = DenyCacheConfig::new().clock(store.clock.clone());
     let layer = RateLimitLayer::new("leased", policy, store, ConstKey::new("hot"))
         .deny_cache_config(deny_cache)
         .leases(config);
@@ -988,7 +988,7 @@ async fn a_flooded_sliding_window_admits_its_limit_in_every_window() {
         .map(|_| {
             let layer =
                 RateLimitLayer::new("sw-flood", policy, store.clone(), ConstKey::new("hot"))
-                    .deny_cache_config(DenyCache::new().clock(clock.clone()))
+                    .deny_cache_config(DenyCacheConfig::new().clock(clock.clone()))
                     .leases(
                         LeaseConfig::new()
                             .clock(clock.clone())

@@ -20,7 +20,7 @@
 //!   default) a limiter that charges after the response;
 //! - an operator who resets a key in Redis calls [`DenyCacheHandle::forget`] or [`DenyCacheHandle::clear`] on
 //!   each instance (or waits out the entry: at most the retry delay the store announced);
-//! - memory is bounded: [`DenyCache::max_keys`] entries (65 536 by default, about 136 bytes each), evictions
+//! - memory is bounded: [`DenyCacheConfig::max_keys`] entries (65 536 by default, about 136 bytes each), evictions
 //!   counted in `tollgate_evictions_total{limiter}`.
 //!
 //! # Metrics
@@ -32,7 +32,7 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use tollgate_core::{Decision, ManualClock, MemoryStore, Policy, Quota, Store, StoreError, Timestamp};
-//! use tollgate_tower::{BoxError, ConstKey, DenyCache, RateLimitLayer, Rejection, Verdicts, VerdictSink};
+//! use tollgate_tower::{BoxError, ConstKey, DenyCacheConfig, RateLimitLayer, Rejection, Verdicts, VerdictSink};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
 //! #[derive(Debug, Default)]
@@ -60,7 +60,7 @@
 //!     store,
 //!     ConstKey::new("everyone"),
 //! )
-//! .deny_cache_config(DenyCache::new().clock(clock.clone()));
+//! .deny_cache_config(DenyCacheConfig::new().clock(clock.clone()));
 //! let cache = layer.deny_cache_handle();
 //! let mut svc = ServiceBuilder::new()
 //!     .layer(layer)
@@ -102,10 +102,10 @@ pub const DEFAULT_DENY_CACHE_KEYS: usize = 1 << 16;
 pub const DENY_CACHE_HITS_TOTAL: &str = "tollgate_deny_cache_hits_total";
 
 /// The fixed part of the clock-drift margin an entry expires early by on a clock that may step (a clock of one's
-/// own, [`DenyCache::clock`]), in µs: ten times the largest correction [`SystemClock`](tollgate_core::SystemClock)'s
-/// resynchronisation makes (some µs).
+/// own, [`DenyCacheConfig::clock`]), in µs: ten times the largest correction
+/// [`SystemClock`](tollgate_core::SystemClock)'s resynchronisation makes (some µs).
 const MARGIN_FIXED_MICROS: u64 = 100;
-/// The fixed part on a clock that never steps (the default monotonic clock, [`DenyCache::steady_clock`]): the
+/// The fixed part on a clock that never steps (the default monotonic clock, [`DenyCacheConfig::steady_clock`]): the
 /// readings' rounding to whole µs, the local one's and the store's.
 const STEADY_FIXED_MICROS: u64 = 1;
 /// The proportional part: 1 / 2 000 of the retry delay is 500 ppm, the fastest an NTP daemon slews a clock
@@ -126,8 +126,8 @@ const MAX_WAITS: u32 = 4;
 
 /// How long before the store's retry instant, `retry` after a request was sent, a local clock that may be
 /// corrected by some µs (such as [`SystemClock`](tollgate_core::SystemClock), or a clock given to
-/// [`DenyCache::clock`]) must stop counting on a denial: the bound on the drift between it and the store's clock over
-/// that delay, 100 µs + 500 ppm of `retry`. A deny cache entry expires by it when the reply is the only one that
+/// [`DenyCacheConfig::clock`]) must stop counting on a denial: the bound on the drift between it and the store's
+/// clock over that delay, 100 µs + 500 ppm of `retry`. A deny cache entry expires by it when the reply is the only one that
 /// bounds the clocks' offset; on the default monotonic clock the fixed part is 1 µs, and a key's earlier replies
 /// can move the expiry closer to the store's instant (see the module docs).
 #[must_use]
@@ -204,22 +204,22 @@ fn signed(x: u64) -> i64 {
 /// The deny cache's configuration, for [`RateLimitLayer::deny_cache_config`](crate::RateLimitLayer::deny_cache_config).
 #[must_use]
 #[derive(Clone)]
-pub struct DenyCache {
+pub struct DenyCacheConfig {
     max_keys: usize,
     clock: Option<Arc<dyn Clock>>,
     /// The fixed part of the margin (µs): how far the clock may step, with the readings' rounding.
     fixed: u64,
 }
 
-impl Default for DenyCache {
+impl Default for DenyCacheConfig {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl fmt::Debug for DenyCache {
+impl fmt::Debug for DenyCacheConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DenyCache")
+        f.debug_struct("DenyCacheConfig")
             .field("max_keys", &self.max_keys)
             .field(
                 "clock",
@@ -233,7 +233,7 @@ impl fmt::Debug for DenyCache {
     }
 }
 
-impl DenyCache {
+impl DenyCacheConfig {
     /// [`DEFAULT_DENY_CACHE_KEYS`] entries on the system's monotonic clock (`Instant`, which never steps).
     pub fn new() -> Self {
         Self {
@@ -445,7 +445,7 @@ impl DenyTable {
     }
 
     /// The digests of `key` decided under `policy`, for a table shared by keys whose policy may change (a
-    /// store wrapped by [`DenyCache::around`]): an entry answers only requests under the policy it was made
+    /// store wrapped by [`DenyCacheConfig::around`]): an entry answers only requests under the policy it was made
     /// under.
     pub(crate) fn key_under(&self, key: &str, policy: &Policy) -> KeyDigests {
         let mut state = self.hasher();

@@ -1,11 +1,11 @@
 //! The deny cache around a store, for callers that decide on a [`Store`] themselves instead of through
 //! [`RateLimitLayer`](crate::RateLimitLayer) (a rate limit service answering gateways, one store call per
-//! descriptor): [`DenyCache::around`] wraps a shared store so that its denials are answered locally until the
+//! descriptor): [`DenyCacheConfig::around`] wraps a shared store so that its denials are answered locally until the
 //! store's own retry instant, with the same rules as the layer's cache (see [`deny_cache`](super::deny_cache)).
 //!
 //! ```
 //! use tollgate_core::{Decision, MemoryStore, Policy, Quota, Store, StoreError};
-//! use tollgate_tower::DenyCache;
+//! use tollgate_tower::DenyCacheConfig;
 //!
 //! // A stand-in for Redis: a shared store that answers asynchronously.
 //! struct Shared(MemoryStore);
@@ -19,7 +19,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let policy = Policy::token_bucket(Quota::per_minute(1)?);
-//! let store = DenyCache::new().around("gateway", Shared(MemoryStore::new()));
+//! let store = DenyCacheConfig::new().around("gateway", Shared(MemoryStore::new()));
 //! assert!(store.check("ann", &policy, 1).await?.is_allowed());
 //! assert!(!store.check("ann", &policy, 1).await?.is_allowed()); // the store's denial, now cached
 //! // Held, and answered locally without a store call until the store's retry instant:
@@ -36,10 +36,10 @@ use tollgate_core::store::LostCharge;
 use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
 use tollgate_core::{Decision, Policy, Store, StoreError, Timestamp};
 
-use super::deny_cache::{Asked, DenyCache, DenyTable};
+use super::deny_cache::{Asked, DenyCacheConfig, DenyTable};
 use crate::Name;
 
-impl DenyCache {
+impl DenyCacheConfig {
     /// Wraps `store` (a shared one: Redis) in this deny cache, its hits counted under `limiter` in
     /// `tollgate_deny_cache_hits_total{limiter}`. Built once, up front.
     ///
@@ -54,7 +54,7 @@ impl DenyCache {
 }
 
 /// A [`Store`] whose denials are answered locally until the store's own retry instant: from
-/// [`DenyCache::around`].
+/// [`DenyCacheConfig::around`].
 ///
 /// [`check`](Store::check) refuses from the cache, without I/O, or asks the store (a key whose entry has just
 /// expired asks once, the other requests wait for that reply). The rest goes to the store unchanged. It says it is not shared

@@ -6,7 +6,7 @@ use tower_layer::Layer;
 
 use super::RateLimit;
 use super::decide::Shared;
-use super::deny_cache::{DenyCache, DenyCacheHandle, DenyTable};
+use super::deny_cache::{DenyCacheConfig, DenyCacheHandle, DenyTable};
 use super::lease_step::LeaseTable;
 use super::overrides::{Overrides, Plans, policy_prefix};
 use crate::limit::core::enforcement_methods;
@@ -42,7 +42,7 @@ struct Settings<K, St, C> {
     near_limit: NearLimitShare,
     /// The deny cache: `None` follows the store ([`Store::is_shared`]).
     deny_on: Option<bool>,
-    deny_config: DenyCache,
+    deny_config: DenyCacheConfig,
     /// The deny cache's table, made the first time the cache is on and kept while other settings change (a handle
     /// taken earlier still reaches it); a new configuration makes a new one.
     deny_table: Option<Arc<DenyTable>>,
@@ -94,7 +94,7 @@ impl<K: Clone, St: Store> RateLimitLayer<K, St> {
             fallback: None,
             near_limit: NearLimitShare::DEFAULT,
             deny_on: None,
-            deny_config: DenyCache::new(),
+            deny_config: DenyCacheConfig::new(),
             deny_table: None,
             lease_table: None,
             overrides: Overrides::new(),
@@ -199,7 +199,7 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     }
 
     /// Switches the deny cache on with `config` (its bound, its clock).
-    pub fn deny_cache_config(self, config: DenyCache) -> Self {
+    pub fn deny_cache_config(self, config: DenyCacheConfig) -> Self {
         self.configure(|s| {
             s.deny_config = config;
             s.deny_table = None;

@@ -102,7 +102,7 @@ mod lease_step;
 #[cfg(feature = "leases")]
 use token_lease as lease_step;
 
-pub use deny_cache::{DenyCache, DenyCacheHandle};
+pub use deny_cache::{DenyCacheConfig, DenyCacheHandle};
 pub use deny_cached::DenyCachedStore;
 pub use layer::RateLimitLayer;
 #[cfg(feature = "leases")]
