@@ -174,7 +174,7 @@ async fn run(cli: Cli) -> Result<(), Fatal> {
         None => None,
     };
     let algorithm = match cli.algorithm {
-        AlgorithmArg::SlidingWindow => Algorithm::SlidingWindow,
+        AlgorithmArg::SlidingWindow => Algorithm::SlidingWindowCounter,
         AlgorithmArg::TokenBucket => Algorithm::TokenBucket,
         AlgorithmArg::FixedWindow => Algorithm::FixedWindow,
     };

@@ -64,7 +64,7 @@ impl Default for Options {
             headers: HeaderSet::NONE,
             shadow_mode: false,
             on_store_error: OnStoreError::Error,
-            algorithm: Algorithm::default(),
+            algorithm: crate::config::DEFAULT_ALGORITHM,
         }
     }
 }

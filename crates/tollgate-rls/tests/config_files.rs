@@ -412,14 +412,14 @@ fn replaces_names_and_metadata_quota_mode_and_algorithms_load() {
         "the file's"
     );
     assert_eq!(algorithm("bucket"), Algorithm::TokenBucket);
-    assert_eq!(algorithm("sliding"), Algorithm::SlidingWindow);
+    assert_eq!(algorithm("sliding"), Algorithm::SlidingWindowCounter);
     let n = good("nested.yaml");
     assert_eq!(
         find(&n, "shop", &[("path", "/")])
             .unwrap()
             .limit()
             .algorithm(),
-        Algorithm::SlidingWindow,
+        Algorithm::SlidingWindowCounter,
         "tollgate's default"
     );
     let fixed = Loader::new()

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use super::yaml::{self, Node, Value};
 use super::{
-    Algorithm, ConfigError, Descriptor, Limit, RateLimitConfig, Unit, Wildcard, policy_of,
+    Algorithm, ConfigError, DEFAULT_ALGORITHM, Descriptor, Limit, RateLimitConfig, Unit, Wildcard,
+    parse_algorithm, policy_of,
 };
 
 /// The keys envoyproxy/ratelimit accepts anywhere in a file, and tollgate's `algorithm`.
@@ -31,11 +32,20 @@ const VALID_KEYS: [&str; 17] = [
 ];
 
 /// Loads configuration files into a [`RateLimitConfig`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 #[must_use]
 pub struct Loader {
     algorithm: Algorithm,
     merge_domains: bool,
+}
+
+impl Default for Loader {
+    fn default() -> Self {
+        Self {
+            algorithm: DEFAULT_ALGORITHM,
+            merge_domains: false,
+        }
+    }
 }
 
 impl Loader {
@@ -194,7 +204,7 @@ impl File<'_> {
 
     fn algorithm(&self, node: &Node) -> Result<Algorithm, ConfigError> {
         let name = node.value.scalar_text().unwrap_or_default();
-        Algorithm::parse(&name).ok_or_else(|| {
+        parse_algorithm(&name).ok_or_else(|| {
             self.error(
                 node,
                 format!(

@@ -27,7 +27,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm as CoreAlgorithm, Policy};
+use tollgate_core::Policy;
 
 pub use dir::{ConfigDir, DirError};
 pub use load::Loader;
@@ -83,54 +83,23 @@ impl Unit {
     }
 }
 
-/// Which algorithm decides a limit: tollgate's sliding window counter by default, its token bucket, or the fixed
-/// window aligned to the unit that envoyproxy/ratelimit counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Algorithm {
-    /// The sliding window counter (the default): no burst of twice the limit across a window's boundary.
-    #[default]
-    SlidingWindow,
-    /// The token bucket: bursts up to `requests_per_unit`, refilled continuously.
-    TokenBucket,
-    /// Fixed windows aligned to the unit since the epoch, as envoyproxy/ratelimit counts.
-    FixedWindow,
-}
+/// Which algorithm decides a limit: tollgate's own ([`Algorithm`]), chosen per file or per limit, or for every
+/// limit by the service.
+pub use tollgate_core::Algorithm;
 
-impl Algorithm {
-    /// The name files and flags use: `sliding_window`, `token_bucket`, `fixed_window`.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::SlidingWindow => "sliding_window",
-            Self::TokenBucket => "token_bucket",
-            Self::FixedWindow => "fixed_window",
-        }
-    }
+/// The algorithm of a limit that names none: tollgate's sliding window counter (no burst of twice the limit
+/// across a window's boundary, as the fixed windows envoyproxy/ratelimit counts allow).
+pub const DEFAULT_ALGORITHM: Algorithm = Algorithm::SlidingWindowCounter;
 
-    /// The algorithm named `name` (`-` and `_` alike).
-    #[must_use]
-    pub fn parse(name: &str) -> Option<Self> {
-        Some(match name.replace('-', "_").as_str() {
-            "sliding_window" => Self::SlidingWindow,
-            "token_bucket" => Self::TokenBucket,
-            "fixed_window" => Self::FixedWindow,
-            _ => return None,
-        })
-    }
-
-    const fn core(self) -> CoreAlgorithm {
-        match self {
-            Self::SlidingWindow => CoreAlgorithm::SlidingWindowCounter,
-            Self::TokenBucket => CoreAlgorithm::TokenBucket,
-            Self::FixedWindow => CoreAlgorithm::FixedWindow,
-        }
-    }
-}
-
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// The algorithm named `name` in a file or a flag: `sliding_window`, `token_bucket` or `fixed_window` (`-` and
+/// `_` alike).
+pub(crate) fn parse_algorithm(name: &str) -> Option<Algorithm> {
+    Some(match name.replace('-', "_").as_str() {
+        "sliding_window" => Algorithm::SlidingWindowCounter,
+        "token_bucket" => Algorithm::TokenBucket,
+        "fixed_window" => Algorithm::FixedWindow,
+        _ => return None,
+    })
 }
 
 /// One configured limit (a descriptor's `rate_limit`), or a limit Envoy sent in the descriptor.
@@ -222,7 +191,7 @@ pub(crate) fn policy_of(
     }
     let quota = tollgate_core::Quota::new(u64::from(requests_per_unit), unit.duration())
         .map_err(|e| e.to_string())?;
-    Policy::new(algorithm.core(), quota)
+    Policy::new(algorithm, quota)
         .map(Some)
         .map_err(|e| format!("{requests_per_unit} per {unit:?} under {algorithm}: {e}"))
 }
