@@ -13,7 +13,7 @@ use tollgate::FailurePolicy;
 use tollgate::http::priority::HeaderPriority;
 use tollgate::slot::SlotStore;
 use tollgate::tower::Mode;
-use tollgate::tower::limit::adaptive::Algorithm;
+use tollgate::tower::limit::adaptive::Control;
 use tollgate::tower::{
     AdaptiveLimitLayer, ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer,
 };
@@ -47,7 +47,7 @@ pub(crate) struct StackFlags {
     /// This instance's concurrency limit follows the latency of its requests (from 20 to 200 in flight; 503
     /// beyond), each class guaranteed a share of it (Critical 50 %, High 20 %, Normal 20 %, Low 10 %)
     #[arg(long, value_name = "ALG", value_parser = crate::server::adaptive())]
-    pub(crate) adaptive: Option<Algorithm>,
+    pub(crate) adaptive: Option<Control>,
 }
 
 /// `--fleet-reserve`: a percentage from 0 to 100.
@@ -84,7 +84,7 @@ impl StackFlags {
             show(self.worker_capacity),
             show(self.fleet_capacity),
             self.fleet_reserve.unwrap_or(20),
-            self.adaptive.as_ref().map_or("off", Algorithm::as_str)
+            self.adaptive.as_ref().map_or("off", Control::as_str)
         )
     }
 }

@@ -1,23 +1,23 @@
-//! The algorithms that move the limit: Gradient2 and AIMD, after Netflix's concurrency-limits (`Gradient2Limit`,
+//! The controls that move the limit: Gradient2 and AIMD, after Netflix's concurrency-limits (`Gradient2Limit`,
 //! `AIMDLimit`), each a pure function of its state and one latency sample, so tests drive them with a manual
 //! clock and a synthetic latency curve.
 //!
-//! The limit is a float internally (the algorithms move it by fractions per sample) and whole requests outside.
+//! The limit is a float internally (the controls move it by fractions per sample) and whole requests outside.
 
 use std::time::Duration;
 
 use crate::ConfigError;
 
-/// Which algorithm sets the limit, with its settings.
+/// The control that moves the limit, with its settings: Gradient2 or AIMD.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Algorithm {
+pub enum Control {
     /// The limit follows the ratio of the long-term to the current latency: see [`Gradient2`].
     Gradient2(Gradient2),
     /// Additive increase, multiplicative decrease on slow or failed requests: see [`Aimd`].
     Aimd(Aimd),
 }
 
-impl Algorithm {
+impl Control {
     /// `gradient2` or `aimd`.
     #[must_use]
     pub const fn as_str(&self) -> &'static str {
@@ -87,13 +87,13 @@ impl Algorithm {
     }
 }
 
-impl From<Gradient2> for Algorithm {
+impl From<Gradient2> for Control {
     fn from(g: Gradient2) -> Self {
         Self::Gradient2(g)
     }
 }
 
-impl From<Aimd> for Algorithm {
+impl From<Aimd> for Control {
     fn from(a: Aimd) -> Self {
         Self::Aimd(a)
     }
@@ -192,7 +192,7 @@ impl Default for Aimd {
     }
 }
 
-/// One finished request, as the algorithms see it.
+/// One finished request, as the controls see it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Sample {
     /// From admission to the end of the response.
@@ -203,10 +203,10 @@ pub(crate) struct Sample {
     pub(crate) dropped: bool,
 }
 
-/// The running state of an algorithm.
+/// The running state of an control.
 #[derive(Debug, Clone)]
 pub(crate) struct LimitState {
-    algorithm: Algorithm,
+    control: Control,
     limit: f64,
     /// Gradient2's long-term latency (seconds) and the windows averaged so far (up to the warm-up).
     long: f64,
@@ -233,10 +233,10 @@ const SATURATED_SLOWDOWN: f64 = 10.0;
 const WARMUP: u32 = 10;
 
 impl LimitState {
-    pub(crate) fn new(algorithm: Algorithm) -> Self {
-        let (_, initial, _) = algorithm.bounds();
+    pub(crate) fn new(control: Control) -> Self {
+        let (_, initial, _) = control.bounds();
         Self {
-            algorithm,
+            control,
             limit: initial as f64,
             long: 0.0,
             seen: 0,
@@ -258,13 +258,13 @@ impl LimitState {
     /// Takes the sample of a request that finished at `now` (any monotonic origin); returns the limit in whole
     /// requests.
     pub(crate) fn update(&mut self, sample: Sample, now: Duration) -> u64 {
-        let (min, _, max) = self.algorithm.bounds();
-        let limit = match self.algorithm {
-            Algorithm::Gradient2(g) => match self.windowed(&g, sample, now) {
+        let (min, _, max) = self.control.bounds();
+        let limit = match self.control {
+            Control::Gradient2(g) => match self.windowed(&g, sample, now) {
                 Some(window) => self.gradient2(&g, window),
                 None => return self.limit(),
             },
-            Algorithm::Aimd(a) => {
+            Control::Aimd(a) => {
                 let admitted = now.saturating_sub(sample.latency);
                 if sample.dropped || sample.latency > a.timeout {
                     if self.backed_off.is_some_and(|at| admitted <= at) {
@@ -396,7 +396,7 @@ mod tests {
         )
     }
 
-    /// Under steady overload each algorithm settles where every worker is busy (above `WORKERS`) and latency is
+    /// Under steady overload each control settles where every worker is busy (above `WORKERS`) and latency is
     /// under twice the service time (below 2 × `WORKERS`), and stays there for a minute: Gradient2's baseline
     /// drifts up with the queue only at a tenth of its speed (10 % of the limit a minute here).
     #[test]
@@ -501,7 +501,7 @@ mod tests {
 
     #[test]
     fn impossible_settings_are_refused() {
-        let bad: [Algorithm; 6] = [
+        let bad: [Control; 6] = [
             Gradient2 {
                 min_limit: 0,
                 ..Gradient2::default()
@@ -533,11 +533,11 @@ mod tests {
             }
             .into(),
         ];
-        for algorithm in bad {
-            let err = algorithm.validate().unwrap_err();
-            assert!(err.to_string().contains(algorithm.as_str()), "{err}");
+        for control in bad {
+            let err = control.validate().unwrap_err();
+            assert!(err.to_string().contains(control.as_str()), "{err}");
         }
-        assert!(Algorithm::from(Gradient2::default()).validate().is_ok());
-        assert!(Algorithm::from(Aimd::default()).validate().is_ok());
+        assert!(Control::from(Gradient2::default()).validate().is_ok());
+        assert!(Control::from(Aimd::default()).validate().is_ok());
     }
 }

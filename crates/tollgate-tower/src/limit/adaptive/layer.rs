@@ -8,7 +8,7 @@ use tollgate_core::{Clock, SystemClock};
 use tower_layer::Layer;
 
 use super::AdaptiveLimit;
-use super::algorithm::{Algorithm, LimitState};
+use super::control::{Control, LimitState};
 use super::limiter::{DEFAULT_SHARES, Limiter};
 use crate::ConfigError;
 use crate::limit::concurrency::DEFAULT_RETRY_AFTER;
@@ -25,7 +25,7 @@ pub struct AdaptiveLimitLayer<P> {
     name: Name,
     switch: EnforcementSwitch,
     retry_after: Duration,
-    algorithm: Algorithm,
+    control: Control,
     shares: [u8; 4],
     clock: Arc<dyn Clock>,
     classifier: Arc<P>,
@@ -33,16 +33,16 @@ pub struct AdaptiveLimitLayer<P> {
 }
 
 impl<P> AdaptiveLimitLayer<P> {
-    /// A limit moved by `algorithm` ([`Gradient2`](super::Gradient2) or [`Aimd`](super::Aimd)), classifying
+    /// A limit moved by `control` ([`Gradient2`](super::Gradient2) or [`Aimd`](super::Aimd)), classifying
     /// requests with `classifier` for the guaranteed shares ([`DEFAULT_SHARES`](super::DEFAULT_SHARES): `Critical`
     /// 50 %, `High` 20 %, `Normal` 20 %, `Low` 10 % of the limit). Named [`DEFAULT_ADAPTIVE_NAME`], enforced,
     /// timed by the system clock; rejections announce a retry after 1 s.
     ///
     /// # Errors
-    /// If the algorithm's settings are impossible (e.g. a minimum limit above the maximum).
-    pub fn new(algorithm: impl Into<Algorithm>, classifier: P) -> Result<Self, ConfigError> {
-        let algorithm = algorithm.into();
-        algorithm.validate()?;
+    /// If the control's settings are impossible (e.g. a minimum limit above the maximum).
+    pub fn new(control: impl Into<Control>, classifier: P) -> Result<Self, ConfigError> {
+        let control = control.into();
+        control.validate()?;
         let name: Name = DEFAULT_ADAPTIVE_NAME.into();
         let switch = EnforcementSwitch::default();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
@@ -50,7 +50,7 @@ impl<P> AdaptiveLimitLayer<P> {
             name,
             switch,
             retry_after: DEFAULT_RETRY_AFTER,
-            algorithm,
+            control,
             shares: DEFAULT_SHARES,
             clock,
             classifier: Arc::new(classifier),
@@ -66,7 +66,7 @@ impl<P> AdaptiveLimitLayer<P> {
                 self.switch.clone(),
                 self.retry_after,
                 self.clock.clone(),
-                LimitState::new(self.algorithm),
+                LimitState::new(self.control),
                 self.shares,
             )
         })
@@ -122,10 +122,10 @@ impl<P> AdaptiveLimitLayer<P> {
 
     enforcement_methods!();
 
-    /// The algorithm and its settings.
+    /// The control and its settings.
     #[must_use]
-    pub fn algorithm(&self) -> &Algorithm {
-        &self.algorithm
+    pub fn control(&self) -> &Control {
+        &self.control
     }
 
     /// The current limit, in requests in flight.
@@ -165,7 +165,7 @@ impl<P> Clone for AdaptiveLimitLayer<P> {
             name: self.name.clone(),
             switch: self.switch.clone(),
             retry_after: self.retry_after,
-            algorithm: self.algorithm,
+            control: self.control,
             shares: self.shares,
             clock: self.clock.clone(),
             classifier: self.classifier.clone(),
@@ -178,7 +178,7 @@ impl<P> fmt::Debug for AdaptiveLimitLayer<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdaptiveLimitLayer")
             .field("name", &self.name)
-            .field("algorithm", &self.algorithm)
+            .field("control", &self.control)
             .field("shares", &self.shares)
             .field("mode", &self.switch.mode())
             .field("limit", &self.limit())

@@ -11,7 +11,7 @@ use crate::{EnforcementSwitch, Name, Priority};
 use metrics::{Counter, Gauge, Histogram};
 use tollgate_core::{Clock, Timestamp};
 
-use super::algorithm::{LimitState, Sample};
+use super::control::{LimitState, Sample};
 
 /// The current limit, in requests: `tollgate_adaptive_limit{limiter}`.
 pub const ADAPTIVE_LIMIT: &str = "tollgate_adaptive_limit";

@@ -2,7 +2,7 @@
 //! Netflix's concurrency-limits and Envoy's adaptive concurrency filter do, with a guaranteed share per priority.
 //!
 //! [`AdaptiveLimitLayer`] times every admitted request from admission to the end of its response (for HTTP, until
-//! the body is done or dropped) and feeds the latency to an [`Algorithm`]:
+//! the body is done or dropped) and feeds the latency to a [`Control`]:
 //!
 //! - [`Gradient2`]: the limit grows while requests are about as fast as the long-term latency, and shrinks in
 //!   proportion once they are slower than `tolerance` × that (queueing has started);
@@ -53,12 +53,12 @@
 //! # }
 //! ```
 
-mod algorithm;
+mod control;
 mod layer;
 mod limiter;
 mod service;
 
-pub use algorithm::{Aimd, Algorithm, Gradient2};
+pub use control::{Aimd, Control, Gradient2};
 pub use layer::{AdaptiveLimitLayer, DEFAULT_ADAPTIVE_NAME};
 pub use limiter::{ADAPTIVE_LATENCY, ADAPTIVE_LIMIT, DEFAULT_SHARES};
 pub(crate) use limiter::{AdaptivePermit, Outcome};
