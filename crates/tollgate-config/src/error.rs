@@ -12,13 +12,13 @@ use std::ops::Range;
 /// assert_eq!((err.line(), err.column()), (Some(2), Some(8)));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
+pub struct PolicyFileError {
     origin: String,
     position: Option<(usize, usize)>,
     message: String,
 }
 
-impl ConfigError {
+impl PolicyFileError {
     /// A problem at byte offsets `span` of `text`, the contents of `origin`.
     pub(crate) fn at(
         origin: &str,
@@ -67,7 +67,7 @@ impl ConfigError {
     }
 }
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for PolicyFileError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.position {
             Some((line, column)) => write!(f, "{}:{line}:{column}: {}", self.origin, self.message),
@@ -76,7 +76,7 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for PolicyFileError {}
 
 /// The 1-based line and column (in characters) of byte `offset` of `text`.
 fn line_column(text: &str, offset: usize) -> (usize, usize) {

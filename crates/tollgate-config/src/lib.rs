@@ -31,7 +31,7 @@
 //! ```
 //!
 //! Every table is closed: an unknown field is an error, as is a value of the wrong kind, each reported as
-//! `file:line:column: what was expected` ([`ConfigError`]). [`axum`] and [`tonic`] build a file into one layer for
+//! `file:line:column: what was expected` ([`PolicyFileError`]). [`axum`] and [`tonic`] build a file into one layer for
 //! the router or the server and a [`Reloader`] that swaps in a new file without a restart, every field of it (the
 //! header families too): requests in flight finish under the old set, the next ones see the new one, and a limiter
 //! the new file leaves as it was keeps everything (its deny cache, its counters); a limiter whose policy is
@@ -92,7 +92,7 @@ use tollgate_tower::limit::rate::{RateLimitSetHandle, RateLimitSetLayer};
 
 pub use build::{FileCost, FileEntry, FileKey, Routes};
 use build::{Protocol, entry};
-pub use error::ConfigError;
+pub use error::PolicyFileError;
 use resolve::{Limiter, Places, Resolved};
 
 /// A policy file, read and checked.
@@ -107,9 +107,9 @@ impl PolicyFile {
     ///
     /// # Errors
     /// Where the text is not a policy file, and what was expected there.
-    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+    pub fn parse(text: &str, origin: &str) -> Result<Self, PolicyFileError> {
         let spec: schema::FileSpec = toml::from_str(text)
-            .map_err(|e| ConfigError::at(origin, text, e.span(), e.message().trim_end()))?;
+            .map_err(|e| PolicyFileError::at(origin, text, e.span(), e.message().trim_end()))?;
         let resolved = resolve::resolve(spec, &Places { origin, text })?;
         Ok(Self {
             origin: origin.to_owned(),
@@ -121,11 +121,11 @@ impl PolicyFile {
     ///
     /// # Errors
     /// If it cannot be read, or where it is not a policy file.
-    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, PolicyFileError> {
         let path = path.as_ref();
         let origin = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::whole(&origin, format!("cannot read the policy file: {e}"))
+            PolicyFileError::whole(&origin, format!("cannot read the policy file: {e}"))
         })?;
         Self::parse(&text, &origin)
     }
@@ -134,7 +134,7 @@ impl PolicyFile {
     ///
     /// # Errors
     /// As [`load`](Self::load) or [`parse`](Self::parse).
-    pub fn read(source: &Source<'_>) -> Result<Self, ConfigError> {
+    pub fn read(source: &Source<'_>) -> Result<Self, PolicyFileError> {
         match source {
             Source::File(path) => Self::load(path),
             Source::Text { text, origin } => Self::parse(text, origin),
@@ -199,7 +199,7 @@ pub type TonicLayer<St> = GrpcLimitLayer<PolicySetLayer<St>>;
 pub fn axum<St: Store>(
     source: Source<'_>,
     store: Arc<St>,
-) -> Result<(AxumLayer<St>, Reloader<St>), ConfigError> {
+) -> Result<(AxumLayer<St>, Reloader<St>), PolicyFileError> {
     let (set, reloader) = build(source, store, Protocol::Http)?;
     let headers = reloader.state().resolved.headers;
     Ok((HttpLimitLayer::new(set).headers(headers), reloader))
@@ -214,7 +214,7 @@ pub fn axum<St: Store>(
 pub fn tonic<St: Store>(
     source: Source<'_>,
     store: Arc<St>,
-) -> Result<(TonicLayer<St>, Reloader<St>), ConfigError> {
+) -> Result<(TonicLayer<St>, Reloader<St>), PolicyFileError> {
     let (set, reloader) = build(source, store, Protocol::Grpc)?;
     Ok((GrpcLimitLayer::new(set), reloader))
 }
@@ -223,7 +223,7 @@ fn build<St: Store>(
     source: Source<'_>,
     store: Arc<St>,
     protocol: Protocol,
-) -> Result<(PolicySetLayer<St>, Reloader<St>), ConfigError> {
+) -> Result<(PolicySetLayer<St>, Reloader<St>), PolicyFileError> {
     let file = PolicyFile::read(&source)?;
     let entries = built(&file.resolved, &store, protocol, &[]);
     let set = RateLimitSetLayer::new(entries.iter().filter_map(|(_, e)| e.clone()));
@@ -347,10 +347,10 @@ impl<St: Store> Reloader<St> {
     ///
     /// # Errors
     /// If it cannot be read (the old policy stays, and the error is logged), or the layer was built from a string.
-    pub fn reload(&self) -> Result<Reloaded, ConfigError> {
+    pub fn reload(&self) -> Result<Reloaded, PolicyFileError> {
         match &self.inner.path {
             Some(path) => self.reload_from(Source::File(path)),
-            None => Err(ConfigError::whole(
+            None => Err(PolicyFileError::whole(
                 "<inline>",
                 "built from a string: nothing to read again (use reload_from)",
             )),
@@ -361,7 +361,7 @@ impl<St: Store> Reloader<St> {
     ///
     /// # Errors
     /// If it cannot be read: the old policy stays, and the error is logged (`file:line:column`).
-    pub fn reload_from(&self, source: Source<'_>) -> Result<Reloaded, ConfigError> {
+    pub fn reload_from(&self, source: Source<'_>) -> Result<Reloaded, PolicyFileError> {
         match PolicyFile::read(&source) {
             Ok(file) => Ok(self.apply(file)),
             Err(err) => {

@@ -11,7 +11,7 @@ use tollgate_tower::Mode;
 use tollgate_tower::limit::rate::{Overrides, Plan};
 use toml::Spanned;
 
-use crate::ConfigError;
+use crate::PolicyFileError;
 use crate::schema::{FileSpec, KeyPart, LimiterSpec, OverrideSpec, Period};
 
 /// A limiter as the file describes it, checked: what it takes to build one, and to tell whether a reload changed it.
@@ -45,12 +45,12 @@ pub(crate) struct Places<'a> {
 }
 
 impl Places<'_> {
-    fn at(&self, span: Range<usize>, message: impl Into<String>) -> ConfigError {
-        ConfigError::at(self.origin, self.text, Some(span), message)
+    fn at(&self, span: Range<usize>, message: impl Into<String>) -> PolicyFileError {
+        PolicyFileError::at(self.origin, self.text, Some(span), message)
     }
 }
 
-pub(crate) fn resolve(spec: FileSpec, places: &Places<'_>) -> Result<Resolved, ConfigError> {
+pub(crate) fn resolve(spec: FileSpec, places: &Places<'_>) -> Result<Resolved, PolicyFileError> {
     let trusted_proxies = spec
         .trusted_proxies
         .iter()
@@ -109,7 +109,7 @@ pub(crate) fn resolve(spec: FileSpec, places: &Places<'_>) -> Result<Resolved, C
     })
 }
 
-fn resolve_limiter(spec: LimiterSpec, places: &Places<'_>) -> Result<Limiter, ConfigError> {
+fn resolve_limiter(spec: LimiterSpec, places: &Places<'_>) -> Result<Limiter, PolicyFileError> {
     let algorithm = spec
         .algorithm
         .as_ref()
@@ -174,7 +174,7 @@ fn override_policy(
     algorithm: tollgate_core::Algorithm,
     limiter: &LimiterSpec,
     places: &Places<'_>,
-) -> Result<Policy, ConfigError> {
+) -> Result<Policy, PolicyFileError> {
     let (algorithm, algorithm_span) = match &o.algorithm {
         Some(a) => (a.get_ref().0, Some(a.span())),
         None => (algorithm, None),
@@ -200,7 +200,7 @@ fn policy(
     burst: Option<&Spanned<u64>>,
     lockout: Option<&Spanned<Period>>,
     places: &Places<'_>,
-) -> Result<Policy, ConfigError> {
+) -> Result<Policy, PolicyFileError> {
     let quota = Quota::new(*limit.get_ref(), period.get_ref().0)
         .map_err(|e| places.at(limit.span(), e.to_string()))?;
     let quota = match burst {
@@ -235,7 +235,7 @@ fn plan(
     plan: Plan,
     by_address: bool,
     places: &Places<'_>,
-) -> Result<Overrides, ConfigError> {
+) -> Result<Overrides, PolicyFileError> {
     let text = value.get_ref();
     if text.is_empty() {
         return Err(places.at(value.span(), "an empty key value"));
@@ -266,7 +266,7 @@ fn paths(
     list: &[Spanned<String>],
     what: &str,
     places: &Places<'_>,
-) -> Result<Vec<String>, ConfigError> {
+) -> Result<Vec<String>, PolicyFileError> {
     list.iter()
         .map(|path| {
             let text = path.get_ref();

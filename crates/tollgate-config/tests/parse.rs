@@ -1,6 +1,6 @@
 //! Reading policy files: the documented example as written, every field, and every error at its place.
 
-use tollgate_config::{ConfigError, PolicyFile};
+use tollgate_config::{PolicyFile, PolicyFileError};
 
 /// The policy file a user first wrote for the axum and tonic layers, byte for byte.
 const FIRST_EXAMPLE: &str = r#"[[limiter]]
@@ -19,7 +19,7 @@ period = "10s"
 burst = 6
 "#;
 
-fn error(text: &str) -> ConfigError {
+fn error(text: &str) -> PolicyFileError {
     PolicyFile::parse(text, "limits.toml").expect_err("an invalid file")
 }
 

@@ -4,9 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tollgate_rls::config::{
-    Algorithm, ConfigDir, ConfigError, Entry, Loader, RateLimitConfig, Unit,
-};
+use tollgate_rls::config::{Algorithm, ConfigDir, Entry, LoadError, Loader, RateLimitConfig, Unit};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/config")
@@ -22,7 +20,7 @@ fn read(relative: &str) -> (String, String) {
     (name, text)
 }
 
-fn load(files: &[&str]) -> Result<RateLimitConfig, ConfigError> {
+fn load(files: &[&str]) -> Result<RateLimitConfig, LoadError> {
     Loader::new().load(files.iter().map(|f| read(f)))
 }
 

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::{ConfigError, Loader, RateLimitConfig};
+use super::{LoadError, Loader, RateLimitConfig};
 
 /// A directory of configuration files and the loader that reads them.
 #[derive(Debug, Clone)]
@@ -95,7 +95,7 @@ pub enum DirError {
     /// A file or directory could not be read.
     Io(PathBuf, String),
     /// A file is not a valid configuration.
-    Config(ConfigError),
+    Config(LoadError),
 }
 
 impl fmt::Display for DirError {

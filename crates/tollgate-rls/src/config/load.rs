@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::yaml::{self, Node, Value};
 use super::{
-    Algorithm, ConfigError, DEFAULT_ALGORITHM, Descriptor, Limit, RateLimitConfig, Unit, Wildcard,
+    Algorithm, DEFAULT_ALGORITHM, Descriptor, Limit, LoadError, RateLimitConfig, Unit, Wildcard,
     parse_algorithm, policy_of,
 };
 
@@ -69,7 +69,7 @@ impl Loader {
     }
 
     /// Loads `files` (name, contents), in the order given: the first error stops the load.
-    pub fn load<'a, I, N, C>(&self, files: I) -> Result<RateLimitConfig, ConfigError>
+    pub fn load<'a, I, N, C>(&self, files: I) -> Result<RateLimitConfig, LoadError>
     where
         I: IntoIterator<Item = (N, C)>,
         N: AsRef<str> + 'a,
@@ -94,8 +94,8 @@ struct File<'a> {
 }
 
 impl File<'_> {
-    fn error(&self, at: &Node, cause: impl Into<String>) -> ConfigError {
-        ConfigError {
+    fn error(&self, at: &Node, cause: impl Into<String>) -> LoadError {
+        LoadError {
             file: self.name.to_owned(),
             line: at.line,
             column: at.column,
@@ -103,8 +103,8 @@ impl File<'_> {
         }
     }
 
-    fn load(&self, contents: &str, config: &mut RateLimitConfig) -> Result<(), ConfigError> {
-        let root = yaml::parse(contents).map_err(|e| ConfigError {
+    fn load(&self, contents: &str, config: &mut RateLimitConfig) -> Result<(), LoadError> {
+        let root = yaml::parse(contents).map_err(|e| LoadError {
             file: self.name.to_owned(),
             line: e.line,
             column: e.column,
@@ -160,7 +160,7 @@ impl File<'_> {
 
     /// Upstream's key check over the whole tree: string keys from the known set, lists of maps only, scalars of
     /// the types a field can hold; `metadata` is free-form.
-    fn validate_keys(&self, entries: &[(Node, Node)]) -> Result<(), ConfigError> {
+    fn validate_keys(&self, entries: &[(Node, Node)]) -> Result<(), LoadError> {
         for (key, value) in entries {
             let Value::Str(name) = &key.value else {
                 return Err(self.error(
@@ -202,7 +202,7 @@ impl File<'_> {
         Ok(())
     }
 
-    fn algorithm(&self, node: &Node) -> Result<Algorithm, ConfigError> {
+    fn algorithm(&self, node: &Node) -> Result<Algorithm, LoadError> {
         let name = node.value.scalar_text().unwrap_or_default();
         parse_algorithm(&name).ok_or_else(|| {
             self.error(
@@ -225,7 +225,7 @@ struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
-    fn new(file: &'a File<'a>, entries: &'a [(Node, Node)]) -> Result<Self, ConfigError> {
+    fn new(file: &'a File<'a>, entries: &'a [(Node, Node)]) -> Result<Self, LoadError> {
         let mut by_name = HashMap::new();
         for (key, value) in entries {
             // Keys are strings: checked before.
@@ -243,7 +243,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A string field: any scalar, as its text (a Go YAML decoder takes `value: 42` as "42").
-    fn text(&self, name: &str) -> Result<Option<String>, ConfigError> {
+    fn text(&self, name: &str) -> Result<Option<String>, LoadError> {
         let Some(node) = self.node(name) else {
             return Ok(None);
         };
@@ -256,7 +256,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn flag(&self, name: &str) -> Result<bool, ConfigError> {
+    fn flag(&self, name: &str) -> Result<bool, LoadError> {
         match self.node(name).map(|n| (n, &n.value)) {
             None | Some((_, Value::Null)) => Ok(false),
             Some((_, Value::Bool(b))) => Ok(*b),
@@ -267,7 +267,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn u32(&self, name: &str) -> Result<u32, ConfigError> {
+    fn u32(&self, name: &str) -> Result<u32, LoadError> {
         match self.node(name).map(|n| (n, &n.value)) {
             None | Some((_, Value::Null)) => Ok(0),
             Some((node, Value::Int(i))) => u32::try_from(*i).map_err(|_| {
@@ -290,7 +290,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A list of maps (already checked to hold maps only); absent or null: empty.
-    fn list(&self, name: &str) -> Result<&'a [Node], ConfigError> {
+    fn list(&self, name: &str) -> Result<&'a [Node], LoadError> {
         match self.node(name).map(|n| (n, &n.value)) {
             None | Some((_, Value::Null)) => Ok(&[]),
             Some((_, Value::Seq(items))) => Ok(items),
@@ -301,7 +301,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn map(&self, name: &str) -> Result<Option<MapNode<'a>>, ConfigError> {
+    fn map(&self, name: &str) -> Result<Option<MapNode<'a>>, LoadError> {
         match self.node(name).map(|n| (n, &n.value)) {
             None | Some((_, Value::Null)) => Ok(None),
             Some((node, Value::Map(entries))) => Ok(Some((node, entries))),
@@ -326,7 +326,7 @@ impl Level<'_> {
         parent: &mut Descriptor,
         parent_key: &str,
         items: &[Node],
-    ) -> Result<(), ConfigError> {
+    ) -> Result<(), LoadError> {
         let file = self.file;
         for item in items {
             let Value::Map(entries) = &item.value else {
@@ -395,7 +395,7 @@ impl Level<'_> {
         at: &Node,
         entries: &[(Node, Node)],
         full_key: &str,
-    ) -> Result<Limit, ConfigError> {
+    ) -> Result<Limit, LoadError> {
         let file = self.file;
         let fields = Fields::new(file, entries)?;
         let unlimited = fields.flag("unlimited")?;

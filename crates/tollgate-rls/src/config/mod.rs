@@ -14,7 +14,7 @@
 //! let found = config.find("edge", &[Entry::new("remote_address", "10.0.0.1")]).unwrap();
 //! assert_eq!(found.limit().requests_per_unit(), 10);
 //! assert!(config.find("edge", &[Entry::new("path", "/")]).is_none());
-//! # Ok::<(), tollgate_rls::config::ConfigError>(())
+//! # Ok::<(), tollgate_rls::config::LoadError>(())
 //! ```
 
 pub(crate) mod dir;
@@ -247,7 +247,7 @@ impl RateLimitConfig {
 /// A configuration that cannot be loaded: the file, the place in it (1-based line and column; 0 when unknown) and
 /// the cause, in upstream's words where it has them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
+pub struct LoadError {
     /// The file.
     pub file: String,
     /// The line (0: unknown).
@@ -258,7 +258,7 @@ pub struct ConfigError {
     pub cause: String,
 }
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.line == 0 {
             write!(f, "{}: {}", self.file, self.cause)
@@ -272,4 +272,4 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for LoadError {}
