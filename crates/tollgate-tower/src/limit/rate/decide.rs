@@ -45,7 +45,8 @@ pub(crate) struct Shared<K, St, C> {
     /// The deny cache, when on (a shared store's denials answered locally until their retry instant).
     deny: Option<Arc<DenyTable>>,
     /// The deny cache's key hasher with the key prefix written, when the cache is on and the key's digests are
-    /// read from the request's parts (a limiter charging after the response reads them from the text it builds).
+    /// read from the request's parts. A limiter with leases or charging after the response builds the key's text
+    /// anyway, and digests that.
     deny_prefix: Option<DefaultHasher>,
     /// Token leases, when on (hot keys admitted from batches leased from the store).
     leases: Option<Arc<LeaseTable<St>>>,
@@ -106,7 +107,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         } else {
             digest_prefix
         };
-        let deny_prefix = deny_prefix(deny.as_deref(), &name, after.is_some());
+        let deny_prefix = deny_prefix(deny.as_deref(), &name, after.is_some() || leases.is_some());
         Self {
             key_prefix: name.clone(),
             plans: None,
@@ -134,7 +135,8 @@ impl<K, St: Store, C> Shared<K, St, C> {
     /// Names this state's keys by `prefix` instead of the limiter's name (a bucket family of its own).
     pub(crate) fn with_key_prefix(mut self, prefix: Name) -> Self {
         self.digest_prefix = digest_prefix(&*self.store, &prefix, self.after.is_some());
-        self.deny_prefix = deny_prefix(self.deny.as_deref(), &prefix, self.after.is_some());
+        let by_text = self.after.is_some() || self.leases.is_some();
+        self.deny_prefix = deny_prefix(self.deny.as_deref(), &prefix, by_text);
         self.key_prefix = prefix;
         self
     }
@@ -218,7 +220,8 @@ impl<K, St: Store, C> Shared<K, St, C> {
     }
 
     /// Decides one request in `mode` (`Enforce` or `Shadow`; `Off` never gets here); an admission carries its
-    /// verdict if `keep`.
+    /// verdict if `keep`. `deny`: the key's digests in the deny cache by its parts ([`deny_key`](Self::deny_key)),
+    /// or `None` where the cache digests its text.
     pub(crate) async fn decide(
         &self,
         key: String,
@@ -235,10 +238,11 @@ impl<K, St: Store, C> Shared<K, St, C> {
                 Waited::Plain => {}
             }
         }
-        let (Some(table), Some(digests)) = (&self.deny, deny) else {
+        let Some(table) = &self.deny else {
             let result = timed_async(self.store.check(&key, &self.policy, cost)).await;
             return self.conclude(result, &key, cost, mode, keep);
         };
+        let digests = deny.unwrap_or_else(|| table.key(&key));
         // A key whose cached denial has just expired is asked once; the others wait for that reply.
         let ask = || timed_async(self.store.check(&key, &self.policy, cost));
         let result = match table.decide(digests, &key, cost, ask).await {
@@ -250,8 +254,8 @@ impl<K, St: Store, C> Shared<K, St, C> {
         self.conclude(result, &key, cost, mode, keep)
     }
 
-    /// The key's digests in the deny cache, when it is on: read from the request's parts, with no text built.
-    /// A limiter charging after the response reads them from its key's text ([`deny_key_of`](Self::deny_key_of)).
+    /// The key's digests in the deny cache, read from the request's parts with no text built; `None` when the
+    /// cache is off or digests the key's text (a limiter with leases or charging after the response).
     #[inline(always)]
     pub(crate) fn deny_key<Req>(&self, req: &Req) -> Result<Option<KeyDigests>, KeyError>
     where
@@ -264,15 +268,9 @@ impl<K, St: Store, C> Shared<K, St, C> {
         Ok(Some(DenyTable::finish(state)))
     }
 
-    /// The deny cache's digests of the key's text `key`, when the cache is on: for a limiter charging after the
-    /// response, which builds the text for the charge.
-    pub(crate) fn deny_key_of(&self, key: &str) -> Option<KeyDigests> {
-        self.deny.as_ref().map(|table| table.key(key))
-    }
-
-    /// Refuses at once a request the deny cache holds a denial for (counted as an ordinary `limited` decision),
-    /// before the key's text is built; `None` when the store must be asked, and always under token leases, where
-    /// the key's batch answers first ([`decide_at_once`](Self::decide_at_once) looks then).
+    /// Refuses at once, before the key's text is built, a request the deny cache holds a denial for by the
+    /// digests of its parts ([`deny_key`](Self::deny_key); counted as an ordinary `limited` decision). `None` when
+    /// the store must be asked.
     #[inline]
     pub(crate) fn decide_denied(
         &self,
@@ -281,24 +279,19 @@ impl<K, St: Store, C> Shared<K, St, C> {
         mode: Mode,
         keep: bool,
     ) -> Option<Conclusion> {
-        if self.leases.is_some() {
-            return None;
-        }
         let decision = self.deny.as_ref()?.lookup(deny?, cost)?;
         Some(self.over_limit(decision, mode, keep))
     }
 
-    /// [`decide_denied`](Self::decide_denied) under token leases, after the key's batch.
+    /// Refuses at once a request the deny cache holds a denial for by the digests of its key's text, for a
+    /// limiter whose cache digests the text; `None` when the store must be asked.
     #[inline]
-    fn decide_denied_leased(
-        &self,
-        key: &str,
-        deny: Option<KeyDigests>,
-        cost: u64,
-        mode: Mode,
-        keep: bool,
-    ) -> Option<Conclusion> {
-        let decision = self.deny.as_ref()?.lookup(deny?, cost)?;
+    fn decide_cached(&self, key: &str, cost: u64, mode: Mode, keep: bool) -> Option<Conclusion> {
+        if self.deny_prefix.is_some() {
+            return None; // looked up by the key's parts already
+        }
+        let table = self.deny.as_ref()?;
+        let decision = table.lookup(table.key(key), cost)?;
         Some(self.over_limit(self.shown(key, cost, decision), mode, keep))
     }
 
@@ -314,14 +307,14 @@ impl<K, St: Store, C> Shared<K, St, C> {
         Some(self.conclude(result, key, cost, mode, keep))
     }
 
-    /// Decides without a future or a key copy where anything can, once [`decide_denied`](Self::decide_denied)
-    /// has not: a hot key's leased batch first (any store), then a store that answers at once, then, under
-    /// leases, a shared store's cached denial of the key `deny` digests. `None`: the store must be awaited.
+    /// Decides without a future or a key copy where anything can: a hot key's leased batch first (any store),
+    /// then a store that answers at once, then a shared store's cached denial (by the key's text, where the cache
+    /// digests it; [`decide_denied`](Self::decide_denied) looked by its parts before). `None`: the store must be
+    /// awaited.
     #[inline(always)]
     pub(crate) fn decide_at_once(
         &self,
         key: &str,
-        deny: Option<KeyDigests>,
         cost: u64,
         mode: Mode,
         keep: bool,
@@ -329,10 +322,9 @@ impl<K, St: Store, C> Shared<K, St, C> {
         match self.decide_leased(key, cost, mode, keep) {
             AtOnce::Done(conclusion) => Some(conclusion),
             AtOnce::Later => None,
-            AtOnce::Plain => self.decide_now(key, cost, mode, keep).or_else(|| {
-                self.leases.as_ref()?;
-                self.decide_denied_leased(key, deny, cost, mode, keep)
-            }),
+            AtOnce::Plain => self
+                .decide_now(key, cost, mode, keep)
+                .or_else(|| self.decide_cached(key, cost, mode, keep)),
         }
     }
 

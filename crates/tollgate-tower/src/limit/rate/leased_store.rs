@@ -116,17 +116,20 @@ struct Tables<S> {
 }
 
 impl<S: Store> Tables<S> {
-    /// Whether `policy` is leased: decided by [`check`](Store::check) from a batch, its charges refused. Read
+    /// Whether the store leases `policy`'s tokens (a fixed window is never leased).
+    fn leases(&self, policy: &Policy) -> bool {
+        self.on && policy.algorithm() != Algorithm::FixedWindow
+    }
+
+    /// Whether `policy` is leased now: decided by [`check`](Store::check) from a batch, its charges refused. Read
     /// without the tables' lock, so that only `check` looks a table up.
     fn leased(&self, policy: &Policy) -> bool {
-        self.on
-            && policy.algorithm() != Algorithm::FixedWindow
-            && !self.closed.load(Ordering::Relaxed)
+        self.leases(policy) && !self.closed.load(Ordering::Relaxed)
     }
 
     /// The table `policy` leases in, made on its first call; `None` for the plain path.
     fn table(&self, policy: &Policy) -> Option<Arc<LeaseTable<S>>> {
-        if !self.on || policy.algorithm() == Algorithm::FixedWindow {
+        if !self.leases(policy) {
             return None;
         }
         if let Some(table) = self

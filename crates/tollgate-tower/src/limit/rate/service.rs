@@ -139,7 +139,7 @@ where
                             shared.write_key(&req, key)?;
                             Ok::<_, KeyError>(
                                 shared
-                                    .decide_at_once(key, deny, cost, mode, keep)
+                                    .decide_at_once(key, cost, mode, keep)
                                     .ok_or_else(|| key.clone()),
                             )
                         },
@@ -173,7 +173,7 @@ where
 // short in code, not only in instructions, leaves more of the instruction cache to the service it protects.
 
 /// A request's decision left to a store that cannot answer at once: its key, as text and as the deny cache's
-/// digests, its cost and how it is decided.
+/// digests of its parts (`None` where the cache digests the text), its cost and how it is decided.
 struct Later {
     key: String,
     deny: Option<KeyDigests>,
@@ -242,11 +242,7 @@ where
         upfront: cost,
         source,
     });
-    let deny = shared.deny_key_of(&key);
-    let decided = shared
-        .decide_denied(deny, cost, mode, true)
-        .or_else(|| shared.decide_at_once(&key, deny, cost, mode, true));
-    match decided {
+    match shared.decide_at_once(&key, cost, mode, true) {
         Some(Conclusion::Admit(verdict)) => {
             ResponseFuture::calling(inner.call(req), verdict, answer)
         }
@@ -254,7 +250,7 @@ where
         None => {
             let later = Later {
                 key,
-                deny,
+                deny: None,
                 cost,
                 mode,
                 keep: true,

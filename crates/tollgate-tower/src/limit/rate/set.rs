@@ -512,7 +512,8 @@ fn with_admitted(
 /// A limiter's answer before any waiting: decided, or the key and cost to ask the store with.
 enum Now {
     Decided(Conclusion),
-    /// Left to the store: the key's text, its digests in the deny cache, the cost.
+    /// Left to the store: the key's text, its digests in the deny cache by its parts (`None`: by its text), the
+    /// cost.
     Later(String, Option<KeyDigests>, u64),
 }
 
@@ -647,7 +648,7 @@ where
     }
     with_key_buffer(|key| {
         shared.write_key(req, key)?;
-        Ok(match shared.decide_at_once(key, deny, cost, mode, keep) {
+        Ok(match shared.decide_at_once(key, cost, mode, keep) {
             Some(conclusion) => Now::Decided(conclusion),
             None => Now::Later(key.clone(), deny, cost),
         })
@@ -673,11 +674,7 @@ where
     let mut key = String::new();
     shared.write_key(req, &mut key)?;
     let cost = shared.cost.cost(req);
-    let deny = shared.deny_key_of(&key);
-    let decided = shared
-        .decide_denied(deny, cost, mode, true)
-        .or_else(|| shared.decide_at_once(&key, deny, cost, mode, true));
-    Ok(match decided {
+    Ok(match shared.decide_at_once(&key, cost, mode, true) {
         Some(Conclusion::Admit(verdict)) => {
             if let Some(v) = &verdict {
                 grant.settle(shared, key, cost, v);
@@ -685,6 +682,6 @@ where
             Now::Decided(Conclusion::Admit(verdict.filter(|_| keep)))
         }
         Some(rejected) => Now::Decided(rejected),
-        None => Now::Later(key, deny, cost),
+        None => Now::Later(key, None, cost),
     })
 }
