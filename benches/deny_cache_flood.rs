@@ -38,7 +38,7 @@ use tollgate_core::{MemoryStore, Policy, Quota, Store};
 use tollgate_http::HttpLimitLayer;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::RedisServer;
-use tollgate_tower::{KeyError, KeyFn, RateLimitLayer};
+use tollgate_tower::{KeyError, RateLimitLayer};
 
 #[path = "../examples/common/cli.rs"]
 mod cli;
@@ -107,17 +107,15 @@ fn app<St: Store>(
     cold: bool,
 ) -> Router {
     let requests = Arc::new(AtomicU64::new(0));
-    let key = KeyFn::new(
-        move |_: &http::Request<axum::body::Body>, key: &mut String| {
-            key.push_str("turn-");
-            key.push_str(&turn.load(Ordering::Relaxed).to_string());
-            if cold {
-                key.push('-');
-                key.push_str(&requests.fetch_add(1, Ordering::Relaxed).to_string());
-            }
-            Ok::<_, KeyError>(())
-        },
-    );
+    let key = move |_: &http::Request<axum::body::Body>, key: &mut String| {
+        key.push_str("turn-");
+        key.push_str(&turn.load(Ordering::Relaxed).to_string());
+        if cold {
+            key.push('-');
+            key.push_str(&requests.fetch_add(1, Ordering::Relaxed).to_string());
+        }
+        Ok::<_, KeyError>(())
+    };
     let layer = RateLimitLayer::new("flood", policy, store, key).deny_cache(cache);
     Router::new()
         .route("/", get(|| async { "ok" }))

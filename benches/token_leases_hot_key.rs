@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use tollgate_core::{MemoryStore, Policy, Quota, Store};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::RedisServer;
-use tollgate_tower::{BoxError, ConstKey, LeaseConfig, RateLimitLayer, VerdictSink, Verdicts};
+use tollgate_tower::{BoxError, LeaseConfig, RateLimitLayer, VerdictSink, Verdicts};
 use tower::util::BoxCloneService;
 use tower::{Service, ServiceExt};
 
@@ -89,7 +89,7 @@ fn seconds(v: &str) -> std::result::Result<f64, String> {
 }
 
 fn service<St: Store>(store: Arc<St>, policy: Policy, leases: bool) -> Svc {
-    let layer = RateLimitLayer::new("hot", policy, store, ConstKey::new("api"));
+    let layer = RateLimitLayer::new("hot", policy, store, "api");
     let layer = if leases {
         layer.leases(LeaseConfig::new())
     } else {

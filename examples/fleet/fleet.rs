@@ -17,7 +17,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tollgate::http::HttpLimitLayer;
-use tollgate::tower::{ConstKey, LeaseConfig, RateLimitLayer};
+use tollgate::tower::{LeaseConfig, RateLimitLayer};
 use tollgate::{Policy, Store};
 
 /// One instance: `GET /` answers "ok" behind the instance's own limiter, like every instance of a real service;
@@ -32,8 +32,7 @@ pub(crate) async fn start_instance<St: Store>(
     let app = match policy {
         // Every instance limits the same service-wide key: "this service takes L per second".
         Some(policy) => {
-            let layer = RateLimitLayer::new("fleet", policy, store, ConstKey::new("api"))
-                .deny_cache(deny_cache);
+            let layer = RateLimitLayer::new("fleet", policy, store, "api").deny_cache(deny_cache);
             // With leases the key is hot on every instance: admitted from batches leased from Redis.
             let layer = if leases {
                 layer.leases(LeaseConfig::new())

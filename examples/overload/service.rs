@@ -13,7 +13,6 @@ use tokio::sync::Semaphore;
 use tollgate::http::HttpLimitLayer;
 use tollgate::http::priority::HeaderPriority;
 use tollgate::slot::MemorySlotStore;
-use tollgate::tower::KeyFn;
 use tollgate::tower::limit::adaptive::{AdaptiveLimitLayer, Aimd, Gradient2};
 use tollgate::tower::{ConcurrencyLimitLayer, WorkerShedLayer};
 
@@ -143,10 +142,10 @@ pub(crate) async fn start(design: Design, shape: Shape) -> Result<Server, String
     let routes = match design {
         Design::Unprotected => routes,
         Design::StaticLimit => {
-            let everyone = KeyFn::new(|_: &http::Request<axum::body::Body>, key: &mut String| {
+            let everyone = |_: &http::Request<axum::body::Body>, key: &mut String| {
                 key.push_str("instance");
                 Ok(())
-            });
+            };
             let layer = ConcurrencyLimitLayer::new(
                 "static",
                 static_capacity(shape),

@@ -21,7 +21,7 @@ use tollgate_core::slot::{MemorySlotStore, SlotStore};
 use tollgate_http::HttpLimitLayer;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{redis_url, unique_prefix};
-use tollgate_tower::{ConcurrencyLimitLayer, ConstKey};
+use tollgate_tower::ConcurrencyLimitLayer;
 
 use support::{bare, get, paced};
 use tollgate_client::PaceLayer;
@@ -74,13 +74,7 @@ async fn handler(State(held): State<Held>) -> &'static str {
 
 /// `/` behind a concurrency limit of [`CEILING`] for everyone, counted in `store`.
 async fn serve<L: SlotStore>(store: Arc<L>, held: &Held) -> SocketAddr {
-    let limit = ConcurrencyLimitLayer::new(
-        "in-flight",
-        CEILING as u64,
-        store,
-        ConstKey::new("everyone"),
-    )
-    .unwrap();
+    let limit = ConcurrencyLimitLayer::new("in-flight", CEILING as u64, store, "everyone").unwrap();
     let app = Router::new()
         .route("/", route_get(handler))
         .layer(HttpLimitLayer::new(limit))

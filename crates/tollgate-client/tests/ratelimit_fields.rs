@@ -34,8 +34,8 @@ use tollgate_http::headers::HeaderSet;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{redis_url, unique_prefix};
 use tollgate_tower::{
-    BoxError, ConcurrencyLimitLayer, ConstKey, CostAfter, CostFn, FinalCost, LeaseConfig,
-    PermitBody, RateLimitLayer, Rejection, Verdict, Verdicts,
+    BoxError, ConcurrencyLimitLayer, CostAfter, FinalCost, LeaseConfig, PermitBody, RateLimitLayer,
+    Rejection, Verdict, Verdicts,
 };
 use tower::ServiceExt as _;
 
@@ -311,7 +311,7 @@ impl Store for ClockedRedis {
 type Request = http::Request<(u64, u64)>;
 
 /// The limiter under test: its up-front cost is the request's first number.
-type Charging<St> = RateLimitLayer<ConstKey, St, CostFn<fn(&Request) -> u64>>;
+type Charging<St> = RateLimitLayer<String, St, fn(&Request) -> u64>;
 
 /// The charges spawned so far, taken for the test to wait for (none in process: they land at once).
 type Landed<'a> = &'a (dyn Fn() -> Vec<tokio::task::JoinHandle<()>> + Sync);
@@ -380,9 +380,9 @@ async fn spend_what_is_said_after_a_charge<St: Store>(
         "api",
         policy,
         store,
-        ConstKey::new(unique_prefix("ratelimit-fields-charged")),
+        unique_prefix("ratelimit-fields-charged"),
     )
-    .cost(CostFn::new(upfront))
+    .cost(upfront)
     .cost_after(CostAfter::Extension);
     let mut now = START;
     send(&layer, clock, landed, now, (1, 1)).await;
@@ -490,7 +490,7 @@ fn slots() -> impl Strategy<Value = Slots> {
 
 /// What one request's answer says: admitted, its response (held open while kept) and (q, r) as read back.
 async fn start<L: SlotStore>(
-    layer: &ConcurrencyLimitLayer<ConstKey, L>,
+    layer: &ConcurrencyLimitLayer<String, L>,
 ) -> (bool, Option<http::Response<PermitBody<String>>>, (u64, u64)) {
     let service = tower::ServiceBuilder::new()
         .layer(layer.clone())
@@ -528,7 +528,7 @@ async fn start_what_is_said<L: SlotStore>(
     store: Arc<L>,
     case: &Slots,
 ) -> Result<(), TestCaseError> {
-    let key = ConstKey::new(unique_prefix("ratelimit-fields-slots"));
+    let key = unique_prefix("ratelimit-fields-slots");
     let layer = ConcurrencyLimitLayer::new("in-flight", case.limit, store, key).unwrap();
     let mut open = std::collections::VecDeque::new();
     for &starts in &case.history {
@@ -644,7 +644,7 @@ impl Leased {
 }
 
 /// The leasing limiter under test: each request's cost is its body.
-type Leasing<St> = RateLimitLayer<ConstKey, St, CostFn<fn(&http::Request<u64>) -> u64>>;
+type Leasing<St> = RateLimitLayer<String, St, fn(&http::Request<u64>) -> u64>;
 
 /// One request of `cost` through the leasing instance at `at`, and the fetches it started landed at that instant
 /// (a store that answers before the clock moves on): its verdict.
@@ -698,9 +698,9 @@ async fn spend_what_is_said_under_leases<St: Store>(
         "api",
         policy,
         store,
-        ConstKey::new(unique_prefix("ratelimit-fields-leased")),
+        unique_prefix("ratelimit-fields-leased"),
     )
-    .cost(CostFn::new(cost))
+    .cost(cost)
     .leases(config);
     let leases = layer.lease_handle();
     let mut service =

@@ -8,7 +8,7 @@ use tollgate_core::Store;
 use tollgate_http::key::{Cidr, ClientIp, RouteKey};
 use tollgate_tower::key::HeaderKey;
 use tollgate_tower::limit::rate::{Applies, SetEntry};
-use tollgate_tower::{ConstKey, Cost, KeyError, KeyExtractor, RateLimitLayer};
+use tollgate_tower::{Cost, KeyError, KeyExtractor, RateLimitLayer};
 
 use crate::resolve::Limiter;
 use crate::schema::KeyPart;
@@ -21,7 +21,7 @@ pub(crate) enum Protocol {
 }
 
 /// A policy file's key: its parts in order, each keyed as the code-built extractor of the same name keys it
-/// (`ClientIp`, `HeaderKey`, `RouteKey`, gRPC's `PeerIp` and `GrpcMethod`, `ConstKey`), a tuple's parts apart as in
+/// (`ClientIp`, `HeaderKey`, `RouteKey`, gRPC's `PeerIp` and `GrpcMethod`, a constant text), a tuple's parts apart as in
 /// code (`|` in the text, a separator byte in digests). A one-part key is exactly that extractor's key.
 #[derive(Debug, Clone)]
 pub struct FileKey {
@@ -35,7 +35,7 @@ enum Part {
     Header(HeaderKey),
     Route(RouteKey),
     Method(tollgate_grpc::key::GrpcMethod),
-    Global(ConstKey),
+    Global(&'static str),
 }
 
 impl FileKey {
@@ -53,7 +53,7 @@ impl FileKey {
             }
             (KeyPart::Route, Protocol::Http) => Part::Route(RouteKey),
             (KeyPart::Route, Protocol::Grpc) => Part::Method(tollgate_grpc::key::GrpcMethod),
-            (KeyPart::Global, _) => Part::Global(ConstKey::new("global")),
+            (KeyPart::Global, _) => Part::Global("global"),
         };
         Self {
             parts: parts.iter().map(part).collect(),

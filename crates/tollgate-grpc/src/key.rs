@@ -40,11 +40,11 @@ pub use tollgate_tower::key::HeaderKey as MetadataKey;
 ///
 /// The port is left out: a client opening several connections is still one client. An IPv6 peer is keyed by its
 /// /64 network, the block one client can pick any address from (see
-/// [`client_network`]); for another grouping, key with a
-/// [`KeyFn`](tollgate_tower::KeyFn) and [`push_client_ip`].
+/// [`client_network`]); for another grouping, key with a closure
+/// ([`KeyExtractor`]) and [`push_client_ip`].
 ///
 /// Behind TLS, tonic records `TlsConnectInfo<TcpConnectInfo>` instead (with its TLS features); read it with a
-/// [`KeyFn`](tollgate_tower::KeyFn). Behind a proxy the peer is the proxy: key by a metadata entry the proxy sets and
+/// closure. Behind a proxy the peer is the proxy: key by a metadata entry the proxy sets and
 /// clients cannot (e.g. with [`MetadataKey`]), never by one clients can spoof.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerIp;

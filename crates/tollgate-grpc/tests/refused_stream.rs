@@ -13,7 +13,6 @@ use support::serve;
 use tollgate_core::{MemoryStore, Policy, Quota};
 use tollgate_grpc::GrpcLimitLayer;
 use tollgate_tower::RateLimitLayer;
-use tollgate_tower::key::ConstKey;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -36,7 +35,7 @@ async fn a_refused_call_is_read_to_its_end_not_reset() -> TestResult {
         "one-an-hour",
         policy,
         Arc::new(MemoryStore::new()),
-        ConstKey::new("everyone"),
+        "everyone",
     ));
     let (addr, _) = serve(layer).await;
     let tcp = tokio::net::TcpStream::connect(addr).await?;

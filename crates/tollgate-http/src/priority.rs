@@ -112,7 +112,6 @@ impl<B, F: Classify<Request<B>>> Classify<Request<B>> for HeaderPriority<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_tower::ConstPriority;
 
     fn req(method: Method, priority: Option<&str>) -> Request<()> {
         let mut builder = Request::builder().method(method).uri("/");
@@ -162,7 +161,7 @@ mod tests {
             c.classify(&req(Method::POST, Some("urgent"))),
             Priority::High
         );
-        let c = HeaderPriority::new().fallback(ConstPriority(Priority::Low));
+        let c = HeaderPriority::new().fallback(Priority::Low);
         assert_eq!(c.classify(&req(Method::GET, None)), Priority::Low);
     }
 }

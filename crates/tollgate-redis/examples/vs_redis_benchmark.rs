@@ -163,10 +163,10 @@ async fn leases_rate(url: &str, policy: Policy, concurrency: usize, requests: u6
             .await
             .expect("store builds"),
     );
-    let by_key = tollgate_tower::KeyFn::new(|k: &u64, key: &mut String| {
+    let by_key = |k: &u64, key: &mut String| {
         key.push_str(&k.to_string());
         Ok::<_, tollgate_tower::KeyError>(())
-    });
+    };
     let layer = tollgate_tower::RateLimitLayer::new("hot", policy, store, by_key)
         .leases(tollgate_tower::LeaseConfig::new());
     let leases = layer.lease_handle();

@@ -129,12 +129,8 @@ async fn serve_rls<S: Store>(store: S) -> SocketAddr {
 
 fn axum_app<S: Store>(store: S, leases: bool) -> axum::Router {
     let policy = Policy::sliding_window(Quota::per_second(100_000_000).unwrap()).unwrap();
-    let mut limiter = tollgate_tower::RateLimitLayer::new(
-        "bench",
-        policy,
-        Arc::new(store),
-        tollgate_tower::ConstKey::new("client"),
-    );
+    let mut limiter =
+        tollgate_tower::RateLimitLayer::new("bench", policy, Arc::new(store), "client");
     if leases {
         limiter = limiter.leases(LeaseConfig::new());
     }

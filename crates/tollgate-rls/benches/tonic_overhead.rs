@@ -69,7 +69,7 @@ async fn serve(v: usize) -> SocketAddr {
                 "bench",
                 policy,
                 Arc::new(MemoryStore::new()),
-                tollgate_tower::ConstKey::new("client"),
+                "client",
             );
             let mut layer = tollgate_grpc::GrpcLimitLayer::new(limiter);
             if v == 2 {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use tollgate_core::slot::{MemorySlotStore, block_on_ready};
 use tollgate_core::{MemoryStore, Policy, Quota};
-use tollgate_tower::{BoxError, ConstKey, ConstPriority, Priority, RateLimitLayer};
+use tollgate_tower::{BoxError, Priority, RateLimitLayer};
 use tollgate_tower::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
@@ -39,16 +39,13 @@ fn overhead(c: &mut Criterion) {
             "rate",
             Policy::token_bucket(Quota::per_second(1_000_000_000).unwrap()),
             Arc::new(MemoryStore::new()),
-            ConstKey::new("client"),
+            "client",
         )
     };
-    let concurrency = || {
-        ConcurrencyLimitLayer::new("in-flight", 1_000, leases.clone(), ConstKey::new("client"))
-            .unwrap()
-    };
-    let worker = || WorkerShedLayer::new(1_000, ConstPriority(Priority::Normal)).unwrap();
-    let fleet =
-        || FleetShedLayer::new(1_000_000, leases.clone(), ConstPriority(Priority::Normal)).unwrap();
+    let concurrency =
+        || ConcurrencyLimitLayer::new("in-flight", 1_000, leases.clone(), "client").unwrap();
+    let worker = || WorkerShedLayer::new(1_000, Priority::Normal).unwrap();
+    let fleet = || FleetShedLayer::new(1_000_000, leases.clone(), Priority::Normal).unwrap();
 
     let mut bare = handler();
     group.bench_function("bare", |b| b.iter(|| run(&mut bare)));

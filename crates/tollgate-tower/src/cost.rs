@@ -1,11 +1,12 @@
 //! How many tokens a request takes.
 //!
 //! ```
-//! use tollgate_tower::{Cost, CostFn, UnitCost};
+//! use tollgate_tower::Cost;
 //!
-//! assert_eq!(Cost::<&str>::cost(&UnitCost, &"anything"), 1);
-//! // A batch request costs one token per item.
-//! let per_item = CostFn::new(|req: &Vec<u32>| req.len() as u64);
+//! // A number is the same cost for every request (a limiter's default is 1).
+//! assert_eq!(Cost::<&str>::cost(&1, &"anything"), 1);
+//! // A closure computes it: a batch request costs one token per item.
+//! let per_item = |req: &Vec<u32>| req.len() as u64;
 //! assert_eq!(per_item.cost(&vec![1, 2, 3]), 3);
 //! ```
 
@@ -34,38 +35,19 @@ pub trait Cost<Req>: Send + Sync + 'static {
     fn cost(&self, req: &Req) -> u64;
 }
 
-/// Every request costs one token (the default).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct UnitCost;
-
-impl<Req> Cost<Req> for UnitCost {
+/// The same cost for every request: this many tokens (a limiter's default is 1).
+impl<Req> Cost<Req> for u64 {
     fn cost(&self, _: &Req) -> u64 {
-        1
+        *self
     }
 }
 
 /// A cost computed by a closure.
-#[derive(Clone, Copy)]
-pub struct CostFn<F>(F);
-
-impl<F> CostFn<F> {
-    /// Wraps `f`.
-    pub const fn new(f: F) -> Self {
-        Self(f)
-    }
-}
-
-impl<F> std::fmt::Debug for CostFn<F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CostFn")
-    }
-}
-
-impl<Req, F> Cost<Req> for CostFn<F>
+impl<Req, F> Cost<Req> for F
 where
     F: Fn(&Req) -> u64 + Send + Sync + 'static,
 {
     fn cost(&self, req: &Req) -> u64 {
-        (self.0)(req)
+        self(req)
     }
 }

@@ -3,7 +3,8 @@
 //! A [`KeyExtractor`] appends a request's key to a buffer (the layer has already written its own name, so two
 //! limiters never share state by accident). When the source of the key is missing — no peer address, no API-key
 //! header — the extractor returns a [`KeyError`] and the request fails with a configuration error: it is never
-//! counted against a silent global bucket. A deliberate global limit uses [`ConstKey`].
+//! counted against a silent global bucket. A deliberate global limit keys every request by one text: a `&'static str`
+//! or a `String` is such a key. A closure `Fn(&Req, &mut String) -> Result<(), KeyError>` is an extractor.
 //!
 //! Tuples combine extractors: `(PeerIp, RouteKey)` limits each client per route.
 //!
@@ -13,26 +14,25 @@
 //! that no one reads.
 //!
 //! ```
-//! use tollgate_tower::{ConstKey, KeyError, KeyExtractor, KeyFn};
+//! use tollgate_tower::{KeyError, KeyExtractor};
 //!
 //! struct Req { user: Option<&'static str>, path: &'static str }
 //!
-//! let user = KeyFn::new(|req: &Req, key: &mut String| {
+//! let user = |req: &Req, key: &mut String| {
 //!     key.push_str(req.user.ok_or(KeyError::missing("the user name"))?);
 //!     Ok(())
-//! });
-//! let path = KeyFn::new(|req: &Req, key: &mut String| {
+//! };
+//! let path = |req: &Req, key: &mut String| {
 //!     key.push_str(req.path);
 //!     Ok(())
-//! });
+//! };
 //!
 //! let mut key = String::new();
 //! (user, path).extract(&Req { user: Some("ann"), path: "/a" }, &mut key)?;
 //! assert_eq!(key, "ann|/a");
 //!
 //! let mut key = String::new();
-//! let global = ConstKey::new("all");
-//! KeyExtractor::<Req>::extract(&global, &Req { user: None, path: "/" }, &mut key)?;
+//! KeyExtractor::<Req>::extract(&"all", &Req { user: None, path: "/" }, &mut key)?;
 //! assert_eq!(key, "all");
 //! # Ok::<(), KeyError>(())
 //! ```
@@ -206,57 +206,36 @@ impl fmt::Display for KeyError {
 
 impl std::error::Error for KeyError {}
 
-/// The same key for every request: one deliberate global bucket.
-#[derive(Debug, Clone)]
-pub struct ConstKey(Cow<'static, str>);
+/// The same key for every request: one deliberate global bucket, named by this text.
+macro_rules! const_key {
+    ($($text:ty),*) => {$(
+        impl<Req> KeyExtractor<Req> for $text {
+            fn extract(&self, _: &Req, key: &mut String) -> Result<(), KeyError> {
+                key.push_str(self);
+                Ok(())
+            }
 
-impl ConstKey {
-    /// Always the key `key`.
-    pub fn new(key: impl Into<Cow<'static, str>>) -> Self {
-        Self(key.into())
-    }
+            fn hash_key(&self, _: &Req, state: &mut DefaultHasher) -> Result<(), KeyError> {
+                state.write(self.as_bytes());
+                Ok(())
+            }
+
+            fn match_key(&self, _: &Req, out: &mut Vec<u8>) -> Result<(), KeyError> {
+                out.extend_from_slice(self.as_bytes());
+                Ok(())
+            }
+        }
+    )*};
 }
+const_key!(&'static str, String, Cow<'static, str>);
 
-impl<Req> KeyExtractor<Req> for ConstKey {
-    fn extract(&self, _: &Req, key: &mut String) -> Result<(), KeyError> {
-        key.push_str(&self.0);
-        Ok(())
-    }
-
-    fn hash_key(&self, _: &Req, state: &mut DefaultHasher) -> Result<(), KeyError> {
-        state.write(self.0.as_bytes());
-        Ok(())
-    }
-
-    fn match_key(&self, _: &Req, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        out.extend_from_slice(self.0.as_bytes());
-        Ok(())
-    }
-}
-
-/// A key computed by a closure `Fn(&Req, &mut String) -> Result<(), KeyError>`.
-#[derive(Clone, Copy)]
-pub struct KeyFn<F>(F);
-
-impl<F> KeyFn<F> {
-    /// Wraps `f`.
-    pub const fn new(f: F) -> Self {
-        Self(f)
-    }
-}
-
-impl<F> fmt::Debug for KeyFn<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("KeyFn")
-    }
-}
-
-impl<Req, F> KeyExtractor<Req> for KeyFn<F>
+/// A key computed by a closure: it appends the request's key to the buffer, or says why it cannot be found.
+impl<Req, F> KeyExtractor<Req> for F
 where
     F: Fn(&Req, &mut String) -> Result<(), KeyError> + Send + Sync + 'static,
 {
     fn extract(&self, req: &Req, key: &mut String) -> Result<(), KeyError> {
-        (self.0)(req, key)
+        self(req, key)
     }
 }
 
@@ -354,11 +333,11 @@ mod tests {
 
     #[test]
     fn text_keys_hash_as_their_text_tuples_included() {
-        let user = KeyFn::new(|_: &(), key: &mut String| {
+        let user = |_: &(), key: &mut String| {
             key.push_str("ann");
             Ok(())
-        });
-        let tuple = (ConstKey::new("a"), user);
+        };
+        let tuple = ("a", user);
         let hashed = digest(|s| tuple.hash_key(&(), s));
         let text = digest(|s| {
             s.write(b"a|ann");
@@ -370,14 +349,14 @@ mod tests {
     #[test]
     fn binary_parts_keep_tuple_keys_apart() {
         let keys = [
-            digest(|s| (Ip("10.0.0.1"), ConstKey::new("x")).hash_key(&(), s)),
-            digest(|s| (Ip("10.0.0.2"), ConstKey::new("x")).hash_key(&(), s)),
-            digest(|s| (ConstKey::new("x"), Ip("10.0.0.1")).hash_key(&(), s)),
-            digest(|s| (ConstKey::new("x"), Ip("::a00:1")).hash_key(&(), s)),
-            digest(|s| (Secret("ab"), ConstKey::new("c")).hash_key(&(), s)),
-            digest(|s| (Secret("a"), ConstKey::new("bc")).hash_key(&(), s)),
-            digest(|s| (Secret("a|b"), ConstKey::new("c")).hash_key(&(), s)),
-            digest(|s| (Secret("a"), ConstKey::new("b|c")).hash_key(&(), s)),
+            digest(|s| (Ip("10.0.0.1"), "x").hash_key(&(), s)),
+            digest(|s| (Ip("10.0.0.2"), "x").hash_key(&(), s)),
+            digest(|s| ("x", Ip("10.0.0.1")).hash_key(&(), s)),
+            digest(|s| ("x", Ip("::a00:1")).hash_key(&(), s)),
+            digest(|s| (Secret("ab"), "c").hash_key(&(), s)),
+            digest(|s| (Secret("a"), "bc").hash_key(&(), s)),
+            digest(|s| (Secret("a|b"), "c").hash_key(&(), s)),
+            digest(|s| (Secret("a"), "b|c").hash_key(&(), s)),
         ];
         for (i, a) in keys.iter().enumerate() {
             for b in &keys[i + 1..] {
@@ -385,19 +364,14 @@ mod tests {
             }
         }
         // And one key is always the same digest.
-        assert_eq!(
-            keys[0],
-            digest(|s| (Ip("10.0.0.1"), ConstKey::new("x")).hash_key(&(), s))
-        );
+        assert_eq!(keys[0], digest(|s| (Ip("10.0.0.1"), "x").hash_key(&(), s)));
     }
 
     #[test]
     fn a_missing_part_is_an_error_when_hashing_too() {
-        let missing = KeyFn::new(|_: &(), _: &mut String| Err(KeyError::missing("the user")));
+        let missing = |_: &(), _: &mut String| Err(KeyError::missing("the user"));
         let mut state = DefaultHasher::new();
-        let err = (ConstKey::new("a"), missing)
-            .hash_key(&(), &mut state)
-            .unwrap_err();
+        let err = ("a", missing).hash_key(&(), &mut state).unwrap_err();
         assert_eq!(err.what(), "the user");
     }
 }

@@ -44,9 +44,9 @@ pub mod rejection;
 pub mod respond;
 pub mod verdict;
 
-pub use cost::{Cost, CostAfter, CostFn, FinalCost, UnitCost};
+pub use cost::{Cost, CostAfter, FinalCost};
 pub use error::ConfigError;
-pub use key::{ConstKey, KeyError, KeyExtractor, KeyFn};
+pub use key::{KeyError, KeyExtractor};
 pub use limit::rate::{
     DenyCacheConfig, DenyCacheHandle, DenyCachedStore, RateLimit, RateLimitLayer,
 };
@@ -68,7 +68,7 @@ pub use name::Name;
 pub use permit::{HoldPermit, Permit};
 #[cfg(feature = "stack")]
 pub use permit_body::PermitBody;
-pub use priority::{Classify, ClassifyFn, ConstPriority, Priority};
+pub use priority::{Classify, Priority};
 pub use rejection::{Rejection, RejectionKind};
 pub use verdict::{QuotaUnit, Verdict, VerdictSink, Verdicts};
 

@@ -4,16 +4,17 @@
 //! [`Critical`](Priority::Critical) (e.g. creating charges), [`High`](Priority::High) (other writes),
 //! [`Normal`](Priority::Normal) (reads) and [`Low`](Priority::Low) (test-mode or batch traffic). A [`Classify`]
 //! implementation, supplied by the user, gives each request its class; the HTTP adapter ships a method-based one.
+//! A closure `Fn(&Req) -> Priority` classifies, and a `Priority` is the same class for every request.
 //!
 //! ```
-//! use tollgate_tower::{Classify, ClassifyFn, ConstPriority, Priority};
+//! use tollgate_tower::{Classify, Priority};
 //!
 //! struct Req { path: &'static str }
-//! let by_path = ClassifyFn::new(|req: &Req| {
+//! let by_path = |req: &Req| {
 //!     if req.path.starts_with("/v1/charges") { Priority::Critical } else { Priority::Normal }
-//! });
+//! };
 //! assert_eq!(by_path.classify(&Req { path: "/v1/charges" }), Priority::Critical);
-//! assert_eq!(ConstPriority(Priority::Low).classify(&Req { path: "/" }), Priority::Low);
+//! assert_eq!(Priority::Low.classify(&Req { path: "/" }), Priority::Low);
 //! assert_eq!("high".parse::<Priority>()?, Priority::High);
 //! assert!(Priority::Critical.outranks(Priority::Low));
 //! # Ok::<(), tollgate_tower::ConfigError>(())
@@ -103,38 +104,19 @@ pub trait Classify<Req>: Send + Sync + 'static {
 }
 
 /// The same class for every request.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ConstPriority(pub Priority);
-
-impl<Req> Classify<Req> for ConstPriority {
+impl<Req> Classify<Req> for Priority {
     fn classify(&self, _: &Req) -> Priority {
-        self.0
+        *self
     }
 }
 
-/// A classifier from a closure `Fn(&Req) -> Priority`.
-#[derive(Clone, Copy)]
-pub struct ClassifyFn<F>(F);
-
-impl<F> ClassifyFn<F> {
-    /// Wraps `f`.
-    pub const fn new(f: F) -> Self {
-        Self(f)
-    }
-}
-
-impl<F> fmt::Debug for ClassifyFn<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ClassifyFn")
-    }
-}
-
-impl<Req, F> Classify<Req> for ClassifyFn<F>
+/// A classifier from a closure.
+impl<Req, F> Classify<Req> for F
 where
     F: Fn(&Req) -> Priority + Send + Sync + 'static,
 {
     fn classify(&self, req: &Req) -> Priority {
-        (self.0)(req)
+        self(req)
     }
 }
 

@@ -18,7 +18,7 @@ use tollgate_http::HttpLimitLayer;
 use tollgate_http::priority::HeaderPriority;
 use tollgate_tower::StackLayer;
 use tollgate_tower::limit::adaptive::{AdaptiveLimitLayer, Aimd, Gradient2};
-use tollgate_tower::{BoxError, ClassifyFn, Priority};
+use tollgate_tower::{BoxError, Priority};
 use tonic::Code;
 use tonic_types::StatusExt;
 use tower::{Service, ServiceExt};
@@ -175,13 +175,13 @@ async fn permits_return_on_disconnect_cancellation_and_panic() -> Result<(), Box
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_the_stack_on_tonic_a_full_limit_is_unavailable_with_retry_info() {
-    let by_metadata = ClassifyFn::new(|req: &http::Request<tonic::body::Body>| {
+    let by_metadata = |req: &http::Request<tonic::body::Body>| {
         req.headers()
             .get("x-priority")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok())
             .unwrap_or(Priority::Normal)
-    });
+    };
     let aimd = Aimd {
         min_limit: 1,
         initial_limit: 1,

@@ -12,9 +12,9 @@ use counts::Counts;
 use tollgate_core::{Policy, Quota};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::RedisServer;
-use tollgate_tower::limit::rate::{Everywhere, RateLimitSetLayer, SetEntry};
+use tollgate_tower::limit::rate::{RateLimitSetLayer, SetEntry};
 use tollgate_tower::observe::CHARGES_LOST_TOTAL;
-use tollgate_tower::{BoxError, ConstKey, CostAfter, RateLimitLayer, VerdictSink, Verdicts};
+use tollgate_tower::{BoxError, CostAfter, RateLimitLayer, VerdictSink, Verdicts};
 use tower::{Layer, Service, ServiceExt};
 
 /// A response stating its real cost, read by the limiter after it is ready.
@@ -84,11 +84,11 @@ async fn a_charge_that_cannot_reach_the_store_is_counted() {
     let policy = Policy::token_bucket(Quota::per_hour(10).unwrap());
     let (single_redis, single_store) = private_store().await;
     let (set_redis, set_store) = private_store().await;
-    let single = RateLimitLayer::new("single", policy, single_store, ConstKey::new("k"))
-        .cost_after(CostAfter::Extension);
-    let in_set = RateLimitLayer::new("in-set", policy, set_store, ConstKey::new("k"))
-        .cost_after(CostAfter::Extension);
-    let set = RateLimitSetLayer::new([SetEntry::new(&in_set, Everywhere)]);
+    let single =
+        RateLimitLayer::new("single", policy, single_store, "k").cost_after(CostAfter::Extension);
+    let in_set =
+        RateLimitLayer::new("in-set", policy, set_store, "k").cost_after(CostAfter::Extension);
+    let set = RateLimitSetLayer::new([SetEntry::new(&in_set, true)]);
     let mut single_svc = single.layer(handler(single_redis));
     let mut set_svc = set.layer(handler(set_redis));
 

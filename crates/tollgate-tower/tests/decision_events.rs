@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use tollgate_core::{MemoryStore, Policy, Quota};
 use tollgate_tower::observe::DECISION_TARGET;
-use tollgate_tower::{BoxError, KeyError, KeyFn, Mode, RateLimitLayer, VerdictSink, Verdicts};
+use tollgate_tower::{BoxError, KeyError, Mode, RateLimitLayer, VerdictSink, Verdicts};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -76,10 +76,10 @@ impl VerdictSink for Reply {
 async fn every_decision_is_one_span_and_one_event_with_its_fields() {
     let events = Events::default();
     tracing::subscriber::set_global_default(events.clone()).expect("the only subscriber here");
-    let by_user = KeyFn::new(|user: &&'static str, key: &mut String| {
+    let by_user = |user: &&'static str, key: &mut String| {
         key.push_str(user);
         Ok::<_, KeyError>(())
-    });
+    };
     let policy = Policy::sliding_window(Quota::per_minute(2).unwrap()).unwrap();
     let layer = RateLimitLayer::new("events", policy, Arc::new(MemoryStore::new()), by_user);
     let switch = layer.enforcement();

@@ -15,8 +15,8 @@ use tollgate_core::{
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{RedisServer, redis_url, unique_prefix};
 use tollgate_tower::{
-    BoxError, CostFn, DenyCacheConfig, DenyCacheHandle, KeyError, KeyFn, RateLimitLayer, Rejection,
-    VerdictSink, Verdicts,
+    BoxError, DenyCacheConfig, DenyCacheHandle, KeyError, RateLimitLayer, Rejection, VerdictSink,
+    Verdicts,
 };
 use tower::{Service, ServiceExt, util::BoxCloneService};
 
@@ -92,8 +92,8 @@ fn clock() -> ManualClock {
     ManualClock::new(Timestamp::from_micros(secs * 1_000_000))
 }
 
-type KeyOf = KeyFn<fn(&Req, &mut String) -> Result<(), KeyError>>;
-type CostOf = CostFn<fn(&Req) -> u64>;
+type KeyOf = fn(&Req, &mut String) -> Result<(), KeyError>;
+type CostOf = fn(&Req) -> u64;
 type Limit<St> = RateLimitLayer<KeyOf, St, CostOf>;
 
 fn layer<St: Store>(store: Arc<St>, policy: Policy) -> Limit<St> {
@@ -104,13 +104,8 @@ fn layer<St: Store>(store: Arc<St>, policy: Policy) -> Limit<St> {
     fn cost(req: &Req) -> u64 {
         req.1
     }
-    RateLimitLayer::new(
-        "dc",
-        policy,
-        store,
-        KeyFn::new(key as fn(&Req, &mut String) -> _),
-    )
-    .cost(CostFn::new(cost as fn(&Req) -> u64))
+    RateLimitLayer::new("dc", policy, store, key as fn(&Req, &mut String) -> _)
+        .cost(cost as fn(&Req) -> u64)
 }
 
 fn service<St: Store>(layer: Limit<St>) -> Svc {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use counts::Counts;
 use tollgate_core::{FailurePolicy, MemoryStore, OnFull, Policy, Quota};
-use tollgate_tower::{BoxError, KeyError, KeyFn, Mode, RateLimitLayer, VerdictSink, Verdicts};
+use tollgate_tower::{BoxError, KeyError, Mode, RateLimitLayer, VerdictSink, Verdicts};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 #[derive(Debug, Default)]
@@ -24,10 +24,10 @@ async fn decisions_are_counted_by_limiter_and_outcome() {
     let counts = Counts::default();
     metrics::set_global_recorder(counts.clone()).expect("the only recorder in this test binary");
 
-    let by_user = KeyFn::new(|user: &&'static str, key: &mut String| {
+    let by_user = |user: &&'static str, key: &mut String| {
         key.push_str(user);
         Ok::<_, KeyError>(())
-    });
+    };
     let policy = Policy::token_bucket(Quota::per_minute(2).unwrap());
     let layer = RateLimitLayer::new("dark", policy, Arc::new(MemoryStore::new()), by_user).shadow();
     let switch = layer.enforcement();
@@ -74,10 +74,10 @@ async fn decisions_are_counted_by_limiter_and_outcome() {
             .build(),
     );
     full.check_now("full:other", &policy, 1).unwrap();
-    let key = KeyFn::new(|user: &&'static str, key: &mut String| {
+    let key = |user: &&'static str, key: &mut String| {
         key.push_str(user);
         Ok::<_, KeyError>(())
-    });
+    };
     let mut open = ServiceBuilder::new()
         .layer(RateLimitLayer::new("full", policy, full, key).on_store_error(FailurePolicy::Open))
         .service_fn(|_: &'static str| async { Ok::<_, BoxError>(Reply::default()) });
@@ -107,10 +107,10 @@ async fn decisions_are_counted_by_limiter_and_outcome() {
     );
     full.check_now("other", &policy, 1).unwrap();
     let user = || {
-        KeyFn::new(|user: &&'static str, key: &mut String| {
+        |user: &&'static str, key: &mut String| {
             key.push_str(user);
             Ok::<_, KeyError>(())
-        })
+        }
     };
     let mut local = ServiceBuilder::new()
         .layer(

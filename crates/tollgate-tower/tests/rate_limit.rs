@@ -9,8 +9,7 @@ use tollgate_core::{
     Timestamp,
 };
 use tollgate_tower::{
-    BoxError, CostFn, KeyError, KeyFn, Mode, RateLimitLayer, Rejection, RejectionKind, VerdictSink,
-    Verdicts,
+    BoxError, KeyError, Mode, RateLimitLayer, Rejection, RejectionKind, VerdictSink, Verdicts,
 };
 use tower::limit::ConcurrencyLimitLayer;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
@@ -37,13 +36,13 @@ impl VerdictSink for Reply {
     }
 }
 
-type UserKey = KeyFn<fn(&Req, &mut String) -> Result<(), KeyError>>;
+type UserKey = fn(&Req, &mut String) -> Result<(), KeyError>;
 
 fn by_user() -> UserKey {
-    KeyFn::new(|req: &Req, key: &mut String| {
+    |req: &Req, key: &mut String| {
         key.push_str(req.user.ok_or_else(|| KeyError::missing("the user"))?);
         Ok(())
-    })
+    }
 }
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -138,8 +137,7 @@ async fn missing_key_is_a_configuration_error_not_a_global_bucket() {
 async fn cost_function_charges_per_item() {
     let (_clock, store) = manual_store();
     let policy = Policy::token_bucket(Quota::per_minute(10).unwrap());
-    let layer =
-        RateLimitLayer::new("batch", policy, store, by_user()).cost(CostFn::new(|r: &Req| r.items));
+    let layer = RateLimitLayer::new("batch", policy, store, by_user()).cost(|r: &Req| r.items);
     let mut svc = ServiceBuilder::new().layer(layer).service(echo());
     let reply = call(
         &mut svc,
@@ -381,7 +379,7 @@ async fn stacked_layers_each_add_their_verdict() {
         "global",
         Policy::token_bucket(Quota::per_minute(2).unwrap()),
         store,
-        tollgate_tower::ConstKey::new("all"),
+        "all",
     );
     let mut svc = ServiceBuilder::new()
         .layer(per_user)
@@ -517,7 +515,7 @@ async fn the_digest_and_text_key_paths_decide_alike() {
         let text_store = Arc::new(TextOnly(
             MemoryStore::builder().clock(clock.clone()).build(),
         ));
-        let cost = || CostFn::new(|r: &Req| r.items);
+        let cost = || |r: &Req| r.items;
         let mut by_digest = ServiceBuilder::new()
             .layer(RateLimitLayer::new("api", policy, digest_store.clone(), by_user()).cost(cost()))
             .service(echo());

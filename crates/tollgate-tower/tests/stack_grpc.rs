@@ -12,8 +12,8 @@ use tollgate_grpc::GrpcLimitLayer;
 use tollgate_grpc::key::MetadataKey;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{redis_url, unique_prefix};
-use tollgate_tower::{ClassifyFn, Priority, RateLimitLayer};
 use tollgate_tower::{ConcurrencyLimitLayer, FleetShedLayer, StackLayer, WorkerShedLayer};
+use tollgate_tower::{Priority, RateLimitLayer};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -50,7 +50,7 @@ async fn the_stack_on_a_tonic_server() {
     );
     let client_key = || MetadataKey::metadata("x-client").unwrap();
     let stack = StackLayer::new()
-        .worker_shedder(WorkerShedLayer::new(100, ClassifyFn::new(by_metadata)).unwrap())
+        .worker_shedder(WorkerShedLayer::new(100, by_metadata).unwrap())
         .rate_limit(RateLimitLayer::new(
             "per-client",
             Policy::token_bucket(Quota::per_hour(100).unwrap()),
@@ -62,7 +62,7 @@ async fn the_stack_on_a_tonic_server() {
         )
         // Fleet capacity 2, half reserved: one non-critical call at a time.
         .fleet_shedder(
-            FleetShedLayer::new(2, store.clone(), ClassifyFn::new(by_metadata))
+            FleetShedLayer::new(2, store.clone(), by_metadata)
                 .unwrap()
                 .reserve_percent(50)
                 .unwrap(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::slot::MemorySlotStore;
-use tollgate_tower::{BoxError, ConstPriority, KeyFn, Priority, Rejection, RejectionKind};
+use tollgate_tower::{BoxError, Priority, Rejection, RejectionKind};
 use tollgate_tower::{ConcurrencyLimitLayer, WorkerShedLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
@@ -29,10 +29,10 @@ where
 
 #[tokio::test]
 async fn a_concurrency_rejection_releases_the_inner_readiness() -> Result<(), BoxError> {
-    let by_body = KeyFn::new(|req: &Req, key: &mut String| {
+    let by_body = |req: &Req, key: &mut String| {
         key.push_str(req.body());
         Ok(())
-    });
+    };
     let layer =
         ConcurrencyLimitLayer::new("in-flight", 1, Arc::new(MemorySlotStore::new()), by_body)?;
     let mut a = ServiceBuilder::new().layer(layer).service(inner());
@@ -60,7 +60,7 @@ async fn a_concurrency_rejection_releases_the_inner_readiness() -> Result<(), Bo
 #[tokio::test]
 async fn a_shed_request_releases_the_inner_readiness() -> Result<(), BoxError> {
     // Capacity 2: Low's line (60 %) is 1 in flight, so the held request fills it and the next one is shed.
-    let shedder = WorkerShedLayer::new(2, ConstPriority(Priority::Low))?
+    let shedder = WorkerShedLayer::new(2, Priority::Low)?
         .interval(Duration::from_millis(1))
         .step_percent(100)?;
     let mut a = ServiceBuilder::new().layer(shedder).service(inner());

@@ -16,8 +16,8 @@ use tollgate_core::{
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{RedisServer, cli_url, redis_url, unique_prefix};
 use tollgate_tower::{
-    BoxError, ConstKey, CostFn, DenyCacheConfig, LeaseConfig, LeaseHandle, LeasedStore,
-    RateLimitLayer, Rejection, RejectionKind, VerdictSink, Verdicts,
+    BoxError, DenyCacheConfig, LeaseConfig, LeaseHandle, LeasedStore, RateLimitLayer, Rejection,
+    RejectionKind, VerdictSink, Verdicts,
 };
 use tower::{Service, ServiceExt, util::BoxCloneService};
 
@@ -107,7 +107,7 @@ impl Store for Clocked {
 /// store's manual clock: a denial's entry expires when the store's time says, not the machine's.
 fn instance(store: Arc<Clocked>, policy: Policy, config: LeaseConfig) -> (Svc, LeaseHandle) {
     let deny_cache = DenyCacheConfig::new().clock(store.clock.clone());
-    let layer = RateLimitLayer::new("leased", policy, store, ConstKey::new("hot"))
+    let layer = RateLimitLayer::new("leased", policy, store, "hot")
         .deny_cache_config(deny_cache)
         .leases(config);
     let handle = layer.lease_handle();
@@ -613,7 +613,7 @@ async fn a_paused_or_killed_redis_mid_lease_meets_each_failure_policy() {
             "paused",
             Policy::token_bucket(Quota::per_hour(1_000).unwrap()),
             redis.clone(),
-            ConstKey::new("hot"),
+            "hot",
         )
         .on_store_error(policy)
         .leases(
@@ -753,7 +753,7 @@ async fn a_leased_lockout_policy_locks_a_hot_key_out_exactly_through_two_instanc
     let mut instances: Vec<(Svc, LeaseHandle)> = (0..2)
         .map(|_| {
             // The deny cache off: every refusal is the store's or the lease table's own.
-            let layer = RateLimitLayer::new("leased", policy, store.clone(), ConstKey::new("hot"))
+            let layer = RateLimitLayer::new("leased", policy, store.clone(), "hot")
                 .deny_cache(false)
                 .leases(LeaseConfig::new().clock(clock.clone()));
             let handle = layer.lease_handle();
@@ -932,7 +932,7 @@ async fn a_fetch_that_outlasts_the_wait_leaves_its_waiters_to_the_failure_policy
         // Batches of 20 (2 %): a per-minute quota refills 83 in half its lease's life.
         Policy::token_bucket(Quota::per_minute(1_000).unwrap()),
         Arc::new(redis),
-        ConstKey::new("hot"),
+        "hot",
     )
     .on_store_error(FailurePolicy::Closed)
     .leases(
@@ -986,14 +986,13 @@ async fn a_flooded_sliding_window_admits_its_limit_in_every_window() {
     let policy = Policy::sliding_window(Quota::per_second(50).unwrap()).unwrap();
     let mut instances: Vec<_> = (0..2)
         .map(|_| {
-            let layer =
-                RateLimitLayer::new("sw-flood", policy, store.clone(), ConstKey::new("hot"))
-                    .deny_cache_config(DenyCacheConfig::new().clock(clock.clone()))
-                    .leases(
-                        LeaseConfig::new()
-                            .clock(clock.clone())
-                            .wait(Duration::from_secs(30)),
-                    );
+            let layer = RateLimitLayer::new("sw-flood", policy, store.clone(), "hot")
+                .deny_cache_config(DenyCacheConfig::new().clock(clock.clone()))
+                .leases(
+                    LeaseConfig::new()
+                        .clock(clock.clone())
+                        .wait(Duration::from_secs(30)),
+                );
             let handle = layer.lease_handle();
             let svc = BoxCloneService::new(
                 tower::ServiceBuilder::new()
@@ -1042,8 +1041,8 @@ async fn an_instance_denied_under_a_lockout_stops_spending_its_batch() {
         key: std::sync::Mutex::default(),
         returned: std::sync::Mutex::default(),
     });
-    let layer = RateLimitLayer::new("leased", policy, store.clone(), ConstKey::new("hot"))
-        .cost(CostFn::new(|cost: &u64| *cost))
+    let layer = RateLimitLayer::new("leased", policy, store.clone(), "hot")
+        .cost(|cost: &u64| *cost)
         .deny_cache(false)
         .leases(LeaseConfig::new().clock(clock.clone()));
     let handle = layer.lease_handle();

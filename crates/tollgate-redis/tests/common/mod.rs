@@ -94,10 +94,10 @@ pub fn limited<St: tollgate_core::Store>(
     on_error: tollgate_core::FailurePolicy,
 ) -> impl tower::Service<Req, Response = Reply, Error = tollgate_tower::BoxError, Future: Send> + Clone
 {
-    let key = tollgate_tower::KeyFn::new(|req: &Req, key: &mut String| {
+    let key = |req: &Req, key: &mut String| {
         key.push_str(req.0);
         Ok::<(), tollgate_tower::KeyError>(())
-    });
+    };
     tower::ServiceBuilder::new()
         .layer(
             tollgate_tower::RateLimitLayer::new("redis", policy, std::sync::Arc::new(store), key)

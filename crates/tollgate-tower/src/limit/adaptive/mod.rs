@@ -26,14 +26,14 @@
 //! use std::time::Duration;
 //! use tollgate_core::{ManualClock, Timestamp};
 //! use tollgate_tower::limit::adaptive::{AdaptiveLimitLayer, Gradient2};
-//! use tollgate_tower::{BoxError, ConstPriority, Priority, Rejection, RejectionKind};
+//! use tollgate_tower::{BoxError, Priority, Rejection, RejectionKind};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), BoxError> {
 //! let clock = ManualClock::new(Timestamp::from_micros(0));
 //! let gradient2 = Gradient2 { initial_limit: 2, min_limit: 1, ..Gradient2::default() };
-//! let layer = AdaptiveLimitLayer::new(gradient2, ConstPriority(Priority::Low))?
+//! let layer = AdaptiveLimitLayer::new(gradient2, Priority::Low)?
 //!     .shares(0, 0, 0, 100)? // everything guaranteed to Critical: Low only borrows
 //!     .clock(clock.clone());
 //! let mut svc = ServiceBuilder::new()

@@ -41,15 +41,15 @@
 //! use std::sync::Arc;
 //! use tollgate_core::slot::MemorySlotStore;
 //! use tollgate_tower::ConcurrencyLimitLayer;
-//! use tollgate_tower::{BoxError, KeyFn, Rejection, RejectionKind};
+//! use tollgate_tower::{BoxError, Rejection, RejectionKind};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), BoxError> {
-//! let by_user = KeyFn::new(|req: &http::Request<&'static str>, key: &mut String| {
+//! let by_user = |req: &http::Request<&'static str>, key: &mut String| {
 //!     key.push_str(req.body());
 //!     Ok(())
-//! });
+//! };
 //! let layer = ConcurrencyLimitLayer::new("per-user", 1, Arc::new(MemorySlotStore::new()), by_user)?;
 //! let mut svc = ServiceBuilder::new()
 //!     .layer(layer)

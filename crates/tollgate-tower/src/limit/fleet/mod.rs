@@ -18,10 +18,10 @@
 //! use std::sync::Arc;
 //! use tollgate_core::slot::MemorySlotStore;
 //! use tollgate_tower::FleetShedLayer;
-//! use tollgate_tower::{ConstPriority, Priority};
+//! use tollgate_tower::Priority;
 //!
 //! // In production the store is a RedisStore shared by every instance.
-//! let layer = FleetShedLayer::new(100, Arc::new(MemorySlotStore::new()), ConstPriority(Priority::Normal))?
+//! let layer = FleetShedLayer::new(100, Arc::new(MemorySlotStore::new()), Priority::Normal)?
 //!     .reserve_percent(25)?;
 //! assert_eq!(layer.ceiling(Priority::Critical), 100);
 //! assert_eq!(layer.ceiling(Priority::High), 75);
@@ -74,11 +74,10 @@ impl<Req, P: Classify<Req>> SlotRule<Req> for FleetRule<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ConstPriority;
 
-    fn rule(capacity: u64, reserve_percent: u8) -> FleetRule<ConstPriority> {
+    fn rule(capacity: u64, reserve_percent: u8) -> FleetRule<Priority> {
         FleetRule {
-            classifier: ConstPriority(Priority::Normal),
+            classifier: Priority::Normal,
             capacity,
             reserve_percent,
             thresholds: None,

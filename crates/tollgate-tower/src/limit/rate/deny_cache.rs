@@ -32,7 +32,7 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use tollgate_core::{Decision, ManualClock, MemoryStore, Policy, Quota, Store, StoreError, Timestamp};
-//! use tollgate_tower::{BoxError, ConstKey, DenyCacheConfig, RateLimitLayer, Rejection, Verdicts, VerdictSink};
+//! use tollgate_tower::{BoxError, DenyCacheConfig, RateLimitLayer, Rejection, Verdicts, VerdictSink};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
 //! #[derive(Debug, Default)]
@@ -58,7 +58,7 @@
 //!     "api",
 //!     Policy::token_bucket(Quota::per_second(1)?),
 //!     store,
-//!     ConstKey::new("everyone"),
+//!     "everyone",
 //! )
 //! .deny_cache_config(DenyCacheConfig::new().clock(clock.clone()));
 //! let cache = layer.deny_cache_handle();

@@ -12,7 +12,7 @@ use super::overrides::{Overrides, Plans, policy_prefix};
 use crate::limit::core::enforcement_methods;
 use crate::observe::NearLimitShare;
 use crate::respond::{Forward, LayerWith};
-use crate::{ConfigError, CostAfter, EnforcementSwitch, Name, UnitCost};
+use crate::{ConfigError, CostAfter, EnforcementSwitch, Name};
 
 /// Applies a request-rate limit to a service: see the [module docs](super).
 ///
@@ -23,7 +23,7 @@ use crate::{ConfigError, CostAfter, EnforcementSwitch, Name, UnitCost};
 /// service it (or a clone) builds shares that state: the store, the enforcement switch, the local fallback, the
 /// deny cache and the token leases.
 #[must_use]
-pub struct RateLimitLayer<K, St, C = UnitCost> {
+pub struct RateLimitLayer<K, St, C = u64> {
     settings: Settings<K, St, C>,
     /// The state every service of this layer and its clones shares, built from `settings`.
     shared: Arc<Shared<K, St, C>>,
@@ -88,7 +88,7 @@ impl<K: Clone, St: Store> RateLimitLayer<K, St> {
             policy,
             store,
             key,
-            cost: UnitCost,
+            cost: 1,
             switch: EnforcementSwitch::default(),
             on_error: FailurePolicy::default(),
             fallback: None,
@@ -296,7 +296,7 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     /// ```
     /// use std::sync::Arc;
     /// use tollgate_core::{MemoryStore, Policy, Quota};
-    /// use tollgate_tower::{ConstKey, RateLimitLayer};
+    /// use tollgate_tower::RateLimitLayer;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), tollgate_tower::BoxError> {
@@ -304,7 +304,7 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     ///     "login",
     ///     Policy::token_bucket(Quota::per_minute(5)?),
     ///     Arc::new(MemoryStore::new()),
-    ///     ConstKey::new("ann"),
+    ///     "ann",
     /// );
     /// // A login would be admitted and leave 4: "5 attempts left" (this one included) — and a peek spends none.
     /// for _ in 0..2 {

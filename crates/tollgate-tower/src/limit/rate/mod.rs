@@ -41,7 +41,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use tollgate_core::{MemoryStore, Policy, Quota};
-//! use tollgate_tower::{BoxError, KeyError, KeyFn, Mode, RateLimitLayer, Rejection, Verdicts, VerdictSink};
+//! use tollgate_tower::{BoxError, KeyError, Mode, RateLimitLayer, Rejection, Verdicts, VerdictSink};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
 //! // A toy protocol: requests name their user, responses carry the verdicts.
@@ -53,10 +53,10 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), BoxError> {
-//! let by_user = KeyFn::new(|user: &&str, key: &mut String| {
+//! let by_user = |user: &&str, key: &mut String| {
 //!     key.push_str(user);
 //!     Ok::<_, KeyError>(())
-//! });
+//! };
 //! let layer = RateLimitLayer::new(
 //!     "per-user",
 //!     Policy::token_bucket(Quota::per_minute(2)?),
@@ -109,6 +109,6 @@ pub use layer::RateLimitLayer;
 pub use leased_store::LeasedStore;
 pub use overrides::{Overrides, Plan};
 pub use service::RateLimit;
-pub use set::{Applies, Everywhere, RateLimitSet, RateLimitSetHandle, RateLimitSetLayer, SetEntry};
+pub use set::{Applies, RateLimitSet, RateLimitSetHandle, RateLimitSetLayer, SetEntry};
 #[cfg(feature = "leases")]
 pub use token_lease::{LeaseConfig, LeaseHandle};

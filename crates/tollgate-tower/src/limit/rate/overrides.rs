@@ -15,7 +15,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use tollgate_core::{MemoryStore, Policy, Quota};
-//! use tollgate_tower::{BoxError, KeyError, KeyFn, RateLimitLayer, Verdicts, VerdictSink};
+//! use tollgate_tower::{BoxError, KeyError, RateLimitLayer, Verdicts, VerdictSink};
 //! use tollgate_tower::limit::rate::Overrides;
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
@@ -27,10 +27,10 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), BoxError> {
-//! let by_user = KeyFn::new(|user: &&str, key: &mut String| {
+//! let by_user = |user: &&str, key: &mut String| {
 //!     key.push_str(user);
 //!     Ok::<_, KeyError>(())
-//! });
+//! };
 //! let layer = RateLimitLayer::new(
 //!     "per-user",
 //!     Policy::token_bucket(Quota::per_minute(1)?),

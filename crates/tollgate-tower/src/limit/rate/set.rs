@@ -19,8 +19,8 @@
 //! ```
 //! use std::sync::Arc;
 //! use tollgate_core::{MemoryStore, Policy, Quota};
-//! use tollgate_tower::limit::rate::{Everywhere, RateLimitSetLayer, SetEntry};
-//! use tollgate_tower::{BoxError, ConstKey, RateLimitLayer, Verdicts, VerdictSink};
+//! use tollgate_tower::limit::rate::{RateLimitSetLayer, SetEntry};
+//! use tollgate_tower::{BoxError, RateLimitLayer, Verdicts, VerdictSink};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
 //! #[derive(Debug, Default)]
@@ -32,8 +32,8 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), BoxError> {
 //! let store = Arc::new(MemoryStore::new());
-//! let limiter = |n| RateLimitLayer::new("all", Policy::token_bucket(Quota::per_minute(n).unwrap()), store.clone(), ConstKey::new("all"));
-//! let set = RateLimitSetLayer::new([SetEntry::new(&limiter(1), Everywhere)]);
+//! let limiter = |n| RateLimitLayer::new("all", Policy::token_bucket(Quota::per_minute(n).unwrap()), store.clone(), "all");
+//! let set = RateLimitSetLayer::new([SetEntry::new(&limiter(1), true)]);
 //! let handle = set.handle();
 //! let mut svc = ServiceBuilder::new()
 //!     .layer(set)
@@ -76,14 +76,21 @@ pub trait Applies<Req>: Send + Sync + 'static {
     fn applies(&self, req: &Req) -> bool;
 }
 
-/// Every request.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Everywhere;
-
-impl<Req> Applies<Req> for Everywhere {
+/// `true` for every request, `false` for none.
+impl<Req> Applies<Req> for bool {
     #[inline(always)]
     fn applies(&self, _: &Req) -> bool {
-        true
+        *self
+    }
+}
+
+/// The requests a closure takes.
+impl<Req, F> Applies<Req> for F
+where
+    F: Fn(&Req) -> bool + Send + Sync + 'static,
+{
+    fn applies(&self, req: &Req) -> bool {
+        self(req)
     }
 }
 

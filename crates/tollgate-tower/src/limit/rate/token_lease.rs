@@ -23,7 +23,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use tollgate_core::{MemoryStore, Policy, Quota};
-//! use tollgate_tower::{BoxError, ConstKey, LeaseConfig, RateLimitLayer, Verdicts, VerdictSink};
+//! use tollgate_tower::{BoxError, LeaseConfig, RateLimitLayer, Verdicts, VerdictSink};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
 //! #[derive(Debug, Default)]
@@ -36,7 +36,7 @@
 //! # async fn main() -> Result<(), BoxError> {
 //! // Any store that leases tokens: Redis in production, the in-process store here.
 //! let store = Arc::new(MemoryStore::new());
-//! let layer = RateLimitLayer::new("api", Policy::token_bucket(Quota::per_second(1_000)?), store, ConstKey::new("k"))
+//! let layer = RateLimitLayer::new("api", Policy::token_bucket(Quota::per_second(1_000)?), store, "k")
 //!     .leases(LeaseConfig::new().share_percent(5)?);
 //! let leases = layer.lease_handle();
 //! let mut svc = ServiceBuilder::new()

@@ -32,11 +32,11 @@
 //! ```
 //! use std::time::Duration;
 //! use tollgate_tower::WorkerShedLayer;
-//! use tollgate_tower::{ClassifyFn, Priority};
+//! use tollgate_tower::Priority;
 //!
-//! let layer = WorkerShedLayer::new(64, ClassifyFn::new(|req: &http::Request<()>| {
+//! let layer = WorkerShedLayer::new(64, |req: &http::Request<()>| {
 //!     if req.uri().path().starts_with("/batch") { Priority::Low } else { Priority::Normal }
-//! }))?
+//! })?
 //! .thresholds(50, 70, 85, 100)?
 //! .interval(Duration::from_millis(50));
 //! assert_eq!(layer.shed_percent(Priority::Low), 0);
