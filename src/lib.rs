@@ -77,7 +77,7 @@ pub mod stack {
     pub use tollgate_tower::limit::{concurrency, fleet, stack, worker};
     pub use tollgate_tower::permit;
     pub use tollgate_tower::{
-        ConcurrencyLimitLayer, ConfigError, FleetRule, FleetShedLayer, HoldPermit, PerKey, Permit,
-        PermitBody, SlotLimit, SlotLimitLayer, SlotRule, StackLayer, WorkerShed, WorkerShedLayer,
+        ConcurrencyLimit, ConcurrencyLimitLayer, ConfigError, FleetShed, FleetShedLayer,
+        HoldPermit, Permit, PermitBody, StackLayer, WorkerShed, WorkerShedLayer,
     };
 }

@@ -55,10 +55,8 @@ pub use limit::rate::{LeaseConfig, LeaseHandle, LeasedStore};
 #[cfg(feature = "stack")]
 pub use limit::{
     adaptive::{AdaptiveLimit, AdaptiveLimitLayer},
-    concurrency::{
-        ConcurrencyLimit, ConcurrencyLimitLayer, PerKey, SlotLimit, SlotLimitLayer, SlotRule,
-    },
-    fleet::{FleetRule, FleetShedLayer},
+    concurrency::{ConcurrencyLimit, ConcurrencyLimitLayer},
+    fleet::{FleetShed, FleetShedLayer},
     stack::StackLayer,
     worker::{WorkerShed, WorkerShedLayer},
 };

@@ -231,7 +231,8 @@ adapted!(
 #[cfg(feature = "stack")]
 adapted!(
     [W, R, C, F, A] crate::StackLayer<W, R, C, F, A>,
-    [R, L] crate::SlotLimitLayer<R, L>,
+    [K, L] crate::ConcurrencyLimitLayer<K, L>,
+    [P, L] crate::FleetShedLayer<P, L>,
     [P] crate::WorkerShedLayer<P>,
     [P] crate::AdaptiveLimitLayer<P>,
 );

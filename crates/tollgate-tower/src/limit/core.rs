@@ -3,8 +3,6 @@
 //! its store or rule answered; what happens next is decided here, alike for every limiter.
 
 use std::fmt;
-#[cfg(feature = "stack")]
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tollgate_core::{FailurePolicy, StoreError};
@@ -172,45 +170,10 @@ impl Judge {
     }
 }
 
-/// A layer's shared state, built on its first `layer` call and shared by every service from then on: axum calls
-/// `layer` once per route (and again per connection for routers with handlers), which must neither re-register
-/// metrics nor split the state. Clones share it; a builder method that changes a setting starts a fresh one.
-#[cfg(feature = "stack")]
-pub(crate) struct Built<T>(Arc<OnceLock<Arc<T>>>);
-
-#[cfg(feature = "stack")]
-impl<T> Built<T> {
-    /// The shared state, built by `build` if this is the first call.
-    pub(crate) fn get_or_init(&self, build: impl FnOnce() -> T) -> Arc<T> {
-        self.0.get_or_init(|| Arc::new(build())).clone()
-    }
-}
-
-#[cfg(feature = "stack")]
-impl<T> Default for Built<T> {
-    fn default() -> Self {
-        Self(Arc::default())
-    }
-}
-
-#[cfg(feature = "stack")]
-impl<T> Clone for Built<T> {
-    fn clone(&self) -> Self {
-        Self(self.0.clone())
-    }
-}
-
 /// The enforcement builder methods every limiter layer shares, written once: `mode`, `shadow`, `switch` and
-/// `enforcement`. With no arguments, for a layer with fields `switch: EnforcementSwitch` and `built: Built<_>`;
-/// else given the path to the layer's switch and how the layer takes a new one (`|layer, switch| layer`).
+/// `enforcement`, given the path to the layer's switch and how the layer takes a new one (`|layer, switch| layer`,
+/// which builds the layer's state anew around it).
 macro_rules! enforcement_methods {
-    () => {
-        $crate::limit::core::enforcement_methods!(switch, |mut this: Self, switch| {
-            this.switch = switch;
-            this.built = Default::default();
-            this
-        });
-    };
     ($($switch:ident).+, $switched:expr) => {
         /// Sets the mode the layer starts in. The mode lives in the layer's switch: after
         /// [`switch`](Self::switch) this sets the mode of every layer sharing that switch (dark-launch one limiter

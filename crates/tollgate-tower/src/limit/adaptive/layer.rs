@@ -2,7 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::limit::core::{Built, enforcement_methods};
+use crate::limit::core::enforcement_methods;
 use crate::{EnforcementSwitch, Name, Priority};
 use tollgate_core::{Clock, SystemClock};
 use tower_layer::Layer;
@@ -18,18 +18,39 @@ pub const DEFAULT_ADAPTIVE_NAME: &str = "adaptive";
 
 /// Admits requests within a concurrency limit that follows the service's latency: see the [module docs](super).
 ///
-/// Every service the layer builds (e.g. axum's copy per route) shares one limit and one in-flight count:
-/// configure the layer before applying it.
+/// Cheap to clone. Its state is built with it, up front, and again by each method that changes a setting; every
+/// service it (or a clone) builds (e.g. axum's copy per route) shares that state: one limit and one in-flight
+/// count.
 #[must_use]
 pub struct AdaptiveLimitLayer<P> {
+    settings: Settings,
+    classifier: Arc<P>,
+    limiter: Arc<Limiter>,
+}
+
+/// What an adaptive limiter is configured with.
+#[derive(Clone)]
+struct Settings {
     name: Name,
     switch: EnforcementSwitch,
     retry_after: Duration,
     control: Control,
     shares: [u8; 4],
     clock: Arc<dyn Clock>,
-    classifier: Arc<P>,
-    built: Built<Limiter>,
+}
+
+impl Settings {
+    /// The limit every service of a layer with these settings shares.
+    fn build(&self) -> Limiter {
+        Limiter::new(
+            self.name.clone(),
+            self.switch.clone(),
+            self.retry_after,
+            self.clock.clone(),
+            LimitState::new(self.control),
+            self.shares,
+        )
+    }
 }
 
 impl<P> AdaptiveLimitLayer<P> {
@@ -46,35 +67,25 @@ impl<P> AdaptiveLimitLayer<P> {
         let name: Name = DEFAULT_ADAPTIVE_NAME.into();
         let switch = EnforcementSwitch::default();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
-        Ok(Self {
+        let settings = Settings {
             name,
             switch,
             retry_after: DEFAULT_RETRY_AFTER,
             control,
             shares: DEFAULT_SHARES,
             clock,
+        };
+        Ok(Self {
+            limiter: Arc::new(settings.build()),
+            settings,
             classifier: Arc::new(classifier),
-            built: Built::default(),
         })
     }
 
-    /// The limit every service built from now on shares (built by the first call, so metrics register once).
-    fn limiter(&self) -> Arc<Limiter> {
-        self.built.get_or_init(|| {
-            Limiter::new(
-                self.name.clone(),
-                self.switch.clone(),
-                self.retry_after,
-                self.clock.clone(),
-                LimitState::new(self.control),
-                self.shares,
-            )
-        })
-    }
-
-    /// After a setting changed: the services built from now on share a new limit.
-    fn rebuilt(mut self) -> Self {
-        self.built = Built::default();
+    /// This layer with its settings changed by `change`, and a limit of its own built from them.
+    fn configure(mut self, change: impl FnOnce(&mut Settings)) -> Self {
+        change(&mut self.settings);
+        self.limiter = Arc::new(self.settings.build());
         self
     }
 
@@ -84,13 +95,7 @@ impl<P> AdaptiveLimitLayer<P> {
     ///
     /// # Errors
     /// If the shares add up to more than 100 %.
-    pub fn shares(
-        mut self,
-        low: u8,
-        normal: u8,
-        high: u8,
-        critical: u8,
-    ) -> Result<Self, ConfigError> {
+    pub fn shares(self, low: u8, normal: u8, high: u8, critical: u8) -> Result<Self, ConfigError> {
         let total = u16::from(low) + u16::from(normal) + u16::from(high) + u16::from(critical);
         if total > 100 {
             return Err(ConfigError::new(format!(
@@ -98,78 +103,72 @@ impl<P> AdaptiveLimitLayer<P> {
                  {critical} % add up to {total} % (at most 100)"
             )));
         }
-        self.shares = [critical, high, normal, low];
-        Ok(self.rebuilt())
+        Ok(self.configure(|s| s.shares = [critical, high, normal, low]))
     }
 
     /// Times requests with `clock` (a [`ManualClock`](tollgate_core::ManualClock) in tests).
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self.rebuilt()
+    pub fn clock(self, clock: impl Clock) -> Self {
+        let clock: Arc<dyn Clock> = Arc::new(clock);
+        self.configure(|s| s.clock = clock)
     }
 
     /// The retry delay a rejected request announces.
-    pub fn retry_after(mut self, retry_after: Duration) -> Self {
-        self.retry_after = retry_after;
-        self.rebuilt()
+    pub fn retry_after(self, retry_after: Duration) -> Self {
+        self.configure(|s| s.retry_after = retry_after)
     }
 
     /// Renames the limiter (metrics, logs, rejections).
-    pub fn name(mut self, name: impl Into<Name>) -> Self {
-        self.name = name.into();
-        self.rebuilt()
+    pub fn name(self, name: impl Into<Name>) -> Self {
+        let name = name.into();
+        self.configure(|s| s.name = name)
     }
 
-    enforcement_methods!();
+    enforcement_methods!(settings.switch, |this: Self, switch| this
+        .configure(|s| s.switch = switch));
 
     /// The control and its settings.
     #[must_use]
     pub fn control(&self) -> &Control {
-        &self.control
+        &self.settings.control
     }
 
     /// The current limit, in requests in flight.
     #[must_use]
     pub fn limit(&self) -> u64 {
-        self.limiter().limit()
+        self.limiter.limit()
     }
 
     /// Requests in flight through this layer now.
     #[must_use]
     pub fn in_flight(&self) -> u64 {
-        self.limiter().in_flight()
+        self.limiter.in_flight()
     }
 
     /// Requests of `priority` in flight now.
     #[must_use]
     pub fn in_flight_of(&self, priority: Priority) -> u64 {
-        self.limiter().busy(priority)
+        self.limiter.busy(priority)
     }
 
     /// The share of the current limit `priority` is guaranteed, in requests.
     #[must_use]
     pub fn guaranteed(&self, priority: Priority) -> u64 {
-        self.limiter().guaranteed(priority)
+        self.limiter.guaranteed(priority)
     }
 
     /// Gradient2's long-term latency, the baseline it compares requests against (zero for AIMD).
     #[must_use]
     pub fn long_latency(&self) -> Duration {
-        self.limiter().long_latency()
+        self.limiter.long_latency()
     }
 }
 
 impl<P> Clone for AdaptiveLimitLayer<P> {
     fn clone(&self) -> Self {
         Self {
-            name: self.name.clone(),
-            switch: self.switch.clone(),
-            retry_after: self.retry_after,
-            control: self.control,
-            shares: self.shares,
-            clock: self.clock.clone(),
+            settings: self.settings.clone(),
             classifier: self.classifier.clone(),
-            built: self.built.clone(),
+            limiter: self.limiter.clone(),
         }
     }
 }
@@ -177,10 +176,10 @@ impl<P> Clone for AdaptiveLimitLayer<P> {
 impl<P> fmt::Debug for AdaptiveLimitLayer<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdaptiveLimitLayer")
-            .field("name", &self.name)
-            .field("control", &self.control)
-            .field("shares", &self.shares)
-            .field("mode", &self.switch.mode())
+            .field("name", &self.settings.name)
+            .field("control", &self.settings.control)
+            .field("shares", &self.settings.shares)
+            .field("mode", &self.settings.switch.mode())
             .field("limit", &self.limit())
             .field("in_flight", &self.in_flight())
             .finish_non_exhaustive()
@@ -191,6 +190,6 @@ impl<S, P> Layer<S> for AdaptiveLimitLayer<P> {
     type Service = AdaptiveLimit<S, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        AdaptiveLimit::new(inner, self.limiter(), self.classifier.clone())
+        AdaptiveLimit::new(inner, self.limiter.clone(), self.classifier.clone())
     }
 }

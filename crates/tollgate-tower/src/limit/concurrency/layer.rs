@@ -6,9 +6,10 @@ use tollgate_core::FailurePolicy;
 use tollgate_core::slot::{MemorySlotStore, SlotStore};
 use tower_layer::Layer;
 
+use super::ConcurrencyLimit;
+use super::PerKey;
 use super::decide::{Settings, Shared};
-use super::{PerKey, SlotLimit};
-use crate::limit::core::{Built, enforcement_methods};
+use super::service::SlotLimit;
 use crate::observe::NearLimitShare;
 use crate::{ConfigError, EnforcementSwitch, Name, RejectionKind};
 
@@ -20,33 +21,197 @@ pub const MAX_SLOT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The retry delay a rejection announces (default): in-flight capacity frees up as requests finish.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// A limit on requests in flight, counted as slots: what a [`SlotRule`](super::SlotRule) says is the key and
-/// its ceiling. The concurrent-requests limiter ([`ConcurrencyLimitLayer`]) and the fleet-usage shedder
-/// ([`FleetShedLayer`](crate::FleetShedLayer)) are this layer with two rules, so they share one builder.
-///
-/// A request over the limit is **rejected** at once (429 or 503 through the adapters); tower's
-/// `tower::limit::ConcurrencyLimitLayer` makes callers wait instead.
-///
-/// Cheap to clone; every service it builds (e.g. axum's copy per route) shares the store, the enforcement switch,
-/// the local fallback and the metrics: configure the layer before applying it.
-#[must_use]
-pub struct SlotLimitLayer<R, L> {
+/// What a slot layer is configured with: the settings the concurrency limiter and the fleet shedder share, the
+/// rule saying which slot set a request counts against, and its store.
+pub(crate) struct SlotConfig<R, L> {
     pub(crate) settings: Settings,
     pub(crate) rule: R,
     store: Arc<L>,
     fallback: Option<Arc<MemorySlotStore>>,
     kind: RejectionKind,
-    switch: EnforcementSwitch,
-    built: Built<Shared<R, L>>,
+    pub(crate) switch: EnforcementSwitch,
 }
+
+impl<R: Clone, L> Clone for SlotConfig<R, L> {
+    fn clone(&self) -> Self {
+        Self {
+            settings: self.settings.clone(),
+            rule: self.rule.clone(),
+            store: self.store.clone(),
+            fallback: self.fallback.clone(),
+            kind: self.kind,
+            switch: self.switch.clone(),
+        }
+    }
+}
+
+/// A limit on requests in flight, counted as slots: the layer under [`ConcurrencyLimitLayer`] and
+/// [`FleetShedLayer`](crate::FleetShedLayer), which differ in their rule. Its state is built with it, up front,
+/// and again by each setting changed ([`configure`](Self::configure)); every service it (or a clone) builds shares
+/// that state.
+pub(crate) struct SlotLayer<R, L> {
+    pub(crate) config: SlotConfig<R, L>,
+    shared: Arc<Shared<R, L>>,
+}
+
+impl<R: Clone, L: SlotStore> SlotLayer<R, L> {
+    /// A layer with `settings` over `rule`, rejecting with `kind`.
+    pub(crate) fn new(settings: Settings, rule: R, store: Arc<L>, kind: RejectionKind) -> Self {
+        Self::build(SlotConfig {
+            settings,
+            rule,
+            store,
+            fallback: None,
+            kind,
+            switch: EnforcementSwitch::default(),
+        })
+    }
+
+    fn build(config: SlotConfig<R, L>) -> Self {
+        let c = config.clone();
+        let shared = Arc::new(Shared::new(
+            c.settings, c.switch, c.rule, c.store, c.kind, c.fallback,
+        ));
+        Self { config, shared }
+    }
+
+    /// This layer with its configuration changed by `change`, and a state of its own built from it.
+    pub(crate) fn configure(mut self, change: impl FnOnce(&mut SlotConfig<R, L>)) -> Self {
+        change(&mut self.config);
+        Self::build(self.config)
+    }
+
+    pub(crate) fn slot_ttl(self, ttl: Duration) -> Result<Self, ConfigError> {
+        let name = &self.config.settings.name;
+        if ttl < Duration::from_millis(3) {
+            return Err(ConfigError::new(format!(
+                "{name:?}: a slot time of {ttl:?} is too short (at least 3 ms)"
+            )));
+        }
+        if ttl > MAX_SLOT_TTL {
+            return Err(ConfigError::new(format!(
+                "{name:?}: a slot time of {ttl:?} is too long (at most {MAX_SLOT_TTL:?}: a crashed holder would \
+                 count that long)"
+            )));
+        }
+        Ok(self.configure(|c| c.settings.slot_ttl = ttl))
+    }
+
+    pub(crate) fn near_limit(self, share: f64) -> Result<Self, ConfigError> {
+        let share = NearLimitShare::new(share)
+            .map_err(|e| ConfigError::new(format!("{:?}: {e}", self.config.settings.name)))?;
+        Ok(self.configure(|c| c.settings.near_limit = share))
+    }
+
+    pub(crate) fn on_store_error(self, policy: FailurePolicy) -> Self {
+        self.configure(|c| {
+            c.settings.on_error = policy;
+            c.fallback = match policy {
+                FailurePolicy::Local => Some(c.fallback.take().unwrap_or_default()),
+                _ => None,
+            };
+        })
+    }
+
+    pub(crate) fn switch(self, switch: EnforcementSwitch) -> Self {
+        self.configure(|c| c.switch = switch)
+    }
+}
+
+impl<R, L> SlotLayer<R, L> {
+    pub(crate) fn service<S>(&self, inner: S) -> SlotLimit<S, R, L> {
+        SlotLimit::from_shared(inner, self.shared.clone())
+    }
+}
+
+impl<R: Clone, L> Clone for SlotLayer<R, L> {
+    fn clone(&self) -> Self {
+        Self {
+            config: self.config.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<R, L> fmt::Debug for SlotLayer<R, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        f.debug_struct("SlotLayer")
+            .field("name", &c.settings.name)
+            .field("rejects_as", &c.kind)
+            .field("mode", &c.switch.mode())
+            .field("slot_ttl", &c.settings.slot_ttl)
+            .field("on_store_error", &c.settings.on_error)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The builder methods the concurrency limiter and the fleet shedder share, for a layer with a field
+/// `inner: SlotLayer<_, _>`: written once, documented once.
+macro_rules! slot_layer_methods {
+    () => {
+        $crate::limit::core::enforcement_methods!(inner.config.switch, |this: Self, switch| Self {
+            inner: this.inner.switch(switch)
+        });
+
+        /// How long a shared slot lives unless renewed (renewed every third of it while the request runs).
+        ///
+        /// # Errors
+        /// If `ttl` is shorter than 3 ms (renewals could not keep up) or longer than
+        /// [`MAX_SLOT_TTL`]($crate::limit::concurrency::MAX_SLOT_TTL).
+        pub fn slot_ttl(self, ttl: std::time::Duration) -> Result<Self, $crate::ConfigError> {
+            Ok(Self {
+                inner: self.inner.slot_ttl(ttl)?,
+            })
+        }
+
+        /// The retry delay rejections announce (`Retry-After`, gRPC `RetryInfo`; default
+        /// [`DEFAULT_RETRY_AFTER`]($crate::limit::concurrency::DEFAULT_RETRY_AFTER)).
+        pub fn retry_after(self, retry_after: std::time::Duration) -> Self {
+            Self {
+                inner: self
+                    .inner
+                    .configure(|c| c.settings.retry_after = retry_after),
+            }
+        }
+
+        /// Counts an admission in `tollgate_near_limit_total{limiter}` when it leaves fewer than `share` of the
+        /// ceiling's slots free (0.0 to 1.0; default 0.2, i.e. 20 %; 0.0 counts nothing).
+        ///
+        /// # Errors
+        /// If `share` is not a number from 0.0 to 1.0.
+        pub fn near_limit(self, share: f64) -> Result<Self, $crate::ConfigError> {
+            Ok(Self {
+                inner: self.inner.near_limit(share)?,
+            })
+        }
+
+        /// What to do when the store fails: admit (`Open`, the fleet shedder's default), reject with 503
+        /// (`Closed`, the concurrency limiter's default), or count in process with the same ceilings (`Local`: a
+        /// per-instance count while the shared one is down).
+        pub fn on_store_error(self, policy: tollgate_core::FailurePolicy) -> Self {
+            Self {
+                inner: self.inner.on_store_error(policy),
+            }
+        }
+    };
+}
+pub(crate) use slot_layer_methods;
 
 /// Limits how many requests per key are in flight: see the [module docs](super).
 ///
 /// The request over the limit is **rejected** at once (429 / `RESOURCE_EXHAUSTED` through the adapters), never
 /// queued: tower's `tower::limit::ConcurrencyLimitLayer` of the same name makes callers wait for a slot instead.
-pub type ConcurrencyLimitLayer<K, L> = SlotLimitLayer<PerKey<K>, L>;
+///
+/// Cheap to clone. Its state is built with it, up front, and again by each method that changes a setting; every
+/// service it (or a clone) builds (e.g. axum's copy per route) shares that state: the store, the enforcement
+/// switch, the local fallback and the metrics.
+#[must_use]
+pub struct ConcurrencyLimitLayer<K, L> {
+    inner: SlotLayer<PerKey<K>, L>,
+}
 
-impl<K, L: SlotStore> ConcurrencyLimitLayer<K, L> {
+impl<K: Clone, L: SlotStore> ConcurrencyLimitLayer<K, L> {
     /// At most `limit` requests in flight per key from `key`, counted in `store`, under the name `name` (which
     /// also prefixes the keys). Enforced, slots of [`DEFAULT_SLOT_TTL`], rejections announce a retry after
     /// [`DEFAULT_RETRY_AFTER`], and a failing store rejects (fails closed).
@@ -73,148 +238,49 @@ impl<K, L: SlotStore> ConcurrencyLimitLayer<K, L> {
             near_limit: NearLimitShare::DEFAULT,
         };
         let rule = PerKey { key, limit };
-        Ok(Self::with_rule(
-            settings,
-            rule,
-            store,
-            RejectionKind::ConcurrencyLimited,
-        ))
+        let inner = SlotLayer::new(settings, rule, store, RejectionKind::ConcurrencyLimited);
+        Ok(Self { inner })
     }
+
+    slot_layer_methods!();
 }
 
 impl<K, L> ConcurrencyLimitLayer<K, L> {
     /// The limiter's name.
     #[must_use]
     pub fn name(&self) -> &str {
-        &self.settings.name
+        &self.inner.config.settings.name
     }
 
     /// The number of requests each key may have in flight.
     #[must_use]
     pub fn limit(&self) -> u64 {
-        self.rule.limit
+        self.inner.config.rule.limit
     }
 }
 
-impl<R, L> SlotLimitLayer<R, L> {
-    /// A layer with `settings` over `rule`, rejecting with `kind`.
-    pub(crate) fn with_rule(
-        settings: Settings,
-        rule: R,
-        store: Arc<L>,
-        kind: RejectionKind,
-    ) -> Self {
-        Self {
-            settings,
-            rule,
-            store,
-            fallback: None,
-            kind,
-            switch: EnforcementSwitch::default(),
-            built: Built::default(),
-        }
-    }
-
-    enforcement_methods!();
-
-    /// How long a shared slot lives unless renewed (renewed every third of it while the request runs).
-    ///
-    /// # Errors
-    /// If `ttl` is shorter than 3 ms (renewals could not keep up) or longer than [`MAX_SLOT_TTL`].
-    pub fn slot_ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
-        if ttl < Duration::from_millis(3) {
-            return Err(ConfigError::new(format!(
-                "{:?}: a slot time of {ttl:?} is too short (at least 3 ms)",
-                self.settings.name
-            )));
-        }
-        if ttl > MAX_SLOT_TTL {
-            return Err(ConfigError::new(format!(
-                "{:?}: a slot time of {ttl:?} is too long (at most {MAX_SLOT_TTL:?}: a crashed holder would \
-                 count that long)",
-                self.settings.name
-            )));
-        }
-        self.settings.slot_ttl = ttl;
-        Ok(self.rebuilt())
-    }
-
-    /// The retry delay rejections announce (`Retry-After`, gRPC `RetryInfo`; default [`DEFAULT_RETRY_AFTER`]).
-    pub fn retry_after(mut self, retry_after: Duration) -> Self {
-        self.settings.retry_after = retry_after;
-        self.rebuilt()
-    }
-
-    /// Counts an admission in `tollgate_near_limit_total{limiter}` when it leaves fewer than `share` of the
-    /// ceiling's slots free (0.0 to 1.0; default 0.2, i.e. 20 %; 0.0 counts nothing).
-    ///
-    /// # Errors
-    /// If `share` is not a number from 0.0 to 1.0.
-    pub fn near_limit(mut self, share: f64) -> Result<Self, ConfigError> {
-        self.settings.near_limit = NearLimitShare::new(share)
-            .map_err(|e| ConfigError::new(format!("{:?}: {e}", self.settings.name)))?;
-        Ok(self.rebuilt())
-    }
-
-    /// What to do when the store fails: admit (`Open`, the fleet shedder's default), reject with 503 (`Closed`, the
-    /// concurrency limiter's default), or count in process with the same ceilings (`Local`: a per-instance count
-    /// while the shared one is down).
-    pub fn on_store_error(mut self, policy: FailurePolicy) -> Self {
-        self.settings.on_error = policy;
-        self.fallback = match policy {
-            FailurePolicy::Local => Some(self.fallback.unwrap_or_default()),
-            _ => None,
-        };
-        self.rebuilt()
-    }
-
-    /// After a setting changed: the services built from now on share a new state.
-    pub(crate) fn rebuilt(mut self) -> Self {
-        self.built = Built::default();
-        self
-    }
-}
-
-impl<R: Clone, L> Clone for SlotLimitLayer<R, L> {
+impl<K: Clone, L> Clone for ConcurrencyLimitLayer<K, L> {
     fn clone(&self) -> Self {
         Self {
-            settings: self.settings.clone(),
-            rule: self.rule.clone(),
-            store: self.store.clone(),
-            fallback: self.fallback.clone(),
-            kind: self.kind,
-            switch: self.switch.clone(),
-            built: self.built.clone(),
+            inner: self.inner.clone(),
         }
     }
 }
 
-impl<R, L> fmt::Debug for SlotLimitLayer<R, L> {
+impl<K, L> fmt::Debug for ConcurrencyLimitLayer<K, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SlotLimitLayer")
-            .field("name", &self.settings.name)
-            .field("rejects_as", &self.kind)
-            .field("mode", &self.switch.mode())
-            .field("slot_ttl", &self.settings.slot_ttl)
-            .field("on_store_error", &self.settings.on_error)
-            .finish_non_exhaustive()
+        f.debug_tuple("ConcurrencyLimitLayer")
+            .field(&self.inner)
+            .finish()
     }
 }
 
-impl<S, R: Clone, L: SlotStore> Layer<S> for SlotLimitLayer<R, L> {
-    type Service = SlotLimit<S, R, L>;
+impl<S, K, L> Layer<S> for ConcurrencyLimitLayer<K, L> {
+    type Service = ConcurrencyLimit<S, K, L>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let shared = self.built.get_or_init(|| {
-            Shared::new(
-                self.settings.clone(),
-                self.switch.clone(),
-                self.rule.clone(),
-                self.store.clone(),
-                self.kind,
-                self.fallback.clone(),
-            )
-        });
-        SlotLimit::from_shared(inner, shared)
+        ConcurrencyLimit {
+            inner: self.inner.service(inner),
+        }
     }
 }

@@ -34,7 +34,7 @@
 //! `store_error_open`, `store_error_closed`, `shadow_store_error_closed` or `store_error_local` (one outcome per
 //! decision); `tollgate_store_errors_total{limiter, kind,
 //! failure_policy}`; `tollgate_near_limit_total{limiter}` for admissions that leave fewer than
-//! [`near_limit`](SlotLimitLayer::near_limit)'s share of the ceiling free (20 % by default). Each decision is a
+//! [`near_limit`](ConcurrencyLimitLayer::near_limit)'s share of the ceiling free (20 % by default). Each decision is a
 //! `tracing` event at `DEBUG` on the target `tollgate::decision`.
 //!
 //! ```
@@ -70,26 +70,28 @@
 
 mod decide;
 mod layer;
-mod service;
+pub(crate) mod service;
 
-pub use layer::{
-    ConcurrencyLimitLayer, DEFAULT_RETRY_AFTER, DEFAULT_SLOT_TTL, MAX_SLOT_TTL, SlotLimitLayer,
-};
-pub use service::SlotLimit;
-
-/// The service a [`ConcurrencyLimitLayer`] builds: a [`SlotLimit`] with one slot set per key.
-pub type ConcurrencyLimit<S, K, L> = SlotLimit<S, PerKey<K>, L>;
+pub use layer::{ConcurrencyLimitLayer, DEFAULT_RETRY_AFTER, DEFAULT_SLOT_TTL, MAX_SLOT_TTL};
+pub(crate) use layer::{SlotLayer, slot_layer_methods};
 
 pub(crate) use decide::Settings;
 
 use crate::{KeyError, KeyExtractor};
 
-/// Which slot set a request counts against, and its ceiling there.
+/// The service a [`ConcurrencyLimitLayer`] builds: its requests hold a slot of their key while in flight.
 ///
-/// [`PerKey`] (the concurrency limiter: one set per client key, one limit) and
-/// [`FleetRule`](crate::limit::fleet::FleetRule) (the fleet shedder: one fleet-wide set, a ceiling per priority)
-/// implement it.
-pub trait SlotRule<Req>: Send + Sync + 'static {
+/// Errors are the inner service's, boxed, plus [`Rejection`](crate::Rejection) (too many in flight, or the store
+/// failed closed) and [`KeyError`] (the key's source is missing).
+pub struct ConcurrencyLimit<S, K, L> {
+    pub(crate) inner: service::SlotLimit<S, PerKey<K>, L>,
+}
+
+service::slot_service!(ConcurrencyLimit<S, K, L>, KeyExtractor);
+
+/// Which slot set a request counts against, and its ceiling there: one set per key ([`PerKey`], the concurrency
+/// limiter), or one fleet-wide set with a ceiling per priority (the fleet shedder's rule).
+pub(crate) trait SlotRule<Req>: Send + Sync + 'static {
     /// Appends the request's key (after the limiter's name) to `key` and returns its ceiling.
     ///
     /// # Errors
@@ -99,9 +101,9 @@ pub trait SlotRule<Req>: Send + Sync + 'static {
 
 /// One slot set per key from a [`KeyExtractor`], the same limit for all.
 #[derive(Debug, Clone)]
-pub struct PerKey<K> {
-    key: K,
-    limit: u64,
+pub(crate) struct PerKey<K> {
+    pub(crate) key: K,
+    pub(crate) limit: u64,
 }
 
 impl<Req, K: KeyExtractor<Req>> SlotRule<Req> for PerKey<K> {

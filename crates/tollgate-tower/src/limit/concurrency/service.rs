@@ -10,32 +10,18 @@ use super::decide::Shared;
 use crate::limit::ResponseFuture;
 use crate::limit::future::{Deciding, decide_later, pass, refuse};
 use crate::permit::Hold;
-use crate::{BoxError, EnforcementSwitch, HoldPermit, Mode, Permit};
+use crate::{BoxError, HoldPermit, Mode, Permit};
 
-/// A service whose requests hold a slot while in flight: built by a
-/// [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer) or a [`FleetShedLayer`](crate::FleetShedLayer).
-///
-/// Errors are the inner service's, boxed, plus [`Rejection`](crate::Rejection) (too many in flight, or
-/// the store failed closed) and [`KeyError`](crate::KeyError) (the key's source is missing).
-pub struct SlotLimit<S, R, L> {
-    inner: S,
-    shared: Arc<Shared<R, L>>,
+/// A service whose requests hold a slot while in flight: the service under [`ConcurrencyLimit`](super::ConcurrencyLimit)
+/// and [`FleetShed`](crate::limit::fleet::FleetShed), which differ in their rule.
+pub(crate) struct SlotLimit<S, R, L> {
+    pub(crate) inner: S,
+    pub(crate) shared: Arc<Shared<R, L>>,
 }
 
 impl<S, R, L> SlotLimit<S, R, L> {
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared<R, L>>) -> Self {
         Self { inner, shared }
-    }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The enforcement switch shared with the layer that built this service.
-    #[must_use]
-    pub fn enforcement(&self) -> EnforcementSwitch {
-        self.shared.judge.switch.clone()
     }
 }
 
@@ -58,23 +44,23 @@ impl<S: fmt::Debug, R, L> fmt::Debug for SlotLimit<S, R, L> {
     }
 }
 
-impl<S, R, L, Req> Service<Req> for SlotLimit<S, R, L>
-where
-    S: Service<Req> + Clone,
-    S::Error: Into<BoxError>,
-    S::Response: HoldPermit,
-    R: SlotRule<Req>,
-    L: SlotStore,
-{
-    type Response = <S::Response as HoldPermit>::Held;
-    type Error = BoxError;
-    type Future = ResponseFuture<S::Future, S, Req, Hold>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+impl<S, R, L> SlotLimit<S, R, L> {
+    pub(crate) fn poll_ready<Req>(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>>
+    where
+        S: Service<Req>,
+        S::Error: Into<BoxError>,
+    {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    pub(crate) fn call<Req>(&mut self, req: Req) -> ResponseFuture<S::Future, S, Req, Hold>
+    where
+        S: Service<Req> + Clone,
+        S::Error: Into<BoxError>,
+        S::Response: HoldPermit,
+        R: SlotRule<Req>,
+        L: SlotStore,
+    {
         let judge = &self.shared.judge;
         let mode = judge.mode();
         if mode == Mode::Off {
@@ -92,3 +78,62 @@ where
         decide_later(&mut self.inner, decide, req, Hold)
     }
 }
+
+/// The methods and the `Service` of a public service with one field `inner`, a [`SlotLimit`] with one rule (the
+/// concurrency limiter's and the fleet shedder's), written once. `$param` is the rule's type parameter, bound by
+/// `$bound` to decide a request.
+macro_rules! slot_service {
+    ($name:ident<S, $param:ident, L>, $bound:ident) => {
+        impl<S, $param, L> $name<S, $param, L> {
+            /// The inner service.
+            pub fn get_ref(&self) -> &S {
+                &self.inner.inner
+            }
+
+            /// The enforcement switch shared with the layer that built this service.
+            #[must_use]
+            pub fn enforcement(&self) -> $crate::EnforcementSwitch {
+                self.inner.shared.judge.switch.clone()
+            }
+        }
+
+        impl<S: Clone, $param, L> Clone for $name<S, $param, L> {
+            fn clone(&self) -> Self {
+                Self {
+                    inner: self.inner.clone(),
+                }
+            }
+        }
+
+        impl<S: std::fmt::Debug, $param, L> std::fmt::Debug for $name<S, $param, L> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_tuple(stringify!($name)).field(&self.inner).finish()
+            }
+        }
+
+        impl<S, $param, L, Req> tower_service::Service<Req> for $name<S, $param, L>
+        where
+            S: tower_service::Service<Req> + Clone,
+            S::Error: Into<$crate::BoxError>,
+            S::Response: $crate::HoldPermit,
+            $param: $bound<Req>,
+            L: tollgate_core::slot::SlotStore,
+        {
+            type Response = <S::Response as $crate::HoldPermit>::Held;
+            type Error = $crate::BoxError;
+            type Future = $crate::limit::ResponseFuture<S::Future, S, Req, $crate::permit::Hold>;
+
+            fn poll_ready(
+                &mut self,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Result<(), Self::Error>> {
+                self.inner.poll_ready(cx)
+            }
+
+            fn call(&mut self, req: Req) -> Self::Future {
+                self.inner.call(req)
+            }
+        }
+    };
+}
+pub(crate) use slot_service;

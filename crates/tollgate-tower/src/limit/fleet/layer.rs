@@ -1,13 +1,17 @@
+use std::fmt;
 use std::sync::Arc;
 
 use crate::observe::NearLimitShare;
 use crate::{Name, Priority, RejectionKind};
 use tollgate_core::FailurePolicy;
 use tollgate_core::slot::SlotStore;
+use tower_layer::Layer;
 
-use super::FleetRule;
+use super::{FleetRule, FleetShed};
 use crate::ConfigError;
-use crate::limit::concurrency::{DEFAULT_RETRY_AFTER, DEFAULT_SLOT_TTL, Settings, SlotLimitLayer};
+use crate::limit::concurrency::{
+    DEFAULT_RETRY_AFTER, DEFAULT_SLOT_TTL, Settings, SlotLayer, slot_layer_methods,
+};
 
 /// The share of fleet capacity reserved for `Critical` requests (default), in percent.
 pub const DEFAULT_RESERVE_PERCENT: u8 = 20;
@@ -16,12 +20,16 @@ pub const DEFAULT_FLEET_KEY: &str = "fleet";
 
 /// Sheds non-critical requests once they fill the fleet's unreserved capacity: see the [module docs](super).
 ///
-/// The slot layer of the concurrency limiter with a fleet-wide rule: its builder ([`mode`](SlotLimitLayer::mode),
-/// [`shadow`](SlotLimitLayer::shadow), [`slot_ttl`](SlotLimitLayer::slot_ttl),
-/// [`on_store_error`](SlotLimitLayer::on_store_error) …) is shared.
-pub type FleetShedLayer<P, L> = SlotLimitLayer<FleetRule<P>, L>;
+/// It counts slots as the concurrency limiter does, with a fleet-wide rule, and shares its builder
+/// ([`mode`](Self::mode), [`shadow`](Self::shadow), [`slot_ttl`](Self::slot_ttl),
+/// [`on_store_error`](Self::on_store_error) …). Cheap to clone; its state is built with it, up front, and again by
+/// each method that changes a setting.
+#[must_use]
+pub struct FleetShedLayer<P, L> {
+    inner: SlotLayer<FleetRule<P>, L>,
+}
 
-impl<P, L: SlotStore> FleetShedLayer<P, L> {
+impl<P: Clone, L: SlotStore> FleetShedLayer<P, L> {
     /// Fleet-wide, at most `capacity` requests in flight, counted in `store` (shared by every instance), with
     /// [`DEFAULT_RESERVE_PERCENT`] of it reserved for requests that `classifier` calls `Critical`. Named
     /// [`DEFAULT_FLEET_KEY`]; enforced; a failing store admits (fails open: shedding protects the service, and
@@ -48,24 +56,26 @@ impl<P, L: SlotStore> FleetShedLayer<P, L> {
             reserve_percent: DEFAULT_RESERVE_PERCENT,
             thresholds: None,
         };
-        Ok(Self::with_rule(settings, rule, store, RejectionKind::Shed))
+        let inner = SlotLayer::new(settings, rule, store, RejectionKind::Shed);
+        Ok(Self { inner })
     }
-}
 
-impl<P, L> FleetShedLayer<P, L> {
+    slot_layer_methods!();
+
     /// Reserves `percent` of the capacity for `Critical` requests (rounded up to whole requests); per-class
     /// [`thresholds`](Self::thresholds), when set, take its place.
     ///
     /// # Errors
     /// If `percent` is over 100.
-    pub fn reserve_percent(mut self, percent: u8) -> Result<Self, ConfigError> {
+    pub fn reserve_percent(self, percent: u8) -> Result<Self, ConfigError> {
         if percent > 100 {
             return Err(ConfigError::new(format!(
                 "fleet shedder: a reserve of {percent} % is impossible (0 to 100)"
             )));
         }
-        self.rule.reserve_percent = percent;
-        Ok(self.rebuilt())
+        Ok(Self {
+            inner: self.inner.configure(|c| c.rule.reserve_percent = percent),
+        })
     }
 
     /// Gives each non-critical class its own line instead of the one reserve, as the worker shedder does: requests
@@ -75,26 +85,57 @@ impl<P, L> FleetShedLayer<P, L> {
     ///
     /// # Errors
     /// Unless `low ≤ normal ≤ high ≤ 100`.
-    pub fn thresholds(mut self, low: u8, normal: u8, high: u8) -> Result<Self, ConfigError> {
+    pub fn thresholds(self, low: u8, normal: u8, high: u8) -> Result<Self, ConfigError> {
         if !(low <= normal && normal <= high && high <= 100) {
             return Err(ConfigError::new(format!(
                 "fleet shedder: thresholds low {low} %, normal {normal} %, high {high} % must satisfy \
                  low ≤ normal ≤ high ≤ 100"
             )));
         }
-        self.rule.thresholds = Some([100, high, normal, low]);
-        Ok(self)
+        Ok(Self {
+            inner: self
+                .inner
+                .configure(|c| c.rule.thresholds = Some([100, high, normal, low])),
+        })
     }
 
     /// Renames the shedder, and with it the fleet-wide key (e.g. one fleet per service sharing a Redis).
-    pub fn name(mut self, name: impl Into<Name>) -> Self {
-        self.settings.name = name.into();
-        self.rebuilt()
+    pub fn name(self, name: impl Into<Name>) -> Self {
+        let name = name.into();
+        Self {
+            inner: self.inner.configure(|c| c.settings.name = name),
+        }
     }
+}
 
+impl<P, L> FleetShedLayer<P, L> {
     /// The fleet-wide ceiling for requests of `priority`.
     #[must_use]
     pub fn ceiling(&self, priority: Priority) -> u64 {
-        self.rule.ceiling(priority)
+        self.inner.config.rule.ceiling(priority)
+    }
+}
+
+impl<P: Clone, L> Clone for FleetShedLayer<P, L> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<P, L> fmt::Debug for FleetShedLayer<P, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("FleetShedLayer").field(&self.inner).finish()
+    }
+}
+
+impl<S, P, L> Layer<S> for FleetShedLayer<P, L> {
+    type Service = FleetShed<S, P, L>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        FleetShed {
+            inner: self.inner.service(inner),
+        }
     }
 }

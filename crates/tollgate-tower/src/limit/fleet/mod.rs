@@ -35,10 +35,20 @@ pub use layer::{DEFAULT_FLEET_KEY, DEFAULT_RESERVE_PERCENT, FleetShedLayer};
 use crate::{Classify, KeyError, Priority};
 
 use crate::limit::concurrency::SlotRule;
+use crate::limit::concurrency::service::{SlotLimit, slot_service};
+
+/// The service a [`FleetShedLayer`] builds: its requests hold a fleet-wide slot while in flight.
+///
+/// Errors are the inner service's, boxed, plus [`Rejection`](crate::Rejection) (shed, or the store failed closed).
+pub struct FleetShed<S, P, L> {
+    pub(crate) inner: SlotLimit<S, FleetRule<P>, L>,
+}
+
+slot_service!(FleetShed<S, P, L>, Classify);
 
 /// The fleet shedder's rule: one key, a ceiling per priority.
 #[derive(Debug, Clone)]
-pub struct FleetRule<P> {
+pub(crate) struct FleetRule<P> {
     classifier: P,
     capacity: u64,
     reserve_percent: u8,
@@ -49,7 +59,7 @@ pub struct FleetRule<P> {
 impl<P> FleetRule<P> {
     /// Requests of `priority` are admitted while fewer than this many are in flight fleet-wide.
     #[must_use]
-    pub fn ceiling(&self, priority: Priority) -> u64 {
+    pub(crate) fn ceiling(&self, priority: Priority) -> u64 {
         if priority == Priority::Critical {
             return self.capacity;
         }

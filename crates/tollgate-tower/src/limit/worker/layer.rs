@@ -10,7 +10,7 @@ use super::controller::{
     DEFAULT_THRESHOLDS, ShedBy, Tuning,
 };
 use crate::limit::concurrency::DEFAULT_RETRY_AFTER;
-use crate::limit::core::{Built, Judge, enforcement_methods};
+use crate::limit::core::{Judge, enforcement_methods};
 use crate::observe::{NearLimitShare, Signals};
 use crate::{ConfigError, EnforcementSwitch, Name, Priority};
 use metrics::Counter;
@@ -32,16 +32,50 @@ pub const SHED_TOTAL: &str = "tollgate_shed_total";
 
 /// Sheds the lowest priorities first when this instance is busy: see the [module docs](super).
 ///
-/// Every service the layer builds (e.g. axum's copy per route) shares one in-flight count and one controller:
-/// configure the layer before applying it.
+/// Cheap to clone. Its state is built with it, up front, and again by each method that changes a setting; every
+/// service it (or a clone) builds (e.g. axum's copy per route) shares that state: one in-flight count and one
+/// controller.
 #[must_use]
 pub struct WorkerShedLayer<P> {
+    settings: Settings,
+    classifier: Arc<P>,
+    state: Arc<WorkerState>,
+}
+
+/// What a worker shedder is configured with.
+#[derive(Clone)]
+struct Settings {
     name: Name,
     switch: EnforcementSwitch,
     retry_after: Duration,
     tuning: Tuning,
-    classifier: Arc<P>,
-    built: Built<WorkerState>,
+}
+
+impl Settings {
+    /// The state every service of a layer with these settings shares.
+    fn build(&self) -> WorkerState {
+        WorkerState {
+            judge: Judge::new(
+                self.name.clone(),
+                self.switch.clone(),
+                None,
+                "shed",
+                // No quota to be near: the shedder's level is its signal (`tollgate_worker_shed_percent`).
+                Signals::new(
+                    &self.name,
+                    "shed",
+                    "worker_shed",
+                    "in_process",
+                    NearLimitShare::OFF,
+                ),
+            ),
+            retry_after: self.retry_after,
+            controller: Controller::new(self.tuning),
+            shed_by: [ShedBy::Gate, ShedBy::Controller].map(|by| {
+                metrics::counter!(SHED_TOTAL, "limiter" => self.name.to_string(), "reason" => by.as_str())
+            }),
+        }
+    }
 }
 
 impl<P> WorkerShedLayer<P> {
@@ -69,44 +103,23 @@ impl<P> WorkerShedLayer<P> {
             hysteresis: DEFAULT_HYSTERESIS_PERCENT,
             interval: DEFAULT_INTERVAL,
         };
-        Ok(Self {
+        let settings = Settings {
             name: DEFAULT_WORKER_NAME.into(),
             switch: EnforcementSwitch::default(),
             retry_after: DEFAULT_RETRY_AFTER,
             tuning,
+        };
+        Ok(Self {
+            state: Arc::new(settings.build()),
+            settings,
             classifier: Arc::new(classifier),
-            built: Built::default(),
         })
     }
 
-    /// The state every service built from now on shares (built by the first call).
-    fn state(&self) -> Arc<WorkerState> {
-        self.built.get_or_init(|| WorkerState {
-            judge: Judge::new(
-                self.name.clone(),
-                self.switch.clone(),
-                None,
-                "shed",
-                // No quota to be near: the shedder's level is its signal (`tollgate_worker_shed_percent`).
-                Signals::new(
-                    &self.name,
-                    "shed",
-                    "worker_shed",
-                    "in_process",
-                    NearLimitShare::OFF,
-                ),
-            ),
-            retry_after: self.retry_after,
-            controller: Controller::new(self.tuning),
-            shed_by: [ShedBy::Gate, ShedBy::Controller].map(|by| {
-                metrics::counter!(SHED_TOTAL, "limiter" => self.name.to_string(), "reason" => by.as_str())
-            }),
-        })
-    }
-
-    /// After a setting changed: the services built from now on share a new state.
-    fn rebuilt(mut self) -> Self {
-        self.built = Built::default();
+    /// This layer with its settings changed by `change`, and a state of its own built from them.
+    fn configure(mut self, change: impl FnOnce(&mut Settings)) -> Self {
+        change(&mut self.settings);
+        self.state = Arc::new(self.settings.build());
         self
     }
 
@@ -116,7 +129,7 @@ impl<P> WorkerShedLayer<P> {
     /// Unless `low ≤ normal ≤ high ≤ critical` (a class is never shed before a lower one), from 1 up to
     /// 255.
     pub fn thresholds(
-        mut self,
+        self,
         low: u16,
         normal: u16,
         high: u16,
@@ -130,80 +143,74 @@ impl<P> WorkerShedLayer<P> {
             )));
         }
         let pct = |v: u16| u8::try_from(v).unwrap_or(u8::MAX);
-        self.tuning.thresholds = [pct(critical), pct(high), pct(normal), pct(low)];
-        Ok(self.rebuilt())
+        let thresholds = [pct(critical), pct(high), pct(normal), pct(low)];
+        Ok(self.configure(|s| s.tuning.thresholds = thresholds))
     }
 
     /// How many percentage points a class's shed level moves per evaluation (1 to 100; 100 switches at once).
     ///
     /// # Errors
     /// If `step` is 0 or over 100.
-    pub fn step_percent(mut self, step: u8) -> Result<Self, ConfigError> {
+    pub fn step_percent(self, step: u8) -> Result<Self, ConfigError> {
         if step == 0 || step > 100 {
             return Err(ConfigError::new(format!(
                 "worker shedder: a step of {step} points is impossible (1 to 100)"
             )));
         }
-        self.tuning.step = step;
-        Ok(self.rebuilt())
+        Ok(self.configure(|s| s.tuning.step = step))
     }
 
     /// How far (percentage points) below its threshold utilization must fall before a class's shedding recedes.
-    pub fn hysteresis_percent(mut self, points: u8) -> Self {
-        self.tuning.hysteresis = points;
-        self.rebuilt()
+    pub fn hysteresis_percent(self, points: u8) -> Self {
+        self.configure(|s| s.tuning.hysteresis = points)
     }
 
     /// The minimum time between two evaluations of the shed levels.
-    pub fn interval(mut self, interval: Duration) -> Self {
-        self.tuning.interval = interval;
-        self.rebuilt()
+    pub fn interval(self, interval: Duration) -> Self {
+        self.configure(|s| s.tuning.interval = interval)
     }
 
     /// The retry delay a shed request announces.
-    pub fn retry_after(mut self, retry_after: Duration) -> Self {
-        self.retry_after = retry_after;
-        self.rebuilt()
+    pub fn retry_after(self, retry_after: Duration) -> Self {
+        self.configure(|s| s.retry_after = retry_after)
     }
 
     /// Renames the shedder (metrics, logs, rejections).
-    pub fn name(mut self, name: impl Into<Name>) -> Self {
-        self.name = name.into();
-        self.rebuilt()
+    pub fn name(self, name: impl Into<Name>) -> Self {
+        let name = name.into();
+        self.configure(|s| s.name = name)
     }
 
-    enforcement_methods!();
+    enforcement_methods!(settings.switch, |this: Self, switch| this
+        .configure(|s| s.switch = switch));
 
     /// Requests in flight through this layer now.
     #[must_use]
     pub fn in_flight(&self) -> u64 {
-        self.state().controller.in_flight()
+        self.state.controller.in_flight()
     }
 
     /// The line of `priority`: its requests are admitted only while fewer than this many are in flight
     /// (`capacity × threshold / 100`, rounded down).
     #[must_use]
     pub fn line(&self, priority: Priority) -> u64 {
-        self.state().controller.line(priority)
+        self.state.controller.line(priority)
     }
 
     /// The share of `priority` requests the controller currently sheds below the class's line, in percent
     /// (always 0 for `Critical`).
     #[must_use]
     pub fn shed_percent(&self, priority: Priority) -> u8 {
-        self.state().controller.level(priority)
+        self.state.controller.level(priority)
     }
 }
 
 impl<P> Clone for WorkerShedLayer<P> {
     fn clone(&self) -> Self {
         Self {
-            name: self.name.clone(),
-            switch: self.switch.clone(),
-            retry_after: self.retry_after,
-            tuning: self.tuning,
+            settings: self.settings.clone(),
             classifier: self.classifier.clone(),
-            built: self.built.clone(),
+            state: self.state.clone(),
         }
     }
 }
@@ -211,9 +218,9 @@ impl<P> Clone for WorkerShedLayer<P> {
 impl<P> fmt::Debug for WorkerShedLayer<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WorkerShedLayer")
-            .field("name", &self.name)
-            .field("tuning", &self.tuning)
-            .field("mode", &self.switch.mode())
+            .field("name", &self.settings.name)
+            .field("tuning", &self.settings.tuning)
+            .field("mode", &self.settings.switch.mode())
             .field("in_flight", &self.in_flight())
             .finish_non_exhaustive()
     }
@@ -223,6 +230,6 @@ impl<S, P> Layer<S> for WorkerShedLayer<P> {
     type Service = WorkerShed<S, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        WorkerShed::new(inner, self.state(), self.classifier.clone())
+        WorkerShed::new(inner, self.state.clone(), self.classifier.clone())
     }
 }
