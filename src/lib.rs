@@ -10,7 +10,7 @@
 //! | `http` | [`tower`]'s rate limiter and [`http`]: layers for `http` services, 429/503 responses, RateLimit fields |
 //! | `axum` | `http`, with axum's extractors for keys |
 //! | `grpc` | [`grpc`]: the tonic adapter (RESOURCE_EXHAUSTED / UNAVAILABLE with RetryInfo) |
-//! | `config` | [`config`]: limiters from a TOML policy file, reloaded without a restart |
+//! | `config` | [`config`]: limiters from a TOML policy file, reloaded without a restart, built into the layers of the protocols enabled (`axum`: an axum router's; `grpc`: a tonic server's) |
 //! | `stack` | [`stack`]: the concurrent-requests limiter and the load shedders |
 //! | `leases` | token leases: hot keys admitted from batches leased from the store |
 //! | `client` | [`client`]: the outbound layer that paces requests by the servers' RateLimit fields |
@@ -31,7 +31,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The README's examples compile and run with the doctests, so they cannot drift from the API.
-#[cfg(all(doctest, feature = "config"))]
+#[cfg(all(doctest, feature = "config", feature = "axum"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeExamples;
 
@@ -54,8 +54,8 @@ pub use tollgate_tower as tower;
 #[cfg(feature = "grpc")]
 pub use tollgate_grpc as grpc;
 
-/// Policy files (TOML): limiters, overrides and exemptions built into the axum and tonic layers, reloaded
-/// without a restart (feature `config`).
+/// Policy files (TOML): limiters, overrides and exemptions built into the axum layer (with feature `axum`) and the
+/// tonic layer (with `grpc`), reloaded without a restart (feature `config`).
 #[cfg(feature = "config")]
 pub use tollgate_config as config;
 

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use http::Request;
 use tollgate_core::Store;
-use tollgate_http::key::{Cidr, ClientIp, RouteKey};
+use tollgate_http::key::Cidr;
+#[cfg(feature = "axum")]
+use tollgate_http::key::{ClientIp, RouteKey};
 use tollgate_tower::key::HeaderKey;
 use tollgate_tower::limit::rate::{Applies, SetEntry};
 use tollgate_tower::{Cost, KeyError, KeyExtractor, RateLimitLayer};
@@ -16,8 +18,22 @@ use crate::schema::KeyPart;
 /// Which adapter the layers are for: it decides what `client-ip`, `header:` and `route` read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Protocol {
+    #[cfg(feature = "axum")]
     Http,
+    #[cfg(feature = "tonic")]
     Grpc,
+}
+
+impl Protocol {
+    /// Whether its answers write the file's header families (gRPC answers carry every field as metadata).
+    pub(crate) fn writes_headers(self) -> bool {
+        match self {
+            #[cfg(feature = "axum")]
+            Self::Http => true,
+            #[cfg(feature = "tonic")]
+            Self::Grpc => false,
+        }
+    }
 }
 
 /// A policy file's key: its parts in order, each keyed as the code-built extractor of the same name keys it
@@ -30,28 +46,41 @@ pub struct FileKey {
 
 #[derive(Debug, Clone)]
 enum Part {
+    #[cfg(feature = "axum")]
     ClientIp(ClientIp),
+    #[cfg(feature = "tonic")]
     GrpcPeer(tollgate_grpc::key::PeerIp),
     Header(HeaderKey),
+    #[cfg(feature = "axum")]
     Route(RouteKey),
+    #[cfg(feature = "tonic")]
     Method(tollgate_grpc::key::GrpcMethod),
     Global(&'static str),
 }
 
 impl FileKey {
     pub(crate) fn new(parts: &[KeyPart], protocol: Protocol, proxies: &[Cidr]) -> Self {
+        // Only an HTTP client's address is read behind proxies: a gRPC key is the peer's own.
+        #[cfg(not(feature = "axum"))]
+        let _ = proxies;
         let part = |part: &KeyPart| match (part, protocol) {
+            #[cfg(feature = "axum")]
             (KeyPart::ClientIp, Protocol::Http) => {
                 Part::ClientIp(ClientIp::trusting(proxies.iter().copied()))
             }
+            #[cfg(feature = "tonic")]
             (KeyPart::ClientIp, Protocol::Grpc) => Part::GrpcPeer(tollgate_grpc::key::PeerIp),
+            #[cfg(feature = "axum")]
             (KeyPart::Header(name), Protocol::Http) => {
                 Part::Header(HeaderKey::parse(name).expect("checked when the file was read"))
             }
+            #[cfg(feature = "tonic")]
             (KeyPart::Header(name), Protocol::Grpc) => {
                 Part::Header(HeaderKey::metadata(name).expect("checked when the file was read"))
             }
+            #[cfg(feature = "axum")]
             (KeyPart::Route, Protocol::Http) => Part::Route(RouteKey),
+            #[cfg(feature = "tonic")]
             (KeyPart::Route, Protocol::Grpc) => Part::Method(tollgate_grpc::key::GrpcMethod),
             (KeyPart::Global, _) => Part::Global("global"),
         };
@@ -64,10 +93,14 @@ impl FileKey {
 macro_rules! each_part {
     ($part:expr, $p:ident => $body:expr) => {
         match $part {
+            #[cfg(feature = "axum")]
             Part::ClientIp($p) => $body,
+            #[cfg(feature = "tonic")]
             Part::GrpcPeer($p) => $body,
             Part::Header($p) => $body,
+            #[cfg(feature = "axum")]
             Part::Route($p) => $body,
+            #[cfg(feature = "tonic")]
             Part::Method($p) => $body,
             Part::Global($p) => $body,
         }
@@ -179,7 +212,9 @@ pub(crate) fn entry<St: Store>(
     proxies: &[Cidr],
 ) -> Option<FileEntry<St>> {
     let (paths, others) = match protocol {
+        #[cfg(feature = "axum")]
         Protocol::Http => (&limiter.routes, &limiter.methods),
+        #[cfg(feature = "tonic")]
         Protocol::Grpc => (&limiter.methods, &limiter.routes),
     };
     if paths.is_empty() && !others.is_empty() {
