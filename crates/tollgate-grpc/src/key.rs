@@ -23,12 +23,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::hash::DefaultHasher;
-use std::net::IpAddr;
-
-use tollgate_tower::key::{IPV6_CLIENT_PREFIX, client_network, hash_ip, push_client_ip};
 use tollgate_tower::{KeyError, KeyExtractor};
-use tonic::transport::server::TcpConnectInfo;
 
 /// The value of one metadata entry, hashed (SHA-256, 128 bits, hex): an API key or token is never stored raw, and
 /// a long or binary (`-bin`) value costs the same as a short one. Built by [`MetadataKey::metadata`]; an empty value
@@ -36,51 +31,10 @@ use tonic::transport::server::TcpConnectInfo;
 /// `HeaderKey` (gRPC metadata travels as HTTP/2 headers), so both follow one rule.
 pub use tollgate_tower::key::HeaderKey as MetadataKey;
 
-/// The peer's IP address, from the [`TcpConnectInfo`] that tonic's `transport::Server` records on each request.
-///
-/// The port is left out: a client opening several connections is still one client. An IPv6 peer is keyed by its
-/// /64 network, the block one client can pick any address from (see
-/// [`client_network`]); for another grouping, key with a closure
-/// ([`KeyExtractor`]) and [`push_client_ip`].
-///
-/// Behind TLS, tonic records `TlsConnectInfo<TcpConnectInfo>` instead (with its TLS features); read it with a
-/// closure. Behind a proxy the peer is the proxy: key by a metadata entry the proxy sets and
-/// clients cannot (e.g. with [`MetadataKey`]), never by one clients can spoof.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PeerIp;
-
-impl<B> KeyExtractor<http::Request<B>> for PeerIp {
-    fn extract(&self, req: &http::Request<B>, key: &mut String) -> Result<(), KeyError> {
-        push_client_ip(key, peer_ip(req)?, IPV6_CLIENT_PREFIX);
-        Ok(())
-    }
-
-    fn hash_key(&self, req: &http::Request<B>, state: &mut DefaultHasher) -> Result<(), KeyError> {
-        hash_ip(state, client_network(peer_ip(req)?, IPV6_CLIENT_PREFIX));
-        Ok(())
-    }
-
-    /// The peer's whole address: what overrides' addresses and CIDRs are matched against.
-    fn match_key(&self, req: &http::Request<B>, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        use std::io::Write as _;
-        // Writing to a Vec cannot fail.
-        let _ = write!(out, "{}", peer_ip(req)?);
-        Ok(())
-    }
-}
-
-/// The peer's address, IPv4-mapped IPv6 addresses folded to IPv4 (the same clients as their IPv4 form).
-fn peer_ip<B>(req: &http::Request<B>) -> Result<IpAddr, KeyError> {
-    req.extensions()
-        .get::<TcpConnectInfo>()
-        .and_then(TcpConnectInfo::remote_addr)
-        .map(|addr| addr.ip().to_canonical())
-        .ok_or_else(|| {
-            KeyError::missing("the peer address").with_hint(
-                "serve with tonic's transport::Server over TCP, which records TcpConnectInfo on each request",
-            )
-        })
-}
+/// The peer's IP address, from the `TcpConnectInfo` that tonic's `transport::Server` records on each request:
+/// the HTTP adapter's extractor, which reads what axum and tonic record alike (see it for IPv6 networks, TLS and
+/// proxies).
+pub use tollgate_http::key::PeerIp;
 
 /// The called method's path, `/package.Service/Method`: combine it with a client key, e.g.
 /// `(PeerIp, GrpcMethod)`, for one bucket per client and method under a single policy.
@@ -144,7 +98,10 @@ impl<B> KeyExtractor<http::Request<B>> for ServedMethod {
 
 #[cfg(test)]
 mod tests {
+    use std::hash::DefaultHasher;
     use std::net::SocketAddr;
+
+    use tonic::transport::server::TcpConnectInfo;
 
     use super::*;
 

@@ -2,83 +2,15 @@ use std::hash::DefaultHasher;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use axum::extract::ConnectInfo;
 use http::Request;
 use http::header::{FORWARDED, HeaderName};
-use tollgate_tower::key::{IPV6_CLIENT_PREFIX, client_network, hash_ip, push_client_ip, push_ipv4};
+use tollgate_tower::key::{IPV6_CLIENT_PREFIX, client_network, hash_ip, push_client_ip};
 use tollgate_tower::{KeyError, KeyExtractor};
 
 use super::Cidr;
+use super::peer_ip::{PeerIp, write_ip};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-
-/// The peer address of the connection, from axum's `ConnectInfo<SocketAddr>`: an IPv4 peer by its address, an
-/// IPv6 peer by its /64 network (one client can use any address in it; see
-/// [`client_network`](tollgate_tower::key::client_network)). For another IPv6 prefix, use
-/// [`ClientIp::new`]`().`[`ipv6_prefix`](ClientIp::ipv6_prefix)`(n)`: the same peer, grouped by `n` bits.
-///
-/// Serve the app with `into_make_service_with_connect_info::<SocketAddr>()`, or the key is missing (a
-/// configuration error, answered with 500).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PeerIp;
-
-impl PeerIp {
-    /// The request's peer address, IPv4-mapped IPv6 addresses folded to IPv4.
-    pub fn peer_ip<B>(req: &Request<B>) -> Result<IpAddr, KeyError> {
-        peer_of(req.extensions().get::<ConnectInfo<SocketAddr>>())
-    }
-}
-
-/// The peer address in `info`, IPv4-mapped IPv6 folded to IPv4.
-fn peer_of(info: Option<&ConnectInfo<SocketAddr>>) -> Result<IpAddr, KeyError> {
-    info.map(|ConnectInfo(addr)| addr.ip().to_canonical())
-        .ok_or_else(missing_peer)
-}
-
-fn missing_peer() -> KeyError {
-    KeyError::missing("the peer address (ConnectInfo<SocketAddr>)")
-        .with_hint("serve the router with `into_make_service_with_connect_info::<SocketAddr>()`")
-}
-
-impl<B> KeyExtractor<Request<B>> for PeerIp {
-    fn extract(&self, req: &Request<B>, key: &mut String) -> Result<(), KeyError> {
-        // An IPv4 peer (the common case) goes straight to its octets, without building an `IpAddr` first.
-        match req.extensions().get::<ConnectInfo<SocketAddr>>() {
-            Some(ConnectInfo(SocketAddr::V4(addr))) => push_ipv4(key, addr.ip().octets()),
-            _ => push_client_ip(key, Self::peer_ip(req)?, IPV6_CLIENT_PREFIX),
-        }
-        Ok(())
-    }
-
-    fn hash_key(&self, req: &Request<B>, state: &mut DefaultHasher) -> Result<(), KeyError> {
-        // The same IPv4 shortcut as `extract`: through `peer_ip` this costs 35 instructions more per request.
-        match req.extensions().get::<ConnectInfo<SocketAddr>>() {
-            Some(ConnectInfo(SocketAddr::V4(addr))) => {
-                hash_ip(state, IpAddr::V4(*addr.ip()));
-                Ok(())
-            }
-            peer => hash_peer_network(peer, state),
-        }
-    }
-
-    /// The peer's whole address: what overrides' addresses and CIDRs are matched against.
-    fn match_key(&self, req: &Request<B>, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        write_ip(out, Self::peer_ip(req)?);
-        Ok(())
-    }
-}
-
-/// [`PeerIp::hash_key`] for any peer but a plain IPv4 one, out of line and handed the extension already looked
-/// up: inlined, or looking it up again, it kept `hash_key` or the lookup out of the limiter's `call` (20–30
-/// instructions per request).
-#[inline(never)]
-fn hash_peer_network(
-    peer: Option<&ConnectInfo<SocketAddr>>,
-    state: &mut DefaultHasher,
-) -> Result<(), KeyError> {
-    hash_ip(state, client_network(peer_of(peer)?, IPV6_CLIENT_PREFIX));
-    Ok(())
-}
 
 /// Which header the trusted proxies append the client address to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -223,13 +155,6 @@ impl<B> KeyExtractor<Request<B>> for ClientIp {
     }
 }
 
-/// Appends `ip`'s text to `out` (no allocation: the buffer is reused).
-fn write_ip(out: &mut Vec<u8>, ip: IpAddr) {
-    use std::io::Write as _;
-    // Writing to a Vec cannot fail.
-    let _ = write!(out, "{ip}");
-}
-
 /// The `for` parameter of one `Forwarded` element, unquoted.
 fn forwarded_for(element: &str) -> Option<&str> {
     element.split(';').find_map(|pair| {
@@ -261,6 +186,8 @@ fn parse_node(node: &str) -> Option<IpAddr> {
 
 #[cfg(test)]
 mod tests {
+    use axum::extract::ConnectInfo;
+
     use super::*;
 
     fn req(peer: &str, header: &str, values: &[&str]) -> Request<()> {
