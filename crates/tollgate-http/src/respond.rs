@@ -71,7 +71,7 @@ impl HttpResponder {
     }
 
     /// Writes this layer's headers onto a response of the inner service, in place.
-    #[inline(always)]
+    #[inline]
     fn amend<B>(&self, outer: bool, response: &mut Response<B>, own: Option<Box<Verdict>>) {
         // The common case, kept small: a lone limiter's admitted response.
         if outer || response.extensions().get::<Verdicts>().is_some() {
@@ -83,7 +83,6 @@ impl HttpResponder {
     }
 
     /// The response for a rejection, or for any other error, with its headers.
-    #[inline(never)]
     fn answer_error<B: From<String>>(
         &self,
         outer: bool,
@@ -126,7 +125,6 @@ impl HttpResponder {
     /// leaves the families it asked for, and a layer renders the union of its own and those, so that the outermost
     /// renders every family anyone asked for over every verdict (an inner layer's own rendering, for itself alone,
     /// is then overwritten: the GitHub fields name the binding limiter of all of them, not of the inner one).
-    #[inline(never)]
     fn gather<B>(&self, outer: bool, response: &mut Response<B>, own: Option<Verdict>) {
         // The header map is taken out (an empty one allocates nothing) while the extensions are borrowed: a
         // `Response` lends one part at a time.
@@ -204,7 +202,7 @@ impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>
         Ok(self.answer(outer, result, verdict))
     }
 
-    #[inline(always)]
+    #[inline]
     fn amend_ok(
         &self,
         outer: &bool,
@@ -226,7 +224,7 @@ impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>
         tollgate_tower::VerdictSink::final_cost(response, source)
     }
 
-    #[inline(always)]
+    #[inline]
     fn finish_ok(
         &self,
         _: bool,

@@ -115,12 +115,12 @@ impl crate::limit::Grants for Hold {
 impl<Req, T: HoldPermit> crate::limit::Answer<Req, T> for Hold {
     type Output = Result<T::Held, crate::BoxError>;
 
-    #[inline(always)]
+    #[inline]
     fn amend_ok(&self, _: &mut T, grant: Option<Permit>) -> Option<Permit> {
         grant
     }
 
-    #[inline(always)]
+    #[inline]
     fn finish_ok(&self, response: T, mut grant: Option<Permit>) -> Self::Output {
         ended(&mut grant, Ended::Responded);
         Ok(response.hold(grant))
@@ -154,7 +154,7 @@ impl<Req, T: HoldPermit> crate::limit::Answer<Req, T> for Hold {
 
 /// Marks how the request behind `permit` ended, if it holds an adaptive limiter's slot (the one permit that
 /// learns from it).
-#[inline(always)]
+#[inline]
 fn ended(permit: &mut Option<Permit>, how: Ended) {
     if let Some(slot) = permit
         .as_mut()

@@ -102,10 +102,7 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
     }
 }
 
-/// [`PeerIp::hash_key`] for any peer but a plain IPv4 one over axum, out of line and handed axum's extension
-/// already looked up: inlined, or looking it up again, it kept `hash_key` or the lookup out of the limiter's `call`
-/// (20–30 instructions per request).
-#[inline(never)]
+/// [`PeerIp::hash_key`] for any peer but a plain IPv4 one over axum, handed axum's extension already looked up.
 fn hash_peer_network<B>(
     axum: Option<SocketAddr>,
     req: &Request<B>,

@@ -71,9 +71,7 @@ pub fn push_ipv4(key: &mut String, octets: [u8; 4]) {
     }
 }
 
-/// IPv6 through the formatting machinery, out of line (IPv4 is the common case).
-#[cold]
-#[inline(never)]
+/// IPv6 through the formatting machinery (IPv4, the common case, writes its octets itself).
 fn push_ipv6(key: &mut String, network: Ipv6Addr, prefix: u8) {
     let _ = write!(key, "{network}");
     if prefix < 128 {

@@ -86,7 +86,6 @@ impl HeaderKey {
             .ok_or_else(|| self.missing())
     }
 
-    #[cold]
     fn missing(&self) -> KeyError {
         KeyError::missing(format!("the {} {}", self.name, self.noun)).with_hint(
             "the client must send a non-empty value, or limit by another key such as the peer address",

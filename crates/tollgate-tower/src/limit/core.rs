@@ -53,20 +53,20 @@ impl Judge {
     }
 
     /// The mode to decide the next request in.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn mode(&self) -> Mode {
         self.switch.mode()
     }
 
     /// Counts an admission by the limiter's own store or rule, which left `remaining` of `limit`.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn admitted(&self, remaining: u64, limit: u64) {
         self.counters.allowed.increment(1);
         self.signals.admitted("allowed", remaining, limit);
     }
 
     /// Counts an admission of a limiter without a quota to report (the worker shedder).
-    #[inline(always)]
+    #[inline]
     #[cfg(feature = "stack")]
     pub(crate) fn admitted_unmetered(&self) {
         self.counters.allowed.increment(1);
@@ -74,13 +74,11 @@ impl Judge {
     }
 
     /// Reports an exempt request (its counter belongs to the limiter's overrides).
-    #[cold]
     pub(crate) fn exempted(&self) {
         self.signals.decided("exempt", None);
     }
 
     /// Counts an admission by the local fallback (the shared store failed), which left `remaining` of `limit`.
-    #[cold]
     pub(crate) fn admitted_locally(&self, remaining: u64, limit: u64) {
         self.counters.failed_local.increment(1);
         self.signals.admitted("store_error_local", remaining, limit);
@@ -88,8 +86,6 @@ impl Judge {
 
     /// A request over the limit (`remaining` left): refused with `rejection`, or in shadow mode admitted with
     /// `shadow_grant` and counted apart. `detail` says why, for the logs.
-    #[cold]
-    #[inline(never)]
     pub(crate) fn over_limit<G>(
         &self,
         mode: Mode,
@@ -117,8 +113,6 @@ impl Judge {
 
     /// The failure policy after a store error: admit (`Open`), decide on the local fallback (`Local`: `local`
     /// answers, `None` when it cannot decide either), or refuse with 503 (`Closed`), announcing `retry_after`.
-    #[cold]
-    #[inline(never)]
     pub(crate) fn store_failed<G>(
         &self,
         err: &StoreError,

@@ -108,8 +108,6 @@ impl Settle {
     /// it in `verdict` (see [`shown_after_charge`]). Only a decided request is charged (a verdict says when): a
     /// failed-open one was never counted. A request admitted over the limit in shadow mode spent nothing up front,
     /// so it is charged its whole cost.
-    #[cold]
-    #[inline(never)]
     fn after(&self, real: Option<u64>, verdict: Option<&mut crate::Verdict>) {
         if let Some(verdict) = verdict {
             let allowed = verdict.decision.is_allowed();
@@ -122,8 +120,6 @@ impl Settle {
 
     /// [`after`](Self::after) for a request decided at `decided_at`, `allowed` or over the limit (shadow mode):
     /// the delta charged (a refund if negative).
-    #[cold]
-    #[inline(never)]
     pub(crate) fn after_decided(
         &self,
         real: Option<u64>,
@@ -177,7 +173,7 @@ impl<R, Tk> Grants for Responder<R, Tk> {
 impl<Req, T, R: Respond<Req, T, Ticket = Tk>, Tk: Copy> Answer<Req, T> for Responder<R, Tk> {
     type Output = Result<R::Response, R::Error>;
 
-    #[inline(always)]
+    #[inline]
     fn amend_ok(&self, response: &mut T, mut grant: Option<Self::Grant>) -> Option<Self::Grant> {
         if let Some(settle) = &self.settle {
             let real = self
@@ -188,7 +184,7 @@ impl<Req, T, R: Respond<Req, T, Ticket = Tk>, Tk: Copy> Answer<Req, T> for Respo
         self.respond.amend_ok(&self.ticket, response, grant)
     }
 
-    #[inline(always)]
+    #[inline]
     fn finish_ok(&self, response: T, grant: Option<Self::Grant>) -> Self::Output {
         self.respond.finish_ok(self.ticket, response, grant)
     }
@@ -234,8 +230,7 @@ pin_project! {
 
 #[allow(private_bounds)]
 impl<F, S, Req, A: Grants> ResponseFuture<F, S, Req, A> {
-    // Inlined: the inner future is large, and building it in place saves a copy per request.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn calling(fut: F, grant: Option<A::Grant>, answer: A) -> Self {
         Self {
             state: State::Calling { fut },
@@ -326,9 +321,7 @@ where
     }
 }
 
-/// Answers an error of the inner service (out of line: the admitted path is what `poll` keeps small).
-#[cold]
-#[inline(never)]
+/// Answers an error of the inner service.
 fn answer_error<Req, T, A: Answer<Req, T>>(
     answer: &A,
     error: BoxError,
@@ -337,11 +330,10 @@ fn answer_error<Req, T, A: Answer<Req, T>>(
     answer.respond(Err(error), grant)
 }
 
-// The states an admitted request through the in-process store never visits, out of `poll`'s body.
+// The states an admitted request through the in-process store never visits.
 
 /// Polls a store's decision: `None` once admitted (the inner service called and the state moved on to calling
 /// it), or the error to answer with.
-#[inline(never)]
 fn decided<F, S, Req, G>(
     mut state: Pin<&mut State<F, S, Req, G>>,
     own: &mut Option<G>,
@@ -368,8 +360,6 @@ where
 }
 
 /// The error a failed future answers with (taken by its one answer).
-#[cold]
-#[inline(never)]
 fn failure(error: &mut Option<BoxError>) -> BoxError {
     error
         .take()
@@ -377,7 +367,7 @@ fn failure(error: &mut Option<BoxError>) -> BoxError {
 }
 
 /// Passes the request straight on, undecided: enforcement is off.
-#[inline(always)]
+#[inline]
 pub(crate) fn pass<S, Req, A>(
     inner: &mut S,
     req: Req,
@@ -399,8 +389,6 @@ pub(crate) fn take_ready<S: Clone>(inner: &mut S) -> S {
 
 /// Answers with `error` (a rejection, or a key that could not be found) without calling the inner service, whose
 /// granted readiness is given back.
-#[cold]
-#[inline(never)]
 pub(crate) fn refuse<S, Req, A>(
     inner: &mut S,
     error: BoxError,
@@ -418,7 +406,6 @@ where
 /// circuit, an in-process store): an admitted request then calls the ready inner service directly, without
 /// cloning it. Otherwise the response future polls it again with the real waker (every future re-registers its
 /// waker on each poll).
-#[inline(never)]
 pub(crate) fn decide_later<S, Req, A>(
     inner: &mut S,
     mut decide: Deciding<A::Grant>,

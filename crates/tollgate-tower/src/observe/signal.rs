@@ -120,7 +120,7 @@ impl Signals {
 
     /// An admission (`outcome` as in `tollgate_decisions_total`) that left `remaining` of `limit`: counted as near
     /// the limit if `remaining < share × limit`, and traced.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn admitted(&self, outcome: &'static str, remaining: u64, limit: u64) {
         // remaining < ppm / 10^6 × limit, exactly, in integers (no division, no float on the hot path).
         if u128::from(remaining) * 1_000_000 < u128::from(limit) * u128::from(self.ppm) {
@@ -131,7 +131,7 @@ impl Signals {
 
     /// A request over the limit in `mode`: rejected (`limited`, `shed`), or admitted in shadow mode
     /// (`shadow_limited`, `shadow_shed`), with `remaining` left: traced.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn over_limit(&self, mode: Mode, remaining: u64) {
         if events_enabled() {
             let outcome = match (mode, self.rejected) {
@@ -145,15 +145,13 @@ impl Signals {
 
     /// A decision with `outcome` (as in `tollgate_decisions_total`), and what it left when the limiter knows:
     /// traced, at `DEBUG` on [`DECISION_TARGET`].
-    #[inline(always)]
+    #[inline]
     pub(crate) fn decided(&self, outcome: &'static str, remaining: Option<u64>) {
         if events_enabled() {
             self.emit(outcome, remaining);
         }
     }
 
-    #[cold]
-    #[inline(never)]
     fn emit(&self, outcome: &'static str, remaining: Option<u64>) {
         let store_latency_us = STORE_WAIT
             .take()
@@ -189,7 +187,7 @@ impl Signals {
 
 /// Whether decision events could be seen: the global level filter lets `DEBUG` through. One atomic load; a
 /// subscriber's own filter (targets) is asked only when this passes.
-#[inline(always)]
+#[inline]
 fn events_enabled() -> bool {
     Level::DEBUG <= STATIC_MAX_LEVEL && Level::DEBUG <= LevelFilter::current()
 }
@@ -201,9 +199,8 @@ thread_local! {
 }
 
 /// Runs a store call that answers at once, timing it for the next decision event when events are enabled.
-#[inline(always)]
+#[inline]
 pub(crate) fn timed<T>(call: impl FnOnce() -> T) -> T {
-    // One call site, so that the call is inlined into the caller's hot path rather than made a function of its own.
     let started = start();
     let out = call();
     if let Some(started) = started {
@@ -223,7 +220,7 @@ pub(crate) async fn timed_async<F: Future>(call: F) -> F::Output {
 }
 
 /// Now, if decision events are enabled.
-#[inline(always)]
+#[inline]
 fn start() -> Option<Instant> {
     if events_enabled() {
         return Some(now());
@@ -231,14 +228,10 @@ fn start() -> Option<Instant> {
     None
 }
 
-#[cold]
-#[inline(never)]
 fn now() -> Instant {
     Instant::now()
 }
 
-#[cold]
-#[inline(never)]
 fn stop(started: Instant) {
     STORE_WAIT.set(Some(started.elapsed()));
 }

@@ -148,7 +148,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     }
 
     /// The state that decides `req`: this one, an override's, or `None` for an exempt key (counted here).
-    #[inline(always)]
+    #[inline]
     pub(crate) fn select<'a, Req>(this: &'a Arc<Self>, req: &Req) -> Option<&'a Arc<Self>>
     where
         K: KeyExtractor<Req>,
@@ -175,7 +175,6 @@ impl<K, St: Store, C> Shared<K, St, C> {
         }
     }
 
-    #[inline(never)]
     fn select_plan<'a, Req>(
         this: &'a Arc<Self>,
         plans: &'a Plans<Arc<Self>>,
@@ -211,7 +210,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
 
     /// The store's own answer to a request on the plain path, as this instance shows it: for a leasing limiter,
     /// its view (the unspent batch included, never rising but by refill: see the token lease docs).
-    #[inline(always)]
+    #[inline]
     fn shown(&self, key: &str, cost: u64, mut decision: Decision) -> Decision {
         if let Some(leases) = &self.leases {
             leases.show_plain(key, cost, &mut decision);
@@ -256,7 +255,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
 
     /// The key's digests in the deny cache, read from the request's parts with no text built; `None` when the
     /// cache is off or digests the key's text (a limiter with leases or charging after the response).
-    #[inline(always)]
+    #[inline]
     pub(crate) fn deny_key<Req>(&self, req: &Req) -> Result<Option<KeyDigests>, KeyError>
     where
         K: KeyExtractor<Req>,
@@ -311,7 +310,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     /// then a store that answers at once, then a shared store's cached denial (by the key's text, where the cache
     /// digests it; [`decide_denied`](Self::decide_denied) looked by its parts before). `None`: the store must be
     /// awaited.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn decide_at_once(
         &self,
         key: &str,
@@ -348,7 +347,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     }
 
     /// Writes the key's text, `<limiter name>:<key>`: what a store that needs the text keys by.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn write_key<Req>(&self, req: &Req, key: &mut String) -> Result<(), KeyError>
     where
         K: KeyExtractor<Req>,
@@ -360,7 +359,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
 
     /// Decides at once by the key's digest when the store keys by digest (the in-process one), without building
     /// the key's text. `None` when the store needs the text.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn decide_digested<Req>(
         &self,
         req: &Req,
@@ -378,7 +377,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         let cost = self.cost.cost(req);
         Some(
             match timed(
-                #[inline(always)]
+                #[inline]
                 || self.store.check_digest(state.finish(), &self.policy, cost),
             )? {
                 Ok(decision) => Ok(self.judge(decision, mode, keep)),
@@ -389,8 +388,6 @@ impl<K, St: Store, C> Shared<K, St, C> {
 
     /// The failure policy after a store keyed by digest failed, applied with the key's text (the local fallback
     /// store needs it); the failed store is not asked again.
-    #[cold]
-    #[inline(never)]
     fn digest_failed<Req>(
         &self,
         req: &Req,
@@ -424,7 +421,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
     }
 
     /// A store's decision as a conclusion: shadow mode, metrics.
-    #[inline(always)]
+    #[inline]
     fn judge(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
         if !decision.is_allowed() {
             return self.over_limit(decision, mode, keep);
@@ -435,8 +432,6 @@ impl<K, St: Store, C> Shared<K, St, C> {
 
     /// A decision of the local fallback store (the shared one failed) as a conclusion, counted once, as the
     /// lease limiters count their own: `store_error_local` when admitted, as over the limit otherwise.
-    #[cold]
-    #[inline(never)]
     fn judge_local(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
         if !decision.is_allowed() {
             return self.over_limit(decision, mode, keep);
@@ -458,8 +453,6 @@ impl<K, St: Store, C> Shared<K, St, C> {
     }
 
     /// A request over the limit: the judge refuses it with the verdict, or admits it in shadow mode.
-    #[cold]
-    #[inline(never)]
     fn over_limit(&self, decision: Decision, mode: Mode, keep: bool) -> Conclusion {
         self.judge.over_limit(
             mode,
@@ -472,8 +465,6 @@ impl<K, St: Store, C> Shared<K, St, C> {
 
     /// The failure policy after a store error, applied by the judge; the local fallback decides with the same
     /// policy.
-    #[cold]
-    #[inline(never)]
     fn store_failed(
         &self,
         err: &StoreError,

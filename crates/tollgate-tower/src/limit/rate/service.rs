@@ -111,9 +111,7 @@ where
         }
         // A store that keeps only digests of its keys (the in-process one) is fed the key's parts: no text is built
         // and no future is boxed. A store that needs the text but answers at once only borrows it, built in a reused
-        // buffer. Any other store gets an owned key and a boxed decision. The closure is forced inline: the helper
-        // calls it from two places (the fallback buffer is the other), which otherwise keeps it a function of its
-        // own, a frame per request.
+        // buffer. Any other store gets an owned key and a boxed decision.
         //
         // Every outcome but an admission returns early, so the request moves once, straight into the inner call,
         // and the admitted future is built in one place (each extra move of a request or future is a memcpy per
@@ -134,7 +132,7 @@ where
                 let decided = match shared.decide_denied(deny, cost, mode, keep) {
                     Some(conclusion) => Ok(Ok(conclusion)),
                     None => with_key_buffer(
-                        #[inline(always)]
+                        #[inline]
                         |key| {
                             shared.write_key(&req, key)?;
                             Ok::<_, KeyError>(
@@ -183,7 +181,6 @@ struct Later {
 }
 
 /// Decides through a store that cannot answer at once (Redis): with an owned key and a boxed decision.
-#[inline(never)]
 fn decide_shared_later<S, K, St, C, R, Req, Tk>(
     inner: &mut S,
     shared: Arc<Shared<K, St, C>>,
@@ -213,8 +210,6 @@ where
 
 /// Decides a request of a limiter that charges the cost after the response: by the key's text, which the
 /// response future keeps for the charge, always with a verdict (its instant dates the charge).
-#[cold]
-#[inline(never)]
 fn call_settled<S, K, St, C, R, Req, Tk>(
     inner: &mut S,
     shared: Arc<Shared<K, St, C>>,

@@ -78,7 +78,7 @@ pub trait Applies<Req>: Send + Sync + 'static {
 
 /// `true` for every request, `false` for none.
 impl<Req> Applies<Req> for bool {
-    #[inline(always)]
+    #[inline]
     fn applies(&self, _: &Req) -> bool {
         *self
     }
@@ -164,7 +164,7 @@ impl<K, St, C, A> Entries<K, St, C, A> {
     }
 
     /// `respond`, writing the header families the handle was given, if any.
-    #[inline(always)]
+    #[inline]
     fn responder<Req, T, R: Respond<Req, T> + Clone>(&self, respond: &R) -> R {
         // Relaxed: the families are one byte read on their own; a request that reads the old ones just before a
         // reload answers as the requests before it did.
@@ -176,10 +176,8 @@ impl<K, St, C, A> Entries<K, St, C, A> {
     }
 }
 
-/// `respond` writing the header families of `bits`: out of line, so that a set never given any (built in code, or
-/// a file never reloaded with other families) pays one byte's load and compare per request.
-#[cold]
-#[inline(never)]
+/// `respond` writing the header families of `bits`: a set never given any (built in code, or a file never
+/// reloaded with other families) pays one byte's load and compare per request.
 fn reheadered<Req, T, R: Respond<Req, T> + Clone>(respond: &R, bits: u8) -> R {
     respond.clone().with_header_families(bits)
 }
@@ -353,7 +351,7 @@ struct Settled {
 
 impl SetGrant {
     /// Adds a limiter's verdict (kept only if the responder reads verdicts).
-    #[inline(always)]
+    #[inline]
     fn push(&mut self, verdict: Option<Box<Verdict>>, keep: bool) {
         let Some(verdict) = verdict.filter(|_| keep) else {
             return;
@@ -370,7 +368,6 @@ impl SetGrant {
     }
 
     /// Remembers a charge after the response for a limiter that decided `verdict`.
-    #[cold]
     fn settle<K, St, C>(
         &mut self,
         shared: &Arc<Shared<K, St, C>>,
@@ -430,7 +427,7 @@ where
 {
     type Output = Result<R::Response, R::Error>;
 
-    #[inline(always)]
+    #[inline]
     fn amend_ok(&self, response: &mut T, grant: Option<SetGrant>) -> Option<SetGrant> {
         let (mut own, more) = grant.map_or((None, None), |g| (g.own, g.more));
         if let Some(more) = more {
@@ -443,7 +440,7 @@ where
         })
     }
 
-    #[inline(always)]
+    #[inline]
     fn finish_ok(&self, response: T, grant: Option<SetGrant>) -> Self::Output {
         self.respond
             .finish_ok(self.ticket, response, grant.and_then(|g| g.own))
@@ -467,8 +464,6 @@ impl<R, Tk> SetAnswer<R, Tk> {
     /// Charges what the response states to the limiters that charge after it, shows each charge in its limiter's
     /// verdict (`own`, the responder's, or one of the further limiters'), and leaves the further limiters'
     /// verdicts on the response (last to first) for the responder.
-    #[cold]
-    #[inline(never)]
     fn amend_more<Req, T>(&self, response: &mut T, mut more: More, mut own: Option<&mut Verdict>)
     where
         T: VerdictSink,
@@ -632,7 +627,7 @@ where
 
 /// Decides `req` on `shared` if its store can at once, as [`RateLimit`](super::RateLimit) does: by digest, or by
 /// the key's text built in a reused buffer, or from the deny cache.
-#[inline(always)]
+#[inline]
 fn decide_now<K, St, C, Req>(
     shared: &Shared<K, St, C>,
     req: &Req,
@@ -664,8 +659,6 @@ where
 
 /// Decides `req` on a limiter that charges after the response, as [`RateLimit`](super::RateLimit) does: by the
 /// key's text, which the grant keeps for the charge, always with a verdict (its instant dates the charge).
-#[cold]
-#[inline(never)]
 fn decide_settled<K, St, C, Req>(
     shared: &Arc<Shared<K, St, C>>,
     req: &Req,
