@@ -10,7 +10,7 @@ use tollgate_core::Store;
 use tollgate_grpc::GrpcLimitLayer;
 #[cfg(feature = "axum")]
 use tollgate_http::HttpLimitLayer;
-use tollgate_tower::limit::rate::{RateLimitSetHandle, RateLimitSetLayer};
+use tollgate_tower::limit::rate::RateLimitSetLayer;
 
 use crate::build::{FileCost, FileEntry, FileKey, Protocol, Routes, entry};
 use crate::resolve::{Limiter, Resolved};
@@ -72,7 +72,7 @@ fn build<St: Store>(
     let set = RateLimitSetLayer::new(entries.iter().filter_map(|(_, e)| e.clone()));
     let reloader = Reloader {
         inner: Arc::new(Inner {
-            handle: set.handle(),
+            set: set.clone(),
             store,
             protocol,
             path: match source {
@@ -116,7 +116,7 @@ pub struct Reloader<St> {
 }
 
 struct Inner<St> {
-    handle: RateLimitSetHandle<FileKey, St, FileCost, Routes>,
+    set: PolicySetLayer<St>,
     store: Arc<St>,
     protocol: Protocol,
     path: Option<PathBuf>,
@@ -249,11 +249,11 @@ impl<St: Store> Reloader<St> {
             .map(|(was, _)| was.name.clone())
             .collect();
         inner
-            .handle
+            .set
             .replace(entries.iter().filter_map(|(_, e)| e.clone()));
         if report.headers_changed {
             // The set's responders write these from the next request on (gRPC answers write none).
-            inner.handle.set_headers(file.resolved.headers);
+            inner.set.set_headers(file.resolved.headers);
         }
         *state = State {
             resolved: file.resolved,

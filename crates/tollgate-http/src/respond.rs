@@ -159,7 +159,7 @@ impl HttpResponder {
     }
 }
 
-/// The header families as the tower layers carry them opaquely (a rate-limit set's handle keeps them in one byte).
+/// The header families as the tower layers carry them opaquely (a rate-limit set keeps them in one byte).
 impl From<HeaderSet> for u8 {
     fn from(families: HeaderSet) -> Self {
         families.bits()

@@ -53,8 +53,8 @@ pub trait Respond<Req, T> {
 
     /// This responder writing the response header families `families` (as its adapter encodes them:
     /// `tollgate_http::HeaderSet`) instead of its own: what a
-    /// [`RateLimitSet`](crate::limit::rate::RateLimitSet) answers with once its handle was given header families
-    /// ([`RateLimitSetHandle::set_headers`](crate::limit::rate::RateLimitSetHandle::set_headers), a policy file's
+    /// [`RateLimitSet`](crate::limit::rate::RateLimitSet) answers with once its layer was given header families
+    /// ([`RateLimitSetLayer::set_headers`](crate::limit::rate::RateLimitSetLayer::set_headers), a policy file's
     /// reload). Defaults to `self`, for a responder that writes no headers.
     #[must_use]
     fn with_header_families(self, families: u8) -> Self

@@ -95,7 +95,7 @@ impl HeaderSet {
         github: false,
     };
 
-    /// The families as two bits (a set's handle keeps the families it was given in one atomic byte).
+    /// The families as two bits (a rate-limit set keeps the families it was given in one atomic byte).
     pub(crate) const fn bits(self) -> u8 {
         self.ietf as u8 | (self.github as u8) << 1
     }

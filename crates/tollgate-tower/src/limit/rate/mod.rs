@@ -109,6 +109,6 @@ pub use layer::RateLimitLayer;
 pub use leased_store::LeasedStore;
 pub use overrides::{Overrides, Plan};
 pub use service::RateLimit;
-pub use set::{Applies, RateLimitSet, RateLimitSetHandle, RateLimitSetLayer, SetEntry};
+pub use set::{Applies, RateLimitSet, RateLimitSetLayer, SetEntry};
 #[cfg(feature = "leases")]
 pub use token_lease::{LeaseConfig, LeaseHandle};

@@ -3,7 +3,7 @@
 //! A [`RateLimitSetLayer`] holds an ordered list of [`SetEntry`]s — a [`RateLimitLayer`]'s decision state and
 //! what it [`Applies`] to (routes, gRPC methods) — and decides every entry that applies to a request on the same
 //! core as a [`RateLimit`](super::RateLimit) (overrides, exemptions, shadow mode, the failure policy and the
-//! metrics alike). [`RateLimitSetHandle::replace`] swaps in a new list at once: a request already past its
+//! metrics alike). [`RateLimitSetLayer::replace`] (on the layer or any clone of it) swaps in a new list at once: a request already past its
 //! decision is not touched, the next one sees the new list, and none fails or waits for a lock (the list is read
 //! through `arc-swap`). An entry carried over from the old list keeps everything it had (its deny cache, its
 //! counters); a new entry on the same store with the same bucket names (same limiter name and policy) finds its
@@ -34,14 +34,13 @@
 //! let store = Arc::new(MemoryStore::new());
 //! let limiter = |n| RateLimitLayer::new("all", Policy::token_bucket(Quota::per_minute(n).unwrap()), store.clone(), "all");
 //! let set = RateLimitSetLayer::new([SetEntry::new(&limiter(1), true)]);
-//! let handle = set.handle();
 //! let mut svc = ServiceBuilder::new()
-//!     .layer(set)
+//!     .layer(set.clone())
 //!     .service_fn(|_: ()| async { Ok::<_, BoxError>(Reply::default()) });
 //!
 //! assert!(svc.ready().await?.call(()).await.is_ok());
 //! assert!(svc.ready().await?.call(()).await.is_err()); // 1 a minute
-//! handle.replace([]); // no limiter any more, at once
+//! set.replace([]); // no limiter any more, at once
 //! assert!(svc.ready().await?.call(()).await.is_ok());
 //! # Ok(())
 //! # }
@@ -147,10 +146,10 @@ impl<K, St, C, A> fmt::Debug for SetEntry<K, St, C, A> {
 /// A set's list of entries, as one request reads it.
 type List<K, St, C, A> = Arc<Vec<SetEntry<K, St, C, A>>>;
 
-/// What every service of a set reads per request: the entries, and the header families its handle was given.
+/// What every service of a set reads per request: the entries, and the header families the layer was given.
 struct Entries<K, St, C, A> {
     list: ArcSwap<Vec<SetEntry<K, St, C, A>>>,
-    /// The header families given to the handle (as the adapter encodes them), or [`OWN_HEADERS`]: each
+    /// The header families given to the layer (as the adapter encodes them), or [`OWN_HEADERS`]: each
     /// responder's own.
     headers: AtomicU8,
 }
@@ -163,7 +162,7 @@ impl<K, St, C, A> Entries<K, St, C, A> {
         self.list.load()
     }
 
-    /// `respond`, writing the header families the handle was given, if any.
+    /// `respond`, writing the header families the layer was given, if any.
     #[inline]
     fn responder<Req, T, R: Respond<Req, T> + Clone>(&self, respond: &R) -> R {
         // Relaxed: the families are one byte read on their own; a request that reads the old ones just before a
@@ -183,6 +182,9 @@ fn reheadered<Req, T, R: Respond<Req, T> + Clone>(respond: &R, bits: u8) -> R {
 }
 
 /// Applies a replaceable set of rate limiters to a service: see the [module docs](self).
+///
+/// Cheap to clone: the clones and every service they build share one list, which [`replace`](Self::replace)
+/// swaps.
 #[must_use]
 pub struct RateLimitSetLayer<K, St, C, A> {
     current: Arc<Entries<K, St, C, A>>,
@@ -199,12 +201,28 @@ impl<K, St, C, A> RateLimitSetLayer<K, St, C, A> {
         }
     }
 
-    /// A handle to replace the set while it runs.
+    /// Decides every request from now on with `entries`, in every service this layer or a clone of it built;
+    /// requests already decided are not touched.
+    pub fn replace(&self, entries: impl IntoIterator<Item = SetEntry<K, St, C, A>>) {
+        self.current
+            .list
+            .store(Arc::new(entries.into_iter().collect()));
+    }
+
+    /// Every service of the set answers from now on writing the response header families `headers`, in place of
+    /// those its responder was built with (`tollgate-http`'s `HttpLimitLayer::headers`, a
+    /// `tollgate_http::HeaderSet`): a policy file's reload changes them with the limiters. A responder that writes
+    /// no headers ([`Forward`]) ignores them.
+    pub fn set_headers(&self, families: impl Into<u8>) {
+        self.current
+            .headers
+            .store(families.into(), Ordering::Relaxed);
+    }
+
+    /// The entries deciding requests now (to carry unchanged ones over into a replacement).
     #[must_use]
-    pub fn handle(&self) -> RateLimitSetHandle<K, St, C, A> {
-        RateLimitSetHandle {
-            current: self.current.clone(),
-        }
+    pub fn entries(&self) -> Vec<SetEntry<K, St, C, A>> {
+        self.current.load().as_ref().clone()
     }
 }
 
@@ -243,52 +261,6 @@ impl<S, K, St, C, A> Layer<S> for RateLimitSetLayer<K, St, C, A> {
 
     fn layer(&self, inner: S) -> Self::Service {
         LayerWith::layer_with(self, inner, Forward)
-    }
-}
-
-/// Replaces the limiters of a [`RateLimitSetLayer`] (and of every service it built) while they run.
-pub struct RateLimitSetHandle<K, St, C, A> {
-    current: Arc<Entries<K, St, C, A>>,
-}
-
-impl<K, St, C, A> RateLimitSetHandle<K, St, C, A> {
-    /// Decides every request from now on with `entries`; requests already decided are not touched.
-    pub fn replace(&self, entries: impl IntoIterator<Item = SetEntry<K, St, C, A>>) {
-        self.current
-            .list
-            .store(Arc::new(entries.into_iter().collect()));
-    }
-
-    /// Every service of the set answers from now on writing the response header families `headers`, in place of
-    /// those its responder was built with (`tollgate-http`'s `HttpLimitLayer::headers`, a
-    /// `tollgate_http::HeaderSet`): a policy file's reload changes them with the limiters. A responder that writes
-    /// no headers ([`Forward`]) ignores them.
-    pub fn set_headers(&self, families: impl Into<u8>) {
-        self.current
-            .headers
-            .store(families.into(), Ordering::Relaxed);
-    }
-
-    /// The entries deciding requests now (to carry unchanged ones over into a replacement).
-    #[must_use]
-    pub fn entries(&self) -> Vec<SetEntry<K, St, C, A>> {
-        self.current.load().as_ref().clone()
-    }
-}
-
-impl<K, St, C, A> Clone for RateLimitSetHandle<K, St, C, A> {
-    fn clone(&self) -> Self {
-        Self {
-            current: self.current.clone(),
-        }
-    }
-}
-
-impl<K, St, C, A> fmt::Debug for RateLimitSetHandle<K, St, C, A> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitSetHandle")
-            .field("entries", &**self.current.load())
-            .finish()
     }
 }
 
