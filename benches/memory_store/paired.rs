@@ -5,7 +5,8 @@
 //! once), then rounds of `SLICE` checks per contender in turn, which one goes first alternating; each slice is
 //! timed. Printed per case: the median time per check of each, the median of the rounds' ratios (tollgate ÷
 //! governor) and their quartiles and range: on a loaded machine the ratio of two adjacent slices moves far less
-//! than two runs seconds apart. `PAIRED_CASES=<substring>` runs only the cases whose name contains it.
+//! than two runs seconds apart. `PAIRED_CASES=<substring>` runs only the cases whose name contains it;
+//! `PAIRED_SHARDS=<n>` gives tollgate's store `n` shards instead of its default (4 × the available cores).
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -139,9 +140,13 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 
 pub(super) fn run(rounds: usize) {
     let only = std::env::var("PAIRED_CASES").unwrap_or_default();
+    let shards = std::env::var("PAIRED_SHARDS")
+        .ok()
+        .map(|n| n.parse::<usize>().expect("PAIRED_SHARDS=<shards>"));
     println!(
         "{rounds} rounds of {SLICE} checks per contender (per thread), alternating; time per check, median; \
-         ratio tollgate ÷ governor: median [quartiles] (range)"
+         ratio tollgate ÷ governor: median [quartiles] (range); tollgate's shards: {}",
+        shards.map_or_else(|| "default".to_owned(), |n| n.to_string())
     );
     for pattern in Pattern::ALL {
         let (keys, order) = pattern.walk();
@@ -153,7 +158,12 @@ pub(super) fn run(rounds: usize) {
                     continue;
                 }
                 let (policy, governor) = contenders(algorithm, refusing);
-                let store = MemoryStore::builder().max_keys(2 * KEYS).build();
+                let builder = MemoryStore::builder().max_keys(2 * KEYS);
+                let store = match shards {
+                    Some(n) => builder.shards(n),
+                    None => builder,
+                }
+                .build();
                 for &i in &order {
                     drop(black_box(store.check_now(&keys[i], &policy, 1)));
                     drop(black_box(governor.check_key(&keys[i])));
