@@ -312,15 +312,28 @@ criterion_group! {
     targets = single_key, distinct_keys, random_order, new_key_flood, contended, contended_random
 }
 
+/// The whole number the environment variable `name` holds, if it is set; a value that is not one ends the run
+/// with `name=<what>` and exit status 2.
+fn env_number(name: &str, what: &str) -> Option<usize> {
+    let value = std::env::var(name).ok()?;
+    match value.parse() {
+        Ok(n) => Some(n),
+        Err(_) => {
+            eprintln!("memory_store: {name}=<{what}> takes a whole number, not '{value}'");
+            std::process::exit(2);
+        }
+    }
+}
+
 fn main() {
-    if let Ok(rounds) = std::env::var("PAIRED") {
-        return paired::run(rounds.parse().expect("PAIRED=<rounds>"));
+    if let Some(rounds) = env_number("PAIRED", "rounds") {
+        return paired::run(rounds);
     }
     if let Ok(what) = std::env::var("COUNT") {
-        let n = std::env::var("N")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .expect("N=<checks>");
+        let Some(n) = env_number("N", "checks") else {
+            eprintln!("memory_store: COUNT=<group>/<contender> needs N=<checks>");
+            std::process::exit(2);
+        };
         return count(&what, n);
     }
     benches();

@@ -6,7 +6,8 @@
 //! timed. Printed per case: the median time per check of each, the median of the rounds' ratios (tollgate ÷
 //! governor) and their quartiles and range: on a loaded machine the ratio of two adjacent slices moves far less
 //! than two runs seconds apart. `PAIRED_CASES=<substring>` runs only the cases whose name contains it;
-//! `PAIRED_SHARDS=<n>` gives tollgate's store `n` shards instead of its default (4 × the available cores).
+//! `PAIRED_SHARDS=<n>` gives tollgate's store `n` shards (rounded up to a power of two, as the builder does) instead
+//! of its default (4 × the available cores).
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -140,13 +141,11 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 
 pub(super) fn run(rounds: usize) {
     let only = std::env::var("PAIRED_CASES").unwrap_or_default();
-    let shards = std::env::var("PAIRED_SHARDS")
-        .ok()
-        .map(|n| n.parse::<usize>().expect("PAIRED_SHARDS=<shards>"));
+    let shards = super::env_number("PAIRED_SHARDS", "shards");
     println!(
         "{rounds} rounds of {SLICE} checks per contender (per thread), alternating; time per check, median; \
          ratio tollgate ÷ governor: median [quartiles] (range); tollgate's shards: {}",
-        shards.map_or_else(|| "default".to_owned(), |n| n.to_string())
+        shards.map_or_else(|| "the default".to_owned(), |n| format!("{n} asked"))
     );
     for pattern in Pattern::ALL {
         let (keys, order) = pattern.walk();
