@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use proptest::prelude::*;
 use tollgate_core::{
-    Clock, Decision, ManualClock, MemoryStore, Outcome, Policy, Quota, Store, StoreError, Timestamp,
+    Algorithm, Clock, Decision, ManualClock, MemoryStore, Outcome, Policy, Quota, Store,
+    StoreError, Timestamp,
 };
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{RedisServer, redis_url, unique_prefix};
@@ -408,13 +409,15 @@ fn script_calls(server: &RedisServer) -> u64 {
         .map_or(0, |n| n.parse().expect("a number of calls"))
 }
 
-/// A flood on one denied key costs one script call until the retry instant; without the cache, one per request.
+/// A flood on one denied key costs no script call until the retry instant (the last admission's reply makes the
+/// entry: a token bucket it leaves empty refuses the next request until its next token); without the cache, one
+/// per request.
 #[tokio::test]
 async fn a_flood_on_a_denied_key_costs_about_no_script_calls() {
     let server = RedisServer::start();
     // An hour per token: no token accrues during the test, however slow the machine.
     let policy = Policy::token_bucket(Quota::per_hour(5).unwrap());
-    for (cache, allowed_calls) in [(true, 5 + 1), (false, 5 + 500)] {
+    for (cache, allowed_calls) in [(true, 5), (false, 5 + 500)] {
         let store = redis_at(&server.url(), &unique_prefix("deny-cache-calls")).await;
         let mut svc = service(layer(store, policy).deny_cache(cache));
         let before = script_calls(&server);
@@ -547,9 +550,9 @@ impl Store for Gated {
     }
 }
 
-/// A cached and a plain service at one manual clock, one token per second, the key "k" denied (cached) at the
-/// clock's start.
-async fn denied_key(name: &str) -> (ManualClock, Arc<Gated>, Svc, Svc) {
+/// A cached and a plain service at one manual clock under `policy` (one request per second), the key "k" denied
+/// (cached) at the clock's start.
+async fn denied_key(name: &str, policy: Policy) -> (ManualClock, Arc<Gated>, Svc, Svc) {
     let clock = clock();
     let prefix = unique_prefix(name);
     let gated = Arc::new(Gated {
@@ -566,7 +569,6 @@ async fn denied_key(name: &str) -> (ManualClock, Arc<Gated>, Svc, Svc) {
         clock: clock.clone(),
         calls: AtomicUsize::new(0),
     });
-    let policy = Policy::token_bucket(Quota::per_second(1).unwrap());
     let mut cached = service(
         layer(gated.clone(), policy).deny_cache_config(DenyCacheConfig::new().clock(clock.clone())),
     );
@@ -575,7 +577,12 @@ async fn denied_key(name: &str) -> (ManualClock, Arc<Gated>, Svc, Svc) {
         assert!(decide(svc, "k", 1).await.is_allowed());
         assert!(!decide(svc, "k", 1).await.is_allowed());
     }
-    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 2);
+    // A token bucket's admission that empties it makes the entry; a sliding window's denial does.
+    let calls = match policy.algorithm() {
+        Algorithm::TokenBucket => 1,
+        _ => 2,
+    };
+    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), calls);
     (clock, gated, cached, plain)
 }
 
@@ -599,13 +606,14 @@ async fn flood_held(gated: &Gated, svc: &Svc, n: usize) -> Vec<tokio::task::Join
 /// the others wait for that reply and are refused from the entry it brings, with the store's numbers.
 #[tokio::test]
 async fn after_an_expiry_concurrent_requests_ask_the_store_once() {
-    let (clock, gated, cached, mut plain) = denied_key("deny-cache-flight").await;
+    let (clock, gated, cached, mut plain) =
+        denied_key("deny-cache-flight", token_per_second()).await;
     // The entry expires 600 µs (the drift margin) before the retry instant, one second on.
     clock.advance(Duration::from_micros(999_500));
     let tasks = flood_held(&gated, &cached, 8).await;
     assert_eq!(
         gated.inner.calls.load(Ordering::Relaxed),
-        3,
+        2,
         "one request asks the store, the seven others wait"
     );
     assert!(tasks.iter().all(|t| !t.is_finished()));
@@ -615,15 +623,53 @@ async fn after_an_expiry_concurrent_requests_ask_the_store_once() {
     for task in tasks {
         assert_eq!(task.await.unwrap(), expected, "the store's own numbers");
     }
-    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 3);
+    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 2);
 }
 
-/// When the single flight is admitted (the token that accrued is spent), the next waiter asks in turn and its denial
-/// refuses the rest: two calls, one admission, exactly as the store decides the same requests one by one.
+/// A token bucket of one request per second.
+fn token_per_second() -> Policy {
+    Policy::token_bucket(Quota::per_second(1).unwrap())
+}
+
+/// When a token bucket's single flight is admitted (the token that accrued is spent), its reply refuses the
+/// waiters until the next token: one call, one admission, exactly as the store decides the same requests one by one.
+#[tokio::test]
+async fn an_admitted_flight_refuses_the_waiters_from_its_reply() {
+    let (clock, gated, cached, mut plain) =
+        denied_key("deny-cache-admitted", token_per_second()).await;
+    clock.advance(Duration::from_millis(1_200));
+    let tasks = flood_held(&gated, &cached, 8).await;
+    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 2);
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+    gated.gate.add_permits(1);
+    let mut expected = Vec::new();
+    for _ in 0..8 {
+        expected.push(decide(&mut plain, "k", 1).await);
+    }
+    let mut got = Vec::new();
+    for task in tasks {
+        got.push(task.await.unwrap());
+    }
+    assert_eq!(got.iter().filter(|d| d.is_allowed()).count(), 1);
+    for denied in got.iter().filter(|d| !d.is_allowed()) {
+        assert_eq!(denied, &expected[1], "the store's own numbers");
+    }
+    assert_eq!(
+        gated.inner.calls.load(Ordering::Relaxed),
+        2,
+        "the admitted flight alone: its reply refuses the seven others"
+    );
+}
+
+/// When a sliding window's single flight is admitted, the next waiter asks in turn (the window's admission does
+/// not tell when the next request fits) and its denial refuses the rest: two calls, one admission, exactly as the
+/// store decides the same requests one by one.
 #[tokio::test]
 async fn an_admitted_flight_hands_the_call_to_the_next_waiter() {
-    let (clock, gated, cached, mut plain) = denied_key("deny-cache-chain").await;
-    clock.advance(Duration::from_millis(1_200));
+    let policy = Policy::sliding_window(Quota::per_second(1).unwrap()).unwrap();
+    let (clock, gated, cached, mut plain) = denied_key("deny-cache-chain", policy).await;
+    // Past the denial's retry instant: the end of the window after the admission's.
+    clock.advance(Duration::from_millis(2_200));
     let tasks = flood_held(&gated, &cached, 8).await;
     assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 3);
     assert!(tasks.iter().all(|t| !t.is_finished()));
@@ -650,10 +696,11 @@ async fn an_admitted_flight_hands_the_call_to_the_next_waiter() {
 /// A flight whose request is dropped (its client went away) lets the waiters go at once: they ask on their own.
 #[tokio::test]
 async fn a_dropped_flight_lets_its_waiters_ask() {
-    let (clock, gated, cached, mut plain) = denied_key("deny-cache-dropped").await;
+    let (clock, gated, cached, mut plain) =
+        denied_key("deny-cache-dropped", token_per_second()).await;
     clock.advance(Duration::from_micros(999_500));
     let mut tasks = flood_held(&gated, &cached, 3).await;
-    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 3);
+    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 2);
     // The probe is the task whose store call is held: the only one the gate can be waiting for.
     let probe = tasks.remove(0);
     probe.abort();
@@ -664,7 +711,7 @@ async fn a_dropped_flight_lets_its_waiters_ask() {
     }
     assert_eq!(
         gated.inner.calls.load(Ordering::Relaxed),
-        3 + 2,
+        2 + 2,
         "each waiter asked the store itself"
     );
 }
@@ -855,12 +902,11 @@ proptest! {
 }
 
 /// A flood on one key whose store calls take from 0.1 to 3 ms to reach the store (one took 50 µs), on a store
-/// clock 2.5 s ahead and 300 ppm fast: after the burst each token costs about two store calls (the first request
-/// after the entry's expiry is admitted, the next one's denial makes the next entry), although a reply's own
-/// bound is up to 3 ms loose; every decision is the store's (checked against a twin). Entries expiring by their
-/// own reply's bound cost 2.5 calls per token on this run (1 030 calls for 403 tokens).
+/// clock 2.5 s ahead and 300 ppm fast: after the burst each token costs about one store call (the first request
+/// after the entry's expiry is admitted, and its reply makes the next entry), although a reply's own bound is up
+/// to 3 ms loose; every decision is the store's (checked against a twin).
 #[tokio::test]
-async fn a_flood_costs_two_calls_per_token_whatever_the_latency() {
+async fn a_flood_costs_one_call_per_token_whatever_the_latency() {
     let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(10).unwrap());
     let mut seed = 0x2545_f491_u64;
     let steps = (0..12_000_u64).map(|i| {
@@ -875,19 +921,19 @@ async fn a_flood_costs_two_calls_per_token_whatever_the_latency() {
     let (calls, admitted) = skewed_run(policy, 2_500_000, 300, steps).await;
     let tokens = admitted - 10;
     assert!(tokens > 200, "{admitted} admitted");
-    // The burst's 10 admissions one call each, then 2 per token; a third only where the probe reached the store
+    // The burst's 10 admissions one call each, then 1 per token; a second only where the probe reached the store
     // about as fast as the tightest bound (aged by the drift allowance) and was sent within a few µs of the
     // expiry, then denied with a retry too short to cache: a few tokens in a hundred here (a 200 µs request
     // spacing against a drift allowance of 5 µs per 10 ms of the bound's age).
     assert!(
-        calls <= 10 + 2 * tokens + tokens / 20,
+        calls <= 10 + tokens + tokens / 20,
         "{calls} store calls for {admitted} admissions ({tokens} tokens after the burst)"
     );
 }
 
 /// A probe denied a few µs before the instant whose reply lands after that instant: its entry has expired when the
 /// waiters look again, and they go on waiting for one probe at a time (the key's coalescing window is not cut
-/// to the short retry): one admission, one denial that refuses the rest — not one store call each.
+/// to the short retry): one admission, whose reply refuses the rest — not one store call each.
 #[tokio::test]
 async fn a_denial_just_before_the_instant_keeps_the_waiters_coalesced() {
     let clock = clock();
@@ -902,7 +948,11 @@ async fn a_denial_just_before_the_instant_keeps_the_waiters_coalesced() {
         assert!(decide(&mut svc, "k", 1).await.is_allowed());
         assert!(!decide(&mut svc, "k", 1).await.is_allowed()); // cached until 1 s on, less 501 µs
     }
-    assert_eq!(store.calls.load(Ordering::Relaxed), 2);
+    assert_eq!(
+        store.calls.load(Ordering::Relaxed),
+        1,
+        "the admission's reply made the entry"
+    );
     clock.advance(Duration::from_micros(999_950));
     // Every reply now lands 200 µs after the store decided.
     *store.latency.lock().unwrap() = (0, 200);
@@ -918,7 +968,7 @@ async fn a_denial_just_before_the_instant_keeps_the_waiters_coalesced() {
     }
     assert_eq!(
         store.calls.load(Ordering::Relaxed),
-        3,
+        2,
         "one probe, seven waiting"
     );
     // The probe is denied 50 µs before the token accrues; its reply lands 150 µs after it did.
@@ -930,7 +980,7 @@ async fn a_denial_just_before_the_instant_keeps_the_waiters_coalesced() {
     assert_eq!(admitted, 1, "the one token");
     assert_eq!(
         store.calls.load(Ordering::Relaxed),
-        3 + 2,
-        "after the short denial: the admission, then the denial that refuses the other six"
+        2 + 1,
+        "after the short denial: the admission, whose reply refuses the other six"
     );
 }

@@ -190,7 +190,7 @@ async fn decisions_are_counted_by_limiter_and_outcome() {
     assert_eq!((cached("allowed"), cached("limited")), (1, 4));
     assert_eq!(
         counts.get("tollgate_deny_cache_hits_total", &[("limiter", "cached")]),
-        3,
-        "the store refused once; the cache the three after"
+        4,
+        "the admission's reply emptied the bucket: the cache refused the four after"
     );
 }

@@ -16,8 +16,10 @@
 //! `docs/design/deny-cache.md`. In short:
 //!
 //! - a cached denial refuses only requests of at least the denied cost, until the store's own retry instant;
-//! - not cached: store errors, admissions, `CostExceedsCapacity`, the concurrency limiter's refusals, and (by
-//!   default) a limiter that charges after the response;
+//! - a token bucket's admission that leaves less than its cost is cached as the denial the next such request
+//!   would get, until the bucket holds the cost again;
+//! - not cached: store errors, other admissions, `CostExceedsCapacity`, the concurrency limiter's refusals, and
+//!   (by default) a limiter that charges after the response;
 //! - an operator who resets a key in Redis calls [`DenyCacheHandle::forget`] or [`DenyCacheHandle::clear`] on
 //!   each instance (or waits out the entry: at most the retry delay the store announced);
 //! - memory is bounded: [`DenyCacheConfig::max_keys`] entries (65 536 by default, about 136 bytes each), evictions
@@ -66,8 +68,8 @@
 //!     .layer(layer)
 //!     .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) });
 //!
-//! svc.ready().await?.call(()).await?; // the one token
-//! let denied = svc.ready().await?.call(()).await.unwrap_err(); // the store's denial, now cached
+//! svc.ready().await?.call(()).await?; // the one token: the bucket is empty until the next one
+//! let denied = svc.ready().await?.call(()).await.unwrap_err(); // refused by the cache, as the store would
 //! let retry = denied.downcast_ref::<Rejection>().unwrap().retry_after().unwrap();
 //! assert_eq!(cache.len(), 1);
 //! clock.advance(Duration::from_millis(400));
@@ -91,7 +93,7 @@ use std::time::{Duration, Instant};
 
 use event_listener::{Event, EventListener};
 use tollgate_core::store::{BoundedTable, Expiry, OnFull};
-use tollgate_core::{Clock, Decision, Outcome, Policy, StoreError, Timestamp};
+use tollgate_core::{Algorithm, Clock, Decision, Outcome, Policy, StoreError, Timestamp};
 
 use crate::Name;
 
@@ -477,6 +479,7 @@ impl DenyTable {
         &self,
         key: KeyDigests,
         text: &str,
+        policy: &Policy,
         cost: u64,
         ask: impl FnOnce() -> F,
     ) -> Asked
@@ -490,7 +493,7 @@ impl DenyTable {
         let sent = self.now();
         let result = ask().await;
         if let Ok(decision) = &result {
-            self.record(key, text, cost, sent, decision);
+            self.record(key, text, policy, cost, sent, decision);
             if let Some(flight) = &flight {
                 flight.decided();
             }
@@ -554,21 +557,30 @@ impl DenyTable {
             .unwrap_or(Enter::Alone)
     }
 
-    /// Remembers the store's `decision` on `key` for a request of `cost` sent at local instant `sent`, if it is
-    /// a denial that can be cached; any reply also tightens the bound on the clocks' offset an entry for the key
-    /// keeps.
+    /// Remembers the store's `decision` under `policy` on `key` for a request of `cost` sent at local instant
+    /// `sent`, if it is a denial that can be cached, or an admission that tells the denial the key's next such
+    /// request would get ([`next_denial`]); any reply also tightens the bound on the clocks' offset an entry for
+    /// the key keeps.
     pub(crate) fn record(
         &self,
         key: KeyDigests,
         text: &str,
+        policy: &Policy,
         cost: u64,
         sent: u64,
         decision: &Decision,
     ) {
-        if decision.is_allowed() {
+        let next;
+        let decision = if decision.is_allowed() {
             self.admitted(key, sent, decision);
-            return;
-        }
+            let Some(denial) = next_denial(policy, cost, decision) else {
+                return;
+            };
+            next = denial;
+            &next
+        } else {
+            decision
+        };
         let (Outcome::Limited, Some(retry)) = (decision.outcome, decision.retry_after) else {
             return;
         };
@@ -684,6 +696,38 @@ impl DenyTable {
     }
 }
 
+/// The denial the store would give the next request of `cost` after admitting one of `cost` with `decision`,
+/// where the decision alone tells it: a token bucket (without a lockout, whose denial would start one) that the
+/// admission left short of `cost`. Its retry instant is the earliest the bucket can hold `cost` again,
+/// `full_at − ⌈(burst − cost) × token / rate⌉`: no later than the store's own, which also counts the sub-µs
+/// remainder the decision does not give, and at most 1 µs before it. A sliding window's next admission depends on
+/// counts the decision does not give: its admissions make no entry.
+fn next_denial(policy: &Policy, cost: u64, decision: &Decision) -> Option<Decision> {
+    let quota = policy.quota();
+    let burst = quota.burst();
+    if policy.algorithm() != Algorithm::TokenBucket
+        || policy.lockout_micros() > 0
+        || decision.outcome != Outcome::Allowed
+        || decision.limit != burst
+        || cost == 0
+        || cost > burst
+        || decision.remaining >= cost
+    {
+        return None;
+    }
+    // (burst − cost) × token ≤ burst × token ≤ MAX_SCALED: exact in u64.
+    let back = ((burst - cost) * quota.token_bucket_token()).div_ceil(quota.token_bucket_rate());
+    let admit_at = decision.reset.as_micros().checked_sub(back)?;
+    let retry = admit_at
+        .checked_sub(decision.now.as_micros())
+        .filter(|&retry| retry > 0)?;
+    Some(Decision {
+        outcome: Outcome::Limited,
+        retry_after: Some(Duration::from_micros(retry)),
+        ..*decision
+    })
+}
+
 /// Whether `entry` answers a request of `cost`: costs from the one denied up to the limit.
 fn covers(entry: &Denial, cost: u64) -> bool {
     entry.cost <= cost && cost <= entry.decision.limit
@@ -754,5 +798,80 @@ impl DenyCacheHandle {
     #[must_use]
     pub fn is_active(&self) -> bool {
         self.table.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use tollgate_core::algorithm::token_bucket::{self, TokenBucketState};
+    use tollgate_core::{Policy, Quota, Timestamp};
+
+    use super::next_denial;
+
+    /// Quotas whose refill is not a whole number of µs per token (`rate` > 1) as well as ones where it is.
+    fn quotas() -> impl Strategy<Value = Quota> {
+        (1..40_u64, 1..5_000_000_u64, 0..3_u64).prop_map(|(limit, period, extra)| {
+            let quota = Quota::new(limit, std::time::Duration::from_micros(period)).unwrap();
+            quota.with_burst(limit + extra * limit).unwrap()
+        })
+    }
+
+    proptest! {
+        /// After any admission that leaves a token bucket short of the cost, the entry's retry instant is when the
+        /// bucket holds the cost again, to the µs: the store refuses the cost 1 µs before it and admits it 1 µs
+        /// after (an instant the entry no longer covers). With room left, no entry.
+        #[test]
+        fn an_admissions_entry_ends_when_the_bucket_can_admit_again(
+            quota in quotas(),
+            history in prop::collection::vec((0..3_000_000_u64, 1..6_u64), 1..30),
+        ) {
+            let policy = Policy::token_bucket(quota);
+            let mut state: Option<TokenBucketState> = None;
+            let mut now = 1_000_000_000_u64;
+            for (advance, cost) in history {
+                now += advance;
+                let cost = cost.min(quota.burst());
+                let step = token_bucket::decide(state, &quota, cost, Timestamp::from_micros(now));
+                if step.state.is_some() {
+                    state = step.state;
+                }
+                let decision = step.decision;
+                let next = next_denial(&policy, cost, &decision);
+                if !decision.is_allowed() || decision.remaining >= cost {
+                    prop_assert!(next.is_none(), "{decision:?} made {next:?}");
+                    continue;
+                }
+                let at = |t: u64| token_bucket::decide(state, &quota, cost, Timestamp::from_micros(t)).decision;
+                match next {
+                    Some(denial) => {
+                        let retry = u64::try_from(denial.retry_after.unwrap().as_micros()).unwrap();
+                        let admit_at = now + retry;
+                        prop_assert!(!at(admit_at - 1).is_allowed(), "admitted before {admit_at}: {decision:?}");
+                        prop_assert!(at(admit_at + 1).is_allowed(), "refused after {admit_at}: {decision:?}");
+                        prop_assert_eq!(
+                            (denial.limit, denial.remaining, denial.reset, denial.now),
+                            (decision.limit, decision.remaining, decision.reset, decision.now)
+                        );
+                    }
+                    // The bucket holds the cost again within a µs.
+                    None => prop_assert!(at(now + 1).is_allowed(), "{decision:?}"),
+                }
+            }
+        }
+    }
+
+    /// A sliding window's admission, or a token bucket's under a lockout, makes no entry.
+    #[test]
+    fn no_entry_where_the_decision_does_not_tell_the_next_denial() {
+        let quota = Quota::per_second(1).unwrap();
+        let decision = token_bucket::decide(None, &quota, 1, Timestamp::from_micros(1)).decision;
+        assert!(next_denial(&Policy::token_bucket(quota), 1, &decision).is_some());
+        let locking = Policy::token_bucket(quota)
+            .with_lockout(std::time::Duration::from_secs(5))
+            .unwrap();
+        assert!(next_denial(&locking, 1, &decision).is_none());
+        let window = Policy::sliding_window(quota).unwrap();
+        assert!(next_denial(&window, 1, &decision).is_none());
     }
 }

@@ -18,12 +18,13 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let policy = Policy::token_bucket(Quota::per_minute(1)?);
+//! let policy = Policy::token_bucket(Quota::per_minute(2)?);
 //! let store = DenyCacheConfig::new().around("gateway", Shared(MemoryStore::new()));
-//! assert!(store.check("ann", &policy, 1).await?.is_allowed());
-//! assert!(!store.check("ann", &policy, 1).await?.is_allowed()); // the store's denial, now cached
-//! // Held, and answered locally without a store call until the store's retry instant:
+//! assert!(store.check("ann", &policy, 1).await?.is_allowed()); // a token left: nothing held
+//! assert!(store.is_empty());
+//! assert!(store.check("ann", &policy, 1).await?.is_allowed()); // the last: the next request's denial is held
 //! assert_eq!(store.len(), 1);
+//! // Answered locally without a store call until the store's retry instant:
 //! assert!(!store.check("ann", &policy, 1).await?.is_allowed());
 //! # Ok(())
 //! # }
@@ -101,7 +102,9 @@ impl<S: Store> Store for DenyCachedStore<S> {
         let key_under = self.table.key_under(key, policy);
         match self
             .table
-            .decide(key_under, key, cost, || self.store.check(key, policy, cost))
+            .decide(key_under, key, policy, cost, || {
+                self.store.check(key, policy, cost)
+            })
             .await
         {
             Asked::Cached(decision) => Ok(decision),
