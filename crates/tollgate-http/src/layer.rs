@@ -1,4 +1,4 @@
-use tollgate_tower::respond::{Adapt, LayerWith};
+use tollgate_tower::respond::LayerWith;
 use tower_layer::Layer;
 
 use crate::problem::ProblemTypes;
@@ -80,10 +80,10 @@ impl<S, L: LayerWith<S, HttpResponder>> Layer<S> for HttpLimitLayer<L> {
 }
 
 /// The service around layers that leave their verdicts on the response.
-impl<T> Adapt<T> for HttpResponder {
+impl<T> Layer<T> for HttpResponder {
     type Service = HttpLimit<T>;
 
-    fn adapt(self, inner: T) -> HttpLimit<T> {
-        HttpLimit::new(inner, self)
+    fn layer(&self, inner: T) -> HttpLimit<T> {
+        HttpLimit::new(inner, *self)
     }
 }

@@ -187,7 +187,9 @@ impl<Req, T: VerdictSink> Respond<Req, T> for Forward {
 /// A layer built with a [`Respond`]er: what a protocol adapter's one layer type (`tollgate_http::HttpLimitLayer`)
 /// asks of whatever it wraps. The rate limiters answer through the responder in place (one service, no verdict
 /// stored on the response); every other layer — the Stripe-stack layers, a `tower::ServiceBuilder` stack, which
-/// may hold foreign layers — is built as it is and wrapped in the responder's own service ([`Adapt`]).
+/// may hold foreign layers — is built as it is and wrapped in the responder's own service: the responder is a
+/// [`Layer`] too, whose service reads the verdicts those layers leave on the response and answers their rejections
+/// (`tollgate_http::HttpLimit` for the HTTP responder).
 pub trait LayerWith<S, R> {
     /// The service built.
     type Service;
@@ -196,28 +198,18 @@ pub trait LayerWith<S, R> {
     fn layer_with(&self, inner: S, respond: R) -> Self::Service;
 }
 
-/// A responder's service around layers that do not answer in place: it reads the verdicts they leave on the
-/// response and answers their rejections (`tollgate_http::HttpLimit` for the HTTP responder).
-pub trait Adapt<T> {
-    /// The wrapping service.
-    type Service;
-
-    /// Wraps `inner`.
-    fn adapt(self, inner: T) -> Self::Service;
-}
-
 /// [`LayerWith`] for layers built as they are and wrapped in the responder's service.
 macro_rules! adapted {
     ($([$($generics:tt)*] $layer:ty),* $(,)?) => {$(
         impl<S, Resp, $($generics)*> LayerWith<S, Resp> for $layer
         where
             $layer: Layer<S>,
-            Resp: Adapt<<$layer as Layer<S>>::Service>,
+            Resp: Layer<<$layer as Layer<S>>::Service>,
         {
             type Service = Resp::Service;
 
             fn layer_with(&self, inner: S, respond: Resp) -> Self::Service {
-                respond.adapt(self.layer(inner))
+                respond.layer(self.layer(inner))
             }
         }
     )*};
