@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tollgate_core::store::LostCharge;
 use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
@@ -44,8 +44,11 @@ impl LeaseConfig {
     /// leases with this configuration, counted under `limiter` in the lease metrics. Built once, up front.
     ///
     /// Each policy a call brings leases in a table of its own (a limit changed by a reload starts afresh; the
-    /// tables of earlier policies end their batches as they expire or go idle). A fixed window, which the stores
-    /// do not lease, and a store that leases nothing keep the plain path.
+    /// tables of earlier policies end their batches as they expire or go idle), at most 256 at once: callers may
+    /// bring policies of their own (a gateway's limit override), and each table holds up to
+    /// [`max_keys`](LeaseConfig::max_keys) keys. A new policy beyond them first drops the tables whose keys hold
+    /// no batch (their figures still counted); if none can go, its requests take the plain path. A fixed window, which the stores do not lease, and a store that
+    /// leases nothing keep the plain path.
     pub fn around<S: Store>(&self, limiter: impl Into<Name>, store: S) -> LeasedStore<S> {
         let store = Arc::new(store);
         LeasedStore {
@@ -55,12 +58,16 @@ impl LeaseConfig {
                 on: store.supports_token_leases(),
                 store: store.clone(),
                 by_policy: RwLock::new(HashMap::new()),
+                retired: Mutex::new(LeaseFigures::default()),
                 closed: AtomicBool::new(false),
             }),
             store,
         }
     }
 }
+
+/// The most policies a [`LeasedStore`] leases at once (see [`LeaseConfig::around`]).
+pub(crate) const MAX_LEASED_POLICIES: usize = 256;
 
 /// What a charge on a leased policy gets.
 const CHARGE_UNDER_LEASES: StoreError = StoreError::Unsupported("charges on a leased policy");
@@ -111,6 +118,8 @@ struct Tables<S> {
     on: bool,
     store: Arc<S>,
     by_policy: RwLock<HashMap<Policy, Arc<LeaseTable<S>>>>,
+    /// The figures of the tables dropped to make room.
+    retired: Mutex<LeaseFigures>,
     /// Shut down: no table is made any more.
     closed: AtomicBool,
 }
@@ -144,12 +153,31 @@ impl<S: Store> Tables<S> {
             return None;
         }
         let mut tables = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
-        Some(
-            tables
-                .entry(*policy)
-                .or_insert_with(|| self.config.build(&self.name, policy, self.store.clone()))
-                .clone(),
-        )
+        if let Some(table) = tables.get(policy) {
+            return Some(table.clone());
+        }
+        if tables.len() >= MAX_LEASED_POLICIES {
+            self.make_room(&mut tables);
+            if tables.len() >= MAX_LEASED_POLICIES {
+                return None;
+            }
+        }
+        let table = self.config.build(&self.name, policy, self.store.clone());
+        tables.insert(*policy, table.clone());
+        Some(table)
+    }
+
+    /// Drops the tables that no request holds (under the write lock no request can take one) and that are quiet
+    /// ([`LeaseTable::is_quiet`]), keeping their figures.
+    fn make_room(&self, tables: &mut HashMap<Policy, Arc<LeaseTable<S>>>) {
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        tables.retain(|_, table| {
+            let idle = Arc::strong_count(table) == 1 && table.is_quiet();
+            if idle {
+                *retired = retired.sum(table.figures());
+            }
+            !idle
+        });
     }
 
     /// Every table made so far.
@@ -190,12 +218,12 @@ impl<S: Store> LeaseControl for Tables<S> {
     }
 
     fn figures(&self) -> LeaseFigures {
-        self.by_policy
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        let tables = self.by_policy.read().unwrap_or_else(|p| p.into_inner());
+        let retired = *self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        tables
             .values()
             .map(|table| table.figures())
-            .fold(LeaseFigures::default(), LeaseFigures::sum)
+            .fold(retired, LeaseFigures::sum)
     }
 }
 
@@ -284,5 +312,52 @@ impl<S: Store> Store for LeasedStore<S> {
         request: &TokenLeaseRequest,
     ) -> impl Future<Output = Result<TokenLeaseGrant, StoreError>> + Send {
         self.store.lease_tokens(key, policy, request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_core::{ManualClock, MemoryStore, Policy, Quota, Store, Timestamp};
+
+    use super::MAX_LEASED_POLICIES;
+    use crate::LeaseConfig;
+
+    /// Policies brought by callers beyond the bound: the quiet tables make room, the one whose key holds a batch
+    /// stays and keeps leasing, and the admissions counted never fall.
+    #[tokio::test(flavor = "current_thread")]
+    async fn policies_beyond_the_bound_drop_quiet_tables_and_keep_the_leasing_ones() {
+        let clock = ManualClock::new(Timestamp::from_micros(1_000_000_000_000));
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let leased = LeaseConfig::new()
+            .clock(clock.clone())
+            .around("gateway", store);
+        let handle = leased.handle();
+        let hot = Policy::token_bucket(Quota::per_second(1_000).unwrap());
+        for _ in 0..40 {
+            assert!(leased.check("hot", &hot, 1).await.unwrap().is_allowed());
+            handle.settled().await;
+        }
+        let leased_before = handle.local_admissions();
+        assert!(leased_before > 0, "the hot key leases");
+        for i in 0..3 * MAX_LEASED_POLICIES as u64 {
+            let policy = Policy::token_bucket(Quota::per_hour(10_000 + i).unwrap());
+            assert!(leased.check("cold", &policy, 1).await.unwrap().is_allowed());
+            let tables = leased.tables.by_policy.read().unwrap().len();
+            assert!(tables <= MAX_LEASED_POLICIES, "{tables} tables");
+            assert!(handle.local_admissions() >= leased_before);
+        }
+        assert!(
+            leased.tables.by_policy.read().unwrap().contains_key(&hot),
+            "the table holding a batch stays"
+        );
+        for _ in 0..10 {
+            assert!(leased.check("hot", &hot, 1).await.unwrap().is_allowed());
+            handle.settled().await;
+        }
+        assert!(
+            handle.local_admissions() > leased_before,
+            "and keeps leasing"
+        );
+        handle.shutdown().await;
     }
 }

@@ -685,6 +685,18 @@ impl<St: Store> LeaseTable<St> {
         }
     }
 
+    /// Whether no key holds a batch and no fetch is under way: dropping the table then returns nothing and leaves
+    /// no fetch to land in a table nobody reads.
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.inner.fetching.load(Ordering::Acquire) == 0
+            && self
+                .inner
+                .leasing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+    }
+
     /// A handle for shutdown, idle returns and figures.
     pub(crate) fn handle(self: &Arc<Self>) -> Arc<dyn LeaseControl> {
         self.clone()
