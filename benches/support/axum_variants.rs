@@ -58,7 +58,7 @@ pub(crate) fn variants() -> Vec<Variant> {
 /// The policy file's limiter built in code: a client-ip token bucket, adapted in place or, inside a
 /// `ServiceBuilder`, by the adapter's own service.
 fn in_code(in_place: bool, exempt: bool) -> Router {
-    use tollgate_tower::limit::rate::{Overrides, Plan};
+    use tollgate_tower::limit::rate::Overrides;
     let policy = Policy::token_bucket(Quota::per_second(1_000_000_000).expect("a valid quota"));
     let mut layer = RateLimitLayer::new(
         "bench",
@@ -67,7 +67,7 @@ fn in_code(in_place: bool, exempt: bool) -> Router {
         tollgate_http::key::ClientIp::new(),
     );
     if exempt {
-        let network = Overrides::new().network([10, 0, 0, 0].into(), 8, Plan::Exempt);
+        let network = Overrides::new().exempt_network([10, 0, 0, 0].into(), 8);
         layer = layer.overrides(network.expect("a valid network"));
     }
     if in_place {

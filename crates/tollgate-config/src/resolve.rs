@@ -8,7 +8,7 @@ use tollgate_core::{Algorithm, FailurePolicy, Policy, Quota};
 use tollgate_http::HeaderSet;
 use tollgate_http::key::Cidr;
 use tollgate_tower::Mode;
-use tollgate_tower::limit::rate::{Overrides, Plan};
+use tollgate_tower::limit::rate::Overrides;
 use toml::Spanned;
 
 use crate::PolicyFileError;
@@ -141,17 +141,11 @@ fn resolve_limiter(spec: LimiterSpec, places: &Places<'_>) -> Result<Limiter, Po
     let by_address = key == [KeyPart::ClientIp];
     let mut overrides = Overrides::new();
     for value in &spec.exempt {
-        overrides = plan(overrides, value, Plan::Exempt, by_address, places)?;
+        overrides = plan(overrides, value, None, by_address, places)?;
     }
     for o in &spec.overrides {
         let plan_policy = override_policy(o, algorithm, &spec, places)?;
-        overrides = plan(
-            overrides,
-            &o.key,
-            Plan::Limit(plan_policy),
-            by_address,
-            places,
-        )?;
+        overrides = plan(overrides, &o.key, Some(plan_policy), by_address, places)?;
     }
     let routes = paths(&spec.routes, "route", places)?;
     let methods = paths(&spec.methods, "gRPC method", places)?;
@@ -228,11 +222,12 @@ fn policy(
     }
 }
 
-/// Adds `value`'s plan: an address or a network for a key that is the client address, any text otherwise.
+/// Adds `value`'s plan, its own policy or (`None`) an exemption: an address or a network for a key that is the
+/// client address, any text otherwise.
 fn plan(
     overrides: Overrides,
     value: &Spanned<String>,
-    plan: Plan,
+    plan: Option<Policy>,
     by_address: bool,
     places: &Places<'_>,
 ) -> Result<Overrides, PolicyFileError> {
@@ -241,7 +236,10 @@ fn plan(
         return Err(places.at(value.span(), "an empty key value"));
     }
     if !by_address {
-        return Ok(overrides.plan(text, plan));
+        return Ok(match plan {
+            Some(policy) => overrides.key(text, policy),
+            None => overrides.exempt(text),
+        });
     }
     let expected = || {
         places.at(
@@ -257,9 +255,11 @@ fn plan(
     };
     let addr: IpAddr = addr.parse().map_err(|_| expected())?;
     let prefix = prefix.unwrap_or(if addr.is_ipv4() { 32 } else { 128 });
-    overrides
-        .network(addr, prefix, plan)
-        .map_err(|e| places.at(value.span(), e.to_string()))
+    match plan {
+        Some(policy) => overrides.network(addr, prefix, policy),
+        None => overrides.exempt_network(addr, prefix),
+    }
+    .map_err(|e| places.at(value.span(), e.to_string()))
 }
 
 fn paths(

@@ -107,7 +107,7 @@ pub use deny_cached::DenyCachedStore;
 pub use layer::RateLimitLayer;
 #[cfg(feature = "leases")]
 pub use leased_store::LeasedStore;
-pub use overrides::{Overrides, Plan};
+pub use overrides::Overrides;
 pub use service::RateLimit;
 pub use set::{Applies, RateLimitSet, RateLimitSetLayer, SetEntry};
 #[cfg(feature = "leases")]

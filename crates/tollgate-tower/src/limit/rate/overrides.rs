@@ -2,7 +2,8 @@
 //!
 //! An [`Overrides`] table names key values — as an operator writes them: `gold` for an API-key header, an address
 //! or a network for a client IP (see [`KeyExtractor::match_key`]) — and gives
-//! each a [`Plan`]: a policy of its own, or an exemption. A limiter with overrides looks the request's value up in
+//! each a plan: a policy of its own ([`key`](Overrides::key), [`network`](Overrides::network)), or an
+//! exemption ([`exempt`](Overrides::exempt), [`exempt_network`](Overrides::exempt_network)). A limiter with overrides looks the request's value up in
 //! a hash table (networks: most specific first) through a reused buffer, so the lookup allocates nothing; a
 //! limiter without any pays one branch.
 //!
@@ -72,7 +73,7 @@ use crate::{ConfigError, KeyExtractor, Name};
 
 /// What an override gives a key: a policy of its own, or no limit at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Plan {
+pub(crate) enum Plan {
     /// Decide the key with this policy, in a bucket of its own.
     Limit(Policy),
     /// Never limit the key (counted as `outcome="exempt"`).
@@ -124,7 +125,7 @@ impl Overrides {
     }
 
     /// Gives the key `value` the plan `plan`.
-    pub fn plan(mut self, value: impl AsRef<[u8]>, plan: Plan) -> Self {
+    fn plan(mut self, value: impl AsRef<[u8]>, plan: Plan) -> Self {
         let value: Box<[u8]> = value.as_ref().into();
         self.exact.retain(|(v, _)| *v != value);
         self.exact.push((value, plan));
@@ -141,11 +142,24 @@ impl Overrides {
         self.plan(value, Plan::Exempt)
     }
 
-    /// Gives every client address in `addr/prefix` the plan `plan` (for keys that are client addresses).
+    /// Decides every client address in `addr/prefix` with `policy`, each in a bucket of its own (for keys that
+    /// are client addresses).
     ///
     /// # Errors
     /// A [`ConfigError`] if `prefix` is longer than the address (`/33` for IPv4, `/129` for IPv6).
-    pub fn network(mut self, addr: IpAddr, prefix: u8, plan: Plan) -> Result<Self, ConfigError> {
+    pub fn network(self, addr: IpAddr, prefix: u8, policy: Policy) -> Result<Self, ConfigError> {
+        self.network_plan(addr, prefix, Plan::Limit(policy))
+    }
+
+    /// Never limits a client address in `addr/prefix` (for keys that are client addresses).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] if `prefix` is longer than the address (`/33` for IPv4, `/129` for IPv6).
+    pub fn exempt_network(self, addr: IpAddr, prefix: u8) -> Result<Self, ConfigError> {
+        self.network_plan(addr, prefix, Plan::Exempt)
+    }
+
+    fn network_plan(mut self, addr: IpAddr, prefix: u8, plan: Plan) -> Result<Self, ConfigError> {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         if prefix > max {
             return Err(ConfigError::new(format!(
@@ -310,7 +324,7 @@ mod tests {
     #[test]
     fn prefixes_longer_than_the_address_are_errors() {
         let err = Overrides::new()
-            .network("10.0.0.0".parse().unwrap(), 33, Plan::Exempt)
+            .exempt_network("10.0.0.0".parse().unwrap(), 33)
             .unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -318,7 +332,7 @@ mod tests {
         );
         assert!(
             Overrides::new()
-                .network("::".parse().unwrap(), 128, Plan::Exempt)
+                .exempt_network("::".parse().unwrap(), 128)
                 .is_ok()
         );
     }
@@ -329,9 +343,9 @@ mod tests {
         let o = Overrides::new().key("a", one).exempt("a");
         assert_eq!(o.exact, vec![(Box::from(&b"a"[..]), Plan::Exempt)]);
         let o = Overrides::new()
-            .network("10.0.0.0".parse().unwrap(), 8, Plan::Exempt)
+            .exempt_network("10.0.0.0".parse().unwrap(), 8)
             .unwrap()
-            .network("10.1.0.0".parse().unwrap(), 16, Plan::Limit(one))
+            .network("10.1.0.0".parse().unwrap(), 16, one)
             .unwrap();
         assert_eq!(o.networks[0].prefix, 16);
         assert_eq!(o.networks[0].plan, Plan::Limit(one));
