@@ -226,8 +226,9 @@ fn decimal_durations_are_exact() {
 fn deny_cache_spares_redis_a_flood_and_can_be_switched_off() {
     let redis = RedisServer::start();
     let url = redis.url();
-    // One token an hour: none accrues during the test, however slow the machine.
-    for (flag, most_calls) in [(None, 3 + 1), (Some("off"), 40)] {
+    // One token an hour: none accrues during the test, however slow the machine. With the cache, a call per
+    // admission: the third's reply, which empties the bucket, makes the entry that refuses the other 37.
+    for (flag, most_calls) in [(None, 3), (Some("off"), 40)] {
         let mut args = vec!["--limit", "3", "--period", "1h", "--redis-url", &url];
         args.extend(flag.map(|f| ["--deny-cache", f]).into_iter().flatten());
         let server = Server::start(&args);
