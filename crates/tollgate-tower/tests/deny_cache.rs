@@ -631,15 +631,14 @@ fn token_per_second() -> Policy {
     Policy::token_bucket(Quota::per_second(1).unwrap())
 }
 
-/// When a token bucket's single flight is admitted (the token that accrued is spent), its reply refuses the
-/// waiters until the next token: one call, one admission, exactly as the store decides the same requests one by one.
-#[tokio::test]
-async fn an_admitted_flight_refuses_the_waiters_from_its_reply() {
-    let (clock, gated, cached, mut plain) =
-        denied_key("deny-cache-admitted", token_per_second()).await;
-    clock.advance(Duration::from_millis(1_200));
+/// Floods "k" with 8 requests `advance` after its denial under `policy`, the first one's store call held, then lets
+/// it land: one of them is admitted and the others are refused with the store's own numbers, exactly as the store
+/// decides the same requests one by one. Returns the store calls made while the call was held, and in all.
+async fn flood_after_an_expiry(name: &str, policy: Policy, advance: Duration) -> (usize, usize) {
+    let (clock, gated, cached, mut plain) = denied_key(name, policy).await;
+    clock.advance(advance);
     let tasks = flood_held(&gated, &cached, 8).await;
-    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 2);
+    let held = gated.inner.calls.load(Ordering::Relaxed);
     assert!(tasks.iter().all(|t| !t.is_finished()));
     gated.gate.add_permits(1);
     let mut expected = Vec::new();
@@ -654,41 +653,37 @@ async fn an_admitted_flight_refuses_the_waiters_from_its_reply() {
     for denied in got.iter().filter(|d| !d.is_allowed()) {
         assert_eq!(denied, &expected[1], "the store's own numbers");
     }
+    (held, gated.inner.calls.load(Ordering::Relaxed))
+}
+
+/// When a token bucket's single flight is admitted (the token that accrued is spent), its reply refuses the
+/// waiters until the next token: one call, one admission.
+#[tokio::test]
+async fn an_admitted_flight_refuses_the_waiters_from_its_reply() {
+    let calls = flood_after_an_expiry(
+        "deny-cache-admitted",
+        token_per_second(),
+        Duration::from_millis(1_200),
+    )
+    .await;
     assert_eq!(
-        gated.inner.calls.load(Ordering::Relaxed),
-        2,
+        calls,
+        (2, 2),
         "the admitted flight alone: its reply refuses the seven others"
     );
 }
 
 /// When a sliding window's single flight is admitted, the next waiter asks in turn (the window's admission does
-/// not tell when the next request fits) and its denial refuses the rest: two calls, one admission, exactly as the
-/// store decides the same requests one by one.
+/// not tell when the next request fits) and its denial refuses the rest: two calls, one admission.
 #[tokio::test]
 async fn an_admitted_flight_hands_the_call_to_the_next_waiter() {
     let policy = Policy::sliding_window(Quota::per_second(1).unwrap()).unwrap();
-    let (clock, gated, cached, mut plain) = denied_key("deny-cache-chain", policy).await;
     // Past the denial's retry instant: the end of the window after the admission's.
-    clock.advance(Duration::from_millis(2_200));
-    let tasks = flood_held(&gated, &cached, 8).await;
-    assert_eq!(gated.inner.calls.load(Ordering::Relaxed), 3);
-    assert!(tasks.iter().all(|t| !t.is_finished()));
-    gated.gate.add_permits(1);
-    let mut expected = Vec::new();
-    for _ in 0..8 {
-        expected.push(decide(&mut plain, "k", 1).await);
-    }
-    let mut got = Vec::new();
-    for task in tasks {
-        got.push(task.await.unwrap());
-    }
-    assert_eq!(got.iter().filter(|d| d.is_allowed()).count(), 1);
-    for denied in got.iter().filter(|d| !d.is_allowed()) {
-        assert_eq!(denied, &expected[1], "the store's own numbers");
-    }
+    let calls =
+        flood_after_an_expiry("deny-cache-chain", policy, Duration::from_millis(2_200)).await;
     assert_eq!(
-        gated.inner.calls.load(Ordering::Relaxed),
-        3 + 1,
+        calls,
+        (3, 3 + 1),
         "the admitted flight, then the one denial that refuses the six others"
     );
 }
