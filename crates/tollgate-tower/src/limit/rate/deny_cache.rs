@@ -92,6 +92,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use event_listener::{Event, EventListener};
+use tollgate_core::algorithm::token_bucket::{self, TokenBucketState};
 use tollgate_core::store::{BoundedTable, Expiry, OnFull};
 use tollgate_core::{Algorithm, Clock, Decision, Outcome, Policy, StoreError, Timestamp};
 
@@ -698,32 +699,32 @@ impl DenyTable {
 
 /// The denial the store would give the next request of `cost` after admitting one of `cost` with `decision`,
 /// where the decision alone tells it: a token bucket (without a lockout, whose denial would start one) that the
-/// admission left short of `cost`. Its retry instant is the earliest the bucket can hold `cost` again,
-/// `full_at − ⌈(burst − cost) × token / rate⌉`: no later than the store's own, which also counts the sub-µs
-/// remainder the decision does not give, and at most 1 µs before it. A sliding window's next admission depends on
-/// counts the decision does not give: its admissions make no entry.
+/// admission left short of `cost`. The reply gives the bucket's `full_at` (its reset) but not the sub-µs remainder
+/// of its state; the algorithm run on the remainder that refills soonest (one unit short of a µs) gives the earliest
+/// instant the store can admit `cost` again: no later than the store's own, and at most 1 µs before it. A sliding
+/// window's next admission depends on counts the decision does not give: its admissions make no entry.
 fn next_denial(policy: &Policy, cost: u64, decision: &Decision) -> Option<Decision> {
     let quota = policy.quota();
-    let burst = quota.burst();
     if policy.algorithm() != Algorithm::TokenBucket
         || policy.lockout_micros() > 0
-        || decision.outcome != Outcome::Allowed
-        || decision.limit != burst
-        || cost == 0
-        || cost > burst
+        || !decision.is_allowed()
+        || decision.limit != quota.burst()
         || decision.remaining >= cost
     {
         return None;
     }
-    // (burst − cost) × token ≤ burst × token ≤ MAX_SCALED: exact in u64.
-    let back = ((burst - cost) * quota.token_bucket_token()).div_ceil(quota.token_bucket_rate());
-    let admit_at = decision.reset.as_micros().checked_sub(back)?;
-    let retry = admit_at
-        .checked_sub(decision.now.as_micros())
-        .filter(|&retry| retry > 0)?;
+    let soonest = TokenBucketState {
+        full_at: decision.reset.as_micros(),
+        remainder: quota.token_bucket_rate() - 1,
+    };
+    // Refused there too (a cost above the burst is not, and has no retry instant): the retry is the entry's.
+    let retry = token_bucket::decide(Some(soonest), &quota, cost, decision.now)
+        .decision
+        .retry_after
+        .filter(|retry| !retry.is_zero())?;
     Some(Decision {
         outcome: Outcome::Limited,
-        retry_after: Some(Duration::from_micros(retry)),
+        retry_after: Some(retry),
         ..*decision
     })
 }
