@@ -27,8 +27,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 use tollgate_core::store::LostCharge;
 use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
@@ -47,8 +48,9 @@ impl LeaseConfig {
     /// tables of earlier policies end their batches as they expire or go idle), at most 256 at once: callers may
     /// bring policies of their own (a gateway's limit override), and each table holds up to
     /// [`max_keys`](LeaseConfig::max_keys) keys. A new policy beyond them first drops the tables whose keys hold
-    /// no batch (their figures still counted); if none can go, its requests take the plain path. A fixed window, which the stores do not lease, and a store that
-    /// leases nothing keep the plain path.
+    /// no batch (their figures still counted; looked for at most once a second); if none can go, its requests take
+    /// the plain path. A fixed window, which the stores do not lease, and a store that leases nothing keep the
+    /// plain path.
     pub fn around<S: Store>(&self, limiter: impl Into<Name>, store: S) -> LeasedStore<S> {
         let store = Arc::new(store);
         LeasedStore {
@@ -59,6 +61,8 @@ impl LeaseConfig {
                 store: store.clone(),
                 by_policy: RwLock::new(HashMap::new()),
                 retired: Mutex::new(LeaseFigures::default()),
+                started: Instant::now(),
+                next_room_search: AtomicU64::new(0),
                 closed: AtomicBool::new(false),
             }),
             store,
@@ -68,6 +72,9 @@ impl LeaseConfig {
 
 /// The most policies a [`LeasedStore`] leases at once (see [`LeaseConfig::around`]).
 pub(crate) const MAX_LEASED_POLICIES: usize = 256;
+
+/// How often, at most, a full set of tables is searched for room (ms).
+const ROOM_SEARCH_EVERY_MS: u64 = 1_000;
 
 /// What a charge on a leased policy gets.
 const CHARGE_UNDER_LEASES: StoreError = StoreError::Unsupported("charges on a leased policy");
@@ -120,6 +127,10 @@ struct Tables<S> {
     by_policy: RwLock<HashMap<Policy, Arc<LeaseTable<S>>>>,
     /// The figures of the tables dropped to make room.
     retired: Mutex<LeaseFigures>,
+    /// When the tables were made: the origin of `next_room_search`.
+    started: Instant,
+    /// Milliseconds after `started` before which a full set of tables is not searched for room again.
+    next_room_search: AtomicU64,
     /// Shut down: no table is made any more.
     closed: AtomicBool,
 }
@@ -141,15 +152,16 @@ impl<S: Store> Tables<S> {
         if !self.leases(policy) {
             return None;
         }
-        if let Some(table) = self
-            .by_policy
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(policy)
-        {
-            return Some(table.clone());
-        }
-        if self.closed.load(Ordering::Relaxed) {
+        let full = {
+            let tables = self.by_policy.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(table) = tables.get(policy) {
+                return Some(table.clone());
+            }
+            tables.len() >= MAX_LEASED_POLICIES
+        };
+        // Full: room is looked for at most once a second, so that the requests of policies beyond the bound take
+        // the plain path without the write lock and a walk of every table each.
+        if (full && !self.room_search_due()) || self.closed.load(Ordering::Relaxed) {
             return None;
         }
         let mut tables = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
@@ -157,7 +169,9 @@ impl<S: Store> Tables<S> {
             return Some(table.clone());
         }
         if tables.len() >= MAX_LEASED_POLICIES {
-            self.make_room(&mut tables);
+            if full {
+                self.make_room(&mut tables);
+            }
             if tables.len() >= MAX_LEASED_POLICIES {
                 return None;
             }
@@ -165,6 +179,23 @@ impl<S: Store> Tables<S> {
         let table = self.config.build(&self.name, policy, self.store.clone());
         tables.insert(*policy, table.clone());
         Some(table)
+    }
+
+    /// Whether a full set of tables may be searched for room now: once a second at most, the first caller after
+    /// the second passes.
+    fn room_search_due(&self) -> bool {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let due = self.next_room_search.load(Ordering::Relaxed);
+        now >= due
+            && self
+                .next_room_search
+                .compare_exchange(
+                    due,
+                    now + ROOM_SEARCH_EVERY_MS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
     }
 
     /// Drops the tables that no request holds (under the write lock no request can take one) and that are quiet

@@ -1,11 +1,11 @@
 //! Per-key overrides and exemptions: plans, tenants, internal callers.
 //!
 //! An [`Overrides`] table names key values — as an operator writes them: `gold` for an API-key header, an address
-//! or a network for a client IP (see [`KeyExtractor::match_key`]) — and gives
-//! each a plan: a policy of its own ([`key`](Overrides::key), [`network`](Overrides::network)), or an
-//! exemption ([`exempt`](Overrides::exempt), [`exempt_network`](Overrides::exempt_network)). A limiter with overrides looks the request's value up in
-//! a hash table (networks: most specific first) through a reused buffer, so the lookup allocates nothing; a
-//! limiter without any pays one branch.
+//! or a network for a client IP (see [`KeyExtractor::match_key`]) — and gives each a plan: a policy of its own
+//! ([`key`](Overrides::key), [`network`](Overrides::network)), or an exemption ([`exempt`](Overrides::exempt),
+//! [`exempt_network`](Overrides::exempt_network)). A limiter with overrides looks the request's value up in a hash
+//! table (networks: most specific first) through a reused buffer, so the lookup allocates nothing; a limiter
+//! without any pays one branch.
 //!
 //! A key under an override policy has a bucket of its own, named by the limiter and the policy
 //! (`<limiter>#<policy>:<key>`): changing a key's plan starts it afresh under the new policy, and an unchanged
