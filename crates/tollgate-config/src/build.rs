@@ -1,7 +1,9 @@
 //! From checked limiters to the layers' parts: the key, the cost and the routes of each, for HTTP or gRPC.
 
-use std::hash::{DefaultHasher, Hasher};
+use std::hash::Hasher;
+
 use std::sync::Arc;
+use tollgate_core::KeyHasher;
 
 use http::Request;
 use tollgate_core::Store;
@@ -125,7 +127,7 @@ impl<B> KeyExtractor<Request<B>> for FileKey {
     }
 
     #[inline]
-    fn hash_key(&self, req: &Request<B>, state: &mut DefaultHasher) -> Result<(), KeyError> {
+    fn hash_key(&self, req: &Request<B>, state: &mut KeyHasher) -> Result<(), KeyError> {
         if let [part] = &*self.parts {
             return each_part!(part, p => p.hash_key(req, state));
         }

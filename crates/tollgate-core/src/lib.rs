@@ -39,6 +39,7 @@ pub use decision::{Decision, Outcome};
 pub use failure::{FailurePolicy, ParseFailurePolicyError};
 pub use policy::{Algorithm, MAX_SCALED, Policy, PolicyError, Quota};
 pub use store::{
-    DEFAULT_MAX_KEYS, LostCharge, MemoryStore, MemoryStoreBuilder, OnFull, Store, StoreError,
+    DEFAULT_MAX_KEYS, KeyHasher, LostCharge, MemoryStore, MemoryStoreBuilder, OnFull, Store,
+    StoreError,
 };
 pub use time::Timestamp;

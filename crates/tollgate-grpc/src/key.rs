@@ -98,8 +98,8 @@ impl<B> KeyExtractor<http::Request<B>> for ServedMethod {
 
 #[cfg(test)]
 mod tests {
-    use std::hash::DefaultHasher;
     use std::net::SocketAddr;
+    use tollgate_core::KeyHasher;
 
     use tonic::transport::server::TcpConnectInfo;
 
@@ -138,7 +138,7 @@ mod tests {
         };
         let digest = |peer: &str| {
             use std::hash::Hasher;
-            let mut state = DefaultHasher::new();
+            let mut state = KeyHasher::default();
             PeerIp.hash_key(&request_from(peer), &mut state).unwrap();
             state.finish()
         };
@@ -173,7 +173,7 @@ mod tests {
     fn hashed_keys_ignore_the_port_unmap_ipv4_and_tell_values_apart() {
         use std::hash::Hasher;
         fn digest<K: KeyExtractor<http::Request<()>>>(key: &K, req: &http::Request<()>) -> u64 {
-            let mut state = DefaultHasher::new();
+            let mut state = KeyHasher::default();
             key.hash_key(req, &mut state).unwrap();
             state.finish()
         }
@@ -184,7 +184,7 @@ mod tests {
         let api_key = MetadataKey::metadata("x-api-key").unwrap();
         let mut req = http::Request::new(());
         let err = api_key
-            .hash_key(&req, &mut DefaultHasher::new())
+            .hash_key(&req, &mut KeyHasher::default())
             .unwrap_err();
         assert_eq!(err.what(), "the x-api-key metadata");
         req.headers_mut().insert("x-api-key", "k1".parse().unwrap());

@@ -42,9 +42,9 @@
 //!
 //! ```
 //! use std::fmt::Write as _;
-//! use std::hash::{DefaultHasher, Hasher};
+//! use std::hash::Hasher;
 //! use std::net::IpAddr;
-//! use tollgate_tower::key::hash_ip;
+//! use tollgate_tower::key::{KeyHasher, hash_ip};
 //! use tollgate_tower::{KeyError, KeyExtractor};
 //!
 //! struct Req { client: IpAddr }
@@ -56,14 +56,14 @@
 //!         Ok(())
 //!     }
 //!
-//!     fn hash_key(&self, req: &Req, state: &mut DefaultHasher) -> Result<(), KeyError> {
+//!     fn hash_key(&self, req: &Req, state: &mut KeyHasher) -> Result<(), KeyError> {
 //!         hash_ip(state, req.client);
 //!         Ok(())
 //!     }
 //! }
 //!
 //! let digest = |client: &str| -> Result<u64, Box<dyn std::error::Error>> {
-//!     let mut state = DefaultHasher::new();
+//!     let mut state = KeyHasher::default();
 //!     ByClient.hash_key(&Req { client: client.parse()? }, &mut state)?;
 //!     Ok(state.finish())
 //! };
@@ -79,11 +79,13 @@ mod header;
 pub use addr::{IPV6_CLIENT_PREFIX, client_network, push_client_ip, push_ipv4};
 #[cfg(feature = "http")]
 pub use header::HeaderKey;
+/// The keyed hasher [`KeyExtractor::hash_key`] writes to (the in-process store's own).
+pub use tollgate_core::KeyHasher;
 
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
-use std::hash::{DefaultHasher, Hasher};
+use std::hash::Hasher;
 use std::net::IpAddr;
 
 /// Appends the key identifying a request's bucket.
@@ -98,7 +100,7 @@ pub trait KeyExtractor<Req>: Send + Sync + 'static {
     /// text no one reads, as [`hash_ip`] and [`hash_bytes`] let an extractor do: the bytes written must tell keys
     /// apart as their text does, and no key's bytes may begin another key's (a tag and a fixed length, or the
     /// length first, see to it), so that a tuple's parts stay apart.
-    fn hash_key(&self, req: &Req, state: &mut DefaultHasher) -> Result<(), KeyError> {
+    fn hash_key(&self, req: &Req, state: &mut KeyHasher) -> Result<(), KeyError> {
         with_key_buffer(|key| {
             self.extract(req, key)?;
             state.write(key.as_bytes());
@@ -124,7 +126,7 @@ pub trait KeyExtractor<Req>: Send + Sync + 'static {
 /// Feeds an IP address to a key hasher, for [`KeyExtractor::hash_key`]: a tag and the address's bits, no text.
 /// Pass a client's [`client_network`], as its text form ([`push_client_ip`]) does.
 #[inline]
-pub fn hash_ip(state: &mut DefaultHasher, ip: IpAddr) {
+pub fn hash_ip(state: &mut KeyHasher, ip: IpAddr) {
     match ip {
         // One fixed-size write, the family tag above the address.
         IpAddr::V4(v4) => state.write_u64(4 << 32 | u64::from(v4.to_bits())),
@@ -137,7 +139,7 @@ pub fn hash_ip(state: &mut DefaultHasher, ip: IpAddr) {
 
 /// Feeds raw key material (a secret such as an API key) to a key hasher, for [`KeyExtractor::hash_key`]: its length,
 /// then its bytes. The in-process store keeps only a keyed digest, so a secret needs no cryptographic hash first.
-pub fn hash_bytes(state: &mut DefaultHasher, bytes: &[u8]) {
+pub fn hash_bytes(state: &mut KeyHasher, bytes: &[u8]) {
     state.write_usize(bytes.len());
     state.write(bytes);
 }
@@ -215,7 +217,7 @@ macro_rules! const_key {
                 Ok(())
             }
 
-            fn hash_key(&self, _: &Req, state: &mut DefaultHasher) -> Result<(), KeyError> {
+            fn hash_key(&self, _: &Req, state: &mut KeyHasher) -> Result<(), KeyError> {
                 state.write(self.as_bytes());
                 Ok(())
             }
@@ -262,7 +264,7 @@ macro_rules! tuple_extractor {
             }
 
             #[allow(non_snake_case)]
-            fn hash_key(&self, req: &Req, state: &mut DefaultHasher) -> Result<(), KeyError> {
+            fn hash_key(&self, req: &Req, state: &mut KeyHasher) -> Result<(), KeyError> {
                 let ($first, $($rest),+) = self;
                 $first.hash_key(req, state)?;
                 $(
@@ -295,8 +297,8 @@ mod tests {
     use super::*;
 
     /// The digest `hash` leaves in a hasher with fixed keys.
-    fn digest(hash: impl FnOnce(&mut DefaultHasher) -> Result<(), KeyError>) -> u64 {
-        let mut state = DefaultHasher::new();
+    fn digest(hash: impl FnOnce(&mut KeyHasher) -> Result<(), KeyError>) -> u64 {
+        let mut state = KeyHasher::default();
         hash(&mut state).unwrap();
         state.finish()
     }
@@ -310,7 +312,7 @@ mod tests {
             Ok(())
         }
 
-        fn hash_key(&self, _: &(), state: &mut DefaultHasher) -> Result<(), KeyError> {
+        fn hash_key(&self, _: &(), state: &mut KeyHasher) -> Result<(), KeyError> {
             hash_ip(state, self.0.parse().unwrap());
             Ok(())
         }
@@ -325,7 +327,7 @@ mod tests {
             Ok(())
         }
 
-        fn hash_key(&self, _: &(), state: &mut DefaultHasher) -> Result<(), KeyError> {
+        fn hash_key(&self, _: &(), state: &mut KeyHasher) -> Result<(), KeyError> {
             hash_bytes(state, self.0.as_bytes());
             Ok(())
         }
@@ -339,8 +341,11 @@ mod tests {
         };
         let tuple = ("a", user);
         let hashed = digest(|s| tuple.hash_key(&(), s));
+        // Each part's text in a write of its own, the separator between them.
         let text = digest(|s| {
-            s.write(b"a|ann");
+            s.write(b"a");
+            s.write(b"|");
+            s.write(b"ann");
             Ok(())
         });
         assert_eq!(hashed, text);
@@ -370,7 +375,7 @@ mod tests {
     #[test]
     fn a_missing_part_is_an_error_when_hashing_too() {
         let missing = |_: &(), _: &mut String| Err(KeyError::missing("the user"));
-        let mut state = DefaultHasher::new();
+        let mut state = KeyHasher::default();
         let err = ("a", missing).hash_key(&(), &mut state).unwrap_err();
         assert_eq!(err.what(), "the user");
     }

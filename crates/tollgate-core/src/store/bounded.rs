@@ -1,7 +1,9 @@
 //! [`BoundedTable`]: the store's bounded table, for other per-key state.
 
 use std::fmt;
-use std::hash::{BuildHasher, Hasher, RandomState};
+use std::hash::{BuildHasher, Hasher};
+
+use ahash::RandomState;
 
 use parking_lot::Mutex;
 
@@ -64,7 +66,7 @@ pub struct Evicted<V> {
 /// # Ok::<(), tollgate_core::StoreError>(())
 /// ```
 ///
-/// Keys are digests (by [`digest`](Self::digest), a SipHash keyed at random per table), never raw. Times are µs
+/// Keys are digests (by [`digest`](Self::digest), a [`KeyHasher`](super::KeyHasher) keyed at random per table), never raw. Times are µs
 /// since the Unix epoch, as [`Timestamp::as_micros`](crate::Timestamp::as_micros) gives them.
 pub struct BoundedTable<V> {
     shards: Box<[Mutex<Shard<V>>]>,

@@ -10,7 +10,6 @@ mod memory;
 mod table;
 
 use std::future::Future;
-use std::hash::DefaultHasher;
 use std::sync::Arc;
 
 pub use bounded::{BoundedTable, BoundedTableBuilder, Evicted};
@@ -18,6 +17,13 @@ pub use error::StoreError;
 pub use evictions::{DEFAULT_NAME, EVICTIONS_TOTAL, EvictionCounts, OnFull};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
 pub use table::Expiry;
+
+/// The keyed hasher of key digests ([`Store::key_hasher`]): aHash, keyed at random per store.
+///
+/// A client chooses its key (an address, an API key, anything a header carries), so the digest must be keyed: a
+/// client who cannot learn the key cannot aim two keys at one digest or one bucket of the table. aHash is a keyed
+/// hash built to resist hash flooding, at a fraction of SipHash's cost on short keys.
+pub type KeyHasher = ahash::AHasher;
 
 use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
 use crate::{Decision, Policy, Timestamp};
@@ -53,9 +59,11 @@ pub trait Store: Send + Sync + 'static {
     /// own, so that a limiter can feed it a key's parts and skip building the key's text. `None` (the default)
     /// for a store that needs the text.
     ///
-    /// Writing a key's bytes to it and deciding by [`check_digest`](Self::check_digest) of the result has the
-    /// same effect as [`check_immediate`](Self::check_immediate) with that key.
-    fn key_hasher(&self) -> Option<DefaultHasher> {
+    /// Writing a key's bytes to it in one write and deciding by [`check_digest`](Self::check_digest) of the
+    /// result has the same effect as [`check_immediate`](Self::check_immediate) with that key. The digest depends
+    /// on how the bytes are split into writes: a limiter that keys by a request's parts writes them the same way
+    /// for every request.
+    fn key_hasher(&self) -> Option<KeyHasher> {
         None
     }
 
@@ -234,7 +242,7 @@ impl<S: Store> Store for Arc<S> {
         (**self).check_immediate(key, policy, cost)
     }
 
-    fn key_hasher(&self) -> Option<DefaultHasher> {
+    fn key_hasher(&self) -> Option<KeyHasher> {
         (**self).key_hasher()
     }
 

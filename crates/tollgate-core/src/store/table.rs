@@ -60,7 +60,7 @@ impl<V> Slab<V> {
         self.nodes.len()
     }
 
-    /// The key's slot. Keys are SipHash digests already: they are their own hash.
+    /// The key's slot. Keys are keyed digests already: they are their own hash.
     #[inline]
     pub(crate) fn find(&self, key: u64) -> Option<u32> {
         let nodes = &self.nodes;

@@ -1,6 +1,6 @@
-use std::hash::DefaultHasher;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use tollgate_core::KeyHasher;
 
 use http::Request;
 use http::header::{FORWARDED, HeaderName};
@@ -140,7 +140,7 @@ impl<B> KeyExtractor<Request<B>> for ClientIp {
         Ok(())
     }
 
-    fn hash_key(&self, req: &Request<B>, state: &mut DefaultHasher) -> Result<(), KeyError> {
+    fn hash_key(&self, req: &Request<B>, state: &mut KeyHasher) -> Result<(), KeyError> {
         hash_ip(
             state,
             client_network(self.client_ip(req)?, self.ipv6_prefix),
@@ -327,9 +327,9 @@ mod tests {
         assert_eq!(forwarded(&wide, a), forwarded(&wide, other));
     }
 
-    fn digest(hash: impl FnOnce(&mut DefaultHasher) -> Result<(), KeyError>) -> u64 {
+    fn digest(hash: impl FnOnce(&mut KeyHasher) -> Result<(), KeyError>) -> u64 {
         use std::hash::Hasher;
-        let mut state = DefaultHasher::new();
+        let mut state = KeyHasher::default();
         hash(&mut state).unwrap();
         state.finish()
     }
@@ -358,7 +358,7 @@ mod tests {
             address("10.0.0.2")
         );
         let err = PeerIp
-            .hash_key(&Request::new(()), &mut DefaultHasher::new())
+            .hash_key(&Request::new(()), &mut KeyHasher::default())
             .unwrap_err();
         assert!(err.what().contains("peer address"));
     }

@@ -1,7 +1,7 @@
 //! [`HeaderKey`]: one extractor for HTTP headers and gRPC metadata (which travels as HTTP/2 headers), so that
 //! both adapters follow one rule.
 
-use std::hash::DefaultHasher;
+use tollgate_core::KeyHasher;
 
 use http::Request;
 use http::header::{HeaderName, HeaderValue, InvalidHeaderName};
@@ -100,7 +100,7 @@ impl<B> KeyExtractor<Request<B>> for HeaderKey {
     }
 
     /// The in-process store digests the value itself (keyed, never kept raw): no SHA-256 on its way.
-    fn hash_key(&self, req: &Request<B>, state: &mut DefaultHasher) -> Result<(), KeyError> {
+    fn hash_key(&self, req: &Request<B>, state: &mut KeyHasher) -> Result<(), KeyError> {
         hash_bytes(state, self.value(req)?);
         Ok(())
     }
@@ -124,7 +124,7 @@ mod tests {
             req.headers_mut()
                 .insert("x-api-key", value.parse().unwrap());
         }
-        let mut state = DefaultHasher::new();
+        let mut state = KeyHasher::default();
         extractor.hash_key(&req, &mut state)?;
         Ok(state.finish())
     }

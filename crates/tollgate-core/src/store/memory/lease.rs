@@ -229,7 +229,7 @@ impl<C: Clock> MemoryStore<C> {
         Ok(decision)
     }
 
-    fn key_hasher_seeded(&self) -> std::hash::DefaultHasher {
+    fn key_hasher_seeded(&self) -> crate::store::KeyHasher {
         self.seed().build_hasher()
     }
 }

@@ -18,7 +18,9 @@ mod lease;
 use parking_lot::{Mutex, MutexGuard};
 use std::fmt;
 use std::future::{Future, ready};
-use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
+use std::hash::{BuildHasher, Hasher};
+
+use ahash::RandomState;
 
 use crate::algorithm::Step;
 use crate::algorithm::charge;
@@ -43,7 +45,7 @@ const MIN_SHARD_KEYS: usize = 256;
 
 /// In-process state for any number of keys and policies.
 ///
-/// Keys are stored as 64-bit keyed SipHash digests, never raw, so a long or hostile key costs the same as a short
+/// Keys are stored as 64-bit keyed digests ([`KeyHasher`](super::KeyHasher)), never raw, so a long or hostile key costs the same as a short
 /// one, and the seed is random per store so collisions cannot be aimed for. State that has decayed back to
 /// "fresh" is dropped as the store grows, without any chore for the caller.
 ///
@@ -278,7 +280,7 @@ impl<C: Clock> MemoryStore<C> {
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
         // One string, nothing composed after it: the bytes alone identify it, without `str`'s extra terminator
-        // write (a third of SipHash's cost on a short key).
+        // write.
         let mut hasher = self.seed.build_hasher();
         hasher.write(key.as_bytes());
         self.check_digest_at(hasher.finish(), policy, cost, now)
@@ -508,7 +510,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         Some(self.check_now(key, policy, cost))
     }
 
-    fn key_hasher(&self) -> Option<DefaultHasher> {
+    fn key_hasher(&self) -> Option<super::KeyHasher> {
         Some(self.seed.build_hasher())
     }
 

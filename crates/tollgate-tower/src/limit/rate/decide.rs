@@ -1,8 +1,10 @@
 //! The rate limiter's decision, shared by every clone of a limiter: the store call, and the conclusion the
 //! [`Judge`] draws from the store's answer (mode, metrics, failure policy).
 
-use std::hash::{DefaultHasher, Hasher};
+use std::hash::Hasher;
+
 use std::sync::Arc;
+use tollgate_core::KeyHasher;
 
 use tollgate_core::{
     Decision, FailurePolicy, LostCharge, MemoryStore, Policy, Store, StoreError, Timestamp,
@@ -41,13 +43,13 @@ pub(crate) struct Shared<K, St, C> {
     pub(crate) cost: C,
     fallback: Option<Arc<MemoryStore>>,
     /// The store's key hasher with this limiter's name written, when the store keys by digest.
-    digest_prefix: Option<DefaultHasher>,
+    digest_prefix: Option<KeyHasher>,
     /// The deny cache, when on (a shared store's denials answered locally until their retry instant).
     deny: Option<Arc<DenyTable>>,
     /// The deny cache's key hasher with the key prefix written, when the cache is on and the key's digests are
     /// read from the request's parts. A limiter with leases or charging after the response builds the key's text
     /// anyway, and digests that.
-    deny_prefix: Option<DefaultHasher>,
+    deny_prefix: Option<KeyHasher>,
     /// Token leases, when on (hot keys admitted from batches leased from the store).
     leases: Option<Arc<LeaseTable<St>>>,
     /// What the keys' text and digests start with: the limiter's name, or `<name>#<policy>` for a bucket family
@@ -487,13 +489,13 @@ impl<K, St: Store, C> Shared<K, St, C> {
 
 /// The deny cache's key hasher with `prefix` written as [`digest_prefix`] writes it, when the cache is on and the
 /// key's digests are read from the request's parts (not `by_text`).
-fn deny_prefix(deny: Option<&DenyTable>, prefix: &str, by_text: bool) -> Option<DefaultHasher> {
+fn deny_prefix(deny: Option<&DenyTable>, prefix: &str, by_text: bool) -> Option<KeyHasher> {
     let table = deny.filter(|_| !by_text)?;
     Some(prefixed(table.hasher(), prefix))
 }
 
-/// `state` with `prefix` written: length first, then zeros up to a multiple of SipHash's 8-byte block.
-fn prefixed(mut state: DefaultHasher, prefix: &str) -> DefaultHasher {
+/// `state` with `prefix` written: length first, then zeros up to a multiple of 8 bytes.
+fn prefixed(mut state: KeyHasher, prefix: &str) -> KeyHasher {
     hash_bytes(&mut state, prefix.as_bytes());
     state.write(&[0; 8][..(8 - prefix.len() % 8) % 8]);
     state
@@ -501,10 +503,10 @@ fn prefixed(mut state: DefaultHasher, prefix: &str) -> DefaultHasher {
 
 /// The store's key hasher with `prefix` written, when the store keys by digest: the prefix, length first (two
 /// limiters on one store never share a bucket, whatever their names hold), then zeros up to a multiple of
-/// SipHash's 8-byte block: each request's key then starts on a block of its own (an address is one block) instead
+/// 8 bytes: each request's key then starts on a word of its own (an address is one block) instead
 /// of being spliced onto the name's leftover bytes. A limiter charging after the response (`by_text`) keys by text
 /// throughout: the charge needs the key's text.
-fn digest_prefix<St: Store>(store: &St, prefix: &str, by_text: bool) -> Option<DefaultHasher> {
+fn digest_prefix<St: Store>(store: &St, prefix: &str, by_text: bool) -> Option<KeyHasher> {
     let hasher = if by_text { None } else { store.key_hasher() };
     hasher.map(|state| prefixed(state, prefix))
 }

@@ -86,10 +86,13 @@
 
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, Hash, Hasher};
+
+use ahash::RandomState;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tollgate_core::KeyHasher;
 
 use event_listener::{Event, EventListener};
 use tollgate_core::algorithm::token_bucket::{self, TokenBucketState};
@@ -422,7 +425,7 @@ impl DenyTable {
     }
 
     /// A hasher keyed by this table's seed: write a key's parts into it, then [`finish`](Self::finish) it.
-    pub(crate) fn hasher(&self) -> DefaultHasher {
+    pub(crate) fn hasher(&self) -> KeyHasher {
         self.seed.build_hasher()
     }
 
@@ -430,7 +433,7 @@ impl DenyTable {
     /// state carried one block further, so that the key is read once and two keys whose entry digests collide
     /// still differ in their checks.
     #[inline]
-    pub(crate) fn finish(state: DefaultHasher) -> KeyDigests {
+    pub(crate) fn finish(state: KeyHasher) -> KeyDigests {
         let digest = state.finish();
         let mut further = state;
         further.write_u64(CHECK_BLOCK);
