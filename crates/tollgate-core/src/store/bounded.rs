@@ -8,7 +8,7 @@ use ahash::RandomState;
 use parking_lot::Mutex;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
-use super::table::{Expiry, Hand, MAX_SHARD_KEYS, Slab};
+use super::table::{Expiry, Hand, MAX_SHARD_KEYS, Slab, VISITED};
 use crate::StoreError;
 
 /// The fewest keys a shard is given (as in the store: shards of a few keys would fill long before the bound).
@@ -20,7 +20,8 @@ const MIN_SHARD_KEYS: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Evicted<V> {
-    /// Its key digest.
+    /// Its key digest, as the table keeps it: bit 40 clear (the table takes digests that differ only there for one
+    /// key), as [`BoundedTable::digest`] gives it.
     pub key: u64,
     /// Its value.
     pub value: V,
@@ -171,12 +172,13 @@ impl BoundedTable<()> {
 }
 
 impl<V: Expiry> BoundedTable<V> {
-    /// The digest of `key`, keyed by this table's random seed.
+    /// The digest of `key`, keyed by this table's random seed: 63 bits (bit 40 clear), as the table keeps its keys
+    /// and hands them back in [`Evicted::key`].
     #[must_use]
     pub fn digest(&self, key: &[u8]) -> u64 {
         let mut hasher = self.seed.build_hasher();
         hasher.write(key);
-        hasher.finish()
+        hasher.finish() & !VISITED
     }
 
     fn shard(&self, key: u64) -> &Mutex<Shard<V>> {
@@ -195,7 +197,7 @@ impl<V: Expiry> BoundedTable<V> {
         let mut guard = self.shard(key).lock();
         let slot = guard.slab.find(key)?;
         let node = guard.slab.node_mut(slot);
-        node.visited = true;
+        node.visit();
         Some(f(&mut node.value))
     }
 
@@ -214,7 +216,7 @@ impl<V: Expiry> BoundedTable<V> {
         if let Some(slot) = slab.find(key) {
             let node = slab.node_mut(slot);
             node.value = value;
-            node.visited = true;
+            node.visit();
             return Ok(None);
         }
         if slab.len() >= self.shard_capacity

@@ -32,12 +32,41 @@ pub trait Expiry {
     fn expires_at(&self) -> u64;
 }
 
-/// An entry: its key, its value and what eviction needs of it, in one place.
+/// The bit of a key digest that a [`Node`] keeps its *visited* mark in: the tables treat digests that differ only
+/// there as one key (a 63-bit digest). It is none of the bits a table is indexed by: hashbrown's (the low bits
+/// below a table's size, at most 2^31 slots here, and the top seven), `MemoryStore`'s shards' (the top bits) and
+/// `BoundedTable`'s shards' (the bits below it).
+pub(crate) const VISITED: u64 = 1 << 40;
+
+/// An entry: its key, its value and what eviction needs of it, in one place (the visited mark inside the key's
+/// word, so that it costs no padding beside the value).
 pub(crate) struct Node<V> {
-    pub(crate) key: u64,
+    /// The key digest, with [`VISITED`] set when the entry was used since the hand last passed it (or since it
+    /// was added, if it was not yet passed).
+    marked: u64,
     pub(crate) value: V,
-    /// Used since the hand last passed it (or since it was added, if it was not yet passed).
-    pub(crate) visited: bool,
+}
+
+impl<V> Node<V> {
+    /// The key digest (without the mark).
+    #[inline]
+    pub(crate) fn key(&self) -> u64 {
+        self.marked & !VISITED
+    }
+
+    /// Marks the entry used.
+    #[inline]
+    pub(crate) fn visit(&mut self) {
+        self.marked |= VISITED;
+    }
+
+    /// Clears the mark; whether the entry had been used since the hand last passed it.
+    #[inline]
+    pub(crate) fn pass(&mut self) -> bool {
+        let visited = self.marked & VISITED != 0;
+        self.marked &= !VISITED;
+        visited
+    }
 }
 
 /// Entries in a dense `Vec`, found by key through an index of slots.
@@ -60,12 +89,13 @@ impl<V> Slab<V> {
         self.nodes.len()
     }
 
-    /// The key's slot. Keys are keyed digests already: they are their own hash.
+    /// The key's slot. Keys are keyed digests already: they are their own hash (without the [`VISITED`] bit).
     #[inline]
     pub(crate) fn find(&self, key: u64) -> Option<u32> {
+        let key = key & !VISITED;
         let nodes = &self.nodes;
         self.index
-            .find(key, |&i| nodes[i as usize].key == key)
+            .find(key, |&i| nodes[i as usize].key() == key)
             .copied()
     }
 
@@ -85,30 +115,27 @@ impl<V> Slab<V> {
 
     /// Adds a key that has none, not visited yet; returns its slot.
     pub(crate) fn push(&mut self, key: u64, value: V) -> u32 {
+        let key = key & !VISITED;
         let slot = self.nodes.len() as u32;
-        self.nodes.push(Node {
-            key,
-            value,
-            visited: false,
-        });
+        self.nodes.push(Node { marked: key, value });
         let nodes = &self.nodes;
         self.index
-            .insert_unique(key, slot, |&i| nodes[i as usize].key);
+            .insert_unique(key, slot, |&i| nodes[i as usize].key());
         slot
     }
 
     /// Gives `slot` to a key that has none, not visited yet; returns the key and value it held.
     pub(crate) fn replace(&mut self, slot: u32, key: u64, value: V) -> (u64, V) {
+        let key = key & !VISITED;
         self.unindex(slot);
         let node = &mut self.nodes[slot as usize];
-        node.visited = false;
         let old = (
-            std::mem::replace(&mut node.key, key),
+            std::mem::replace(&mut node.marked, key) & !VISITED,
             std::mem::replace(&mut node.value, value),
         );
         let nodes = &self.nodes;
         self.index
-            .insert_unique(key, slot, |&i| nodes[i as usize].key);
+            .insert_unique(key, slot, |&i| nodes[i as usize].key());
         old
     }
 
@@ -118,7 +145,7 @@ impl<V> Slab<V> {
         let last = self.nodes.len() as u32 - 1;
         let node = self.nodes.swap_remove(slot as usize);
         if slot != last {
-            let key = self.nodes[slot as usize].key;
+            let key = self.nodes[slot as usize].key();
             if let Some(i) = self.index.find_mut(key, |&i| i == last) {
                 *i = slot;
             }
@@ -127,7 +154,7 @@ impl<V> Slab<V> {
     }
 
     fn unindex(&mut self, slot: u32) {
-        let key = self.nodes[slot as usize].key;
+        let key = self.nodes[slot as usize].key();
         if let Ok(entry) = self.index.find_entry(key, |&i| i == slot) {
             entry.remove();
         }
@@ -138,7 +165,8 @@ impl<V> Slab<V> {
 pub(crate) trait Arena {
     /// How many entries each slab holds (a single slab's second is 0).
     fn lens(&self) -> [u32; 2];
-    fn visited(&mut self, link: u32) -> &mut bool;
+    /// Clears the entry's visited mark; whether it was set.
+    fn pass(&mut self, link: u32) -> bool;
     fn expires_at(&self, link: u32) -> u64;
 }
 
@@ -147,8 +175,8 @@ impl<V: Expiry> Arena for Slab<V> {
         [self.nodes.len() as u32, 0]
     }
 
-    fn visited(&mut self, link: u32) -> &mut bool {
-        &mut self.nodes[link as usize].visited
+    fn pass(&mut self, link: u32) -> bool {
+        self.nodes[link as usize].pass()
     }
 
     fn expires_at(&self, link: u32) -> u64 {
@@ -200,11 +228,9 @@ impl Hand {
                 self.clock = at + 1;
                 return Some((at, true));
             }
-            let visited = arena.visited(at);
-            if !*visited {
+            if !arena.pass(at) {
                 break;
             }
-            *visited = false;
             at = settle(lens, at + 1);
         }
         self.clock = at + 1;
@@ -224,5 +250,49 @@ fn settle(lens: [u32; 2], link: u32) -> u32 {
         (other as u32) << 31
     } else {
         (half as u32) << 31
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Arena, Slab, VISITED};
+
+    #[derive(Clone, Copy)]
+    struct Never;
+
+    impl super::Expiry for Never {
+        fn expires_at(&self) -> u64 {
+            u64::MAX
+        }
+    }
+
+    #[test]
+    fn the_visited_mark_is_never_part_of_a_key() {
+        let mut slab = Slab::default();
+        let (a, b) = (
+            0x1234_5678_9abc_def0 | VISITED,
+            0x0fed_cba9_8765_4321 & !VISITED,
+        );
+        let (sa, sb) = (slab.push(a, Never), slab.push(b, Never));
+        // Found with the bit or without it; a key reads back without it, marked or not.
+        assert_eq!(slab.find(a), Some(sa));
+        assert_eq!(slab.find(a & !VISITED), Some(sa));
+        assert_eq!(slab.find(b | VISITED), Some(sb));
+        slab.node_mut(sa).visit();
+        assert_eq!(slab.node(sa).key(), a & !VISITED);
+        assert_eq!(slab.find(a), Some(sa));
+        // Passing clears the mark once.
+        assert!(slab.pass(sa));
+        assert!(!slab.pass(sa));
+        assert!(!slab.pass(sb));
+        // A replaced key is handed back without the mark; removal keeps the index whole.
+        slab.node_mut(sb).visit();
+        let (old, _) = slab.replace(sb, 7 | VISITED, Never);
+        assert_eq!(old, b);
+        assert!(!slab.pass(sb), "a new key starts unvisited");
+        assert_eq!(slab.find(7), Some(sb));
+        assert_eq!(slab.swap_remove(sa).key(), a & !VISITED);
+        assert_eq!(slab.find(7), Some(0));
+        assert_eq!(slab.find(a), None);
     }
 }

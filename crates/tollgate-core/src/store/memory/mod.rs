@@ -32,7 +32,7 @@ use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, 
 use hashbrown::HashTable;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
-use super::table::{Arena, Expiry, Hand, MAX_SHARD_KEYS, SECOND, Slab};
+use super::table::{Arena, Expiry, Hand, MAX_SHARD_KEYS, SECOND, Slab, VISITED};
 use lease::LeaseBooks;
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
@@ -694,6 +694,10 @@ impl Entry for BucketEntry {
     }
 }
 
+// A node is its key word and its state, nothing more: the visited mark rides in the key's word.
+const _: () = assert!(size_of::<super::table::Node<BucketEntry>>() == 24);
+const _: () = assert!(size_of::<super::table::Node<WindowEntry>>() == 40);
+
 #[derive(Clone, Copy)]
 pub(super) struct WindowEntry {
     state: SlidingWindowState,
@@ -748,7 +752,8 @@ const WINDOW: u32 = SECOND;
 /// inside the entry; only a lockout policy's checks, charges and peeks read it, and only a lockout sets it.
 #[derive(Default)]
 pub(super) struct Lockouts {
-    /// `(key digest, locked until)`; the digest is its own hash.
+    /// `(key digest, locked until)`; the digest, without the bit the slabs mark visits in (they return their keys
+    /// so), is its own hash.
     by_algorithm: [HashTable<(u64, u64)>; 2],
 }
 
@@ -761,6 +766,7 @@ impl Lockouts {
     /// The key's lockout end (0: none).
     #[inline]
     fn get(&self, tag: u32, key: u64) -> u64 {
+        let key = key & !VISITED;
         let table = self.table(tag);
         if table.is_empty() {
             return 0;
@@ -769,6 +775,7 @@ impl Lockouts {
     }
 
     fn set(&mut self, tag: u32, key: u64, until: u64) {
+        let key = key & !VISITED;
         let table = &mut self.by_algorithm[(tag >> 31) as usize];
         match table.find_mut(key, |e| e.0 == key) {
             Some(e) => e.1 = until,
@@ -781,6 +788,7 @@ impl Lockouts {
     /// Forgets the key's lockout end, if any (its entry is gone).
     #[inline]
     fn remove(&mut self, tag: u32, key: u64) {
+        let key = key & !VISITED;
         let table = &mut self.by_algorithm[(tag >> 31) as usize];
         if table.is_empty() {
             return;
@@ -821,11 +829,11 @@ impl Arena for Slabs {
         [self.buckets.len() as u32, self.windows.len() as u32]
     }
 
-    fn visited(&mut self, link: u32) -> &mut bool {
+    fn pass(&mut self, link: u32) -> bool {
         if link & WINDOW == 0 {
-            &mut self.buckets.node_mut(link).visited
+            self.buckets.node_mut(link).pass()
         } else {
-            &mut self.windows.node_mut(link & !WINDOW).visited
+            self.windows.node_mut(link & !WINDOW).pass()
         }
     }
 
@@ -835,10 +843,10 @@ impl Arena for Slabs {
         let (tag, slot) = (link & WINDOW, link & !WINDOW);
         let (own, key) = if tag == 0 {
             let node = self.buckets.node(slot);
-            (node.value.expires_at(), node.key)
+            (node.value.expires_at(), node.key())
         } else {
             let node = self.windows.node(slot);
-            (node.value.expires_at(), node.key)
+            (node.value.expires_at(), node.key())
         };
         own.max(self.lockouts.get(tag, key))
     }
@@ -882,7 +890,7 @@ impl Shard {
         if let Some(slot) = slot {
             // The state and the visited bit are one node: a hit writes that alone.
             let node = E::slab(&mut self.slabs).node_mut(slot);
-            node.visited = true;
+            node.visit();
             if let Some(state) = step.state {
                 node.value = E::new(state, &step.decision);
                 if D::LOCKOUT && locked_until != held {
@@ -967,9 +975,9 @@ impl Shard {
     fn remove(&mut self, link: u32) {
         let (tag, slot) = (link & WINDOW, link & !WINDOW);
         let key = if tag == 0 {
-            self.slabs.buckets.swap_remove(slot).key
+            self.slabs.buckets.swap_remove(slot).key()
         } else {
-            self.slabs.windows.swap_remove(slot).key
+            self.slabs.windows.swap_remove(slot).key()
         };
         self.slabs.lockouts.remove(tag, key);
     }
