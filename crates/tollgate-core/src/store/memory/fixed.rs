@@ -46,6 +46,7 @@ impl<C: crate::Clock> MemoryStore<C> {
             now,
             bound,
             log,
+            super::Window::fixed(policy),
             WithLockout(|s: Option<lockout::Locked<SlidingWindowState>>| {
                 let s = s.map(|s| lockout::Locked {
                     state: to_fixed(s.state),
@@ -74,10 +75,12 @@ impl<C: crate::Clock> MemoryStore<C> {
     ) -> Decision {
         let hash = hash ^ FIXED_WINDOW_SALT;
         let lockout = policy.lockout_micros();
-        let state = self.locked_window(hash, lockout).map(|s| lockout::Locked {
-            state: to_fixed(s.state),
-            locked_until: s.locked_until,
-        });
+        let state = self
+            .locked_window(hash, lockout, super::Window::fixed(policy))
+            .map(|s| lockout::Locked {
+                state: to_fixed(s.state),
+                locked_until: s.locked_until,
+            });
         lockout::decide(state, lockout, |s| {
             fixed_window::decide(s, policy, cost, now)
         })

@@ -106,6 +106,7 @@ impl<C: Clock> MemoryStore<C> {
                     now,
                     bound,
                     log,
+                    super::Window::sliding(policy),
                     WithLockout(|s: Option<Locked<_>>| {
                         let locked_until = s.map_or(0, |s| s.locked_until);
                         let (g, state) =
@@ -147,6 +148,7 @@ impl<C: Clock> MemoryStore<C> {
                     now,
                     bound,
                     log,
+                    (),
                     WithLockout(|s: Option<Locked<_>>| {
                         let locked_until = s.map_or(0, |s| s.locked_until);
                         let (g, state) = lockout::lease(
@@ -205,6 +207,7 @@ impl<C: Clock> MemoryStore<C> {
             now,
             bound,
             log,
+            (),
             WithLockout(|s| {
                 if lockout == 0 {
                     return lockout::decide(s, lockout, |s| {

@@ -305,17 +305,23 @@ impl<C: Clock> MemoryStore<C> {
                 self.check_leased_at(hash, policy, cost, now)
             }
             (Algorithm::TokenBucket, 0) => {
-                lock(self.shard(hash)).apply::<BucketEntry, _>(hash, now, bound, log, check)
+                lock(self.shard(hash)).apply::<BucketEntry, _>(hash, now, bound, log, (), check)
             }
-            (Algorithm::SlidingWindowCounter, 0) => {
-                lock(self.shard(hash)).apply::<WindowEntry, _>(hash, now, bound, log, check)
-            }
+            (Algorithm::SlidingWindowCounter, 0) => lock(self.shard(hash)).apply::<WindowEntry, _>(
+                hash,
+                now,
+                bound,
+                log,
+                Window::sliding(policy),
+                check,
+            ),
             (Algorithm::FixedWindow, _) => self.check_fixed_at(hash, policy, cost, now),
             (Algorithm::TokenBucket, lockout) => lock(self.shard(hash)).apply::<BucketEntry, _>(
                 hash,
                 now,
                 bound,
                 log,
+                (),
                 WithLockout(|s| {
                     lockout::decide(s, lockout, |s| {
                         token_bucket::decide(s, policy.quota_ref(), cost, now)
@@ -328,6 +334,7 @@ impl<C: Clock> MemoryStore<C> {
                     now,
                     bound,
                     log,
+                    Window::sliding(policy),
                     WithLockout(|s| {
                         lockout::decide(s, lockout, |s| {
                             sliding_window::decide(s, policy, cost, now)
@@ -366,14 +373,17 @@ impl<C: Clock> MemoryStore<C> {
         // Only read: the entry is not marked visited.
         match policy.algorithm() {
             Algorithm::TokenBucket => {
-                let state = shard.slabs.locked::<BucketEntry>(hash, lockout);
+                let state = shard.slabs.locked::<BucketEntry>(hash, lockout, ());
                 lockout::decide(state, lockout, |s| {
                     token_bucket::decide(s, policy.quota_ref(), cost, now)
                 })
                 .decision
             }
             Algorithm::SlidingWindowCounter => {
-                let state = shard.slabs.locked::<WindowEntry>(hash, lockout);
+                let state =
+                    shard
+                        .slabs
+                        .locked::<WindowEntry>(hash, lockout, Window::sliding(policy));
                 lockout::decide(state, lockout, |s| {
                     sliding_window::decide(s, policy, cost, now)
                 })
@@ -391,10 +401,11 @@ impl<C: Clock> MemoryStore<C> {
         &self,
         hash: u64,
         lockout_us: u64,
+        window: Window,
     ) -> Option<Locked<SlidingWindowState>> {
         lock(self.shard(hash))
             .slabs
-            .locked::<WindowEntry>(hash, lockout_us)
+            .locked::<WindowEntry>(hash, lockout_us, window)
     }
 
     /// Charges `delta` (a refund if negative) to `key` at `now` for a request decided at `decided_at`: see
@@ -424,6 +435,7 @@ impl<C: Clock> MemoryStore<C> {
                 now,
                 bound,
                 log,
+                (),
                 WithLockout(|s: Option<Locked<_>>| {
                     let state = Locked {
                         state: charge::token_bucket(
@@ -444,6 +456,7 @@ impl<C: Clock> MemoryStore<C> {
                 now,
                 bound,
                 log,
+                Window::sliding(policy),
                 WithLockout(|s: Option<Locked<_>>| {
                     let inner = s.map(|s| s.state);
                     let state = Locked {
@@ -639,6 +652,8 @@ impl<S: Copy, F: FnOnce(Option<Locked<S>>) -> Step<Locked<S>>> Decide<S> for Wit
 /// shard's lockout table keeps).
 pub(super) trait Entry: Copy + Expiry {
     type State: Copy;
+    /// What the entry needs besides the state to be written and read back: a window's period.
+    type Ctx: Copy;
     /// Tells this algorithm's links from the other's under the shard's one hand.
     const TAG: u32;
     fn slab(slabs: &mut Slabs) -> &mut Slab<Self>;
@@ -650,8 +665,8 @@ pub(super) trait Entry: Copy + Expiry {
         cost: u64,
         now: Timestamp,
     ) -> Step<Self::State>;
-    fn new(state: Self::State, decision: &Decision) -> Self;
-    fn state(&self) -> Self::State;
+    fn new(state: Self::State, ctx: Self::Ctx) -> Self;
+    fn state(&self, ctx: Self::Ctx) -> Self::State;
 }
 
 /// A token bucket's entry: its state alone, 16 bytes (a lockout, if any, is in the shard's lockout table).
@@ -667,6 +682,7 @@ impl Expiry for BucketEntry {
 
 impl Entry for BucketEntry {
     type State = TokenBucketState;
+    type Ctx = ();
     const TAG: u32 = 0;
     #[inline]
     fn slab(slabs: &mut Slabs) -> &mut Slab<Self> {
@@ -685,28 +701,72 @@ impl Entry for BucketEntry {
         token_bucket::decide(state, policy.quota_ref(), cost, now)
     }
     #[inline(always)]
-    fn new(state: TokenBucketState, _: &Decision) -> Self {
+    fn new(state: TokenBucketState, (): ()) -> Self {
         Self(state)
     }
     #[inline(always)]
-    fn state(&self) -> TokenBucketState {
+    fn state(&self, (): ()) -> TokenBucketState {
         self.0
     }
 }
 
 // A node is its key word and its state, nothing more: the visited mark rides in the key's word.
 const _: () = assert!(size_of::<super::table::Node<BucketEntry>>() == 24);
-const _: () = assert!(size_of::<super::table::Node<WindowEntry>>() == 40);
+const _: () = assert!(size_of::<super::table::Node<WindowEntry>>() == 32);
 
+/// A window's entry, 24 bytes: its counts and the instant it expires, from which (with the period) its window's
+/// start is read back; the window's start is a multiple of the period, and the entry expires a whole number of
+/// periods after it ([`Window::periods`]), so nothing is lost.
 #[derive(Clone, Copy)]
 pub(super) struct WindowEntry {
-    state: SlidingWindowState,
-    /// The decision's reset.
+    /// The state's reset: the window's start plus [`Window::periods`] periods.
     expires_at: u64,
+    previous: u64,
+    current: u64,
+}
+
+/// How a window's entry is written and read back: its policy's period, and whether the state is a fixed window's
+/// (kept in the sliding window's slab, `previous` unused).
+#[derive(Clone, Copy)]
+pub(super) struct Window {
+    period: u64,
+    fixed: bool,
+}
+
+impl Window {
+    /// A sliding window counter's entries under `policy`.
+    #[inline(always)]
+    pub(super) fn sliding(policy: &Policy) -> Self {
+        Self {
+            period: policy.quota_ref().period_micros(),
+            fixed: false,
+        }
+    }
+
+    /// A fixed window's entries under `policy`.
+    pub(super) fn fixed(policy: &Policy) -> Self {
+        Self {
+            period: policy.quota_ref().period_micros(),
+            fixed: true,
+        }
+    }
+
+    /// How many periods after its window's start a state stops mattering (its reset): two while the current
+    /// window holds requests (its count still weighs in the next one), one while only the previous does or a fixed
+    /// window's does, none when nothing is counted (it is as good as fresh then).
+    #[inline(always)]
+    fn periods(self, previous: u64, current: u64) -> u64 {
+        match (current > 0, previous > 0) {
+            (true, _) if !self.fixed => 2,
+            (true, _) | (false, true) => 1,
+            (false, false) => 0,
+        }
+    }
 }
 
 impl Entry for WindowEntry {
     type State = SlidingWindowState;
+    type Ctx = Window;
     const TAG: u32 = WINDOW;
     #[inline]
     fn slab(slabs: &mut Slabs) -> &mut Slab<Self> {
@@ -725,15 +785,22 @@ impl Entry for WindowEntry {
         sliding_window::decide(state, policy, cost, now)
     }
     #[inline(always)]
-    fn new(state: SlidingWindowState, decision: &Decision) -> Self {
+    fn new(state: SlidingWindowState, window: Window) -> Self {
+        let periods = window.periods(state.previous, state.current);
         Self {
-            state,
-            expires_at: decision.reset.as_micros(),
+            expires_at: state.window_start + periods * window.period,
+            previous: state.previous,
+            current: state.current,
         }
     }
     #[inline(always)]
-    fn state(&self) -> SlidingWindowState {
-        self.state
+    fn state(&self, window: Window) -> SlidingWindowState {
+        let periods = window.periods(self.previous, self.current);
+        SlidingWindowState {
+            window_start: self.expires_at - periods * window.period,
+            previous: self.previous,
+            current: self.current,
+        }
     }
 }
 
@@ -810,8 +877,8 @@ pub(super) struct Slabs {
 impl Slabs {
     /// The key's state with its lockout end, read only; the end is read only for a policy with a lockout
     /// (`lockout_us > 0`: one without ignores it).
-    fn locked<E: Entry>(&self, key: u64, lockout_us: u64) -> Option<Locked<E::State>> {
-        let state = E::slab_ref(self).get(key)?.state();
+    fn locked<E: Entry>(&self, key: u64, lockout_us: u64, ctx: E::Ctx) -> Option<Locked<E::State>> {
+        let state = E::slab_ref(self).get(key)?.state(ctx);
         let locked_until = if lockout_us == 0 {
             0
         } else {
@@ -875,11 +942,12 @@ impl Shard {
         now: Timestamp,
         bound: &Bound,
         log: &EvictionLog,
+        ctx: E::Ctx,
         decide: D,
     ) -> Result<Decision, StoreError> {
         let slab = E::slab(&mut self.slabs);
         let slot = slab.find(hash);
-        let state = slot.map(|slot| slab.node_mut(slot).value.state());
+        let state = slot.map(|slot| slab.node_mut(slot).value.state(ctx));
         // Only a step with a lockout reads the key's end (only a held key has one).
         let held = if D::LOCKOUT && slot.is_some() {
             self.slabs.lockouts.get(E::TAG, hash)
@@ -892,7 +960,7 @@ impl Shard {
             let node = E::slab(&mut self.slabs).node_mut(slot);
             node.visit();
             if let Some(state) = step.state {
-                node.value = E::new(state, &step.decision);
+                node.value = E::new(state, ctx);
                 if D::LOCKOUT && locked_until != held {
                     self.slabs.lockouts.set(E::TAG, hash, locked_until);
                 }
@@ -902,7 +970,7 @@ impl Shard {
         let Some(state) = step.state else {
             return Ok(step.decision);
         };
-        let entry = E::new(state, &step.decision);
+        let entry = E::new(state, ctx);
         let now = now.as_micros();
         let expires_at = entry.expires_at().max(locked_until);
         if expires_at <= now {
