@@ -54,10 +54,13 @@ impl<V> Node<V> {
         self.marked & !VISITED
     }
 
-    /// Marks the entry used.
+    /// Marks the entry used. Written only when not yet marked: a hot key's hits that change nothing (refusals)
+    /// then leave its node's cache line unwritten, shared between the cores that read it.
     #[inline]
     pub(crate) fn visit(&mut self) {
-        self.marked |= VISITED;
+        if self.marked & VISITED == 0 {
+            self.marked |= VISITED;
+        }
     }
 
     /// Clears the mark; whether the entry had been used since the hand last passed it.
