@@ -116,10 +116,10 @@ fn log_level() -> impl clap::builder::TypedValueParser<Value = tracing::Level> {
 /// `gradient2` or `aimd`: the adaptive limiter's algorithm, with its default settings (limit 20 to 200).
 pub(crate) fn adaptive()
 -> impl clap::builder::TypedValueParser<Value = tollgate::tower::limit::adaptive::Control> {
-    use tollgate::tower::limit::adaptive::{Aimd, Gradient2};
+    use tollgate::tower::limit::adaptive::Control;
     PossibleValuesParser::new(["gradient2", "aimd"]).map(|v| match v.as_str() {
-        "gradient2" => Gradient2::default().into(),
-        _ => Aimd::default().into(),
+        "gradient2" => Control::gradient2(),
+        _ => Control::aimd(),
     })
 }
 
