@@ -10,14 +10,19 @@ use std::time::Duration;
 use clap::builder::{PossibleValuesParser, TypedValueParser as _};
 use tollgate::redis::RedisStore;
 use tollgate::redis::cli::RedisArgs;
-use tollgate::tower::{LeaseConfig, LeaseHandle, RateLimitLayer};
+use tollgate::tower::{LeaseConfig, RateLimitLayer};
 use tollgate::{Algorithm, DEFAULT_MAX_KEYS, FailurePolicy, MemoryStore, Policy, Quota, Store};
 
 use crate::cli;
 
-/// The token leases of every rate limiter [`ServerArgs::rate_limit`] built with `--leases`: [`shutdown`] returns
-/// their unspent batches before the process exits.
-static LEASES: std::sync::Mutex<Vec<LeaseHandle>> = std::sync::Mutex::new(Vec::new());
+/// The token leases of every rate limiter [`ServerArgs::rate_limit`] built with `--leases`, each as the shutdown
+/// of its layer (of whatever key, store and cost types): [`shutdown`] returns their unspent batches before the
+/// process exits.
+static LEASES: std::sync::Mutex<Vec<ShutdownLeases>> = std::sync::Mutex::new(Vec::new());
+
+/// A layer's [`RateLimitLayer::leases_shutdown`], on a clone of the layer (the clones share the leases).
+type ShutdownLeases =
+    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send>;
 
 /// The flags both example servers take: the per-client policy, the store and the rate limiter's settings, the
 /// Redis connection and observability.
@@ -116,10 +121,10 @@ fn log_level() -> impl clap::builder::TypedValueParser<Value = tracing::Level> {
 /// `gradient2` or `aimd`: the adaptive limiter's algorithm, with its default settings (limit 20 to 200).
 pub(crate) fn adaptive()
 -> impl clap::builder::TypedValueParser<Value = tollgate::tower::limit::adaptive::Control> {
-    use tollgate::tower::limit::adaptive::{Aimd, Gradient2};
+    use tollgate::tower::limit::adaptive::Control;
     PossibleValuesParser::new(["gradient2", "aimd"]).map(|v| match v.as_str() {
-        "gradient2" => Gradient2::default().into(),
-        _ => Aimd::default().into(),
+        "gradient2" => Control::gradient2(),
+        _ => Control::aimd(),
     })
 }
 
@@ -206,10 +211,15 @@ impl ServerArgs {
 
     /// `layer` with the failure policy `--on-store-error`, on Redis the deny cache `--deny-cache` asks for (the
     /// layer's default, on for Redis, when not given), and the token leases of `--leases`.
-    pub(crate) fn rate_limit<K: Clone, St: Store, C: Clone>(
+    pub(crate) fn rate_limit<K, St, C>(
         &self,
         layer: RateLimitLayer<K, St, C>,
-    ) -> RateLimitLayer<K, St, C> {
+    ) -> RateLimitLayer<K, St, C>
+    where
+        K: Clone + Send + Sync + 'static,
+        St: Store,
+        C: Clone + Send + Sync + 'static,
+    {
         let layer = layer.on_store_error(self.on_store_error);
         let layer = match self.deny_cache {
             Some(on) if self.uses_redis() => layer.deny_cache(on),
@@ -218,10 +228,13 @@ impl ServerArgs {
         match self.lease_config() {
             Some(config) => {
                 let layer = layer.leases(config);
+                let leases = layer.clone();
                 LEASES
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .push(layer.lease_handle());
+                    .push(Box::new(move || {
+                        Box::pin(async move { leases.leases_shutdown().await })
+                    }));
                 layer
             }
             None => layer,
@@ -288,11 +301,11 @@ pub(crate) async fn stop_signal() {
     }
 }
 
-/// Returns every leased batch to the store (each limiter's [`LeaseHandle::shutdown`]): an instance that exits
+/// Returns every leased batch to the store (each limiter's [`RateLimitLayer::leases_shutdown`]): an instance that exits
 /// this way takes no tokens from the fleet with it (one that crashes loses at most its batches, which expire).
 pub(crate) async fn shutdown() {
     let leases = std::mem::take(&mut *LEASES.lock().unwrap_or_else(|p| p.into_inner()));
-    for lease in leases {
-        lease.shutdown().await;
+    for shutdown in leases {
+        shutdown().await;
     }
 }

@@ -138,9 +138,7 @@ pub(crate) fn layer<R, K: Clone, L: SlotStore>(
     .map_err(|e| e.to_string())?
     .mode(on(flags.fleet_capacity));
     let adaptive = AdaptiveLimitLayer::new(
-        flags
-            .adaptive
-            .unwrap_or_else(|| tollgate::tower::limit::adaptive::Gradient2::default().into()),
+        flags.adaptive.unwrap_or_else(Control::gradient2),
         HeaderPriority::new(),
     )
     .map_err(|e| e.to_string())?

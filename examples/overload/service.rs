@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use tollgate::http::HttpLimitLayer;
 use tollgate::http::priority::HeaderPriority;
 use tollgate::slot::MemorySlotStore;
-use tollgate::tower::limit::adaptive::{AdaptiveLimitLayer, Aimd, Gradient2};
+use tollgate::tower::limit::adaptive::{AdaptiveLimitLayer, Control};
 use tollgate::tower::{ConcurrencyLimitLayer, WorkerShedLayer};
 
 /// One way of protecting the service.
@@ -109,24 +109,20 @@ pub(crate) fn static_capacity(shape: Shape) -> u64 {
 /// The adaptive limiters' settings for `shape`: Netflix's defaults, but a minimum of a quarter of the pool (the
 /// default 20 would be more than this small pool serves) and, for AIMD, 1.5 × the service time as the latency
 /// above which it backs off (its objective).
-pub(crate) fn gradient2(shape: Shape) -> Gradient2 {
-    Gradient2 {
-        min_limit: (shape.workers / 4).max(1),
-        initial_limit: shape.workers,
-        max_limit: shape.workers * 20,
-        ..Gradient2::default()
-    }
+pub(crate) fn gradient2(shape: Shape) -> Control {
+    Control::gradient2()
+        .min_limit((shape.workers / 4).max(1))
+        .initial_limit(shape.workers)
+        .max_limit(shape.workers * 20)
 }
 
 /// See [`gradient2`].
-pub(crate) fn aimd(shape: Shape) -> Aimd {
-    Aimd {
-        min_limit: (shape.workers / 4).max(1),
-        initial_limit: shape.workers,
-        max_limit: shape.workers * 20,
-        timeout: shape.service_time.mul_f64(1.5),
-        ..Aimd::default()
-    }
+pub(crate) fn aimd(shape: Shape) -> Control {
+    Control::aimd()
+        .min_limit((shape.workers / 4).max(1))
+        .initial_limit(shape.workers)
+        .max_limit(shape.workers * 20)
+        .timeout(shape.service_time.mul_f64(1.5))
 }
 
 /// Starts `design` in front of a fresh pool of `shape` on a free loopback port.

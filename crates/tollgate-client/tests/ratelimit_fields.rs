@@ -648,9 +648,9 @@ type Leasing<St> = RateLimitLayer<String, St, fn(&http::Request<u64>) -> u64>;
 
 /// One request of `cost` through the leasing instance at `at`, and the fetches it started landed at that instant
 /// (a store that answers before the clock moves on): its verdict.
-async fn send_leased<S>(
+async fn send_leased<S, St: Store>(
     service: &mut S,
-    leases: &tollgate_tower::LeaseHandle,
+    leases: &Leasing<St>,
     clock: &ManualClock,
     at: u64,
     cost: u64,
@@ -676,7 +676,7 @@ where
             .and_then(|r| r.verdict())
             .cloned(),
     };
-    leases.settled().await;
+    leases.leases_settled().await;
     verdict.expect("every decision has a verdict")
 }
 
@@ -702,7 +702,7 @@ async fn spend_what_is_said_under_leases<St: Store>(
     )
     .cost(cost)
     .leases(config);
-    let leases = layer.lease_handle();
+    let leases = layer.clone(); // shares the leases
     let mut service =
         tower::ServiceBuilder::new()
             .layer(layer)
@@ -734,7 +734,7 @@ async fn spend_what_is_said_under_leases<St: Store>(
             v.decision
         );
     }
-    leases.shutdown().await;
+    leases.leases_shutdown().await;
     Ok(())
 }
 

@@ -169,7 +169,7 @@ async fn leases_rate(url: &str, policy: Policy, concurrency: usize, requests: u6
     };
     let layer = tollgate_tower::RateLimitLayer::new("hot", policy, store, by_key)
         .leases(tollgate_tower::LeaseConfig::new());
-    let leases = layer.lease_handle();
+    let leases = layer.clone(); // shares the leases
     let svc = tower::ServiceBuilder::new()
         .layer(layer)
         .service_fn(|_: u64| async { Ok::<_, tollgate_tower::BoxError>(Reply::default()) });
@@ -179,7 +179,7 @@ async fn leases_rate(url: &str, policy: Policy, concurrency: usize, requests: u6
             let _ = svc.clone().ready().await.unwrap().call(k).await;
         }
         if round % 10 == 0 {
-            leases.settled().await;
+            leases.leases_settled().await;
         }
     }
     let before = evalsha_calls(url);
@@ -207,7 +207,7 @@ async fn leases_rate(url: &str, policy: Policy, concurrency: usize, requests: u6
     assert_eq!(refused, 0, "{refused} refused under a huge limit");
     let done = per_task * concurrency as u64;
     let calls = evalsha_calls(url) - before;
-    leases.shutdown().await;
+    leases.leases_shutdown().await;
     (done as f64 / elapsed, calls as f64 / done as f64)
 }
 

@@ -292,7 +292,7 @@ async fn serve_leased<S: Store>(
     config: std::sync::Arc<arc_swap::ArcSwap<tollgate_rls::config::RateLimitConfig>>,
     options: Options,
 ) -> Result<(), Fatal> {
-    let leases = store.handle();
+    let leases = store.clone(); // shares the leases
     let served = serve(listener, RateLimitService::new(store, config, options)).await;
     leases.shutdown().await;
     served

@@ -47,11 +47,9 @@ pub mod verdict;
 pub use cost::{Cost, CostAfter, FinalCost};
 pub use error::ConfigError;
 pub use key::{KeyError, KeyExtractor};
-pub use limit::rate::{
-    DenyCacheConfig, DenyCacheHandle, DenyCachedStore, RateLimit, RateLimitLayer,
-};
+pub use limit::rate::{DenyCacheConfig, DenyCachedStore, RateLimit, RateLimitLayer};
 #[cfg(feature = "leases")]
-pub use limit::rate::{LeaseConfig, LeaseHandle, LeasedStore};
+pub use limit::rate::{LeaseConfig, LeasedStore};
 #[cfg(feature = "stack")]
 pub use limit::{
     adaptive::{AdaptiveLimit, AdaptiveLimitLayer},

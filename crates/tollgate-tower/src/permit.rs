@@ -96,22 +96,18 @@ impl<B> HoldPermit for http::Response<B> {
     }
 }
 
-/// The [`Answer`](crate::limit::Answer) of the slot limiters, the shedders and the adaptive limiter: an admitted
+/// The `Answer` of the slot limiters, the shedders and the adaptive limiter: an admitted
 /// response holds its [`Permit`] (through [`HoldPermit`]) until it is finished; errors pass on, and a failed call's
 /// permit is dropped at once. An adaptive limiter's permit also learns how the request ended: a response is a
 /// latency sample (taken when the body is done), an error of the inner service an overload signal; a request
 /// cancelled before either (its future dropped) gives its slot back without a sample.
-// Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
-#[doc(hidden)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Hold;
+pub(crate) struct Hold;
 
 impl crate::limit::Grants for Hold {
     type Grant = Permit;
 }
 
-// The grant is crate-private (see `Answer`).
-#[allow(private_interfaces)]
 impl<Req, T: HoldPermit> crate::limit::Answer<Req, T> for Hold {
     type Output = Result<T::Held, crate::BoxError>;
 

@@ -17,7 +17,7 @@ use tollgate_grpc::GrpcLimitLayer;
 use tollgate_http::HttpLimitLayer;
 use tollgate_http::priority::HeaderPriority;
 use tollgate_tower::StackLayer;
-use tollgate_tower::limit::adaptive::{AdaptiveLimitLayer, Aimd, Gradient2};
+use tollgate_tower::limit::adaptive::{AdaptiveLimitLayer, Control};
 use tollgate_tower::{BoxError, Priority};
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -27,12 +27,10 @@ use support::{Gate, app, get, open, serve, try_open};
 
 /// A limit pinned at `limit` (minimum = maximum), so that what is asserted is the admission, not the algorithm.
 fn pinned(limit: u64) -> AdaptiveLimitLayer<HeaderPriority> {
-    let g = Gradient2 {
-        min_limit: limit,
-        initial_limit: limit,
-        max_limit: limit,
-        ..Gradient2::default()
-    };
+    let g = Control::gradient2()
+        .min_limit(limit)
+        .initial_limit(limit)
+        .max_limit(limit);
     AdaptiveLimitLayer::new(g, HeaderPriority::new()).unwrap()
 }
 
@@ -94,11 +92,9 @@ async fn a_full_limit_sheds_and_every_class_keeps_its_guaranteed_share() {
 async fn latency_is_measured_on_the_clock_to_the_end_of_the_response() {
     let clock = ManualClock::new(Timestamp::from_micros(1_000_000));
     // One request per window: the baseline after one request is its latency.
-    let g = Gradient2 {
-        window: Duration::ZERO,
-        window_samples: 1,
-        ..Gradient2::default()
-    };
+    let g = Control::gradient2()
+        .window(Duration::ZERO)
+        .window_samples(1);
     let layer = AdaptiveLimitLayer::new(g, HeaderPriority::new())
         .unwrap()
         .clock(clock.clone());
@@ -182,12 +178,7 @@ async fn in_the_stack_on_tonic_a_full_limit_is_unavailable_with_retry_info() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(Priority::Normal)
     };
-    let aimd = Aimd {
-        min_limit: 1,
-        initial_limit: 1,
-        max_limit: 1,
-        ..Aimd::default()
-    };
+    let aimd = Control::aimd().min_limit(1).initial_limit(1).max_limit(1);
     // Everything guaranteed to Critical: Normal only borrows.
     let adaptive = AdaptiveLimitLayer::new(aimd, by_metadata)
         .unwrap()

@@ -16,8 +16,7 @@ use tollgate_core::{
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{RedisServer, redis_url, unique_prefix};
 use tollgate_tower::{
-    BoxError, DenyCacheConfig, DenyCacheHandle, KeyError, RateLimitLayer, Rejection, VerdictSink,
-    Verdicts,
+    BoxError, DenyCacheConfig, KeyError, RateLimitLayer, Rejection, VerdictSink, Verdicts,
 };
 use tower::{Service, ServiceExt, util::BoxCloneService};
 
@@ -253,7 +252,7 @@ async fn never_refuses_what_redis_admits_on_its_own_clock() {
     });
     let policy = Policy::token_bucket(Quota::per_second(20).unwrap().with_burst(5).unwrap());
     let layer = layer(store.clone(), policy);
-    let handle = layer.deny_cache_handle();
+    let handle = layer.clone();
     let mut svc = service(layer);
     let (mut fits, mut refused) = (0, 0);
     let requests = 400_u64;
@@ -275,7 +274,7 @@ async fn never_refuses_what_redis_admits_on_its_own_clock() {
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
     }
-    assert!(handle.is_active(), "on by default for Redis");
+    assert!(handle.deny_cache_is_active(), "on by default for Redis");
     let cached = requests as usize - store.calls.load(Ordering::Relaxed);
     assert!(
         fits > 0 && refused > 0 && cached > 0,
@@ -330,13 +329,13 @@ async fn invalidation_after_an_operator_reset() {
     let policy = Policy::sliding_window(Quota::per_hour(1).unwrap()).unwrap();
     let layer =
         layer(store.clone(), policy).deny_cache_config(DenyCacheConfig::new().clock(clock.clone()));
-    let handle: DenyCacheHandle = layer.deny_cache_handle();
+    let handle = layer.clone();
     let mut svc = service(layer);
     for key in ["a", "b"] {
         assert!(decide(&mut svc, key, 1).await.is_allowed());
         assert!(!decide(&mut svc, key, 1).await.is_allowed());
     }
-    assert_eq!(handle.len(), 2);
+    assert_eq!(handle.deny_cache_len(), 2);
     // The operator deletes the keys in Redis; the cache still refuses them.
     let keys = tollgate_testkit::redis::cli_url(
         &redis_url(),
@@ -346,15 +345,15 @@ async fn invalidation_after_an_operator_reset() {
         let _ = tollgate_testkit::redis::cli_url(&redis_url(), &["DEL", key]);
     }
     assert!(!decide(&mut svc, "a", 1).await.is_allowed());
-    handle.forget("a");
-    assert_eq!(handle.len(), 1);
+    handle.deny_cache_forget("a");
+    assert_eq!(handle.deny_cache_len(), 1);
     assert!(
         decide(&mut svc, "a", 1).await.is_allowed(),
         "forgotten: asked the store, which was reset"
     );
     assert!(!decide(&mut svc, "b", 1).await.is_allowed());
-    handle.clear();
-    assert!(handle.is_empty());
+    handle.deny_cache_clear();
+    assert!(handle.deny_cache_is_empty());
     assert!(decide(&mut svc, "b", 1).await.is_allowed());
 }
 
@@ -371,7 +370,7 @@ async fn bounded_under_a_flood_of_denied_keys() {
     let policy = Policy::token_bucket(Quota::per_hour(1).unwrap());
     let layer = layer(store.clone(), policy)
         .deny_cache_config(DenyCacheConfig::new().max_keys(64).clock(clock.clone()));
-    let handle = layer.deny_cache_handle();
+    let handle = layer.clone();
     let mut svc = service(layer);
     assert!(decide(&mut svc, "abuser", 1).await.is_allowed());
     for i in 0..600 {
@@ -380,9 +379,9 @@ async fn bounded_under_a_flood_of_denied_keys() {
         decide(&mut svc, &key, 1).await;
         assert!(!decide(&mut svc, "abuser", 1).await.is_allowed());
         assert!(
-            handle.len() <= 64,
+            handle.deny_cache_len() <= 64,
             "{} entries over a bound of 64",
-            handle.len()
+            handle.deny_cache_len()
         );
     }
     let calls = store.calls.load(Ordering::Relaxed);
@@ -396,7 +395,7 @@ async fn bounded_under_a_flood_of_denied_keys() {
     clock.advance(Duration::from_secs(3_700));
     assert!(decide(&mut svc, "x", 1).await.is_allowed());
     assert!(!decide(&mut svc, "x", 1).await.is_allowed());
-    assert_eq!(handle.len(), 1);
+    assert_eq!(handle.deny_cache_len(), 1);
 }
 
 /// The count of `EVALSHA` calls a private server has served.
@@ -440,15 +439,15 @@ async fn a_flood_on_a_denied_key_costs_about_no_script_calls() {
 async fn on_by_default_only_for_shared_stores() {
     let policy = Policy::token_bucket(Quota::per_hour(1).unwrap());
     let memory = layer(Arc::new(MemoryStore::new()), policy);
-    let handle = memory.deny_cache_handle();
+    let handle = memory.clone();
     let _svc = service(memory);
-    assert!(!handle.is_active());
+    assert!(!handle.deny_cache_is_active());
     let shared = redis(&unique_prefix("deny-cache-default")).await;
     assert!(shared.is_shared());
     let on_redis = layer(shared, policy);
-    let handle = on_redis.deny_cache_handle();
+    let handle = on_redis.clone();
     let _svc = service(on_redis);
-    assert!(handle.is_active());
+    assert!(handle.deny_cache_is_active());
 }
 
 /// A limiter charging the cost after the response has no deny cache unless told to, even on Redis: a refund
@@ -458,15 +457,18 @@ async fn off_by_default_when_the_cost_is_charged_after_the_response() {
     let policy = Policy::token_bucket(Quota::per_hour(1).unwrap());
     let shared = redis(&unique_prefix("deny-cache-after")).await;
     let after = layer(shared.clone(), policy).cost_after(tollgate_tower::CostAfter::Extension);
-    let handle = after.deny_cache_handle();
+    let handle = after.clone();
     let _svc = service(after);
-    assert!(!handle.is_active(), "off with a cost charged after");
+    assert!(
+        !handle.deny_cache_is_active(),
+        "off with a cost charged after"
+    );
     let told = layer(shared, policy)
         .cost_after(tollgate_tower::CostAfter::Extension)
         .deny_cache(true);
-    let handle = told.deny_cache_handle();
+    let handle = told.clone();
     let _svc = service(told);
-    assert!(handle.is_active(), "on when switched on");
+    assert!(handle.deny_cache_is_active(), "on when switched on");
 }
 
 /// Over HTTP: the cached 429s carry exactly the fields the store's 429s carry at the same instants.

@@ -553,3 +553,30 @@ async fn the_digest_and_text_key_paths_decide_alike() {
         assert_eq!(text_store.0.len(), 3);
     }
 }
+
+/// A request through a limiter can run in a spawned task: its response future is `Send` (the inner service's
+/// error bound, `Into<BoxError>`, is not asked again for every lifetime inside the task), for a lone limiter and a
+/// set alike.
+#[tokio::test]
+async fn a_request_runs_in_a_spawned_task() {
+    use tollgate_tower::limit::rate::{RateLimitSetLayer, SetEntry};
+    let policy = Policy::token_bucket(Quota::per_second(1).unwrap());
+    let layer = RateLimitLayer::new("spawned", policy, Arc::new(MemoryStore::new()), by_user());
+    let set = RateLimitSetLayer::new([SetEntry::new(&layer, true)]);
+    let one = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|_: Req| async { Ok::<_, BoxError>(Reply::default()) });
+    let many = ServiceBuilder::new()
+        .layer(set)
+        .service_fn(|_: Req| async { Ok::<_, BoxError>(Reply::default()) });
+    let spawned = tokio::spawn(async move {
+        let (mut one, mut many) = (one, many);
+        let first = one.ready().await?.call(req("ann")).await.map(|_| ());
+        let second = many.ready().await?.call(req("ann")).await.map(|_| ());
+        Ok::<_, BoxError>((first, second))
+    });
+    let (first, second) = spawned.await.unwrap().unwrap();
+    assert!(first.is_ok());
+    // The set's entry shares the lone limiter's state: the second request finds the bucket empty.
+    assert!(second.is_err());
+}

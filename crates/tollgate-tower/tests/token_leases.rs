@@ -16,8 +16,8 @@ use tollgate_core::{
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{RedisServer, cli_url, redis_url, unique_prefix};
 use tollgate_tower::{
-    BoxError, DenyCacheConfig, LeaseConfig, LeaseHandle, LeasedStore, RateLimitLayer, Rejection,
-    RejectionKind, VerdictSink, Verdicts,
+    BoxError, DenyCacheConfig, LeaseConfig, LeasedStore, RateLimitLayer, Rejection, RejectionKind,
+    VerdictSink, Verdicts,
 };
 use tower::{Service, ServiceExt, util::BoxCloneService};
 
@@ -30,6 +30,8 @@ impl VerdictSink for Reply {
 }
 
 type Svc = BoxCloneService<(), Reply, BoxError>;
+/// A leasing limiter on [`Clocked`], kept beside its service to reach its leases (the clones share them).
+type Layer = RateLimitLayer<&'static str, Clocked>;
 
 /// Redis deciding at a manual clock's instants (plain requests and lease calls alike), counting its calls and
 /// logging what it counted.
@@ -105,12 +107,12 @@ impl Store for Clocked {
 
 /// One instance of the leasing limiter on `store`, its deny cache (on, as by default on a shared store) on the
 /// store's manual clock: a denial's entry expires when the store's time says, not the machine's.
-fn instance(store: Arc<Clocked>, policy: Policy, config: LeaseConfig) -> (Svc, LeaseHandle) {
+fn instance(store: Arc<Clocked>, policy: Policy, config: LeaseConfig) -> (Svc, Layer) {
     let deny_cache = DenyCacheConfig::new().clock(store.clock.clone());
     let layer = RateLimitLayer::new("leased", policy, store, "hot")
         .deny_cache_config(deny_cache)
         .leases(config);
-    let handle = layer.lease_handle();
+    let handle = layer.clone();
     let svc = tower::ServiceBuilder::new()
         .layer(layer)
         .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) });
@@ -147,7 +149,7 @@ fn start() -> Timestamp {
 }
 
 /// `n` instances on one store, leases of `ttl`.
-fn fleet(store: &Arc<Clocked>, policy: Policy, n: usize, ttl: Duration) -> Vec<(Svc, LeaseHandle)> {
+fn fleet(store: &Arc<Clocked>, policy: Policy, n: usize, ttl: Duration) -> Vec<(Svc, Layer)> {
     (0..n)
         .map(|_| {
             let config = LeaseConfig::new()
@@ -189,7 +191,7 @@ async fn run(
             if call(svc).await.is_ok() {
                 admitted.push(clock.now().as_micros());
             }
-            handle.settled().await;
+            handle.leases_settled().await;
         }
     }
     let key = store.redis.redis_key("leased:hot", policy.algorithm());
@@ -218,23 +220,26 @@ async fn run(
             if call(svc).await.is_ok() {
                 admitted.push(clock.now().as_micros());
             }
-            handle.settled().await;
+            handle.leases_settled().await;
         }
     }
     for &(i, wait, settle) in events {
         clock.advance(Duration::from_micros(wait));
         let (svc, handle) = &mut instances[i % n];
         if settle {
-            handle.settled().await;
+            handle.leases_settled().await;
         }
         if call(svc).await.is_ok() {
             admitted.push(clock.now().as_micros());
         }
         tokio::task::yield_now().await;
     }
-    let local = instances.iter().map(|(_, h)| h.local_admissions()).sum();
+    let local = instances
+        .iter()
+        .map(|(_, h)| h.leases_local_admissions())
+        .sum();
     for (_, h) in &instances {
-        h.shutdown().await;
+        h.leases_shutdown().await;
     }
     let counted = store.log.lock().unwrap().clone();
     Run {
@@ -434,14 +439,14 @@ async fn hammer(
         let i = k % n;
         let (svc, handle) = &mut instances[i];
         if land {
-            handle.settled().await;
+            handle.leases_settled().await;
         }
         let result = call(svc).await;
         admitted[i] += u64::from(result.is_ok());
         shown[i].push((remaining_of(&result), admitted[i], elapsed));
     }
     for (_, h) in &instances {
-        h.shutdown().await;
+        h.leases_shutdown().await;
     }
     shown
 }
@@ -499,9 +504,9 @@ async fn an_instance_killed_holding_a_batch_costs_at_most_that_batch() {
     for _ in 0..12 {
         call(&mut doomed).await.unwrap();
         spent_by_doomed += 1;
-        doomed_leases.settled().await;
+        doomed_leases.leases_settled().await;
     }
-    assert!(doomed_leases.local_admissions() > 0);
+    assert!(doomed_leases.leases_local_admissions() > 0);
     drop(doomed);
     drop(doomed_leases);
     // What the dead instance's record holds: its unspent batch, and what it spent since its last report.
@@ -521,7 +526,7 @@ async fn an_instance_killed_holding_a_batch_costs_at_most_that_batch() {
         if call(&mut survivor).await.is_ok() {
             admitted += 1;
         }
-        survivor_leases.settled().await;
+        survivor_leases.leases_settled().await;
     }
     // Never more than the bucket's 100 less what the dead one spent; at most its record lost.
     assert!(admitted <= 100 - spent_by_doomed, "admitted {admitted}");
@@ -536,13 +541,13 @@ async fn an_instance_killed_holding_a_batch_costs_at_most_that_batch() {
         if call(&mut survivor).await.is_ok() {
             later += 1;
         }
-        survivor_leases.settled().await;
+        survivor_leases.leases_settled().await;
     }
     assert!(
         (29..=31).contains(&later),
         "admitted {later} after 3 s at 10/s"
     );
-    survivor_leases.shutdown().await;
+    survivor_leases.leases_shutdown().await;
 }
 
 /// One Redis server through two stores: a 5 s timeout while the test keeps the server healthy (a loaded machine's
@@ -622,7 +627,7 @@ async fn a_paused_or_killed_redis_mid_lease_meets_each_failure_policy() {
                 .unwrap()
                 .ttl(Duration::from_secs(60)),
         );
-        let leases = layer.lease_handle();
+        let leases = layer.clone();
         let mut svc = BoxCloneService::new(
             tower::ServiceBuilder::new()
                 .layer(layer)
@@ -631,9 +636,9 @@ async fn a_paused_or_killed_redis_mid_lease_meets_each_failure_policy() {
         // Hot, with a batch of 20 in hand.
         for _ in 0..3 {
             call(&mut svc).await.unwrap();
-            leases.settled().await;
+            leases.leases_settled().await;
         }
-        let fetched = leases.store_calls();
+        let fetched = leases.leases_store_calls();
         redis.break_now();
         for outage in ["pause", "kill"] {
             if outage == "pause" {
@@ -645,10 +650,10 @@ async fn a_paused_or_killed_redis_mid_lease_meets_each_failure_policy() {
             let mut from_batch = 0;
             let mut failed = Vec::new();
             for _ in 0..30 {
-                let before = leases.local_admissions();
+                let before = leases.leases_local_admissions();
                 let result = call(&mut svc).await;
-                leases.settled().await;
-                if leases.local_admissions() > before {
+                leases.leases_settled().await;
+                if leases.leases_local_admissions() > before {
                     from_batch += 1;
                 } else {
                     failed.push(result);
@@ -677,10 +682,10 @@ async fn a_paused_or_killed_redis_mid_lease_meets_each_failure_policy() {
             }
         }
         assert!(
-            leases.store_calls() > fetched,
+            leases.leases_store_calls() > fetched,
             "{policy:?}: no fetch was tried during the outage"
         );
-        leases.shutdown().await;
+        leases.leases_shutdown().await;
     }
 }
 
@@ -750,13 +755,13 @@ async fn a_leased_lockout_policy_locks_a_hot_key_out_exactly_through_two_instanc
         key: std::sync::Mutex::default(),
         returned: std::sync::Mutex::default(),
     });
-    let mut instances: Vec<(Svc, LeaseHandle)> = (0..2)
+    let mut instances: Vec<(Svc, _)> = (0..2)
         .map(|_| {
             // The deny cache off: every refusal is the store's or the lease table's own.
             let layer = RateLimitLayer::new("leased", policy, store.clone(), "hot")
                 .deny_cache(false)
                 .leases(LeaseConfig::new().clock(clock.clone()));
-            let handle = layer.lease_handle();
+            let handle = layer.clone();
             let svc = tower::ServiceBuilder::new()
                 .layer(layer)
                 .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) });
@@ -772,7 +777,7 @@ async fn a_leased_lockout_policy_locks_a_hot_key_out_exactly_through_two_instanc
         clock.advance(Duration::from_millis(1));
         assert!(clock.now().as_micros() < t0 + 10_000_000, "no denial");
         for (i, (svc, handle)) in instances.iter_mut().enumerate() {
-            handle.settled().await;
+            handle.leases_settled().await;
             let now = clock.now().as_micros();
             match call(svc).await {
                 Ok(_) => admitted.push((now, i)),
@@ -834,7 +839,10 @@ async fn a_leased_lockout_policy_locks_a_hot_key_out_exactly_through_two_instanc
         "admitted during the lockout: {after:?}"
     );
     assert!(refusals > 1_000, "{refusals} refusals");
-    let local: u64 = instances.iter().map(|(_, h)| h.local_admissions()).sum();
+    let local: u64 = instances
+        .iter()
+        .map(|(_, h)| h.leases_local_admissions())
+        .sum();
     assert!(local >= 80, "leased: only {local} admitted from batches");
     // The bucket is full again long before the lockout ends; the key stays refused until then, on both instances.
     let end = t_d + lockout.as_micros() as u64;
@@ -851,7 +859,7 @@ async fn a_leased_lockout_policy_locks_a_hot_key_out_exactly_through_two_instanc
     );
     clock.advance(Duration::from_micros(end - 1_000 - clock.now().as_micros()));
     for (svc, handle) in &mut instances {
-        handle.settled().await;
+        handle.leases_settled().await;
         let Err(err) = call(svc).await else {
             panic!("still locked out: expected an error");
         };
@@ -864,11 +872,11 @@ async fn a_leased_lockout_policy_locks_a_hot_key_out_exactly_through_two_instanc
     }
     clock.advance(Duration::from_millis(2));
     for (svc, handle) in &mut instances {
-        handle.settled().await;
+        handle.leases_settled().await;
         call(svc).await.expect("the lockout is over");
     }
     for (_, h) in &instances {
-        h.shutdown().await;
+        h.leases_shutdown().await;
     }
 }
 
@@ -889,12 +897,12 @@ async fn requests_that_find_the_batch_spent_wait_for_the_fetch_under_way() {
     // Hot, with a batch in hand.
     for _ in 0..3 {
         call(&mut svc).await.unwrap();
-        leases.settled().await;
+        leases.leases_settled().await;
     }
-    let plain = |store: &Clocked, leases: &LeaseHandle| {
-        store.calls.load(Ordering::Relaxed) as u64 - leases.store_calls()
+    let plain = |store: &Clocked, leases: &Layer| {
+        store.calls.load(Ordering::Relaxed) as u64 - leases.leases_store_calls()
     };
-    let (plain_before, local_before) = (plain(&store, &leases), leases.local_admissions());
+    let (plain_before, local_before) = (plain(&store, &leases), leases.leases_local_admissions());
     // 1 000 requests, a batch (at most 100) at a time, and 20 more at once on an empty batch.
     for i in 0..1_000 {
         assert!(call(&mut svc).await.is_ok(), "request {i}");
@@ -913,8 +921,8 @@ async fn requests_that_find_the_batch_spent_wait_for_the_fetch_under_way() {
         plain_before,
         "a plain call beside a fetch"
     );
-    assert_eq!(leases.local_admissions() - local_before, 1_020);
-    leases.shutdown().await;
+    assert_eq!(leases.leases_local_admissions() - local_before, 1_020);
+    leases.leases_shutdown().await;
 }
 
 /// The wait is bounded: with Redis paused (its client's timeout far longer), a request whose batch is spent while
@@ -941,7 +949,7 @@ async fn a_fetch_that_outlasts_the_wait_leaves_its_waiters_to_the_failure_policy
             .unwrap()
             .wait(Duration::from_millis(50)),
     );
-    let leases = layer.lease_handle();
+    let leases = layer.clone();
     let mut svc = BoxCloneService::new(
         tower::ServiceBuilder::new()
             .layer(layer)
@@ -949,7 +957,7 @@ async fn a_fetch_that_outlasts_the_wait_leaves_its_waiters_to_the_failure_policy
     );
     for _ in 0..3 {
         call(&mut svc).await.unwrap();
-        leases.settled().await;
+        leases.leases_settled().await;
     }
     server.pause();
     // The batch (20) is spent locally; the fetch started at its half hangs on the paused Redis; the request that
@@ -969,10 +977,14 @@ async fn a_fetch_that_outlasts_the_wait_leaves_its_waiters_to_the_failure_policy
     .expect("the wait is bounded by 50 ms, not by the paused Redis");
     let rejection = refused.downcast_ref::<Rejection>().expect("a rejection");
     assert_eq!(rejection.kind(), RejectionKind::StoreUnavailable);
-    assert_eq!(leases.fetches_in_flight(), 1, "the fetch still hangs");
+    assert_eq!(
+        leases.leases_fetches_in_flight(),
+        1,
+        "the fetch still hangs"
+    );
     server.resume();
-    leases.settled().await;
-    leases.shutdown().await;
+    leases.leases_settled().await;
+    leases.leases_shutdown().await;
 }
 
 /// A sliding window flooded through 2 instances (3 requests per instance per ms, 50 per second allowed) admits its
@@ -993,7 +1005,7 @@ async fn a_flooded_sliding_window_admits_its_limit_in_every_window() {
                         .clock(clock.clone())
                         .wait(Duration::from_secs(30)),
                 );
-            let handle = layer.lease_handle();
+            let handle = layer.clone();
             let svc = BoxCloneService::new(
                 tower::ServiceBuilder::new()
                     .layer(layer)
@@ -1021,7 +1033,7 @@ async fn a_flooded_sliding_window_admits_its_limit_in_every_window() {
         );
     }
     for (_, h) in &instances {
-        h.shutdown().await;
+        h.leases_shutdown().await;
     }
 }
 
@@ -1045,7 +1057,7 @@ async fn an_instance_denied_under_a_lockout_stops_spending_its_batch() {
         .cost(|cost: &u64| *cost)
         .deny_cache(false)
         .leases(LeaseConfig::new().clock(clock.clone()));
-    let handle = layer.lease_handle();
+    let handle = layer.clone();
     let mut svc: BoxCloneService<u64, Reply, BoxError> = BoxCloneService::new(
         tower::ServiceBuilder::new()
             .layer(layer)
@@ -1054,11 +1066,11 @@ async fn an_instance_denied_under_a_lockout_stops_spending_its_batch() {
     // Hot, with a batch in hand (fetched ahead: at least half a batch is held after each take).
     for _ in 0..30 {
         clock.advance(Duration::from_millis(1));
-        handle.settled().await;
+        handle.leases_settled().await;
         svc.ready().await.unwrap().call(1).await.unwrap();
     }
-    handle.settled().await;
-    assert!(handle.local_admissions() > 0, "no batch");
+    handle.leases_settled().await;
+    assert!(handle.leases_local_admissions() > 0, "no batch");
     // Another client empties the bucket on the plain path (no denial: no lockout yet).
     let key = store.key.lock().unwrap().clone();
     loop {
@@ -1089,7 +1101,7 @@ async fn an_instance_denied_under_a_lockout_stops_spending_its_batch() {
         retry > Duration::from_secs(59) && retry < Duration::from_secs(60),
         "retry after {retry:?}"
     );
-    handle.shutdown().await;
+    handle.leases_shutdown().await;
     let returned: u64 = store.returned.lock().unwrap().iter().sum();
     assert!(
         returned > 0,
@@ -1131,10 +1143,12 @@ async fn a_store_that_forgets_a_key_leaves_no_batch_spendable_beside_the_fresh_o
         for k in 0..30 {
             let (svc, handle) = &mut instances[k % 3];
             before += u64::from(call(svc).await.is_ok());
-            handle.settled().await;
+            handle.leases_settled().await;
         }
         assert!(
-            instances.iter().all(|(_, h)| h.local_admissions() > 0),
+            instances
+                .iter()
+                .all(|(_, h)| h.leases_local_admissions() > 0),
             "an instance holds no batch: the test shows nothing"
         );
         assert!(before <= 100, "{before} admitted before the loss");
@@ -1142,7 +1156,10 @@ async fn a_store_that_forgets_a_key_leaves_no_batch_spendable_beside_the_fresh_o
         assert_eq!(cli_url(&redis_url(), &["DEL", &key]), "1", "{key}");
 
         // A flood through the three, round robin, until all refuse.
-        let calls_at_loss: Vec<u64> = instances.iter().map(|(_, h)| h.store_calls()).collect();
+        let calls_at_loss: Vec<u64> = instances
+            .iter()
+            .map(|(_, h)| h.leases_store_calls())
+            .collect();
         let mut landed = [false; 3];
         let (mut after, mut from_old_batches, mut refusals) = (0, 0, 0);
         for k in 0.. {
@@ -1159,8 +1176,8 @@ async fn a_store_that_forgets_a_key_leaves_no_batch_spendable_beside_the_fresh_o
                     break;
                 }
             }
-            handle.settled().await;
-            landed[i] |= handle.store_calls() > calls_at_loss[i];
+            handle.leases_settled().await;
+            landed[i] |= handle.leases_store_calls() > calls_at_loss[i];
         }
         assert!(landed.iter().all(|l| *l), "an instance never fetched again");
         assert!(
@@ -1173,7 +1190,7 @@ async fn a_store_that_forgets_a_key_leaves_no_batch_spendable_beside_the_fresh_o
             "{policy:?}: only {after} admitted of the fresh 100"
         );
         for (_, h) in &instances {
-            h.shutdown().await;
+            h.leases_shutdown().await;
         }
     }
 }
@@ -1207,7 +1224,7 @@ async fn leased_stores_on_one_redis_admit_the_burst_at_most_and_give_back_the_re
                 .collect()
         };
         let first = replicas();
-        let handles: Vec<_> = first.iter().map(LeasedStore::handle).collect();
+        let handles: Vec<_> = first.clone();
         for k in 0..60 {
             let decision = first[k % 3].check("hot", &policy, 1).await.unwrap();
             assert!(
@@ -1216,7 +1233,7 @@ async fn leased_stores_on_one_redis_admit_the_burst_at_most_and_give_back_the_re
             );
             handles[k % 3].settled().await;
         }
-        let local: u64 = handles.iter().map(LeaseHandle::local_admissions).sum();
+        let local: u64 = handles.iter().map(LeasedStore::local_admissions).sum();
         let calls = store.calls.load(Ordering::Relaxed);
         assert!(
             local > 30,
@@ -1240,7 +1257,7 @@ async fn leased_stores_on_one_redis_admit_the_burst_at_most_and_give_back_the_re
 
         // 39 left: flooded round robin until each of three refuses twice in a row.
         let second = replicas();
-        let handles: Vec<_> = second.iter().map(LeasedStore::handle).collect();
+        let handles: Vec<_> = second.clone();
         let (mut admitted, mut refusals) = (0, [0; 3]);
         for k in 0.. {
             assert!(k < 1_000, "{admitted} admitted and still admitting");
@@ -1290,7 +1307,7 @@ async fn a_leased_store_keeps_fixed_windows_plain_refuses_charges_on_leased_poli
     let leased = LeaseConfig::new()
         .clock(clock.clone())
         .around("gateway", store.clone());
-    let handle = leased.handle();
+    let handle = leased.clone();
     let fixed = Policy::fixed_window(Quota::per_hour(100).unwrap()).unwrap();
     for _ in 0..20 {
         assert!(leased.check("fixed", &fixed, 1).await.unwrap().is_allowed());

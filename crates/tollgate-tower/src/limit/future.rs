@@ -19,15 +19,11 @@ const POLLED_AFTER_COMPLETION: &str = "limiter response future polled after comp
 /// A store's decision still being made (a Redis round trip): boxed, as it is the rare state.
 pub(crate) type Deciding<G> = Pin<Box<dyn Future<Output = Conclusion<G>> + Send>>;
 
-/// How a limiter's [`ResponseFuture`] turns the inner service's result, and what the admission granted, into its
-/// output. Implemented by [`Responder`] (the rate limiter: a [`Respond`]er renders the verdict) and, with feature
-/// `stack`, `permit::Hold` (the slot limiters, the shedders and the adaptive limiter: the response holds the permit
-/// until it is finished).
-// Plumbing: named in the limiters' response future type (its output is the future's), not to be used; hidden
-// from the API. What it grants ([`Grants`]) is crate-private: the future's bound, not a name a caller meets.
-#[doc(hidden)]
-#[allow(private_bounds, private_interfaces)]
-pub trait Answer<Req, T>: Grants {
+/// How a limiter's [`Machine`] turns the inner service's result, and what the admission granted, into its
+/// output. Implemented by [`Responder`] (the rate limiter: a [`Respond`]er renders the verdict), the rate limit
+/// set's answer and, with feature `stack`, `permit::Hold` (the slot limiters, the shedders and the adaptive
+/// limiter: the response holds the permit until it is finished).
+pub(crate) trait Answer<Req, T>: Grants {
     /// The limited service's output, `Result<Response, Error>`.
     type Output;
 
@@ -43,7 +39,7 @@ pub trait Answer<Req, T>: Grants {
     fn respond(&self, result: Result<T, BoxError>, grant: Option<Self::Grant>) -> Self::Output;
 }
 
-/// What an admission grants a request under an [`Answer`]: crate-private, so that no grant type is public.
+/// What an admission grants a request under an [`Answer`].
 pub(crate) trait Grants {
     /// What an admission grants the request (a verdict for the headers, a permit to hold).
     type Grant;
@@ -51,10 +47,8 @@ pub(crate) trait Grants {
 
 /// The rate limiter's [`Answer`]: its [`Respond`]er and the ticket it took from the request, and for a limiter
 /// that charges the cost after the response, what it needs to.
-// Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
-#[doc(hidden)]
 #[derive(Debug)]
-pub struct Responder<R, Tk> {
+pub(crate) struct Responder<R, Tk> {
     respond: R,
     ticket: Tk,
     settle: Option<Box<Settle>>,
@@ -168,8 +162,6 @@ impl<R, Tk> Grants for Responder<R, Tk> {
     type Grant = Box<crate::Verdict>;
 }
 
-// The grant is crate-private (see `Answer`).
-#[allow(private_bounds, private_interfaces)]
 impl<Req, T, R: Respond<Req, T, Ticket = Tk>, Tk: Copy> Answer<Req, T> for Responder<R, Tk> {
     type Output = Result<R::Response, R::Error>;
 
@@ -195,13 +187,64 @@ impl<Req, T, R: Respond<Req, T, Ticket = Tk>, Tk: Copy> Answer<Req, T> for Respo
 }
 
 pin_project! {
-    /// The response future of every tollgate limiter: waits for a store that could not decide at once, runs the
-    /// inner service with what the admission granted, or answers a refusal.
+    /// The response future of every tollgate limiter, `Svc` (a [`RateLimit`](crate::RateLimit),
+    /// a [`RateLimitSet`](crate::limit::rate::RateLimitSet), and with feature `stack` each limiter of the stack)
+    /// limiting requests `Req`: waits for a store that could not decide at once, runs the inner service with what
+    /// the admission granted, or answers a refusal. Its output is the limiter's `Result<Response, Error>`.
     ///
     /// Dropping it (a cancelled request) drops what it holds: a permit given back, a pending decision abandoned.
-    // What the answer grants is crate-private (see `Answer`).
+    // How the limiter answers is crate-private: the bound says which state machine runs, not a name a caller meets.
     #[allow(private_bounds)]
-    pub struct ResponseFuture<F, S, Req, A: Grants> {
+    pub struct ResponseFuture<Svc: Machinery<Req>, Req> {
+        #[pin]
+        inner: Svc::Machine,
+    }
+}
+
+/// A limiter service and the state machine its [`ResponseFuture`] runs: the limiter's inner service's future and
+/// the limiter's way to answer (a [`Responder`], the set's answer, a held permit).
+///
+/// Its implementations ask only what naming the machine needs: the bounds that make it a future (an error
+/// `Into<BoxError>`...) stay on the [`Future`] impl, so that proving the future `Send` (in a spawned task) never
+/// has to prove them for every lifetime.
+pub(crate) trait Machinery<Req> {
+    /// The state machine: a [`Machine`] over the inner service's future and the limiter's [`Answer`].
+    type Machine: fmt::Debug;
+}
+
+#[allow(private_bounds)]
+impl<Svc: Machinery<Req>, Req> ResponseFuture<Svc, Req> {
+    #[inline]
+    pub(crate) fn new(inner: Svc::Machine) -> Self {
+        Self { inner }
+    }
+}
+
+#[allow(private_bounds)]
+impl<Svc: Machinery<Req>, Req> fmt::Debug for ResponseFuture<Svc, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+#[allow(private_bounds)]
+impl<Svc, Req> Future for ResponseFuture<Svc, Req>
+where
+    Svc: Machinery<Req> + Service<Req>,
+    Svc::Machine: Future<Output = Result<Svc::Response, Svc::Error>>,
+{
+    type Output = Result<<Svc as Service<Req>>::Response, <Svc as Service<Req>>::Error>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx)
+    }
+}
+
+pin_project! {
+    /// What a limiter's [`ResponseFuture`] runs: decides (a store that has to wait), calls the inner service `S`
+    /// (whose future is `F`) with what the admission granted, or answers a refusal, through the answer `A`.
+    pub(crate) struct Machine<F, S, Req, A: Grants> {
         #[pin]
         state: State<F, S, Req, A::Grant>,
         // Beside the state rather than in it: the admitted future is then the inner future plus a few words,
@@ -228,8 +271,7 @@ pin_project! {
     }
 }
 
-#[allow(private_bounds)]
-impl<F, S, Req, A: Grants> ResponseFuture<F, S, Req, A> {
+impl<F, S, Req, A: Grants> Machine<F, S, Req, A> {
     #[inline]
     pub(crate) fn calling(fut: F, grant: Option<A::Grant>, answer: A) -> Self {
         Self {
@@ -262,7 +304,7 @@ impl<F, S, Req, A: Grants> ResponseFuture<F, S, Req, A> {
     }
 }
 
-impl<F, S, Req, A: Grants> fmt::Debug for ResponseFuture<F, S, Req, A> {
+impl<F, S, Req, A: Grants> fmt::Debug for Machine<F, S, Req, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Deciding { .. } => "deciding",
@@ -275,7 +317,7 @@ impl<F, S, Req, A: Grants> fmt::Debug for ResponseFuture<F, S, Req, A> {
     }
 }
 
-impl<F, S, Req, A, T, E> Future for ResponseFuture<F, S, Req, A>
+impl<F, S, Req, A, T, E> Future for Machine<F, S, Req, A>
 where
     S: Service<Req, Future = F, Response = T, Error = E>,
     F: Future<Output = Result<T, E>>,
@@ -368,16 +410,12 @@ fn failure(error: &mut Option<BoxError>) -> BoxError {
 
 /// Passes the request straight on, undecided: enforcement is off.
 #[inline]
-pub(crate) fn pass<S, Req, A>(
-    inner: &mut S,
-    req: Req,
-    answer: A,
-) -> ResponseFuture<S::Future, S, Req, A>
+pub(crate) fn pass<S, Req, A>(inner: &mut S, req: Req, answer: A) -> Machine<S::Future, S, Req, A>
 where
     S: Service<Req>,
     A: Grants,
 {
-    ResponseFuture::calling(inner.call(req), None, answer)
+    Machine::calling(inner.call(req), None, answer)
 }
 
 /// Takes the inner service that `poll_ready` made ready, leaving a clone (not yet ready) in its place: a refused or
@@ -393,13 +431,13 @@ pub(crate) fn refuse<S, Req, A>(
     inner: &mut S,
     error: BoxError,
     answer: A,
-) -> ResponseFuture<S::Future, S, Req, A>
+) -> Machine<S::Future, S, Req, A>
 where
     S: Service<Req> + Clone,
     A: Answer<Req, S::Response>,
 {
     drop(take_ready(inner));
-    ResponseFuture::failed(error, answer)
+    Machine::failed(error, answer)
 }
 
 /// Runs a decision that may have to wait (a shared store). It may still answer at once (a cache, an open
@@ -411,7 +449,7 @@ pub(crate) fn decide_later<S, Req, A>(
     mut decide: Deciding<A::Grant>,
     req: Req,
     answer: A,
-) -> ResponseFuture<S::Future, S, Req, A>
+) -> Machine<S::Future, S, Req, A>
 where
     S: Service<Req> + Clone,
     A: Answer<Req, S::Response>,
@@ -420,13 +458,11 @@ where
         .as_mut()
         .poll(&mut Context::from_waker(Waker::noop()))
     {
-        Poll::Ready(Conclusion::Admit(grant)) => {
-            ResponseFuture::calling(inner.call(req), grant, answer)
-        }
+        Poll::Ready(Conclusion::Admit(grant)) => Machine::calling(inner.call(req), grant, answer),
         Poll::Ready(Conclusion::Reject(refused)) => refuse(inner, refused, answer),
         Poll::Pending => {
             let ready = take_ready(inner);
-            ResponseFuture::deciding(decide, ready, req, answer)
+            Machine::deciding(decide, ready, req, answer)
         }
     }
 }

@@ -76,7 +76,8 @@ pub mod stack;
 #[cfg(feature = "stack")]
 pub mod worker;
 
+pub use future::ResponseFuture;
+pub(crate) use future::{Machine, Machinery};
 // For the permits of the stack's limiters.
 #[cfg(feature = "stack")]
-pub(crate) use future::Grants;
-pub use future::{Answer, Responder, ResponseFuture};
+pub(crate) use future::{Answer, Grants};

@@ -8,34 +8,253 @@ use std::time::Duration;
 
 use crate::ConfigError;
 
-/// The control that moves the limit, with its settings: Gradient2 or AIMD.
+/// The control that moves the limit, with its settings: [`gradient2`](Self::gradient2) or [`aimd`](Self::aimd),
+/// each with its defaults, changed by the setters below (checked when the layer is built,
+/// [`AdaptiveLimitLayer::new`](super::AdaptiveLimitLayer::new)).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_tower::limit::adaptive::Control;
+///
+/// let gradient2 = Control::gradient2().initial_limit(2).min_limit(1).tolerance(2.0);
+/// let aimd = Control::aimd().timeout(Duration::from_millis(200));
+/// assert_eq!((gradient2.as_str(), aimd.as_str()), ("gradient2", "aimd"));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Control {
-    /// The limit follows the ratio of the long-term to the current latency: see [`Gradient2`].
+pub struct Control {
+    /// The limit before any sample.
+    initial_limit: u64,
+    /// The limit never falls below this.
+    min_limit: u64,
+    /// The limit never rises above this.
+    max_limit: u64,
+    kind: Kind,
+    /// A setting of the other control, given to this one: refused by [`validate`](Self::validate).
+    misplaced: Option<&'static str>,
+}
+
+/// Which control, with the settings only it has.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
     Gradient2(Gradient2),
-    /// Additive increase, multiplicative decrease on slow or failed requests: see [`Aimd`].
     Aimd(Aimd),
 }
 
+/// Gradient2's own settings (see [`Control::gradient2`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Gradient2 {
+    smoothing: f64,
+    queue_size: u64,
+    tolerance: f64,
+    long_window: u32,
+    window: Duration,
+    window_samples: u32,
+}
+
+/// AIMD's own settings (see [`Control::aimd`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Aimd {
+    backoff_ratio: f64,
+    timeout: Duration,
+}
+
 impl Control {
-    /// `gradient2` or `aimd`.
+    /// Gradient2: the limit grows while the current latency stays within `tolerance` × the long-term latency, and
+    /// shrinks in proportion when it rises above it (by at most half per update).
+    ///
+    /// Per sample: `long` is an exponential average of the latency over about `long_window` samples (a plain
+    /// average over the first 10); `gradient = clamp(tolerance × long / latency, 0.5, 1)`; the new limit is
+    /// `limit × gradient + queue_size`, smoothed (`limit × (1 − smoothing) + new × smoothing`) and kept within
+    /// `[min_limit, max_limit]`. When fewer than half the limit are in flight the limit holds (no growth without
+    /// demand). When `long` exceeds twice the current latency it decays by 5 % per sample, so the baseline comes
+    /// back after a long overload instead of waiting for the average.
+    ///
+    /// A "sample" here is a **window** of requests (as Netflix's `WindowedLimit` around `Gradient2Limit`): at
+    /// least `window` long and `window_samples` requests, its latency their average, its in-flight their largest.
+    /// Updating on every request instead lets the long-term average follow the latency that queueing itself adds
+    /// within a few hundred requests, and the limit then climbs to its maximum under steady overload; averaged
+    /// over `long_window` windows (a minute by default), the baseline stays the service's own latency.
+    ///
+    /// One departure from Netflix's formula: a window in which the limit was full and requests were slower than
+    /// the baseline raises the baseline ten times slower (as if `long_window` were ten times longer). Such a
+    /// window measures mostly the queue the limit itself lets form; learnt at full speed, it drifts the baseline
+    /// (and the limit with it) up through a long overload. A service that really became slower is still learnt,
+    /// in minutes, and at once whenever the limit is not full.
+    ///
+    /// Defaults: limits 20 (initial), 20 (min: Netflix's, so that a slow spell cannot starve the service) and
+    /// 200 (max); [`smoothing`](Self::smoothing) 0.2, [`queue_size`](Self::queue_size) 4,
+    /// [`tolerance`](Self::tolerance) 1.5, [`long_window`](Self::long_window) 600 (a minute of 100 ms windows),
+    /// [`window`](Self::window) 100 ms, [`window_samples`](Self::window_samples) 10.
     #[must_use]
-    pub const fn as_str(&self) -> &'static str {
-        match self {
-            Self::Gradient2(_) => "gradient2",
-            Self::Aimd(_) => "aimd",
+    pub const fn gradient2() -> Self {
+        Self::with(Kind::Gradient2(Gradient2 {
+            smoothing: 0.2,
+            queue_size: 4,
+            tolerance: 1.5,
+            long_window: 600,
+            window: Duration::from_millis(100),
+            window_samples: 10,
+        }))
+    }
+
+    /// AIMD: additive increase while at least half of the limit is in use, multiplicative decrease (by
+    /// `backoff_ratio`) on a request slower than `timeout` or failed; kept within `[min_limit, max_limit]`.
+    ///
+    /// Two departures from Netflix's `AIMDLimit`, both TCP's congestion avoidance: the limit grows by `1 / limit`
+    /// per request — one per round trip of a full limit — rather than one per request (which overshoots by a
+    /// whole round trip's worth of requests before the first slow one is back), and it backs off at most once per
+    /// round trip: a slow request admitted before the last decrease is the same queue that decrease answered, not
+    /// a new signal (otherwise one queue cuts the limit once per queued request, down to the minimum).
+    ///
+    /// Defaults: limits 20 (initial), 20 (min) and 200 (max); [`backoff_ratio`](Self::backoff_ratio) 0.9,
+    /// [`timeout`](Self::timeout) 5 s.
+    #[must_use]
+    pub const fn aimd() -> Self {
+        Self::with(Kind::Aimd(Aimd {
+            backoff_ratio: 0.9,
+            timeout: Duration::from_secs(5),
+        }))
+    }
+
+    const fn with(kind: Kind) -> Self {
+        Self {
+            initial_limit: 20,
+            min_limit: 20,
+            max_limit: 200,
+            kind,
+            misplaced: None,
         }
     }
 
-    fn bounds(&self) -> (u64, u64, u64) {
-        match self {
-            Self::Gradient2(g) => (g.min_limit, g.initial_limit, g.max_limit),
-            Self::Aimd(a) => (a.min_limit, a.initial_limit, a.max_limit),
+    /// `gradient2` or `aimd`.
+    #[must_use]
+    pub const fn as_str(&self) -> &'static str {
+        match self.kind {
+            Kind::Gradient2(_) => "gradient2",
+            Kind::Aimd(_) => "aimd",
         }
+    }
+
+    /// The limit before any sample.
+    #[must_use]
+    pub const fn initial_limit(mut self, limit: u64) -> Self {
+        self.initial_limit = limit;
+        self
+    }
+
+    /// The limit never falls below this.
+    #[must_use]
+    pub const fn min_limit(mut self, limit: u64) -> Self {
+        self.min_limit = limit;
+        self
+    }
+
+    /// The limit never rises above this.
+    #[must_use]
+    pub const fn max_limit(mut self, limit: u64) -> Self {
+        self.max_limit = limit;
+        self
+    }
+
+    /// Gradient2: the share of each update that is taken, above 0 and at most 1.
+    #[must_use]
+    pub const fn smoothing(mut self, smoothing: f64) -> Self {
+        match &mut self.kind {
+            Kind::Gradient2(g) => g.smoothing = smoothing,
+            Kind::Aimd(_) => self.misplaced = Some("smoothing"),
+        }
+        self
+    }
+
+    /// Gradient2: requests allowed to queue beyond the ideal limit, the growth per update.
+    #[must_use]
+    pub const fn queue_size(mut self, requests: u64) -> Self {
+        match &mut self.kind {
+            Kind::Gradient2(g) => g.queue_size = requests,
+            Kind::Aimd(_) => self.misplaced = Some("queue_size"),
+        }
+        self
+    }
+
+    /// Gradient2: how much slower than the long-term latency requests may be before the limit shrinks (at
+    /// least 1).
+    #[must_use]
+    pub const fn tolerance(mut self, tolerance: f64) -> Self {
+        match &mut self.kind {
+            Kind::Gradient2(g) => g.tolerance = tolerance,
+            Kind::Aimd(_) => self.misplaced = Some("tolerance"),
+        }
+        self
+    }
+
+    /// Gradient2: windows the long-term latency averages over (at least 2).
+    #[must_use]
+    pub const fn long_window(mut self, windows: u32) -> Self {
+        match &mut self.kind {
+            Kind::Gradient2(g) => g.long_window = windows,
+            Kind::Aimd(_) => self.misplaced = Some("long_window"),
+        }
+        self
+    }
+
+    /// Gradient2: the shortest window of requests taken as one sample.
+    #[must_use]
+    pub const fn window(mut self, window: Duration) -> Self {
+        match &mut self.kind {
+            Kind::Gradient2(g) => g.window = window,
+            Kind::Aimd(_) => self.misplaced = Some("window"),
+        }
+        self
+    }
+
+    /// Gradient2: the fewest requests a window holds (at least 1).
+    #[must_use]
+    pub const fn window_samples(mut self, requests: u32) -> Self {
+        match &mut self.kind {
+            Kind::Gradient2(g) => g.window_samples = requests,
+            Kind::Aimd(_) => self.misplaced = Some("window_samples"),
+        }
+        self
+    }
+
+    /// AIMD: the factor applied on a slow or failed request, from 0.5 up to (not including) 1.
+    #[must_use]
+    pub const fn backoff_ratio(mut self, ratio: f64) -> Self {
+        match &mut self.kind {
+            Kind::Aimd(a) => a.backoff_ratio = ratio,
+            Kind::Gradient2(_) => self.misplaced = Some("backoff_ratio"),
+        }
+        self
+    }
+
+    /// AIMD: a request slower than this counts as an overload signal (above zero).
+    #[must_use]
+    pub const fn timeout(mut self, timeout: Duration) -> Self {
+        match &mut self.kind {
+            Kind::Aimd(a) => a.timeout = timeout,
+            Kind::Gradient2(_) => self.misplaced = Some("timeout"),
+        }
+        self
+    }
+}
+
+impl Control {
+    fn bounds(&self) -> (u64, u64, u64) {
+        (self.min_limit, self.initial_limit, self.max_limit)
     }
 
     /// Checks the settings.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(setting) = self.misplaced {
+            let other = match self.kind {
+                Kind::Gradient2(_) => "aimd",
+                Kind::Aimd(_) => "gradient2",
+            };
+            return Err(ConfigError::new(format!(
+                "{}: `{setting}` is a setting of {other}, not of this control",
+                self.as_str()
+            )));
+        }
         let (min, initial, max) = self.bounds();
         if min == 0 || min > initial || initial > max {
             return Err(ConfigError::new(format!(
@@ -44,8 +263,8 @@ impl Control {
                 self.as_str()
             )));
         }
-        match self {
-            Self::Gradient2(g) => {
+        match self.kind {
+            Kind::Gradient2(g) => {
                 if !(g.smoothing > 0.0 && g.smoothing <= 1.0) {
                     return Err(ConfigError::new(format!(
                         "gradient2: a smoothing of {} is impossible (above 0, at most 1)",
@@ -69,7 +288,7 @@ impl Control {
                     ));
                 }
             }
-            Self::Aimd(a) => {
+            Kind::Aimd(a) => {
                 if !(0.5..1.0).contains(&a.backoff_ratio) {
                     return Err(ConfigError::new(format!(
                         "aimd: a backoff ratio of {} is impossible (0.5 up to, not including, 1)",
@@ -84,111 +303,6 @@ impl Control {
             }
         }
         Ok(())
-    }
-}
-
-impl From<Gradient2> for Control {
-    fn from(g: Gradient2) -> Self {
-        Self::Gradient2(g)
-    }
-}
-
-impl From<Aimd> for Control {
-    fn from(a: Aimd) -> Self {
-        Self::Aimd(a)
-    }
-}
-
-/// Gradient2: the limit grows while the current latency stays within `tolerance` × the long-term latency, and
-/// shrinks in proportion when it rises above it (by at most half per update).
-///
-/// Per sample: `long` is an exponential average of the latency over about `long_window` samples (a plain average
-/// over the first 10); `gradient = clamp(tolerance × long / latency, 0.5, 1)`; the new limit is
-/// `limit × gradient + queue_size`, smoothed (`limit × (1 − smoothing) + new × smoothing`) and kept within
-/// `[min_limit, max_limit]`. When fewer than half the limit are in flight the limit holds (no growth without
-/// demand). When `long` exceeds twice the current latency it decays by 5 % per sample, so the baseline comes
-/// back after a long overload instead of waiting for the average.
-///
-/// A "sample" here is a **window** of requests (as Netflix's `WindowedLimit` around `Gradient2Limit`): at least
-/// `window` long and `window_samples` requests, its latency their average, its in-flight their largest. Updating
-/// on every request instead lets the long-term average follow the latency that queueing itself adds within a few
-/// hundred requests, and the limit then climbs to its maximum under steady overload; averaged over
-/// `long_window` windows (a minute by default), the baseline stays the service's own latency.
-///
-/// One departure from Netflix's formula: a window in which the limit was full and requests were slower than the
-/// baseline raises the baseline ten times slower (as if `long_window` were ten times longer). Such a window
-/// measures mostly the queue the limit itself lets form; learnt at full speed, it drifts the baseline (and the
-/// limit with it) up through a long overload. A service that really became slower is still learnt, in minutes,
-/// and at once whenever the limit is not full.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Gradient2 {
-    /// The limit before any sample (default 20).
-    pub initial_limit: u64,
-    /// The limit never falls below this (default 20: Netflix's, so that a slow spell cannot starve the service).
-    pub min_limit: u64,
-    /// The limit never rises above this (default 200).
-    pub max_limit: u64,
-    /// The share of each update that is taken (default 0.2).
-    pub smoothing: f64,
-    /// Requests allowed to queue beyond the ideal limit: the growth per update (default 4).
-    pub queue_size: u64,
-    /// How much slower than the long-term latency requests may be before the limit shrinks (default 1.5).
-    pub tolerance: f64,
-    /// Windows the long-term latency averages over (default 600: a minute of 100 ms windows).
-    pub long_window: u32,
-    /// The shortest window of requests taken as one sample (default 100 ms).
-    pub window: Duration,
-    /// The fewest requests a window holds (default 10).
-    pub window_samples: u32,
-}
-
-impl Default for Gradient2 {
-    fn default() -> Self {
-        Self {
-            initial_limit: 20,
-            min_limit: 20,
-            max_limit: 200,
-            smoothing: 0.2,
-            queue_size: 4,
-            tolerance: 1.5,
-            long_window: 600,
-            window: Duration::from_millis(100),
-            window_samples: 10,
-        }
-    }
-}
-
-/// AIMD: additive increase while at least half of the limit is in use, multiplicative decrease (by
-/// `backoff_ratio`) on a request slower than `timeout` or failed; kept within `[min_limit, max_limit]`.
-///
-/// Two departures from Netflix's `AIMDLimit`, both TCP's congestion avoidance: the limit grows by `1 / limit`
-/// per request — one per round trip of a full limit — rather than one per request (which overshoots by a whole
-/// round trip's worth of requests before the first slow one is back), and it backs off at most once per round
-/// trip: a slow request admitted before the last decrease is the same queue that decrease answered, not a new
-/// signal (otherwise one queue cuts the limit once per queued request, down to the minimum).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Aimd {
-    /// The limit before any sample (default 20).
-    pub initial_limit: u64,
-    /// The limit never falls below this (default 20).
-    pub min_limit: u64,
-    /// The limit never rises above this (default 200).
-    pub max_limit: u64,
-    /// The factor applied on a slow or failed request, from 0.5 up to (not including) 1 (default 0.9).
-    pub backoff_ratio: f64,
-    /// A request slower than this counts as an overload signal (default 5 s).
-    pub timeout: Duration,
-}
-
-impl Default for Aimd {
-    fn default() -> Self {
-        Self {
-            initial_limit: 20,
-            min_limit: 20,
-            max_limit: 200,
-            backoff_ratio: 0.9,
-            timeout: Duration::from_secs(5),
-        }
     }
 }
 
@@ -259,12 +373,12 @@ impl LimitState {
     /// requests.
     pub(crate) fn update(&mut self, sample: Sample, now: Duration) -> u64 {
         let (min, _, max) = self.control.bounds();
-        let limit = match self.control {
-            Control::Gradient2(g) => match self.windowed(&g, sample, now) {
+        let limit = match self.control.kind {
+            Kind::Gradient2(g) => match self.windowed(&g, sample, now) {
                 Some(window) => self.gradient2(&g, window),
                 None => return self.limit(),
             },
-            Control::Aimd(a) => {
+            Kind::Aimd(a) => {
                 let admitted = now.saturating_sub(sample.latency);
                 if sample.dropped || sample.latency > a.timeout {
                     if self.backed_off.is_some_and(|at| admitted <= at) {
@@ -373,26 +487,20 @@ mod tests {
 
     fn gradient2() -> LimitState {
         LimitState::new(
-            Gradient2 {
-                min_limit: 1,
-                initial_limit: 4,
-                max_limit: 1000,
-                ..Gradient2::default()
-            }
-            .into(),
+            Control::gradient2()
+                .min_limit(1)
+                .initial_limit(4)
+                .max_limit(1000),
         )
     }
 
     fn aimd() -> LimitState {
         LimitState::new(
-            Aimd {
-                min_limit: 1,
-                initial_limit: 4,
-                max_limit: 1000,
-                timeout: SERVICE.mul_f64(1.5),
-                ..Aimd::default()
-            }
-            .into(),
+            Control::aimd()
+                .min_limit(1)
+                .initial_limit(4)
+                .max_limit(1000)
+                .timeout(SERVICE.mul_f64(1.5)),
         )
     }
 
@@ -438,7 +546,7 @@ mod tests {
 
     #[test]
     fn no_growth_without_demand() {
-        let mut state = LimitState::new(Gradient2::default().into());
+        let mut state = LimitState::new(Control::gradient2());
         for i in 0..1_000 {
             // 5 in flight of a limit of 20, at a constant latency: app-limited.
             state.update(
@@ -471,7 +579,7 @@ mod tests {
 
     #[test]
     fn aimd_backs_off_on_drops_within_its_bounds() {
-        let mut state = LimitState::new(Aimd::default().into());
+        let mut state = LimitState::new(Control::aimd());
         let drop = Sample {
             latency: SERVICE,
             in_flight: 20,
@@ -482,13 +590,7 @@ mod tests {
             20,
             "never below the minimum"
         );
-        let mut state = LimitState::new(
-            Aimd {
-                initial_limit: 100,
-                ..Aimd::default()
-            }
-            .into(),
-        );
+        let mut state = LimitState::new(Control::aimd().initial_limit(100));
         assert_eq!(state.update(drop, Duration::ZERO), 90);
         let later = Duration::from_millis(10);
         assert_eq!(
@@ -502,42 +604,33 @@ mod tests {
     #[test]
     fn impossible_settings_are_refused() {
         let bad: [Control; 6] = [
-            Gradient2 {
-                min_limit: 0,
-                ..Gradient2::default()
-            }
-            .into(),
-            Gradient2 {
-                initial_limit: 500,
-                ..Gradient2::default()
-            }
-            .into(),
-            Gradient2 {
-                smoothing: 0.0,
-                ..Gradient2::default()
-            }
-            .into(),
-            Gradient2 {
-                tolerance: f64::NAN,
-                ..Gradient2::default()
-            }
-            .into(),
-            Aimd {
-                backoff_ratio: 1.0,
-                ..Aimd::default()
-            }
-            .into(),
-            Aimd {
-                timeout: Duration::ZERO,
-                ..Aimd::default()
-            }
-            .into(),
+            Control::gradient2().min_limit(0),
+            Control::gradient2().initial_limit(500),
+            Control::gradient2().smoothing(0.0),
+            Control::gradient2().tolerance(f64::NAN),
+            Control::aimd().backoff_ratio(1.0),
+            Control::aimd().timeout(Duration::ZERO),
         ];
         for control in bad {
             let err = control.validate().unwrap_err();
             assert!(err.to_string().contains(control.as_str()), "{err}");
         }
-        assert!(Control::from(Gradient2::default()).validate().is_ok());
-        assert!(Control::from(Aimd::default()).validate().is_ok());
+        assert!(Control::gradient2().validate().is_ok());
+        assert!(Control::aimd().validate().is_ok());
+        // A setting of the other control is refused, naming both.
+        let err = Control::aimd().smoothing(0.5).validate().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`smoothing` is a setting of gradient2"),
+            "{err}"
+        );
+        let err = Control::gradient2()
+            .timeout(Duration::ZERO)
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("`timeout` is a setting of aimd"),
+            "{err}"
+        );
     }
 }

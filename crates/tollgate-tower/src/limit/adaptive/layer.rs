@@ -54,15 +54,14 @@ impl Settings {
 }
 
 impl<P> AdaptiveLimitLayer<P> {
-    /// A limit moved by `control` ([`Gradient2`](super::Gradient2) or [`Aimd`](super::Aimd)), classifying
+    /// A limit moved by `control` ([`Control::gradient2`] or [`Control::aimd`]), classifying
     /// requests with `classifier` for the guaranteed shares ([`DEFAULT_SHARES`](super::DEFAULT_SHARES): `Critical`
     /// 50 %, `High` 20 %, `Normal` 20 %, `Low` 10 % of the limit). Named [`DEFAULT_ADAPTIVE_NAME`], enforced,
     /// timed by the system clock; rejections announce a retry after 1 s.
     ///
     /// # Errors
     /// If the control's settings are impossible (e.g. a minimum limit above the maximum).
-    pub fn new(control: impl Into<Control>, classifier: P) -> Result<Self, ConfigError> {
-        let control = control.into();
+    pub fn new(control: Control, classifier: P) -> Result<Self, ConfigError> {
         control.validate()?;
         let name: Name = DEFAULT_ADAPTIVE_NAME.into();
         let switch = EnforcementSwitch::default();

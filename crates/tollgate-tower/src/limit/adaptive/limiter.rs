@@ -221,23 +221,21 @@ impl Drop for AdaptivePermit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::adaptive::Gradient2;
+    use crate::limit::adaptive::Control;
     use proptest::prelude::*;
     use tollgate_core::ManualClock;
 
     fn limiter(limit: u64, shares: [u8; 4]) -> Arc<Limiter> {
-        let pinned = Gradient2 {
-            min_limit: limit,
-            initial_limit: limit,
-            max_limit: limit,
-            ..Gradient2::default()
-        };
+        let pinned = Control::gradient2()
+            .min_limit(limit)
+            .initial_limit(limit)
+            .max_limit(limit);
         Arc::new(Limiter::new(
             "test".into(),
             EnforcementSwitch::default(),
             Duration::from_secs(1),
             Arc::new(ManualClock::default()),
-            LimitState::new(pinned.into()),
+            LimitState::new(pinned),
             shares,
         ))
     }

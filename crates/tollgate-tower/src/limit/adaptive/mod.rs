@@ -4,9 +4,9 @@
 //! [`AdaptiveLimitLayer`] times every admitted request from admission to the end of its response (for HTTP, until
 //! the body is done or dropped) and feeds the latency to a [`Control`]:
 //!
-//! - [`Gradient2`]: the limit grows while requests are about as fast as the long-term latency, and shrinks in
+//! - [`Control::gradient2`]: the limit grows while requests are about as fast as the long-term latency, and shrinks in
 //!   proportion once they are slower than `tolerance` × that (queueing has started);
-//! - [`Aimd`]: the limit grows by one per round trip while at least half of it is used, and is cut by a factor
+//! - [`Control::aimd`]: the limit grows by one per round trip while at least half of it is used, and is cut by a factor
 //!   (at most once per round trip) when a request is slower than a timeout, or failed.
 //!
 //! A request is admitted while fewer than the limit are in flight — any class may use what the others leave — and,
@@ -25,14 +25,14 @@
 //! ```
 //! use std::time::Duration;
 //! use tollgate_core::{ManualClock, Timestamp};
-//! use tollgate_tower::limit::adaptive::{AdaptiveLimitLayer, Gradient2};
+//! use tollgate_tower::limit::adaptive::{AdaptiveLimitLayer, Control};
 //! use tollgate_tower::{BoxError, Priority, Rejection, RejectionKind};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), BoxError> {
 //! let clock = ManualClock::new(Timestamp::from_micros(0));
-//! let gradient2 = Gradient2 { initial_limit: 2, min_limit: 1, ..Gradient2::default() };
+//! let gradient2 = Control::gradient2().initial_limit(2).min_limit(1);
 //! let layer = AdaptiveLimitLayer::new(gradient2, Priority::Low)?
 //!     .shares(0, 0, 0, 100)? // everything guaranteed to Critical: Low only borrows
 //!     .clock(clock.clone());
@@ -58,7 +58,7 @@ mod layer;
 mod limiter;
 mod service;
 
-pub use control::{Aimd, Control, Gradient2};
+pub use control::Control;
 pub use layer::{AdaptiveLimitLayer, DEFAULT_ADAPTIVE_NAME};
 pub use limiter::{ADAPTIVE_LATENCY, ADAPTIVE_LIMIT, DEFAULT_SHARES};
 pub(crate) use limiter::{AdaptivePermit, Outcome};

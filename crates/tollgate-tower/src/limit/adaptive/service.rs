@@ -7,8 +7,8 @@ use crate::{BoxError, Classify, Mode, Rejection, RejectionKind};
 use tower_service::Service;
 
 use super::limiter::Limiter;
-use crate::limit::ResponseFuture;
 use crate::limit::future::{pass, refuse};
+use crate::limit::{Machine, Machinery, ResponseFuture};
 use crate::permit::Hold;
 use crate::{HoldPermit, Permit};
 
@@ -68,13 +68,33 @@ where
 {
     type Response = <S::Response as HoldPermit>::Held;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, S, Req, Hold>;
+    type Future = ResponseFuture<Self, Req>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
+        ResponseFuture::new(self.decide(req))
+    }
+}
+
+impl<S, P, Req> Machinery<Req> for AdaptiveLimit<S, P>
+where
+    S: Service<Req>,
+{
+    type Machine = Machine<S::Future, S, Req, Hold>;
+}
+
+impl<S, P> AdaptiveLimit<S, P> {
+    /// Admits or sheds `req`: the state machine of its response future.
+    fn decide<Req>(&mut self, req: Req) -> Machine<S::Future, S, Req, Hold>
+    where
+        S: Service<Req> + Clone,
+        S::Response: HoldPermit,
+        P: Classify<Req>,
+    {
         let limiter = &self.limiter;
         let mode = limiter.judge.mode();
         if mode == Mode::Off {
@@ -87,7 +107,7 @@ where
                 limiter.limit(),
             );
             let permit = Permit::new(permit);
-            return ResponseFuture::calling(self.inner.call(req), Some(permit), Hold);
+            return Machine::calling(self.inner.call(req), Some(permit), Hold);
         }
         let over = limiter.judge.over_limit(
             mode,
@@ -106,9 +126,7 @@ where
             },
         );
         match over {
-            Conclusion::Admit(permit) => {
-                ResponseFuture::calling(self.inner.call(req), permit, Hold)
-            }
+            Conclusion::Admit(permit) => Machine::calling(self.inner.call(req), permit, Hold),
             Conclusion::Reject(rejection) => {
                 limiter.shed.increment(1);
                 refuse(&mut self.inner, rejection, Hold)

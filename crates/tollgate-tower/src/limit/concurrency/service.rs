@@ -7,7 +7,7 @@ use tower_service::Service;
 
 use super::SlotRule;
 use super::decide::Shared;
-use crate::limit::ResponseFuture;
+use crate::limit::Machine;
 use crate::limit::future::{Deciding, decide_later, pass, refuse};
 use crate::permit::Hold;
 use crate::{BoxError, HoldPermit, Mode, Permit};
@@ -53,7 +53,7 @@ impl<S, R, L> SlotLimit<S, R, L> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    pub(crate) fn call<Req>(&mut self, req: Req) -> ResponseFuture<S::Future, S, Req, Hold>
+    pub(crate) fn call<Req>(&mut self, req: Req) -> Machine<S::Future, S, Req, Hold>
     where
         S: Service<Req> + Clone,
         S::Error: Into<BoxError>,
@@ -121,7 +121,7 @@ macro_rules! slot_service {
         {
             type Response = <S::Response as $crate::HoldPermit>::Held;
             type Error = $crate::BoxError;
-            type Future = $crate::limit::ResponseFuture<S::Future, S, Req, $crate::permit::Hold>;
+            type Future = $crate::limit::ResponseFuture<Self, Req>;
 
             fn poll_ready(
                 &mut self,
@@ -131,8 +131,15 @@ macro_rules! slot_service {
             }
 
             fn call(&mut self, req: Req) -> Self::Future {
-                self.inner.call(req)
+                $crate::limit::ResponseFuture::new(self.inner.call(req))
             }
+        }
+
+        impl<S, $param, L, Req> $crate::limit::Machinery<Req> for $name<S, $param, L>
+        where
+            S: tower_service::Service<Req>,
+        {
+            type Machine = $crate::limit::Machine<S::Future, S, Req, $crate::permit::Hold>;
         }
     };
 }

@@ -20,7 +20,9 @@
 //!   would get, until the bucket holds the cost again;
 //! - not cached: store errors, other admissions, `CostExceedsCapacity`, the concurrency limiter's refusals, and
 //!   (by default) a limiter that charges after the response;
-//! - an operator who resets a key in Redis calls [`DenyCacheHandle::forget`] or [`DenyCacheHandle::clear`] on
+//! - an operator who resets a key in Redis calls
+//!   [`RateLimitLayer::deny_cache_forget`](crate::RateLimitLayer::deny_cache_forget) or
+//!   [`RateLimitLayer::deny_cache_clear`](crate::RateLimitLayer::deny_cache_clear) on
 //!   each instance (or waits out the entry: at most the retry delay the store announced);
 //! - memory is bounded: [`DenyCacheConfig::max_keys`] entries (65 536 by default, about 136 bytes each), evictions
 //!   counted in `tollgate_evictions_total{limiter}`.
@@ -63,7 +65,7 @@
 //!     "everyone",
 //! )
 //! .deny_cache_config(DenyCacheConfig::new().clock(clock.clone()));
-//! let cache = layer.deny_cache_handle();
+//! let cache = layer.clone(); // the clones share the cache
 //! let mut svc = ServiceBuilder::new()
 //!     .layer(layer)
 //!     .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) });
@@ -71,15 +73,15 @@
 //! svc.ready().await?.call(()).await?; // the one token: the bucket is empty until the next one
 //! let denied = svc.ready().await?.call(()).await.unwrap_err(); // refused by the cache, as the store would
 //! let retry = denied.downcast_ref::<Rejection>().unwrap().retry_after().unwrap();
-//! assert_eq!(cache.len(), 1);
+//! assert_eq!(cache.deny_cache_len(), 1);
 //! clock.advance(Duration::from_millis(400));
 //! let cached = svc.ready().await?.call(()).await.unwrap_err(); // answered locally
 //! assert_eq!(
 //!     cached.downcast_ref::<Rejection>().unwrap().retry_after(),
 //!     Some(retry - Duration::from_millis(400)),
 //! );
-//! cache.clear(); // e.g. after an operator reset the key in the store
-//! assert!(cache.is_empty());
+//! cache.deny_cache_clear(); // e.g. after an operator reset the key in the store
+//! assert!(cache.deny_cache_is_empty());
 //! # Ok(())
 //! # }
 //! ```
@@ -299,7 +301,7 @@ impl DenyCacheConfig {
 struct Denial {
     /// The key's second digest, against collisions of the first.
     check: u64,
-    /// The digest of the key's text, by which an operator forgets it ([`DenyCacheHandle::forget`]).
+    /// The digest of the key's text, by which an operator forgets it ([`RateLimitLayer::deny_cache_forget`](crate::RateLimitLayer::deny_cache_forget)).
     text: u64,
     /// The cost denied: costs from here up to the burst are covered.
     cost: u64,
@@ -694,7 +696,7 @@ impl DenyTable {
 
     /// Forgets the entry of the key whose text is `key` (entries are found by digests of the key's parts, which
     /// the text does not give: a scan, for an operator's action).
-    fn forget(&self, key: &str) {
+    pub(crate) fn forget(&self, key: &str) {
         let text = self.key(key).digest;
         self.table.remove_where(|d| d.text == text);
     }
@@ -746,62 +748,6 @@ fn answer(entry: &Denial, now: u64) -> Decision {
             entry.decision.now.as_micros() + now.saturating_sub(entry.sent),
         ),
         ..entry.decision
-    }
-}
-
-/// A handle on one layer's deny cache, to drop denials the store no longer holds (an operator reset a key in
-/// Redis). From [`RateLimitLayer::deny_cache_handle`](crate::RateLimitLayer::deny_cache_handle); cheap to clone.
-#[derive(Clone)]
-pub struct DenyCacheHandle {
-    name: Name,
-    table: Option<Arc<DenyTable>>,
-}
-
-impl fmt::Debug for DenyCacheHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DenyCacheHandle")
-            .field("limiter", &self.name)
-            .field("len", &self.len())
-            .finish()
-    }
-}
-
-impl DenyCacheHandle {
-    pub(crate) const fn new(name: Name, table: Option<Arc<DenyTable>>) -> Self {
-        Self { name, table }
-    }
-
-    /// Forgets the cached denial of the client key `key` (as the layer's key extractor writes it): the next
-    /// request for it asks the store.
-    pub fn forget(&self, key: &str) {
-        if let Some(table) = &self.table {
-            table.forget(&format!("{}:{key}", self.name));
-        }
-    }
-
-    /// Forgets every cached denial.
-    pub fn clear(&self) {
-        if let Some(table) = &self.table {
-            table.clear();
-        }
-    }
-
-    /// Denied keys held now (expired ones included until replaced or swept).
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.table.as_ref().map_or(0, |t| t.len())
-    }
-
-    /// Whether no denial is held.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Whether the layer has a deny cache (it is on).
-    #[must_use]
-    pub fn is_active(&self) -> bool {
-        self.table.is_some()
     }
 }
 

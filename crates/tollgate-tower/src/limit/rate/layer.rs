@@ -6,7 +6,7 @@ use tower_layer::Layer;
 
 use super::RateLimit;
 use super::decide::Shared;
-use super::deny_cache::{DenyCacheConfig, DenyCacheHandle, DenyTable};
+use super::deny_cache::{DenyCacheConfig, DenyTable};
 use super::lease_step::LeaseTable;
 use super::overrides::{Overrides, Plans, policy_prefix};
 use crate::limit::core::enforcement_methods;
@@ -207,15 +207,40 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
         })
     }
 
-    /// A handle on this layer's deny cache, to forget denials (an operator reset a key in the store). It reaches
-    /// the cache as configured when it is taken, which later settings keep, except a new
-    /// [`deny_cache_config`](Self::deny_cache_config): take it after that.
+    /// Forgets the cached denial of the client key `key` (as the layer's key extractor writes it): the next
+    /// request for it asks the store. For an operator who reset the key in the store; call it on a clone of the
+    /// layer kept for it (the clones share the cache), on each instance. The cache is the one every service of
+    /// this layer decides with: later settings keep it, except a new
+    /// [`deny_cache_config`](Self::deny_cache_config), which makes a new one for the layer it returns.
+    pub fn deny_cache_forget(&self, key: &str) {
+        if let Some(table) = self.shared.deny_table() {
+            table.forget(&format!("{}:{key}", self.settings.name));
+        }
+    }
+
+    /// Forgets every cached denial (see [`deny_cache_forget`](Self::deny_cache_forget)).
+    pub fn deny_cache_clear(&self) {
+        if let Some(table) = self.shared.deny_table() {
+            table.clear();
+        }
+    }
+
+    /// Denied keys the deny cache holds now (expired ones included until replaced or swept).
     #[must_use]
-    pub fn deny_cache_handle(&self) -> DenyCacheHandle {
-        DenyCacheHandle::new(
-            self.settings.name.clone(),
-            self.shared.deny_table().cloned(),
-        )
+    pub fn deny_cache_len(&self) -> usize {
+        self.shared.deny_table().map_or(0, |t| t.len())
+    }
+
+    /// Whether the deny cache holds no denial.
+    #[must_use]
+    pub fn deny_cache_is_empty(&self) -> bool {
+        self.deny_cache_len() == 0
+    }
+
+    /// Whether the layer has a deny cache (it is on).
+    #[must_use]
+    pub fn deny_cache_is_active(&self) -> bool {
+        self.shared.deny_table().is_some()
     }
 
     /// Admits hot keys from batches of tokens leased from the store ([token leases](super::token_lease)), with
@@ -247,20 +272,65 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
         self.configure(|s| s.overrides = overrides)
     }
 
-    /// A handle on this layer's token leases: shut them down (return unspent batches), read their figures. It
-    /// reaches the leases of the last [`leases`](Self::leases) before it, which later settings keep: take it after
-    /// that.
+    /// This layer's token leases (those of the last [`leases`](Self::leases), which later settings keep), if it
+    /// leases.
     #[cfg(feature = "leases")]
-    #[must_use]
-    pub fn lease_handle(&self) -> super::LeaseHandle {
-        super::LeaseHandle::new(
-            self.settings.name.clone(),
+    fn lease_reach(&self) -> super::token_lease::Leases {
+        super::token_lease::Leases(
             self.settings
                 .lease_table
                 .as_ref()
                 .filter(|_| self.settings.after.is_none())
                 .map(|table| table.handle()),
         )
+    }
+
+    /// Stops leasing (later requests take the plain path), waits for fetches under way, and returns every
+    /// unspent batch to the store. Call it before the process exits, on a clone of the layer kept for it (the
+    /// clones share the leases). Nothing to do for a layer without [`leases`](Self::leases).
+    #[cfg(feature = "leases")]
+    pub async fn leases_shutdown(&self) {
+        self.lease_reach().shutdown().await;
+    }
+
+    /// Returns the batches of keys idle for the configured time now, rather than at the next sweep.
+    #[cfg(feature = "leases")]
+    pub async fn leases_return_idle(&self) {
+        self.lease_reach().return_idle().await;
+    }
+
+    /// Requests admitted from a leased batch so far.
+    #[cfg(feature = "leases")]
+    #[must_use]
+    pub fn leases_local_admissions(&self) -> u64 {
+        self.lease_reach().local_admissions()
+    }
+
+    /// Requests refused locally (a batch spent while the store said it was short) so far.
+    #[cfg(feature = "leases")]
+    #[must_use]
+    pub fn leases_local_denials(&self) -> u64 {
+        self.lease_reach().local_denials()
+    }
+
+    /// Store calls leases made so far (fetches and returns; the plain path's calls are not counted here).
+    #[cfg(feature = "leases")]
+    #[must_use]
+    pub fn leases_store_calls(&self) -> u64 {
+        self.lease_reach().store_calls()
+    }
+
+    /// Lease fetches under way now.
+    #[cfg(feature = "leases")]
+    #[must_use]
+    pub fn leases_fetches_in_flight(&self) -> usize {
+        self.lease_reach().fetches_in_flight()
+    }
+
+    /// Waits until no lease fetch is under way (tests and benchmarks that step a manual clock).
+    #[cfg(feature = "leases")]
+    pub async fn leases_settled(&self) {
+        self.lease_reach().settled().await;
     }
 
     /// Names this limiter's own buckets by its policy too, `<name>#<policy>:<key>` as overrides' buckets are:

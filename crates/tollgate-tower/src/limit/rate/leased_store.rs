@@ -12,7 +12,7 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // Any store that leases tokens: Redis in production, the in-process store here.
 //! let store = LeaseConfig::new().share_percent(5)?.around("gateway", MemoryStore::new());
-//! let leases = store.handle();
+//! let leases = store.clone(); // shares the leases
 //! let policy = Policy::token_bucket(Quota::per_second(1_000)?);
 //! for _ in 0..200 {
 //!     assert!(store.check("hot", &policy, 1).await?.is_allowed());
@@ -36,7 +36,7 @@ use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
 use tollgate_core::{Algorithm, Decision, Policy, Store, StoreError, Timestamp};
 
 use super::token_lease::{
-    LeaseConfig, LeaseControl, LeaseFigures, LeaseHandle, LeaseTable, Leased, Pending, Waited,
+    LeaseConfig, LeaseControl, LeaseFigures, LeaseTable, Leased, Leases, Pending, Waited,
 };
 use crate::Name;
 
@@ -108,12 +108,59 @@ impl<S: Store> LeasedStore<S> {
         &self.store
     }
 
-    /// A handle on these leases: shut them down (return unspent batches) before the process exits, read their
-    /// figures.
-    #[must_use]
-    pub fn handle(&self) -> LeaseHandle {
+    fn leases(&self) -> Leases {
         let control: Arc<dyn LeaseControl> = self.tables.clone();
-        LeaseHandle::new(self.tables.name.clone(), Some(control))
+        Leases(Some(control))
+    }
+
+    /// Stops leasing (later calls take the plain path), waits for fetches under way, and returns every unspent
+    /// batch to the store. Call it before the process exits (on a clone kept for it: the clones share the leases).
+    pub async fn shutdown(&self) {
+        self.leases().shutdown().await;
+    }
+
+    /// Returns the batches of keys idle for the configured time now, rather than at the next sweep.
+    pub async fn return_idle(&self) {
+        self.leases().return_idle().await;
+    }
+
+    /// Calls admitted from a leased batch so far.
+    #[must_use]
+    pub fn local_admissions(&self) -> u64 {
+        self.leases().local_admissions()
+    }
+
+    /// Calls refused locally (a batch spent while the store said it was short) so far.
+    #[must_use]
+    pub fn local_denials(&self) -> u64 {
+        self.leases().local_denials()
+    }
+
+    /// Store calls leases made so far (fetches and returns; the plain path's calls are not counted here).
+    #[must_use]
+    pub fn store_calls(&self) -> u64 {
+        self.leases().store_calls()
+    }
+
+    /// Fetches under way now.
+    #[must_use]
+    pub fn fetches_in_flight(&self) -> usize {
+        self.leases().fetches_in_flight()
+    }
+
+    /// Waits until no fetch is under way (tests and benchmarks that step a manual clock).
+    pub async fn settled(&self) {
+        self.leases().settled().await;
+    }
+}
+
+/// A clone shares the leases (and the store): shut them down through any clone.
+impl<S> Clone for LeasedStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            tables: self.tables.clone(),
+            store: self.store.clone(),
+        }
     }
 }
 
@@ -362,7 +409,7 @@ mod tests {
         let leased = LeaseConfig::new()
             .clock(clock.clone())
             .around("gateway", store);
-        let handle = leased.handle();
+        let handle = leased.clone();
         let hot = Policy::token_bucket(Quota::per_second(1_000).unwrap());
         for _ in 0..40 {
             assert!(leased.check("hot", &hot, 1).await.unwrap().is_allowed());

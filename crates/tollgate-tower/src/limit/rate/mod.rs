@@ -102,7 +102,7 @@ mod lease_step;
 #[cfg(feature = "leases")]
 use token_lease as lease_step;
 
-pub use deny_cache::{DenyCacheConfig, DenyCacheHandle};
+pub use deny_cache::DenyCacheConfig;
 pub use deny_cached::DenyCachedStore;
 pub use layer::RateLimitLayer;
 #[cfg(feature = "leases")]
@@ -111,4 +111,4 @@ pub use overrides::Overrides;
 pub use service::RateLimit;
 pub use set::{Applies, RateLimitSet, RateLimitSetLayer, SetEntry};
 #[cfg(feature = "leases")]
-pub use token_lease::{LeaseConfig, LeaseHandle};
+pub use token_lease::LeaseConfig;

@@ -8,9 +8,10 @@ use tower_service::Service;
 use super::decide::{Conclusion, Shared};
 use super::deny_cache::KeyDigests;
 use crate::key::with_key_buffer;
+use crate::limit::future::Responder;
 use crate::limit::future::Settle;
 use crate::limit::future::{Deciding, decide_later, pass, refuse};
-use crate::limit::{Responder, ResponseFuture};
+use crate::limit::{Machine, Machinery, ResponseFuture};
 use crate::readiness::DeferredReadiness;
 use crate::respond::{Forward, Respond};
 use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode};
@@ -84,18 +85,43 @@ where
 {
     type Response = R::Response;
     type Error = R::Error;
-    type Future = ResponseFuture<S::Future, S, Req, Responder<R, R::Ticket>>;
+    type Future = ResponseFuture<Self, Req>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.not_ready.poll_ready(&mut self.inner, cx).map(Ok)
     }
 
-    fn call(&mut self, mut req: Req) -> Self::Future {
+    #[inline]
+    fn call(&mut self, req: Req) -> Self::Future {
+        ResponseFuture::new(self.decide(req))
+    }
+}
+
+impl<S, K, St, C, R, Req> Machinery<Req> for RateLimit<S, K, St, C, R>
+where
+    S: Service<Req>,
+    R: Respond<Req, S::Response>,
+{
+    type Machine = Machine<S::Future, S, Req, Responder<R, R::Ticket>>;
+}
+
+impl<S, K, St, C, R> RateLimit<S, K, St, C, R> {
+    /// Decides `req`: the state machine of its response future.
+    #[inline]
+    fn decide<Req>(&mut self, mut req: Req) -> Machine<S::Future, S, Req, Responder<R, R::Ticket>>
+    where
+        S: Service<Req> + Clone,
+        K: KeyExtractor<Req>,
+        St: Store,
+        C: Cost<Req>,
+        R: Respond<Req, S::Response> + Clone,
+        R::Ticket: Copy,
+    {
         let ticket = self.respond.prepare(&mut req);
         let keep = self.respond.wants_verdict(&ticket);
         let answer = Responder::new(self.respond.clone(), ticket);
         if let Some(err) = self.not_ready.take() {
-            return ResponseFuture::failed(err, answer);
+            return Machine::failed(err, answer);
         }
         let mode = self.shared.judge.mode();
         if mode == Mode::Off {
@@ -163,7 +189,7 @@ where
                 }
             }
         };
-        ResponseFuture::calling(self.inner.call(req), verdict, answer)
+        Machine::calling(self.inner.call(req), verdict, answer)
     }
 }
 
@@ -187,7 +213,7 @@ fn decide_shared_later<S, K, St, C, R, Req, Tk>(
     later: Later,
     req: Req,
     answer: Responder<R, Tk>,
-) -> ResponseFuture<S::Future, S, Req, Responder<R, Tk>>
+) -> Machine<S::Future, S, Req, Responder<R, Tk>>
 where
     S: Service<Req> + Clone,
     K: Send + Sync + 'static,
@@ -216,7 +242,7 @@ fn call_settled<S, K, St, C, R, Req, Tk>(
     req: Req,
     mode: Mode,
     mut answer: Responder<R, Tk>,
-) -> ResponseFuture<S::Future, S, Req, Responder<R, Tk>>
+) -> Machine<S::Future, S, Req, Responder<R, Tk>>
 where
     S: Service<Req> + Clone,
     K: KeyExtractor<Req>,
@@ -238,9 +264,7 @@ where
         source,
     });
     match shared.decide_at_once(&key, cost, mode, true) {
-        Some(Conclusion::Admit(verdict)) => {
-            ResponseFuture::calling(inner.call(req), verdict, answer)
-        }
+        Some(Conclusion::Admit(verdict)) => Machine::calling(inner.call(req), verdict, answer),
         Some(Conclusion::Reject(rejection)) => refuse(inner, rejection, answer),
         None => {
             let later = Later {

@@ -62,8 +62,9 @@ use super::deny_cache::KeyDigests;
 use crate::key::with_key_buffer;
 use crate::limit::core;
 use crate::limit::future::{
-    Answer, Deciding, Grants, ResponseFuture, Settle, decide_later, refuse, shown_after_charge,
+    Answer, Deciding, Grants, Settle, decide_later, refuse, shown_after_charge,
 };
+use crate::limit::{Machine, Machinery, ResponseFuture};
 use crate::readiness::DeferredReadiness;
 use crate::respond::LayerWith;
 use crate::respond::{Forward, Respond};
@@ -377,10 +378,8 @@ impl SetGrant {
 /// The set's [`Answer`]: its [`Respond`]er and the ticket it took from the request. The set's first limiter
 /// counts as the outermost: verdicts are listed innermost first, so the others go into the response last to first
 /// (headers then list the limiters in the set's order) and the first is the responder's own, as a lone limiter's.
-// Plumbing: named in the limiters' response future type, not to be used; hidden from the API.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SetAnswer<R = Forward, Tk = ()> {
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SetAnswer<R, Tk> {
     respond: R,
     ticket: Tk,
 }
@@ -389,8 +388,6 @@ impl<R, Tk> Grants for SetAnswer<R, Tk> {
     type Grant = SetGrant;
 }
 
-// The grant is crate-private (see `Answer`).
-#[allow(private_interfaces)]
 impl<Req, T, R, Tk> Answer<Req, T> for SetAnswer<R, Tk>
 where
     T: VerdictSink,
@@ -516,19 +513,45 @@ where
 {
     type Response = R::Response;
     type Error = R::Error;
-    type Future = ResponseFuture<S::Future, S, Req, SetAnswer<R, R::Ticket>>;
+    type Future = ResponseFuture<Self, Req>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.not_ready.poll_ready(&mut self.inner, cx).map(Ok)
     }
 
-    fn call(&mut self, mut req: Req) -> Self::Future {
+    #[inline]
+    fn call(&mut self, req: Req) -> Self::Future {
+        ResponseFuture::new(self.decide(req))
+    }
+}
+
+impl<S, K, St, C, A, R, Req> Machinery<Req> for RateLimitSet<S, K, St, C, A, R>
+where
+    S: Service<Req>,
+    R: Respond<Req, S::Response>,
+{
+    type Machine = Machine<S::Future, S, Req, SetAnswer<R, R::Ticket>>;
+}
+
+impl<S, K, St, C, A, R> RateLimitSet<S, K, St, C, A, R> {
+    /// Decides `req` on every entry that applies to it: the state machine of its response future.
+    fn decide<Req>(&mut self, mut req: Req) -> Machine<S::Future, S, Req, SetAnswer<R, R::Ticket>>
+    where
+        S: Service<Req> + Clone,
+        S::Response: VerdictSink,
+        K: KeyExtractor<Req>,
+        St: Store,
+        C: Cost<Req>,
+        A: Applies<Req>,
+        R: Respond<Req, S::Response> + Clone,
+        R::Ticket: Copy,
+    {
         let respond = self.current.responder(&self.respond);
         let ticket = respond.prepare(&mut req);
         let keep = respond.wants_verdict(&ticket);
         let answer = SetAnswer { respond, ticket };
         if let Some(err) = self.not_ready.take() {
-            return ResponseFuture::failed(err, answer);
+            return Machine::failed(err, answer);
         }
         let entries = self.current.load();
         let mut grant = SetGrant::default();
@@ -569,7 +592,7 @@ where
         }
         drop(entries);
         if later.is_empty() {
-            return ResponseFuture::calling(self.inner.call(req), Some(grant), answer);
+            return Machine::calling(self.inner.call(req), Some(grant), answer);
         }
         let decide: Deciding<SetGrant> = Box::pin(async move {
             for w in later {

@@ -12,7 +12,8 @@
 //! deadlines (before the store's own: less [`drift_margin`]), returns, what happens when the store forgets
 //! ([`TokenLeaseGrant::held`] cuts the batch), failures, lockouts, why the fleet stays exact, and what a response's
 //! `remaining` shows under leases (this instance's view: never above it, never rising but by refill):
-//! `docs/design/token-leases.md`. Configured by [`LeaseConfig`]; stopped by [`LeaseHandle::shutdown`].
+//! `docs/design/token-leases.md`. Configured by [`LeaseConfig`]; stopped by
+//! [`RateLimitLayer::leases_shutdown`](crate::RateLimitLayer::leases_shutdown).
 //!
 //! # Metrics
 //!
@@ -38,16 +39,15 @@
 //! let store = Arc::new(MemoryStore::new());
 //! let layer = RateLimitLayer::new("api", Policy::token_bucket(Quota::per_second(1_000)?), store, "k")
 //!     .leases(LeaseConfig::new().share_percent(5)?);
-//! let leases = layer.lease_handle();
 //! let mut svc = ServiceBuilder::new()
-//!     .layer(layer)
+//!     .layer(layer.clone()) // the clones share the leases
 //!     .service_fn(|()| async { Ok::<_, BoxError>(Reply::default()) });
 //! for _ in 0..200 {
 //!     svc.ready().await?.call(()).await?;
 //!     tokio::task::yield_now().await; // lets a fetch land
 //! }
-//! assert!(leases.local_admissions() > 100); // most were admitted from a batch
-//! leases.shutdown().await; // unspent tokens go back to the store
+//! assert!(layer.leases_local_admissions() > 100); // most were admitted from a batch
+//! layer.leases_shutdown().await; // unspent tokens go back to the store
 //! # Ok(())
 //! # }
 //! ```
@@ -1136,7 +1136,7 @@ impl<St: Store> Inner<St> {
 /// A future a [`LeaseControl`] returns.
 pub(crate) type Pending<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 
-/// What a layer's leases did so far, read by a [`LeaseHandle`].
+/// What a layer's leases did so far, read by [`Leases`].
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct LeaseFigures {
     local_allowed: u64,
@@ -1157,7 +1157,7 @@ impl LeaseFigures {
     }
 }
 
-/// What a [`LeaseHandle`] reaches, whatever the store type.
+/// What [`Leases`] reach, whatever the store type.
 pub(crate) trait LeaseControl: Send + Sync {
     fn shutdown(&self) -> Pending<'_>;
     fn return_idle(&self) -> Pending<'_>;
@@ -1232,71 +1232,47 @@ fn drop_hook<St: Store>(inner: &Arc<Inner<St>>) -> Box<dyn Fn() + Send + Sync> {
     })
 }
 
-/// A handle on a layer's token leases: shut them down (return every unspent batch), return idle ones now, and
-/// read what they did. From [`RateLimitLayer::lease_handle`](crate::RateLimitLayer::lease_handle); cheap to clone.
-#[derive(Clone)]
-pub struct LeaseHandle {
-    name: Name,
-    table: Option<Arc<dyn LeaseControl>>,
-}
+/// A layer's or a leased store's token leases, whatever the store type: what their lease methods
+/// ([`RateLimitLayer::leases_shutdown`](crate::RateLimitLayer::leases_shutdown) and the others,
+/// [`LeasedStore::shutdown`](crate::LeasedStore::shutdown) and the others) reach; `None`: no leases.
+pub(crate) struct Leases(pub(crate) Option<Arc<dyn LeaseControl>>);
 
-impl fmt::Debug for LeaseHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaseHandle")
-            .field("limiter", &self.name)
-            .field("active", &self.table.is_some())
-            .finish()
-    }
-}
-
-impl LeaseHandle {
-    pub(crate) fn new(name: Name, table: Option<Arc<dyn LeaseControl>>) -> Self {
-        Self { name, table }
-    }
-
-    /// Stops leasing (later requests take the plain path), waits for fetches under way, and returns every
-    /// unspent batch to the store. Call it before the process exits.
-    pub async fn shutdown(&self) {
-        if let Some(table) = self.table.as_ref() {
+impl Leases {
+    pub(crate) async fn shutdown(&self) {
+        if let Some(table) = self.0.as_ref() {
             table.shutdown().await;
         }
     }
 
-    /// Returns the batches of keys idle for the configured time now, rather than at the next sweep.
-    pub async fn return_idle(&self) {
-        if let Some(table) = self.table.as_ref() {
+    pub(crate) async fn return_idle(&self) {
+        if let Some(table) = self.0.as_ref() {
             table.return_idle().await;
         }
     }
 
-    /// Requests admitted from a leased batch so far.
-    #[must_use]
-    pub fn local_admissions(&self) -> u64 {
-        self.table.as_ref().map_or(0, |t| t.figures().local_allowed)
-    }
-
-    /// Requests refused locally (a batch spent while the store said it was short) so far.
-    #[must_use]
-    pub fn local_denials(&self) -> u64 {
-        self.table.as_ref().map_or(0, |t| t.figures().local_limited)
-    }
-
-    /// Store calls leases made so far (fetches and returns; the plain path's calls are not counted here).
-    #[must_use]
-    pub fn store_calls(&self) -> u64 {
-        self.table.as_ref().map_or(0, |t| t.figures().store_calls)
-    }
-
-    /// Fetches under way now.
-    #[must_use]
-    pub fn fetches_in_flight(&self) -> usize {
-        self.table.as_ref().map_or(0, |t| t.figures().fetching)
-    }
-
-    /// Waits until no fetch is under way (tests and benchmarks that step a manual clock).
-    pub async fn settled(&self) {
-        if let Some(table) = self.table.as_ref() {
+    pub(crate) async fn settled(&self) {
+        if let Some(table) = self.0.as_ref() {
             table.settled().await;
         }
+    }
+
+    fn figures(&self) -> LeaseFigures {
+        self.0.as_ref().map(|t| t.figures()).unwrap_or_default()
+    }
+
+    pub(crate) fn local_admissions(&self) -> u64 {
+        self.figures().local_allowed
+    }
+
+    pub(crate) fn local_denials(&self) -> u64 {
+        self.figures().local_limited
+    }
+
+    pub(crate) fn store_calls(&self) -> u64 {
+        self.figures().store_calls
+    }
+
+    pub(crate) fn fetches_in_flight(&self) -> usize {
+        self.figures().fetching
     }
 }

@@ -5,9 +5,9 @@ use std::task::{Context, Poll};
 use tower_service::Service;
 
 use super::layer::WorkerState;
-use crate::limit::ResponseFuture;
 use crate::limit::core::Conclusion;
 use crate::limit::future::{pass, refuse};
+use crate::limit::{Machine, Machinery, ResponseFuture};
 use crate::permit::Hold;
 use crate::{BoxError, Classify, HoldPermit, Mode, Permit, Rejection, RejectionKind};
 
@@ -75,13 +75,33 @@ where
 {
     type Response = <S::Response as HoldPermit>::Held;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, S, Req, Hold>;
+    type Future = ResponseFuture<Self, Req>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
+        ResponseFuture::new(self.decide(req))
+    }
+}
+
+impl<S, P, Req> Machinery<Req> for WorkerShed<S, P>
+where
+    S: Service<Req>,
+{
+    type Machine = Machine<S::Future, S, Req, Hold>;
+}
+
+impl<S, P> WorkerShed<S, P> {
+    /// Admits or sheds `req`: the state machine of its response future.
+    fn decide<Req>(&mut self, req: Req) -> Machine<S::Future, S, Req, Hold>
+    where
+        S: Service<Req> + Clone,
+        S::Response: HoldPermit,
+        P: Classify<Req>,
+    {
         let state = &self.state;
         let mode = state.judge.mode();
         if mode == Mode::Off {
@@ -117,6 +137,6 @@ where
             }
         }
         let permit = Permit::new(InFlight(state.clone()));
-        ResponseFuture::calling(self.inner.call(req), Some(permit), Hold)
+        Machine::calling(self.inner.call(req), Some(permit), Hold)
     }
 }
