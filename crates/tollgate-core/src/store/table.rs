@@ -2,16 +2,15 @@
 //! (two slabs per shard, one per algorithm, under one hand) and [`BoundedTable`](super::BoundedTable) (one slab
 //! per shard).
 //!
-//! A [`Slab`] keeps the entries densely in a `Vec` of nodes, with a hashbrown index from key digest to slot. A
-//! node holds the key, the value and a *visited* bit, which a use sets: a hit writes its own node and nothing
-//! else (no list to move it on, no neighbour to relink). At the bound, a new key takes the place of the
-//! [`Hand::victim`]: a decayed entry found by the *scout*, which looks at [`LOOK`] entries per eviction and goes
-//! round the shard over successive ones, else the choice of CLOCK (second chance), whose hand walks the slots in
-//! order (the first slab's, then the second's, then round again): an entry it meets that has decayed is the
-//! victim; one visited since the hand last passed it loses its bit and is passed; the first one not visited is
-//! the victim. The hand then stands just after the victim, so a new key that takes the victim's slot is met again
-//! only after a whole revolution: a key used once (a flood's) goes at the next pass, a key used at least once per
-//! revolution never does.
+//! A [`Slab`] keeps the entries densely in a `Vec` of nodes, with a hashbrown index from key digest to slot. A node
+//! holds the key, the value and a *visited* bit (in the key's word), which a use sets: a hit writes its own node at
+//! most and nothing else (no list to move it on, no neighbour to relink). At the bound, a new key takes the place of
+//! the [`Hand::victim`]: a decayed entry found by the *scout*, which looks at [`LOOK`] entries per eviction and goes
+//! round the shard over successive ones, else the choice of CLOCK (second chance), whose hand walks the slots in order
+//! (the first slab's, then the second's, then round again): an entry it meets that has decayed is the victim; one
+//! visited since the hand last passed it loses its bit and is passed; the first one not visited is the victim. The hand
+//! then stands just after the victim, so a new key that takes the victim's slot is met again only after a whole
+//! revolution: a key used once (a flood's) goes at the next pass, a key used at least once per revolution never does.
 
 use hashbrown::HashTable;
 
