@@ -494,18 +494,16 @@ fn deny_prefix(deny: Option<&DenyTable>, prefix: &str, by_text: bool) -> Option<
     Some(prefixed(table.hasher(), prefix))
 }
 
-/// `state` with `prefix` written: length first, then zeros up to a multiple of 8 bytes.
+/// `state` with `prefix` written, length first.
 fn prefixed(mut state: KeyHasher, prefix: &str) -> KeyHasher {
     hash_bytes(&mut state, prefix.as_bytes());
-    state.write(&[0; 8][..(8 - prefix.len() % 8) % 8]);
     state
 }
 
 /// The store's key hasher with `prefix` written, when the store keys by digest: the prefix, length first (two
-/// limiters on one store never share a bucket, whatever their names hold), then zeros up to a multiple of
-/// 8 bytes: each request's key then starts on a word of its own (an address is one block) instead
-/// of being spliced onto the name's leftover bytes. A limiter charging after the response (`by_text`) keys by text
-/// throughout: the charge needs the key's text.
+/// limiters on one store never share a bucket, whatever their names hold), written once when the limiter is built
+/// and carried to each request's key parts by a copy of the hasher. A limiter charging after the response
+/// (`by_text`) keys by text throughout: the charge needs the key's text.
 fn digest_prefix<St: Store>(store: &St, prefix: &str, by_text: bool) -> Option<KeyHasher> {
     let hasher = if by_text { None } else { store.key_hasher() };
     hasher.map(|state| prefixed(state, prefix))
