@@ -10,7 +10,7 @@
 //! `RateLimitLayer`, whose last response shows its admission with the charge (or refund) its real cost makes, and
 //! what it shows is spent once the charge has landed.
 //!
-//! The same for a token bucket under token leases: the history goes through one leasing instance (batches
+//! The same for both algorithms under token leases: the history goes through one leasing instance (batches
 //! fetched, spent and left to end), whose last response shows its view, and what it shows is spent through that
 //! instance.
 //!
@@ -771,6 +771,11 @@ proptest! {
     fn token_bucket_under_leases_in_process(case in leased(Algorithm::TokenBucket)) {
         leased_in_process(&case)?;
     }
+
+    #[test]
+    fn sliding_window_under_leases_in_process(case in leased(Algorithm::SlidingWindowCounter)) {
+        leased_in_process(&case)?;
+    }
 }
 
 proptest! {
@@ -779,6 +784,11 @@ proptest! {
 
     #[test]
     fn token_bucket_under_leases_on_redis(case in leased(Algorithm::TokenBucket)) {
+        leased_on_redis(&case)?;
+    }
+
+    #[test]
+    fn sliding_window_under_leases_on_redis(case in leased(Algorithm::SlidingWindowCounter)) {
         leased_on_redis(&case)?;
     }
 }

@@ -770,6 +770,11 @@ impl<St: Store> Inner<St> {
             if self.policy.algorithm() == Algorithm::SlidingWindowCounter {
                 e.leftover = e.tokens;
                 e.leftover_window = e.window_start;
+                // A short grant's local refusal counted these slots as spent: given back, they are the store's
+                // again, and its own answer (after the give-back) decides.
+                if self.policy.lockout_micros() == 0 {
+                    e.denied_until = 0;
+                }
             }
             e.tokens = 0;
         }
@@ -806,12 +811,21 @@ impl<St: Store> Inner<St> {
         // least what this request lacks, so that a request costing more than the batch holds is paid from the
         // batch and the store together, as the view that counts both promised (this request spends what it
         // brings at once).
-        let lacking = if self.policy.algorithm() == Algorithm::TokenBucket {
-            cost.saturating_sub(e.tokens).min(limit)
-        } else {
-            0
+        // A sliding window's fetch does the same while a batch granted now can still be spent: not in the window's
+        // last drift margin, where its deadline would have passed when it lands.
+        let lacking = match self.policy.algorithm() {
+            Algorithm::TokenBucket => cost.saturating_sub(e.tokens).min(limit),
+            Algorithm::SlidingWindowCounter if self.window_left(e, now) > 0 => {
+                cost.saturating_sub(e.tokens).min(limit)
+            }
+            _ => 0,
         };
-        let fetch = self.fetch_if(e, true, digest, key, want, lacking, now);
+        let mut fetch = self.fetch_if(e, true, digest, key, want, lacking, now);
+        if fetch.is_none() && !e.fetching && e.leftover > 0 && cost > 0 {
+            // A sliding window's slots left at a batch's end still count in the store until given back: the plain
+            // call must not be decided before they are, or it would find the window fuller than the view said.
+            fetch = Some(self.give_back_first(e, digest, key, now));
+        }
         if !e.fetching || cost == 0 {
             return Take::Plain(fetch);
         }
@@ -856,18 +870,41 @@ impl<St: Store> Inner<St> {
         if self.policy.algorithm() != Algorithm::SlidingWindowCounter || e.window_start == 0 {
             return want;
         }
-        let period = self.policy.quota().period_micros();
-        let at = e.store_now(now).as_micros();
-        if at < e.window_start {
-            return want;
-        }
-        let left = (period - (at - e.window_start) % period).saturating_sub(self.margin);
+        let left = self.window_left(e, now);
         if left >= self.epoch {
             return want;
         }
         // ⌈want × left ÷ epoch⌉ in u128: want ≤ the burst, left < epoch.
         u64::try_from((u128::from(want) * u128::from(left)).div_ceil(u128::from(self.epoch)))
             .unwrap_or(want)
+    }
+
+    /// How long a sliding window batch granted now could be spent: the rest of the store's current window, less
+    /// the drift margin (`u64::MAX` before the first grant says where windows start).
+    fn window_left(&self, e: &Entry, now: u64) -> u64 {
+        let period = self.policy.quota().period_micros();
+        let at = e.store_now(now).as_micros();
+        if e.window_start == 0 || at < e.window_start {
+            return u64::MAX;
+        }
+        (period - (at - e.window_start) % period).saturating_sub(self.margin)
+    }
+
+    /// A call that only gives back a sliding window's leftover slots, which the request waits for before it takes
+    /// the plain path.
+    fn give_back_first(&self, e: &mut Entry, digest: u64, key: &str, now: u64) -> Fetch {
+        e.fetching = true;
+        let key = e.key.get_or_insert_with(|| key.into()).clone();
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let request = TokenLeaseRequest::take(self.instance, seq, 0, self.ttl)
+            .holding(e.leftover, e.leftover_window);
+        e.leftover = 0;
+        Fetch {
+            digest,
+            key,
+            request,
+            sent: now,
+        }
     }
 
     /// The fetch to start now, if one is `due` and allowed (not under way, not too early, a hot key), for `want`
@@ -884,7 +921,10 @@ impl<St: Store> Inner<St> {
         need: u64,
         now: u64,
     ) -> Option<Fetch> {
-        if !due || e.fetching || now < e.next_fetch || want.max(need) < 2 {
+        // A batch of one is not worth a call of its own (the plain path is one call too); what a request lacks
+        // of a batch that pays the rest is.
+        let worth = want >= 2 || need >= 2 || (need > 0 && e.tokens > 0);
+        if !due || e.fetching || now < e.next_fetch || !worth {
             return None;
         }
         let want = match self.policy.algorithm() {
@@ -936,7 +976,7 @@ impl<St: Store> Inner<St> {
                 let mut surplus = None;
                 match &result {
                     Ok(grant) => {
-                        self.apply(e, &fetch, grant);
+                        self.apply(e, &fetch, grant, now);
                         surplus = self.surplus(e, grant);
                     }
                     Err(err) => {
@@ -970,8 +1010,8 @@ impl<St: Store> Inner<St> {
         }
     }
 
-    /// A grant landed: the batch grows by it and lives until the new deadline.
-    fn apply(&self, e: &mut Entry, fetch: &Fetch, grant: &TokenLeaseGrant) {
+    /// A grant landed at `now`: the batch grows by it and lives until the new deadline.
+    fn apply(&self, e: &mut Entry, fetch: &Fetch, grant: &TokenLeaseGrant, now: u64) {
         if grant.stale {
             return;
         }
@@ -1017,7 +1057,9 @@ impl<St: Store> Inner<St> {
                 {
                     until = end;
                 }
-                e.next_fetch = until;
+                // Never due again on landing: a retry shorter than the drift margin would have the request that
+                // waited for this fetch start the same fetch again at once.
+                e.next_fetch = until.max(now + 1);
                 // Under a lockout a short store is no refusal: the requests the batch cannot pay take the plain
                 // path, whose denial starts the lockout (learned in `show_plain`), as without leases.
                 if self.policy.lockout_micros() == 0 {
