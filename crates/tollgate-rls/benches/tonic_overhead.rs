@@ -7,8 +7,8 @@
 //! - instructions: each variant counted by `valgrind --tool=callgrind` (this binary reruns itself as the child;
 //!   only the measured calls are collected, `--toggle-collect`), the deterministic figure — skipped when valgrind
 //!   is missing;
-//! - time: interleaved rounds of `--timed` calls per variant (bare, tollgate, governor, bare, …), the median of the
-//!   per-round ratios to bare with their range; the load average beside it.
+//! - time: interleaved rounds of `--timed` calls per variant (each round starting with the next variant), the
+//!   median of the per-round ratios to bare with their quartiles and range; the load average beside it.
 //!
 //! The unary service is `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` answering `OK` at once (the
 //! generated code of this crate), so the figure is tonic's own per-call cost plus the limiter's.
@@ -235,29 +235,34 @@ fn main() {
         load_average()
     );
     let mut rates = vec![Vec::new(); VARIANTS.len()];
-    for _ in 0..rounds {
-        for (v, c) in clients.iter_mut().enumerate() {
+    for round in 0..rounds {
+        // Each round starts with the next variant, so that no variant always runs first (or right after another).
+        for j in 0..VARIANTS.len() {
+            let v = (round + j) % VARIANTS.len();
             let start = Instant::now();
-            runtime.block_on(calls(c, timed));
+            runtime.block_on(calls(&mut clients[v], timed));
             rates[v].push(timed as f64 / start.elapsed().as_secs_f64());
         }
     }
     println!(
-        "{:<22} {:>12} {:>22}",
-        "variant", "calls/s", "÷ bare (median, range)"
+        "{:<22} {:>12} {:>9} {:>15} {:>15}",
+        "variant", "calls/s", "÷ bare", "quartiles", "range"
     );
     for v in 0..VARIANTS.len() {
         let mut ratios: Vec<f64> = rates[v].iter().zip(&rates[0]).map(|(r, b)| r / b).collect();
         ratios.sort_by(f64::total_cmp);
         let mut r = rates[v].clone();
         r.sort_by(f64::total_cmp);
+        let n = ratios.len();
         println!(
-            "{:<22} {:>12.0} {:>9.3} ({:.3}–{:.3})",
+            "{:<22} {:>12.0} {:>9.3} {:>7.3}–{:<7.3} {:>7.3}–{:<7.3}",
             VARIANTS[v],
-            r[r.len() / 2],
-            ratios[ratios.len() / 2],
+            r[n / 2],
+            ratios[n / 2],
+            ratios[n / 4],
+            ratios[(3 * n) / 4],
             ratios[0],
-            ratios[ratios.len() - 1]
+            ratios[n - 1]
         );
     }
     println!("load average after: {}", load_average());
