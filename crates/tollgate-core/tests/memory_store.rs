@@ -307,6 +307,57 @@ fn concurrent_threads_admit_exactly_the_burst() {
     assert_eq!(admitted, 1_000);
 }
 
+/// Threads refusing one key (each refusal read under the shard's shared lock) while the clock moves on: every
+/// token that accrues is admitted exactly once, whichever thread comes first, and each refusal is the one a
+/// lone check of that state gives.
+#[test]
+fn threads_refusing_one_key_admit_exactly_what_accrues() {
+    let clock = clock();
+    let store = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+    for policy in [bucket(10), window(10)] {
+        let key = policy.algorithm().as_str();
+        let step = Duration::from_millis(7);
+        let admitted: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    let (store, policy) = (&store, &policy);
+                    s.spawn(move || {
+                        let mut admitted = 0;
+                        for _ in 0..2_000 {
+                            let d = store.check_now(key, policy, 1).unwrap();
+                            if d.is_allowed() {
+                                admitted += 1;
+                            } else {
+                                assert_eq!(d.remaining, 0, "{d:?}");
+                                assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO), "{d:?}");
+                            }
+                        }
+                        admitted
+                    })
+                })
+                .collect();
+            // The clock moves while the threads check: 100 steps of 7 ms, 0.7 s in all.
+            for _ in 0..100 {
+                clock.advance(step);
+                std::thread::yield_now();
+            }
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        // What is left now, read without consuming, tells what the threads took: the burst plus what accrued
+        // over 0.7 s, less what is still there.
+        let left = store.peek_now(key, &policy, 1).remaining as usize;
+        let most = 10 + 7;
+        assert!(
+            admitted + left <= most,
+            "{key}: {admitted} admitted, {left} left"
+        );
+        assert!(
+            admitted >= 10,
+            "{key}: {admitted} admitted: the burst at least"
+        );
+    }
+}
+
 #[test]
 fn the_store_trait_answers_like_the_sync_api() {
     let store = Arc::new(MemoryStore::builder().clock(clock()).build());

@@ -53,6 +53,12 @@ impl<V> Node<V> {
         self.marked & !VISITED
     }
 
+    /// Whether the entry was used since the hand last passed it.
+    #[inline]
+    pub(crate) fn is_visited(&self) -> bool {
+        self.marked & VISITED != 0
+    }
+
     /// Marks the entry used. Written only when not yet marked: a hot key's hits that change nothing (refusals)
     /// then leave its node's cache line unwritten, shared between the cores that read it.
     #[inline]

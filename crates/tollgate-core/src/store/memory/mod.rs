@@ -15,10 +15,11 @@
 mod fixed;
 mod lease;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{RwLock, RwLockWriteGuard};
 use std::fmt;
 use std::future::{Future, ready};
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ahash::RandomState;
 
@@ -97,7 +98,7 @@ const MIN_SHARD_KEYS: usize = 256;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct MemoryStore<C = SystemClock> {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[ShardLock]>,
     seed: RandomState,
     /// A digest's shard is `(digest >> shard_shift) & shard_mask` (the shard count is a power of two).
     shard_shift: u32,
@@ -214,7 +215,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         let count = wanted.next_power_of_two().min(1 << by_size.ilog2());
         let seed = RandomState::new();
         MemoryStore {
-            shards: (0..count).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..count).map(|_| ShardLock::default()).collect(),
             seed,
             shard_shift: 40 - count.trailing_zeros().min(24),
             shard_mask: count - 1,
@@ -305,9 +306,10 @@ impl<C: Clock> MemoryStore<C> {
                 self.check_leased_at(hash, policy, cost, now)
             }
             (Algorithm::TokenBucket, 0) => {
-                lock(self.shard(hash)).apply::<BucketEntry, _>(hash, now, bound, log, (), check)
+                self.shard(hash)
+                    .check::<BucketEntry>(hash, now, bound, log, (), check)
             }
-            (Algorithm::SlidingWindowCounter, 0) => lock(self.shard(hash)).apply::<WindowEntry, _>(
+            (Algorithm::SlidingWindowCounter, 0) => self.shard(hash).check::<WindowEntry>(
                 hash,
                 now,
                 bound,
@@ -473,7 +475,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The key's shard: the digest's `log2(shards)` bits below bit 40.
     #[inline(always)]
-    pub(super) fn shard(&self, hash: u64) -> &Mutex<Shard> {
+    pub(super) fn shard(&self, hash: u64) -> &ShardLock {
         // Shift and mask derived once (the test for one shard and the `min` per check were ~8 instructions of the
         // steady path, by `memory_store`'s instruction counts).
         &self.shards[(hash >> self.shard_shift) as usize & self.shard_mask]
@@ -585,12 +587,51 @@ fn charged<S: Copy + Default>(
     }
 }
 
-/// parking_lot's mutex rather than std's: under two threads on one hot key it spins adaptively before parking,
-/// which measured level with governor's compare-and-swap where std's convoyed (docs/BENCHMARKS.md); and a shard
-/// cannot be poisoned.
+/// A shard behind its lock: parking_lot's rather than std's (under two threads on one hot key it spins
+/// adaptively before parking, where std's convoyed; and a shard cannot be poisoned), a read-write lock so that
+/// checks that write nothing can share it.
+#[derive(Default)]
+pub(super) struct ShardLock {
+    shard: RwLock<Shard>,
+    /// Whether the shard's last check wrote nothing (a refusal): the next one then tries a shared read first.
+    read_first: AtomicBool,
+}
+
+impl ShardLock {
+    /// A request's check without a lockout. After a check that wrote nothing (a refusal, the usual next answer on
+    /// a key over its limit), it first decides under the shared read lock, and keeps that answer when it writes
+    /// nothing either: two cores refusing one key then wait for neither. Otherwise it decides under the write
+    /// lock, as every other step does.
+    #[inline]
+    fn check<E: Entry>(
+        &self,
+        hash: u64,
+        now: Timestamp,
+        bound: &Bound,
+        log: &EvictionLog,
+        ctx: E::Ctx,
+        check: Check<'_>,
+    ) -> Result<Decision, StoreError> {
+        // Relaxed: the flag only picks the order in which the two locks are tried; each decides by itself.
+        if self.read_first.load(Ordering::Relaxed)
+            && let Some(decision) = self.shard.read().unchanged::<E>(hash, ctx, check)
+        {
+            return Ok(decision);
+        }
+        let mut shard = self.shard.write();
+        let decision = shard.apply::<E, _>(hash, now, bound, log, ctx, check)?;
+        let read_first = !decision.is_allowed();
+        if self.read_first.load(Ordering::Relaxed) != read_first {
+            self.read_first.store(read_first, Ordering::Relaxed);
+        }
+        Ok(decision)
+    }
+}
+
+/// The shard's write lock, for every step but a check that writes nothing.
 #[inline]
-pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    shard.lock()
+pub(super) fn lock(shard: &ShardLock) -> RwLockWriteGuard<'_, Shard> {
+    shard.shard.write()
 }
 
 /// How a shard's `apply` decides: a request without a lockout ([`Check`]), any step on the algorithm's state (a
@@ -933,6 +974,25 @@ pub(super) struct Shard {
 impl Shard {
     fn len(&self) -> usize {
         self.slabs.buckets.len() + self.slabs.windows.len()
+    }
+
+    /// A check's decision when it writes nothing — a held key already marked visited whose state the step leaves
+    /// as it is (a refusal) — read under the shared lock: what [`apply`](Self::apply) would answer and leave.
+    /// `None` when the check must write (or the key is not held), for `apply` to decide.
+    #[inline]
+    fn unchanged<E: Entry>(&self, hash: u64, ctx: E::Ctx, check: Check<'_>) -> Option<Decision> {
+        let slab = E::slab_ref(&self.slabs);
+        let node = slab.node(slab.find(hash)?);
+        if !node.is_visited() {
+            return None;
+        }
+        let step = E::check(
+            Some(node.value.state(ctx)),
+            check.policy,
+            check.cost,
+            check.now,
+        );
+        step.state.is_none().then_some(step.decision)
     }
 
     #[inline(always)]
