@@ -612,16 +612,18 @@ impl ShardLock {
         ctx: E::Ctx,
         check: Check<'_>,
     ) -> Result<Decision, StoreError> {
-        // Relaxed: the flag only picks the order in which the two locks are tried; each decides by itself.
-        if self.read_first.load(Ordering::Relaxed)
-            && let Some(decision) = self.shard.read().unchanged::<E>(hash, ctx, check)
+        // Relaxed: the flag only picks the order in which the two locks are tried; each decides by itself. So the
+        // value read here is the one compared below: another thread's change in between costs at most one more
+        // store, or one more try under the read lock.
+        let was_read_first = self.read_first.load(Ordering::Relaxed);
+        if was_read_first && let Some(decision) = self.shard.read().unchanged::<E>(hash, ctx, check)
         {
             return Ok(decision);
         }
         let mut shard = self.shard.write();
         let decision = shard.apply::<E, _>(hash, now, bound, log, ctx, check)?;
         let read_first = !decision.is_allowed();
-        if self.read_first.load(Ordering::Relaxed) != read_first {
+        if was_read_first != read_first {
             self.read_first.store(read_first, Ordering::Relaxed);
         }
         Ok(decision)
