@@ -820,12 +820,7 @@ impl<St: Store> Inner<St> {
             }
             _ => 0,
         };
-        let mut fetch = self.fetch_if(e, true, digest, key, want, lacking, now);
-        if fetch.is_none() && !e.fetching && e.leftover > 0 && cost > 0 {
-            // A sliding window's slots left at a batch's end still count in the store until given back: the plain
-            // call must not be decided before they are, or it would find the window fuller than the view said.
-            fetch = Some(self.give_back_first(e, digest, key, now));
-        }
+        let fetch = self.fetch_if(e, true, digest, key, want, lacking, now);
         if !e.fetching || cost == 0 {
             return Take::Plain(fetch);
         }
@@ -890,26 +885,13 @@ impl<St: Store> Inner<St> {
         (period - (at - e.window_start) % period).saturating_sub(self.margin)
     }
 
-    /// A call that only gives back a sliding window's leftover slots, which the request waits for before it takes
-    /// the plain path.
-    fn give_back_first(&self, e: &mut Entry, digest: u64, key: &str, now: u64) -> Fetch {
-        e.fetching = true;
-        let key = e.key.get_or_insert_with(|| key.into()).clone();
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let request = TokenLeaseRequest::take(self.instance, seq, 0, self.ttl)
-            .holding(e.leftover, e.leftover_window);
-        e.leftover = 0;
-        Fetch {
-            digest,
-            key,
-            request,
-            sent: now,
-        }
-    }
-
     /// The fetch to start now, if one is `due` and allowed (not under way, not too early, a hot key), for `want`
     /// (the key's demand) or `need` (what the request that asks lacks), whichever is more. A token bucket's
     /// batch, what is left of it included, holds at most `max_batch` beyond what the request needs.
+    ///
+    /// A sliding window's slots left at a batch's end still count in the store until given back, so a call that
+    /// gives them back is always made (asking for nothing when no fetch is due): a plain call decided before it
+    /// would find the window fuller than the view said.
     #[allow(clippy::too_many_arguments)]
     fn fetch_if(
         &self,
@@ -924,14 +906,17 @@ impl<St: Store> Inner<St> {
         // A batch of one is not worth a call of its own (the plain path is one call too); what a request lacks
         // of a batch that pays the rest is.
         let worth = want >= 2 || need >= 2 || (need > 0 && e.tokens > 0);
-        if !due || e.fetching || now < e.next_fetch || !worth {
+        let asks = due && now >= e.next_fetch && worth;
+        let gives_back = e.leftover > 0;
+        if e.fetching || !(asks || gives_back) {
             return None;
         }
         let want = match self.policy.algorithm() {
+            _ if !asks => 0,
             Algorithm::TokenBucket => want.min(self.max_batch.saturating_sub(e.tokens)).max(need),
             _ => want.max(need),
         };
-        if want == 0 {
+        if want == 0 && !gives_back {
             return None;
         }
         e.fetching = true;
