@@ -27,6 +27,7 @@
 pub mod algorithm;
 mod clock;
 mod decision;
+mod divisor;
 mod failure;
 mod policy;
 pub mod slot;

@@ -23,6 +23,8 @@ use std::fmt;
 use std::num::NonZeroU64;
 use std::time::Duration;
 
+use crate::divisor::Divisor;
+
 /// The largest product of a count and a duration the integer arithmetic accepts.
 ///
 /// The same formulas run in Redis Lua, where numbers are doubles: 2^52 keeps every intermediate sum below
@@ -123,9 +125,10 @@ pub struct Quota {
     limit: u64,
     period_us: u64,
     burst: u64,
-    // Derived once here, not per request: a gcd is a loop of divisions.
-    token: u64,
-    rate: u64,
+    // Derived once here, not per request: a gcd is a loop of divisions, and a division by either is two
+    // multiplications by its reciprocal.
+    token: Divisor,
+    rate: Divisor,
 }
 
 impl Quota {
@@ -179,8 +182,8 @@ impl Quota {
             limit,
             period_us,
             burst,
-            token,
-            rate,
+            token: Divisor::new(token),
+            rate: Divisor::new(rate),
         };
         match burst.checked_mul(token) {
             Some(cap) if cap <= MAX_SCALED && rate <= MAX_SCALED => Ok(quota),
@@ -235,18 +238,28 @@ impl Quota {
     #[must_use]
     pub const fn window(&self) -> Duration {
         // burst × token ≤ MAX_SCALED (checked when built): exact in u64.
-        Duration::from_micros((self.burst * self.token).div_ceil(self.rate))
+        Duration::from_micros((self.burst * self.token.get()).div_ceil(self.rate.get()))
     }
 
     /// Fixed-point size of one token: a token is `period / gcd(limit, period)` units.
     #[must_use]
     pub const fn token_bucket_token(&self) -> u64 {
-        self.token
+        self.token.get()
     }
 
     /// Fixed-point refill: `limit / gcd(limit, period)` units accrue per microsecond.
     #[must_use]
     pub const fn token_bucket_rate(&self) -> u64 {
+        self.rate.get()
+    }
+
+    /// [`token_bucket_token`](Self::token_bucket_token), to divide by.
+    pub(crate) const fn token_divisor(&self) -> Divisor {
+        self.token
+    }
+
+    /// [`token_bucket_rate`](Self::token_bucket_rate), to divide by.
+    pub(crate) const fn rate_divisor(&self) -> Divisor {
         self.rate
     }
 
@@ -274,10 +287,11 @@ impl Quota {
 pub struct Policy {
     algorithm: Algorithm,
     quota: Quota,
-    tick_us: NonZeroU64,
+    tick_us: Divisor,
     // Derived once here, not per request (a division the sliding window's steady path paid): the period in
-    // ticks.
-    ticks: u64,
+    // ticks. The period, the tick and this are the sliding window's divisors.
+    ticks: Divisor,
+    period: Divisor,
     /// 0: no lockout.
     lockout_us: u64,
 }
@@ -289,8 +303,9 @@ impl Policy {
         Self {
             algorithm: Algorithm::TokenBucket,
             quota,
-            tick_us: NonZeroU64::MIN,
-            ticks: quota.period_us,
+            tick_us: Divisor::new(1),
+            ticks: Divisor::new(quota.period_us),
+            period: Divisor::new(quota.period_us),
             lockout_us: 0,
         }
     }
@@ -304,8 +319,9 @@ impl Policy {
             Some(tick_us) => Ok(Self {
                 algorithm: Algorithm::SlidingWindowCounter,
                 quota,
-                tick_us,
-                ticks: quota.period_us / tick_us.get(),
+                tick_us: Divisor::new(tick_us.get()),
+                ticks: Divisor::new(quota.period_us / tick_us.get()),
+                period: Divisor::new(quota.period_us),
                 lockout_us: 0,
             }),
             None => Err(PolicyError::TooLarge {
@@ -323,8 +339,9 @@ impl Policy {
         Ok(Self {
             algorithm: Algorithm::FixedWindow,
             quota,
-            tick_us: NonZeroU64::MIN,
-            ticks: quota.period_us,
+            tick_us: Divisor::new(1),
+            ticks: Divisor::new(quota.period_us),
+            period: Divisor::new(quota.period_us),
             lockout_us: 0,
         })
     }
@@ -415,14 +432,19 @@ impl Policy {
         self.tick_us.get()
     }
 
-    /// [`tick_micros`](Self::tick_micros), which is never 0 (so a division by it needs no test).
-    pub(crate) const fn tick(&self) -> NonZeroU64 {
+    /// [`tick_micros`](Self::tick_micros), to divide by.
+    pub(crate) const fn tick(&self) -> Divisor {
         self.tick_us
     }
 
-    /// The period in ticks: `quota.period_micros() / tick_micros()`.
-    pub(crate) const fn ticks(&self) -> u64 {
+    /// The period in ticks, `quota.period_micros() / tick_micros()`, to divide by.
+    pub(crate) const fn ticks(&self) -> Divisor {
         self.ticks
+    }
+
+    /// The quota's period in microseconds, to divide by.
+    pub(crate) const fn period_divisor(&self) -> Divisor {
+        self.period
     }
 
     /// The largest cost a single request may have: a larger one can never be admitted.

@@ -51,12 +51,13 @@ pub fn decide(
     let limit = quota.limit();
     let period = quota.period_micros();
     let tick = policy.tick_micros();
-    let ticks = policy.ticks(); // period / tick
+    let per_ticks = policy.ticks();
+    let ticks = per_ticks.get(); // period / tick
     // `now` is when the request is decided as of; `clock` is the clock's own reading, which retry delays and the
     // decision's instant are measured from (they differ only after the clock stepped back).
     let clock = now.min(Timestamp::LATEST).as_micros();
     let mut now = clock;
-    let mut start = now - now % period;
+    let mut start = now - policy.period_divisor().rem(now);
     let (mut previous, mut current) = (0, 0);
     if let Some(s) = state {
         if s.window_start > start {
@@ -70,7 +71,7 @@ pub fn decide(
             previous = s.current;
         }
     }
-    let elapsed = (now - start) / policy.tick(); // never 0: no test for it
+    let elapsed = policy.tick().div(now - start);
     // estimate × ticks = current × ticks + previous × (ticks − elapsed)
     let weighted_previous = previous * (ticks - elapsed);
     let mut outcome = Outcome::Limited;
@@ -91,7 +92,7 @@ pub fn decide(
         retry_after = Some(Duration::from_micros(admit_at - clock));
     }
     let used = current * ticks + previous * (ticks - elapsed);
-    let remaining = (limit * ticks).saturating_sub(used) / ticks;
+    let remaining = per_ticks.div((limit * ticks).saturating_sub(used));
     let new_state = SlidingWindowState {
         window_start: start,
         previous,

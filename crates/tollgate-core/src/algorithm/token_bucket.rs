@@ -35,6 +35,7 @@ pub fn decide(
     let now = now.min(Timestamp::LATEST).as_micros();
     let token = quota.token_bucket_token();
     let rate = quota.token_bucket_rate();
+    let (per_token, per_rate) = (quota.token_divisor(), quota.rate_divisor());
     let capacity = quota.burst() * token;
     let (mut full_at, mut remainder) = match state {
         Some(s) if s.full_at > now => (s.full_at, s.remainder),
@@ -69,7 +70,7 @@ pub fn decide(
     };
 
     if cost > quota.burst() {
-        let remaining = capacity.saturating_sub(deficit) / token; // 0 in debt
+        let remaining = per_token.div(capacity.saturating_sub(deficit)); // 0 in debt
         return Step {
             decision: decision(Outcome::CostExceedsCapacity, remaining, full_at, None),
             state: kept,
@@ -78,20 +79,20 @@ pub fn decide(
     let need = cost * token;
     if deficit + need <= capacity {
         let deficit = deficit + need;
-        let wait = div_ceil(deficit, rate);
+        let wait = per_rate.div_ceil(deficit);
         let state = TokenBucketState {
             full_at: now + wait,
             remainder: wait * rate - deficit,
         };
-        let remaining = (capacity - deficit) / token;
+        let remaining = per_token.div(capacity - deficit);
         return Step {
             decision: decision(Outcome::Allowed, remaining, state.full_at, None),
             state: Some(state),
         };
     }
     // Earliest t with (full_at − t) × rate − remainder ≤ capacity − need.
-    let admit_at = full_at - (capacity - need + remainder) / rate;
-    let remaining = capacity.saturating_sub(deficit) / token; // 0 in debt
+    let admit_at = full_at - per_rate.div(capacity - need + remainder);
+    let remaining = per_token.div(capacity.saturating_sub(deficit)); // 0 in debt
     Step {
         decision: decision(
             Outcome::Limited,
