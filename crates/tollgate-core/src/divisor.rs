@@ -6,11 +6,13 @@ use std::hash::{Hash, Hasher};
 
 /// A divisor `d > 0` with its reciprocal `m = ⌈2^128 ÷ d⌉`: `⌊m × n ÷ 2^128⌋ = ⌊n ÷ d⌋` for every 64-bit `n`
 /// (Lemire, Kaser and Kurz, "Faster remainder by direct computation", 2019, with 128 fractional bits for 64-bit
-/// numerators). `m` is 0 for `d = 1`, whose quotient is `n`. Compared and hashed by `d` alone.
+/// numerators), kept as its high and low 64 bits (so that a policy holding several stays 8-byte aligned and
+/// small). `m` is 0 for `d = 1`, whose quotient is `n`. Compared and hashed by `d` alone.
 #[derive(Clone, Copy)]
 pub(crate) struct Divisor {
     d: u64,
-    m: u128,
+    mh: u64,
+    ml: u64,
 }
 
 impl Divisor {
@@ -19,7 +21,11 @@ impl Divisor {
         assert!(d > 0, "a divisor is never 0");
         // ⌈2^128 ÷ d⌉ = ⌊(2^128 − 1) ÷ d⌋ + 1 for d ≥ 2 (at most 2^127 + 1: no overflow).
         let m = if d == 1 { 0 } else { u128::MAX / d as u128 + 1 };
-        Self { d, m }
+        Self {
+            d,
+            mh: (m >> 64) as u64,
+            ml: m as u64,
+        }
     }
 
     /// The divisor.
@@ -30,14 +36,13 @@ impl Divisor {
     /// `⌊n ÷ d⌋`.
     #[inline(always)]
     pub(crate) const fn div(self, n: u64) -> u64 {
-        if self.m == 0 {
+        if self.d == 1 {
             return n;
         }
         // m × n = mh × n × 2^64 + ml × n; its top 64 of 192 bits are ⌊(mh × n + ⌊ml × n ÷ 2^64⌋) ÷ 2^64⌋ (mh ≤ 2^63:
         // the sum stays below 2^128).
-        let (mh, ml) = (self.m >> 64, self.m as u64 as u128);
-        let low = (ml * n as u128) >> 64;
-        ((mh * n as u128 + low) >> 64) as u64
+        let low = (self.ml as u128 * n as u128) >> 64;
+        ((self.mh as u128 * n as u128 + low) >> 64) as u64
     }
 
     /// `⌈n ÷ d⌉`.
