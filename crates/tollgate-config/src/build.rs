@@ -7,10 +7,9 @@ use tollgate_core::KeyHasher;
 
 use http::Request;
 use tollgate_core::Store;
-use tollgate_http::key::Cidr;
+use tollgate_http::key::{Cidr, HeaderKey};
 #[cfg(feature = "axum")]
 use tollgate_http::key::{ClientIp, RouteKey};
-use tollgate_tower::key::HeaderKey;
 use tollgate_tower::limit::rate::{Applies, SetEntry};
 use tollgate_tower::{Cost, KeyError, KeyExtractor, RateLimitLayer};
 

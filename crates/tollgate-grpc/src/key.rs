@@ -29,7 +29,7 @@ use tollgate_tower::{KeyError, KeyExtractor};
 /// a long or binary (`-bin`) value costs the same as a short one. Built by [`MetadataKey::metadata`]; an empty value
 /// is missing, never a bucket shared by every client sending one. The same extractor as the HTTP adapter's
 /// `HeaderKey` (gRPC metadata travels as HTTP/2 headers), so both follow one rule.
-pub use tollgate_tower::key::HeaderKey as MetadataKey;
+pub use tollgate_http::key::HeaderKey as MetadataKey;
 
 /// The peer's IP address, from the `TcpConnectInfo` that tonic's `transport::Server` records on each request:
 /// the HTTP adapter's extractor, which reads what axum and tonic record alike (see it for IPv6 networks, TLS and

@@ -73,12 +73,8 @@
 //! ```
 
 mod addr;
-#[cfg(feature = "http")]
-mod header;
 
 pub use addr::{IPV6_CLIENT_PREFIX, client_network, push_client_ip, push_ipv4};
-#[cfg(feature = "http")]
-pub use header::HeaderKey;
 /// The keyed hasher [`KeyExtractor::hash_key`] writes to (the in-process store's own).
 pub use tollgate_core::KeyHasher;
 

@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 
 use tollgate_core::{MemoryStore, Policy, Quota, Store};
-use tollgate_tower::key::HeaderKey;
+use tollgate_http::key::HeaderKey;
 use tollgate_tower::limit::rate::Overrides;
 use tollgate_tower::{BoxError, RateLimitLayer, Rejection, VerdictSink};
 use tower::{Service, ServiceBuilder, ServiceExt};

@@ -1,28 +1,25 @@
 //! [`HeaderKey`]: one extractor for HTTP headers and gRPC metadata (which travels as HTTP/2 headers), so that
 //! both adapters follow one rule.
 
-use tollgate_core::KeyHasher;
-
 use http::Request;
 use http::header::{HeaderName, HeaderValue, InvalidHeaderName};
-
-use super::hash_bytes;
-use crate::digest::push_hex_digest;
-use crate::{KeyError, KeyExtractor};
+use tollgate_core::KeyHasher;
+use tollgate_tower::digest::push_hex_digest;
+use tollgate_tower::key::hash_bytes;
+use tollgate_tower::{KeyError, KeyExtractor};
 
 /// A request header or gRPC metadata entry, e.g. an API key, stored as a digest and never raw.
 ///
-/// The key is the first 128 bits of the SHA-256 of the value's bytes (see [`digest`](crate::digest) for why): an
+/// The key is the first 128 bits of the SHA-256 of the value's bytes (see [`digest`](tollgate_tower::digest) for why): an
 /// API key never lands in a shared store, a long or binary (`-bin`) value never makes a long key, and every
 /// instance of a fleet maps the same value to the same bucket. A request without the entry, or with an empty value,
 /// is a configuration error (HTTP 500, gRPC `INTERNAL`) unless the layer is meant for authenticated routes only: it
 /// is never counted against a shared bucket (an empty value is no key, or every client sending one would share
-/// it). The HTTP adapter re-exports it as `tollgate_http::key::HeaderKey`, the gRPC one as
-/// `tollgate_grpc::key::MetadataKey`.
+/// it). The gRPC adapter re-exports it as `tollgate_grpc::key::MetadataKey`.
 ///
 /// ```
+/// use tollgate_http::key::HeaderKey;
 /// use tollgate_tower::KeyExtractor;
-/// use tollgate_tower::key::HeaderKey;
 ///
 /// let api_key = HeaderKey::new(http::HeaderName::from_static("x-api-key"));
 /// let req = http::Request::builder().header("x-api-key", "abc").body(())?;

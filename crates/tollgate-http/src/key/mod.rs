@@ -17,6 +17,7 @@
 mod cidr;
 #[cfg(feature = "axum")]
 mod client_ip;
+mod header;
 #[cfg(any(feature = "axum", feature = "tonic"))]
 mod peer_ip;
 #[cfg(feature = "axum")]
@@ -25,8 +26,8 @@ mod route;
 pub use cidr::{Cidr, CidrError};
 #[cfg(feature = "axum")]
 pub use client_ip::{ClientIp, ForwardedHeader};
+pub use header::HeaderKey;
 #[cfg(any(feature = "axum", feature = "tonic"))]
 pub use peer_ip::PeerIp;
 #[cfg(feature = "axum")]
 pub use route::RouteKey;
-pub use tollgate_tower::key::HeaderKey;
