@@ -123,7 +123,8 @@ const fn gcd(mut a: u64, mut b: u64) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
     limit: u64,
-    period_us: u64,
+    // Divided by on a sliding window's every check (its window's start).
+    period_us: Divisor,
     burst: u64,
     // Derived once here, not per request: a gcd is a loop of divisions, and a division by either is two
     // multiplications by its reciprocal.
@@ -169,7 +170,7 @@ impl Quota {
 
     /// The same rate with a bucket of `burst` tokens (token bucket only).
     pub const fn with_burst(self, burst: u64) -> Result<Self, PolicyError> {
-        Self::checked(self.limit, self.period_us, burst)
+        Self::checked(self.limit, self.period_us.get(), burst)
     }
 
     const fn checked(limit: u64, period_us: u64, burst: u64) -> Result<Self, PolicyError> {
@@ -180,7 +181,7 @@ impl Quota {
         let (token, rate) = (period_us / divisor, limit / divisor);
         let quota = Self {
             limit,
-            period_us,
+            period_us: Divisor::new(period_us),
             burst,
             token: Divisor::new(token),
             rate: Divisor::new(rate),
@@ -202,13 +203,13 @@ impl Quota {
     /// The period the limit applies to.
     #[must_use]
     pub const fn period(&self) -> Duration {
-        Duration::from_micros(self.period_us)
+        Duration::from_micros(self.period_us.get())
     }
 
     /// The period in microseconds.
     #[must_use]
     pub const fn period_micros(&self) -> u64 {
-        self.period_us
+        self.period_us.get()
     }
 
     /// The largest burst (token bucket capacity).
@@ -253,6 +254,11 @@ impl Quota {
         self.rate.get()
     }
 
+    /// [`period_micros`](Self::period_micros), to divide by.
+    pub(crate) const fn period_divisor(&self) -> Divisor {
+        self.period_us
+    }
+
     /// [`token_bucket_token`](Self::token_bucket_token), to divide by.
     pub(crate) const fn token_divisor(&self) -> Divisor {
         self.token
@@ -270,8 +276,8 @@ impl Quota {
         let mut i = 0;
         while i < ticks.len() {
             let tick = ticks[i];
-            if self.period_us.is_multiple_of(tick) {
-                match self.limit.checked_mul(self.period_us / tick) {
+            if self.period_us.get().is_multiple_of(tick) {
+                match self.limit.checked_mul(self.period_us.get() / tick) {
                     Some(p) if p <= MAX_SCALED => return NonZeroU64::new(tick),
                     _ => {}
                 }
@@ -289,9 +295,8 @@ pub struct Policy {
     quota: Quota,
     tick_us: Divisor,
     // Derived once here, not per request (a division the sliding window's steady path paid): the period in
-    // ticks. The period, the tick and this are the sliding window's divisors.
+    // ticks. With the tick and the quota's period, the sliding window's divisors.
     ticks: Divisor,
-    period: Divisor,
     /// 0: no lockout.
     lockout_us: u64,
 }
@@ -304,8 +309,7 @@ impl Policy {
             algorithm: Algorithm::TokenBucket,
             quota,
             tick_us: Divisor::new(1),
-            ticks: Divisor::new(quota.period_us),
-            period: Divisor::new(quota.period_us),
+            ticks: quota.period_us,
             lockout_us: 0,
         }
     }
@@ -320,8 +324,7 @@ impl Policy {
                 algorithm: Algorithm::SlidingWindowCounter,
                 quota,
                 tick_us: Divisor::new(tick_us.get()),
-                ticks: Divisor::new(quota.period_us / tick_us.get()),
-                period: Divisor::new(quota.period_us),
+                ticks: Divisor::new(quota.period_us.get() / tick_us.get()),
                 lockout_us: 0,
             }),
             None => Err(PolicyError::TooLarge {
@@ -340,8 +343,7 @@ impl Policy {
             algorithm: Algorithm::FixedWindow,
             quota,
             tick_us: Divisor::new(1),
-            ticks: Divisor::new(quota.period_us),
-            period: Divisor::new(quota.period_us),
+            ticks: quota.period_us,
             lockout_us: 0,
         })
     }
@@ -440,11 +442,6 @@ impl Policy {
     /// The period in ticks, `quota.period_micros() / tick_micros()`, to divide by.
     pub(crate) const fn ticks(&self) -> Divisor {
         self.ticks
-    }
-
-    /// The quota's period in microseconds, to divide by.
-    pub(crate) const fn period_divisor(&self) -> Divisor {
-        self.period
     }
 
     /// The largest cost a single request may have: a larger one can never be admitted.

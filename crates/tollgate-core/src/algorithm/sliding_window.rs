@@ -57,7 +57,7 @@ pub fn decide(
     // decision's instant are measured from (they differ only after the clock stepped back).
     let clock = now.min(Timestamp::LATEST).as_micros();
     let mut now = clock;
-    let mut start = now - policy.period_divisor().rem(now);
+    let mut start = now - quota.period_divisor().rem(now);
     let (mut previous, mut current) = (0, 0);
     if let Some(s) = state {
         if s.window_start > start {
