@@ -912,7 +912,7 @@ impl<St: Store> Inner<St> {
             return None;
         }
         let want = match self.policy.algorithm() {
-            _ if !asks => 0,
+            _ if !asks => 0, // the give-back alone
             Algorithm::TokenBucket => want.min(self.max_batch.saturating_sub(e.tokens)).max(need),
             _ => want.max(need),
         };
