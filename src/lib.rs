@@ -77,7 +77,7 @@ pub mod stack {
     pub use tollgate_tower::limit::{concurrency, fleet, stack, worker};
     pub use tollgate_tower::permit;
     pub use tollgate_tower::{
-        ConcurrencyLimit, ConcurrencyLimitLayer, ConfigError, FleetShed, FleetShedLayer,
-        HoldPermit, Permit, PermitBody, StackLayer, WorkerShed, WorkerShedLayer,
+        ConcurrencyLimitLayer, ConfigError, FleetShedLayer, HoldPermit, InFlightLimit, Permit,
+        PermitBody, StackLayer, WorkerShedLayer,
     };
 }

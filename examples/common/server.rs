@@ -202,7 +202,7 @@ impl ServerArgs {
 
     /// The in-process store: `--max-keys` keys at most, evicting one not used lately (CLOCK) at the bound, its
     /// evictions counted under `name` (the limiter it serves).
-    pub(crate) fn memory_store(&self, name: &str) -> MemoryStore {
+    pub(crate) fn memory_store(&self, name: &'static str) -> MemoryStore {
         MemoryStore::builder()
             .max_keys(self.max_keys)
             .name(name)

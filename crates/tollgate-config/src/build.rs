@@ -10,7 +10,7 @@ use tollgate_core::Store;
 use tollgate_http::key::{Cidr, HeaderKey};
 #[cfg(feature = "axum")]
 use tollgate_http::key::{ClientIp, RouteKey};
-use tollgate_tower::limit::rate::{Applies, SetEntry};
+use tollgate_tower::limit::rate::Applies;
 use tollgate_tower::{Cost, KeyError, KeyExtractor, RateLimitLayer};
 
 use crate::resolve::Limiter;
@@ -201,8 +201,8 @@ impl<B> Applies<Request<B>> for Routes {
     }
 }
 
-/// The layers' entry type for a file's limiters on store `St`.
-pub type FileEntry<St> = SetEntry<FileKey, St, FileCost, Routes>;
+/// The layers' entry for a file's limiter on store `St`: the limiter and the requests it decides.
+pub type FileEntry<St> = (RateLimitLayer<FileKey, St, FileCost>, Routes);
 
 /// Builds `limiter` on `store`; `None` for a limiter of the other protocol only (it names only gRPC methods, and
 /// this is HTTP, or only routes, and this is gRPC): one file can describe both servers.
@@ -232,5 +232,5 @@ pub(crate) fn entry<St: Store>(
         .overrides(limiter.overrides.clone())
         .state_per_policy(true)
         .mode(limiter.mode);
-    Some(SetEntry::new(&layer, Routes::new(paths)))
+    Some((layer, Routes::new(paths)))
 }

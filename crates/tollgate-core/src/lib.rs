@@ -29,6 +29,8 @@ mod clock;
 mod decision;
 mod divisor;
 mod failure;
+mod log_gate;
+mod name;
 mod policy;
 pub mod slot;
 pub mod store;
@@ -38,9 +40,16 @@ pub mod token_lease;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
 pub use failure::{FailurePolicy, ParseFailurePolicyError};
+pub use name::Name;
 pub use policy::{Algorithm, MAX_SCALED, Policy, PolicyError, Quota};
 pub use store::{
     DEFAULT_MAX_KEYS, KeyHasher, LostCharge, MemoryStore, MemoryStoreBuilder, OnFull, Store,
     StoreError,
 };
 pub use time::Timestamp;
+
+/// Plumbing the tollgate crates share; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::log_gate::LogGate;
+}

@@ -16,7 +16,7 @@ use tollgate_grpc::GrpcLimitLayer;
 use tollgate_grpc::key::MetadataKey;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{redis_url, unique_prefix};
-use tollgate_tower::limit::rate::{RateLimitSetLayer, SetEntry};
+use tollgate_tower::limit::rate::RateLimitSetLayer;
 use tollgate_tower::{CostAfter, FinalCost, RateLimitLayer};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Request, Response, Status};
@@ -136,7 +136,7 @@ async fn alone<St: Store>(store: Arc<St>, source: CostAfter) {
 
 async fn in_a_set<St: Store>(store: Arc<St>, source: CostAfter) {
     let layer = limiter(store, source);
-    let set = RateLimitSetLayer::new([SetEntry::new(&layer, true)]);
+    let set = RateLimitSetLayer::new([(layer.clone(), true)]);
     charged_and_refunded(serve(GrpcLimitLayer::new(set)).await).await;
 }
 

@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
-use tollgate_tower::__private::LogGate;
+use tollgate_core::__private::LogGate;
 use tollgate_tower::{BoxError, KeyError, Rejection, RejectionKind};
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");

@@ -286,7 +286,7 @@ both_stores!(nested_adapters, wrapped_and_in_place_layers_nest_either_way);
 
 async fn a_rejection_shows_every_limit_that_counted_the_request<St: Store>(store: Arc<St>) {
     // Limiters that admitted a request before one further in rejected it have counted it: the 429 must show their
-    // fields too (they share one adapter, so the inner ones answer through `Forward`).
+    // fields too (they share one adapter, so the inner ones answer through the default responder `()`).
     let limit =
         |name: &'static str, n| RateLimitLayer::new(name, per_hour(n), store.clone(), PeerIp);
     let pair = tower::ServiceBuilder::new()

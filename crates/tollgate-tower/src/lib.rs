@@ -16,7 +16,7 @@
 //! | decision counters and rate-limited logs | [`observe`] |
 //! | what a rejection says | [`rejection`] ([`Rejection`], [`RejectionKind`]) |
 //! | what an admitted response carries | [`verdict`] ([`Verdict`], [`Verdicts`], [`VerdictSink`]) |
-//! | how a limiter answers (the adapters' seam) | [`respond`] ([`Respond`](respond::Respond), [`Forward`](respond::Forward)) |
+//! | how a limiter answers (the adapters' seam) | [`respond`] ([`Respond`](respond::Respond)) |
 //!
 //! These layers **reject** a request over the limit at once (an error the adapters answer with 429/503); tower's own
 //! `tower::limit::RateLimitLayer` and `ConcurrencyLimitLayer` of the same names instead make callers *wait* for
@@ -30,9 +30,7 @@ pub mod digest;
 mod error;
 pub mod key;
 pub mod limit;
-mod log_gate;
 pub mod mode;
-mod name;
 pub mod observe;
 #[cfg(feature = "stack")]
 pub mod permit;
@@ -52,27 +50,23 @@ pub use limit::rate::{DenyCacheConfig, DenyCachedStore, RateLimit, RateLimitLaye
 pub use limit::rate::{LeaseConfig, LeasedStore};
 #[cfg(feature = "stack")]
 pub use limit::{
-    adaptive::{AdaptiveLimit, AdaptiveLimitLayer},
-    concurrency::{ConcurrencyLimit, ConcurrencyLimitLayer},
-    fleet::{FleetShed, FleetShedLayer},
-    stack::StackLayer,
-    worker::{WorkerShed, WorkerShedLayer},
+    InFlightLimit, adaptive::AdaptiveLimitLayer, concurrency::ConcurrencyLimitLayer,
+    fleet::FleetShedLayer, stack::StackLayer, worker::WorkerShedLayer,
 };
 pub use mode::{EnforcementSwitch, Mode};
-pub use name::Name;
 #[cfg(feature = "stack")]
 pub use permit::{HoldPermit, Permit};
 #[cfg(feature = "stack")]
 pub use permit_body::PermitBody;
 pub use priority::{Classify, Priority};
 pub use rejection::{Rejection, RejectionKind};
+pub use tollgate_core::Name;
 pub use verdict::{QuotaUnit, Verdict, VerdictSink, Verdicts};
 
 /// Not public API: what the tollgate adapter crates (`tollgate-http`, `tollgate-grpc`) share with the limiters.
 /// Exempt from semver; may change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::log_gate::LogGate;
     pub use crate::readiness::DeferredReadiness;
 }
 

@@ -30,7 +30,7 @@ use metrics::Counter;
 use tollgate_core::{FailurePolicy, StoreError};
 
 use crate::Name;
-pub(crate) use crate::log_gate::LogGate;
+pub(crate) use tollgate_core::__private::LogGate;
 
 mod signal;
 pub(crate) use signal::NearLimitShare;

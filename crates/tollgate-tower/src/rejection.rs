@@ -138,7 +138,7 @@ impl Rejection {
     }
 
     /// The verdicts of the limiters further out that had admitted (and counted) the request before it was
-    /// rejected, innermost first. Limiters answering through [`Forward`](crate::respond::Forward) add theirs as the
+    /// rejected, innermost first. Limiters answering through the default responder (`()`) add theirs as the
     /// rejection passes them on its way out, so that the answer shows every limit the request was counted against.
     #[must_use]
     pub fn admitted(&self) -> &[Verdict] {

@@ -1,7 +1,7 @@
 //! What a limiter does with a finished request: the seam where protocol adapters plug into the limiter itself.
 //!
 //! A [`RateLimit`](crate::RateLimit) ends every request by handing the inner service's result (or its own
-//! rejection) and its [`Verdict`] to a [`Respond`]er. The default, [`Forward`], is plain tower: the verdict goes into
+//! rejection) and its [`Verdict`] to a [`Respond`]er. The default, `()`, is plain tower: the verdict goes into
 //! the response (through [`VerdictSink`]) and errors stay errors, for any adapter further out to read. A protocol
 //! adapter can instead answer in place — `tollgate-http` renders headers and turns rejections into 429s right there
 //! — which saves the adapter its own service layer and the response a heap-allocated extension per request.
@@ -126,11 +126,9 @@ pub trait Respond<Req, T> {
     }
 }
 
-/// The default [`Respond`]er: puts the verdict into the response for adapters further out, passes errors on.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Forward;
-
-impl<Req, T: VerdictSink> Respond<Req, T> for Forward {
+/// The default [`Respond`]er, `()`: puts the verdict into the response for adapters further out, passes errors
+/// on.
+impl<Req, T: VerdictSink> Respond<Req, T> for () {
     type Response = T;
     type Error = BoxError;
     type Ticket = ();

@@ -263,7 +263,7 @@ pub trait VerdictSink {
 
     /// The request's real cost this response states at `source`, for a limiter that charges the cost after the
     /// response ([`RateLimitLayer::cost_after`](crate::RateLimitLayer::cost_after)) under the default
-    /// [`Forward`](crate::respond::Forward) responder or in a [`RateLimitSet`](crate::limit::rate::RateLimitSet);
+    /// responder `()` or in a [`RateLimitSet`](crate::limit::rate::RateLimitSet);
     /// `None` (the default) leaves the cost charged up front. `http::Response` reads the
     /// [`FinalCost`](crate::FinalCost) extension or the header (gRPC: the initial metadata).
     fn final_cost(&self, source: &crate::CostAfter) -> Option<u64> {

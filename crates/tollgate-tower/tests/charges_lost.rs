@@ -1,5 +1,5 @@
 //! A charge after the response that cannot reach the store is counted in `tollgate_charges_lost_total{limiter}`,
-//! for a single limiter and for a limiter in a set (both forward their verdicts: `Forward` reads the real cost
+//! for a single limiter and for a limiter in a set (both forward their verdicts: the default responder `()` reads the real cost
 //! through `VerdictSink::final_cost`, here of a response type of the test's own). Real Redis, killed while the
 //! request is being served.
 
@@ -12,7 +12,7 @@ use counts::Counts;
 use tollgate_core::{Policy, Quota};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::RedisServer;
-use tollgate_tower::limit::rate::{RateLimitSetLayer, SetEntry};
+use tollgate_tower::limit::rate::RateLimitSetLayer;
 use tollgate_tower::observe::CHARGES_LOST_TOTAL;
 use tollgate_tower::{BoxError, CostAfter, RateLimitLayer, VerdictSink, Verdicts};
 use tower::{Layer, Service, ServiceExt};
@@ -88,7 +88,7 @@ async fn a_charge_that_cannot_reach_the_store_is_counted() {
         RateLimitLayer::new("single", policy, single_store, "k").cost_after(CostAfter::Extension);
     let in_set =
         RateLimitLayer::new("in-set", policy, set_store, "k").cost_after(CostAfter::Extension);
-    let set = RateLimitSetLayer::new([SetEntry::new(&in_set, true)]);
+    let set = RateLimitSetLayer::new([(in_set.clone(), true)]);
     let mut single_svc = single.layer(handler(single_redis));
     let mut set_svc = set.layer(handler(set_redis));
 

@@ -559,10 +559,10 @@ async fn the_digest_and_text_key_paths_decide_alike() {
 /// set alike.
 #[tokio::test]
 async fn a_request_runs_in_a_spawned_task() {
-    use tollgate_tower::limit::rate::{RateLimitSetLayer, SetEntry};
+    use tollgate_tower::limit::rate::RateLimitSetLayer;
     let policy = Policy::token_bucket(Quota::per_second(1).unwrap());
     let layer = RateLimitLayer::new("spawned", policy, Arc::new(MemoryStore::new()), by_user());
-    let set = RateLimitSetLayer::new([SetEntry::new(&layer, true)]);
+    let set = RateLimitSetLayer::new([(layer.clone(), true)]);
     let one = ServiceBuilder::new()
         .layer(layer)
         .service_fn(|_: Req| async { Ok::<_, BoxError>(Reply::default()) });

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
 use super::table::{Expiry, Hand, MAX_SHARD_KEYS, Slab, VISITED};
-use crate::StoreError;
+use crate::{Name, StoreError};
 
 /// The fewest keys a shard is given (as in the store: shards of a few keys would fill long before the bound).
 const MIN_SHARD_KEYS: usize = 256;
@@ -103,7 +103,7 @@ pub struct BoundedTableBuilder {
     max_keys: usize,
     shards: Option<usize>,
     on_full: OnFull,
-    name: Option<String>,
+    name: Option<Name>,
 }
 
 impl BoundedTableBuilder {
@@ -126,7 +126,7 @@ impl BoundedTableBuilder {
     }
 
     /// The `limiter` label of this table's `tollgate_evictions_total` and warnings.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
+    pub fn name(mut self, name: impl Into<Name>) -> Self {
         self.name = Some(name.into());
         self
     }
@@ -154,7 +154,7 @@ impl BoundedTableBuilder {
             shard_capacity: self.max_keys.div_ceil(count).min(MAX_SHARD_KEYS),
             max_keys: self.max_keys,
             on_full: self.on_full,
-            log: EvictionLog::new(self.name.unwrap_or_else(|| DEFAULT_NAME.to_owned())),
+            log: EvictionLog::new(self.name.unwrap_or(Name::from(DEFAULT_NAME))),
         }
     }
 }

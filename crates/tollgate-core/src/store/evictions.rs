@@ -1,10 +1,11 @@
 //! What a bounded table does at its bound, and how its evictions are counted and logged.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use metrics::Counter;
+
+use crate::Name;
+use crate::log_gate::LogGate;
 
 /// The counter every eviction at a bound is reported to: `tollgate_evictions_total{limiter}`, where `limiter` is
 /// the name given to the store or table ([`MemoryStoreBuilder::name`](super::MemoryStoreBuilder::name)).
@@ -63,23 +64,20 @@ impl std::ops::Add for EvictionCounts {
 /// warning, at most one every 10 s, while live entries are evicted.
 #[derive(Debug)]
 pub(crate) struct EvictionLog {
-    name: String,
+    name: Name,
     counter: OnceLock<Counter>,
-    /// Milliseconds since `epoch` before which no warning is logged.
-    next_warning_ms: AtomicU64,
-    epoch: Instant,
+    warnings: LogGate,
 }
 
 /// One warning every 10 s: live evictions come by the thousand in a flood.
 const WARNING_EVERY_MS: u64 = 10_000;
 
 impl EvictionLog {
-    pub(crate) fn new(name: String) -> Self {
+    pub(crate) fn new(name: Name) -> Self {
         Self {
             name,
             counter: OnceLock::new(),
-            next_warning_ms: AtomicU64::new(0),
-            epoch: Instant::now(),
+            warnings: LogGate::every_ms(WARNING_EVERY_MS),
         }
     }
 
@@ -91,9 +89,9 @@ impl EvictionLog {
     /// only at its first live eviction and every 256th after it, not for each one of a flood).
     pub(crate) fn record(&self, live: bool, counts: &EvictionCounts, max_keys: usize) {
         self.counter
-            .get_or_init(|| metrics::counter!(EVICTIONS_TOTAL, "limiter" => self.name.clone()))
+            .get_or_init(|| metrics::counter!(EVICTIONS_TOTAL, "limiter" => self.name.to_string()))
             .increment(1);
-        if live && counts.live % 256 == 1 && self.warning_due() {
+        if live && counts.live % 256 == 1 && self.warnings.open() {
             tracing::warn!(
                 limiter = %self.name,
                 max_keys,
@@ -101,20 +99,5 @@ impl EvictionLog {
                  small for the traffic, or a flood of new keys is on); see {EVICTIONS_TOTAL}"
             );
         }
-    }
-
-    fn warning_due(&self) -> bool {
-        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let next = self.next_warning_ms.load(Ordering::Relaxed);
-        now >= next
-            && self
-                .next_warning_ms
-                .compare_exchange(
-                    next,
-                    now + WARNING_EVERY_MS,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
     }
 }

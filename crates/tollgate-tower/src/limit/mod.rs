@@ -19,9 +19,10 @@
 //!   metrics, the rate-limited logs, and the one place where a store error meets the layer's
 //!   [`FailurePolicy`](tollgate_core::FailurePolicy) (admit, refuse with 503, or decide on an in-process fallback);
 //! - one way to share state across the copies axum makes of a layer (one per route): the state is shared by every
-//!   service a layer and its clones build, so every copy counts against the same state. The rate limiter's is
-//!   built with its layer, up front (and again by a method that changes a setting); the stack's layers build
-//!   theirs on the first `layer` call.
+//!   service a layer and its clones build, so every copy counts against the same state, built with its layer, up
+//!   front (and again by a method that changes a setting);
+//! - one service for the limiters whose requests hold a permit while in flight ([`InFlightLimit`], with `stack`):
+//!   the concurrency limiter, the fleet and worker shedders and the adaptive limiter.
 //!
 //! The layers **reject** at once; tower's `tower::limit` layers of similar names make callers wait instead.
 //!
@@ -66,6 +67,8 @@ mod core;
 #[cfg(feature = "stack")]
 pub mod fleet;
 mod future;
+#[cfg(feature = "stack")]
+mod in_flight;
 pub mod rate;
 #[cfg(feature = "stack")]
 mod releases;
@@ -78,6 +81,8 @@ pub mod worker;
 
 pub use future::ResponseFuture;
 pub(crate) use future::{Machine, Machinery};
+#[cfg(feature = "stack")]
+pub use in_flight::InFlightLimit;
 // For the permits of the stack's limiters.
 #[cfg(feature = "stack")]
 pub(crate) use future::{Answer, Grants};

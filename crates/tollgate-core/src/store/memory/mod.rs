@@ -29,7 +29,7 @@ use crate::algorithm::lockout::{self, Locked};
 use crate::algorithm::sliding_window::{self, SlidingWindowState};
 use crate::algorithm::token_bucket::{self, TokenBucketState};
 use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
-use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, Timestamp};
+use crate::{Algorithm, Clock, Decision, Name, Policy, Store, StoreError, SystemClock, Timestamp};
 use hashbrown::HashTable;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
@@ -162,7 +162,7 @@ pub struct MemoryStoreBuilder<C = SystemClock> {
     max_keys: usize,
     shards: Option<usize>,
     on_full: OnFull,
-    name: Option<String>,
+    name: Option<Name>,
     clock: C,
 }
 
@@ -188,7 +188,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
     /// The `limiter` label of this store's `tollgate_evictions_total` and warnings (default
     /// [`"memory_store"`](super::DEFAULT_NAME)). A store only knows the name it is given: name it after the
     /// limiter it serves; a store shared by several limiters counts their evictions together.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
+    pub fn name(mut self, name: impl Into<Name>) -> Self {
         self.name = Some(name.into());
         self
     }
@@ -224,7 +224,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
                 max_keys: self.max_keys,
                 on_full: self.on_full,
             },
-            log: EvictionLog::new(self.name.unwrap_or_else(|| DEFAULT_NAME.to_owned())),
+            log: EvictionLog::new(self.name.unwrap_or(Name::from(DEFAULT_NAME))),
             clock: self.clock,
             leases: LeaseBooks::default(),
         }

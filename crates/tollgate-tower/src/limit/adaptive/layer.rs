@@ -7,10 +7,10 @@ use crate::{EnforcementSwitch, Name, Priority};
 use tollgate_core::{Clock, SystemClock};
 use tower_layer::Layer;
 
-use super::AdaptiveLimit;
-use super::control::{Control, LimitState};
-use super::limiter::{DEFAULT_SHARES, Limiter};
+use super::control::Control;
+use super::limiter::{DEFAULT_SHARES, Limiter, Settings};
 use crate::ConfigError;
+use crate::limit::InFlightLimit;
 use crate::limit::concurrency::DEFAULT_RETRY_AFTER;
 
 /// The adaptive limiter's default name (in metrics, logs and rejections).
@@ -23,34 +23,8 @@ pub const DEFAULT_ADAPTIVE_NAME: &str = "adaptive";
 /// count.
 #[must_use]
 pub struct AdaptiveLimitLayer<P> {
-    settings: Settings,
-    classifier: Arc<P>,
-    limiter: Arc<Limiter>,
-}
-
-/// What an adaptive limiter is configured with.
-#[derive(Clone)]
-struct Settings {
-    name: Name,
-    switch: EnforcementSwitch,
-    retry_after: Duration,
-    control: Control,
-    shares: [u8; 4],
-    clock: Arc<dyn Clock>,
-}
-
-impl Settings {
-    /// The limit every service of a layer with these settings shares.
-    fn build(&self) -> Limiter {
-        Limiter::new(
-            self.name.clone(),
-            self.switch.clone(),
-            self.retry_after,
-            self.clock.clone(),
-            LimitState::new(self.control),
-            self.shares,
-        )
-    }
+    pub(super) classifier: Arc<P>,
+    pub(super) limiter: Arc<Limiter>,
 }
 
 impl<P> AdaptiveLimitLayer<P> {
@@ -75,17 +49,19 @@ impl<P> AdaptiveLimitLayer<P> {
             clock,
         };
         Ok(Self {
-            limiter: Arc::new(settings.build()),
-            settings,
+            limiter: Arc::new(Limiter::new(settings)),
             classifier: Arc::new(classifier),
         })
     }
 
     /// This layer with its settings changed by `change`, and a limit of its own built from them.
-    fn configure(mut self, change: impl FnOnce(&mut Settings)) -> Self {
-        change(&mut self.settings);
-        self.limiter = Arc::new(self.settings.build());
-        self
+    fn configure(self, change: impl FnOnce(&mut Settings)) -> Self {
+        let mut settings = self.limiter.settings.clone();
+        change(&mut settings);
+        Self {
+            limiter: Arc::new(Limiter::new(settings)),
+            classifier: self.classifier,
+        }
     }
 
     /// The share of the limit (percent) each class is guaranteed: while the limit is full, a request is still
@@ -122,13 +98,13 @@ impl<P> AdaptiveLimitLayer<P> {
         self.configure(|s| s.name = name)
     }
 
-    enforcement_methods!(settings.switch, |this: Self, switch| this
+    enforcement_methods!(limiter.settings.switch, |this: Self, switch| this
         .configure(|s| s.switch = switch));
 
     /// The control and its settings.
     #[must_use]
     pub fn control(&self) -> &Control {
-        &self.settings.control
+        &self.limiter.settings.control
     }
 
     /// The current limit, in requests in flight.
@@ -165,7 +141,6 @@ impl<P> AdaptiveLimitLayer<P> {
 impl<P> Clone for AdaptiveLimitLayer<P> {
     fn clone(&self) -> Self {
         Self {
-            settings: self.settings.clone(),
             classifier: self.classifier.clone(),
             limiter: self.limiter.clone(),
         }
@@ -175,10 +150,10 @@ impl<P> Clone for AdaptiveLimitLayer<P> {
 impl<P> fmt::Debug for AdaptiveLimitLayer<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdaptiveLimitLayer")
-            .field("name", &self.settings.name)
-            .field("control", &self.settings.control)
-            .field("shares", &self.settings.shares)
-            .field("mode", &self.settings.switch.mode())
+            .field("name", &self.limiter.settings.name)
+            .field("control", &self.limiter.settings.control)
+            .field("shares", &self.limiter.settings.shares)
+            .field("mode", &self.limiter.settings.switch.mode())
             .field("limit", &self.limit())
             .field("in_flight", &self.in_flight())
             .finish_non_exhaustive()
@@ -186,9 +161,9 @@ impl<P> fmt::Debug for AdaptiveLimitLayer<P> {
 }
 
 impl<S, P> Layer<S> for AdaptiveLimitLayer<P> {
-    type Service = AdaptiveLimit<S, P>;
+    type Service = InFlightLimit<S, Self>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        AdaptiveLimit::new(inner, self.limiter.clone(), self.classifier.clone())
+        InFlightLimit::new(inner, self.clone())
     }
 }

@@ -11,7 +11,7 @@ use crate::{EnforcementSwitch, Name, Priority};
 use metrics::{Counter, Gauge, Histogram};
 use tollgate_core::{Clock, Timestamp};
 
-use super::control::{LimitState, Sample};
+use super::control::{Control, LimitState, Sample};
 
 /// The current limit, in requests: `tollgate_adaptive_limit{limiter}`.
 pub const ADAPTIVE_LIMIT: &str = "tollgate_adaptive_limit";
@@ -23,7 +23,20 @@ pub const ADAPTIVE_LATENCY: &str = "tollgate_adaptive_latency_seconds";
 /// `Critical` 50 %, `High` 20 %, `Normal` 20 %, `Low` 10 %.
 pub const DEFAULT_SHARES: [u8; 4] = [50, 20, 20, 10];
 
+/// What an adaptive limiter is configured with.
+#[derive(Clone)]
+pub(super) struct Settings {
+    pub(super) name: Name,
+    pub(super) switch: EnforcementSwitch,
+    pub(super) retry_after: Duration,
+    pub(super) control: Control,
+    pub(super) shares: [u8; 4],
+    pub(super) clock: Arc<dyn Clock>,
+}
+
 pub(crate) struct Limiter {
+    /// What the limiter was built from, for a layer built from this one with a setting changed.
+    pub(super) settings: Settings,
     /// Mode, decision metrics and logs: the core every limiter decides through.
     pub(crate) judge: Judge,
     pub(crate) retry_after: Duration,
@@ -40,14 +53,18 @@ pub(crate) struct Limiter {
 }
 
 impl Limiter {
-    pub(crate) fn new(
-        name: Name,
-        switch: EnforcementSwitch,
-        retry_after: Duration,
-        clock: Arc<dyn Clock>,
-        state: LimitState,
-        shares: [u8; 4],
-    ) -> Self {
+    /// The limit every service of a layer with `settings` shares.
+    pub(super) fn new(settings: Settings) -> Self {
+        let Settings {
+            ref name,
+            ref switch,
+            retry_after,
+            control,
+            shares,
+            ref clock,
+        } = settings;
+        let (switch, clock) = (switch.clone(), clock.clone());
+        let state = LimitState::new(control);
         let limit = state.limit();
         let limit_gauge = metrics::gauge!(ADAPTIVE_LIMIT, "limiter" => name.to_string());
         limit_gauge.set(limit as f64);
@@ -63,7 +80,7 @@ impl Limiter {
                 None,
                 "shed",
                 Signals::new(
-                    &name,
+                    name,
                     "shed",
                     "adaptive",
                     "in_process",
@@ -71,6 +88,7 @@ impl Limiter {
                 ),
             ),
             retry_after,
+            settings,
             state: Mutex::new(state),
             limit: AtomicU64::new(limit),
             in_flight: AtomicU64::new(0),
@@ -230,14 +248,14 @@ mod tests {
             .min_limit(limit)
             .initial_limit(limit)
             .max_limit(limit);
-        Arc::new(Limiter::new(
-            "test".into(),
-            EnforcementSwitch::default(),
-            Duration::from_secs(1),
-            Arc::new(ManualClock::default()),
-            LimitState::new(pinned),
+        Arc::new(Limiter::new(Settings {
+            name: "test".into(),
+            switch: EnforcementSwitch::default(),
+            retry_after: Duration::from_secs(1),
+            control: pinned,
             shares,
-        ))
+            clock: Arc::new(ManualClock::default()),
+        }))
     }
 
     #[test]

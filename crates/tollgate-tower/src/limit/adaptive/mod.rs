@@ -62,4 +62,3 @@ pub use control::Control;
 pub use layer::{AdaptiveLimitLayer, DEFAULT_ADAPTIVE_NAME};
 pub use limiter::{ADAPTIVE_LATENCY, ADAPTIVE_LIMIT, DEFAULT_SHARES};
 pub(crate) use limiter::{AdaptivePermit, Outcome};
-pub use service::AdaptiveLimit;

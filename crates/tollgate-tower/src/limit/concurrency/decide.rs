@@ -27,7 +27,33 @@ pub(crate) struct Settings {
     pub(crate) near_limit: NearLimitShare,
 }
 
+/// What a slot layer is configured with: the settings the concurrency limiter and the fleet shedder share, the
+/// rule saying which slot set a request counts against, and its store.
+pub(crate) struct SlotConfig<R, L> {
+    pub(crate) settings: Settings,
+    pub(crate) rule: R,
+    pub(crate) store: Arc<L>,
+    pub(crate) fallback: Option<Arc<MemorySlotStore>>,
+    pub(crate) kind: RejectionKind,
+    pub(crate) switch: EnforcementSwitch,
+}
+
+impl<R: Clone, L> Clone for SlotConfig<R, L> {
+    fn clone(&self) -> Self {
+        Self {
+            settings: self.settings.clone(),
+            rule: self.rule.clone(),
+            store: self.store.clone(),
+            fallback: self.fallback.clone(),
+            kind: self.kind,
+            switch: self.switch.clone(),
+        }
+    }
+}
+
 pub(crate) struct Shared<R, L> {
+    /// What the state was built from, for a layer built from this one with a setting changed.
+    pub(crate) config: SlotConfig<R, L>,
     pub(crate) judge: Judge,
     pub(crate) rule: R,
     slot_ttl: Duration,
@@ -42,15 +68,17 @@ pub(crate) struct Shared<R, L> {
     fallback: Option<Arc<MemorySlotStore>>,
 }
 
-impl<R, L: SlotStore> Shared<R, L> {
-    pub(crate) fn new(
-        settings: Settings,
-        switch: EnforcementSwitch,
-        rule: R,
-        store: Arc<L>,
-        kind: RejectionKind,
-        fallback: Option<Arc<MemorySlotStore>>,
-    ) -> Self {
+impl<R: Clone, L: SlotStore> Shared<R, L> {
+    /// The state every service of a layer configured with `config` shares.
+    pub(crate) fn new(config: SlotConfig<R, L>) -> Self {
+        let SlotConfig {
+            settings,
+            rule,
+            store,
+            fallback,
+            kind,
+            switch,
+        } = config.clone();
         let refused = if kind.is_overload() {
             "shed"
         } else {
@@ -83,9 +111,12 @@ impl<R, L: SlotStore> Shared<R, L> {
             store,
             kind,
             fallback,
+            config,
         }
     }
+}
 
+impl<R, L: SlotStore> Shared<R, L> {
     /// Decides one request against `limit` slots on `key`, in `mode` (`Enforce` or `Shadow`).
     pub(crate) async fn decide(self: Arc<Self>, key: String, limit: u64, mode: Mode) -> Conclusion {
         // The releases of this instance on the key on their way as the acquire is sent (a task sends each after

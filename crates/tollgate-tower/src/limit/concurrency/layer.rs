@@ -3,13 +3,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::FailurePolicy;
-use tollgate_core::slot::{MemorySlotStore, SlotStore};
+use tollgate_core::slot::SlotStore;
 use tower_layer::Layer;
 
-use super::ConcurrencyLimit;
 use super::PerKey;
-use super::decide::{Settings, Shared};
-use super::service::SlotLimit;
+use super::decide::{Settings, Shared, SlotConfig};
+use crate::limit::InFlightLimit;
 use crate::observe::NearLimitShare;
 use crate::{ConfigError, EnforcementSwitch, Name, RejectionKind};
 
@@ -21,37 +20,12 @@ pub const MAX_SLOT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The retry delay a rejection announces (default): in-flight capacity frees up as requests finish.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// What a slot layer is configured with: the settings the concurrency limiter and the fleet shedder share, the
-/// rule saying which slot set a request counts against, and its store.
-pub(crate) struct SlotConfig<R, L> {
-    pub(crate) settings: Settings,
-    pub(crate) rule: R,
-    store: Arc<L>,
-    fallback: Option<Arc<MemorySlotStore>>,
-    kind: RejectionKind,
-    pub(crate) switch: EnforcementSwitch,
-}
-
-impl<R: Clone, L> Clone for SlotConfig<R, L> {
-    fn clone(&self) -> Self {
-        Self {
-            settings: self.settings.clone(),
-            rule: self.rule.clone(),
-            store: self.store.clone(),
-            fallback: self.fallback.clone(),
-            kind: self.kind,
-            switch: self.switch.clone(),
-        }
-    }
-}
-
 /// A limit on requests in flight, counted as slots: the layer under [`ConcurrencyLimitLayer`] and
 /// [`FleetShedLayer`](crate::FleetShedLayer), which differ in their rule. Its state is built with it, up front,
 /// and again by each setting changed ([`configure`](Self::configure)); every service it (or a clone) builds shares
 /// that state.
 pub(crate) struct SlotLayer<R, L> {
-    pub(crate) config: SlotConfig<R, L>,
-    shared: Arc<Shared<R, L>>,
+    pub(crate) shared: Arc<Shared<R, L>>,
 }
 
 impl<R: Clone, L: SlotStore> SlotLayer<R, L> {
@@ -68,21 +42,20 @@ impl<R: Clone, L: SlotStore> SlotLayer<R, L> {
     }
 
     fn build(config: SlotConfig<R, L>) -> Self {
-        let c = config.clone();
-        let shared = Arc::new(Shared::new(
-            c.settings, c.switch, c.rule, c.store, c.kind, c.fallback,
-        ));
-        Self { config, shared }
+        Self {
+            shared: Arc::new(Shared::new(config)),
+        }
     }
 
     /// This layer with its configuration changed by `change`, and a state of its own built from it.
-    pub(crate) fn configure(mut self, change: impl FnOnce(&mut SlotConfig<R, L>)) -> Self {
-        change(&mut self.config);
-        Self::build(self.config)
+    pub(crate) fn configure(self, change: impl FnOnce(&mut SlotConfig<R, L>)) -> Self {
+        let mut config = self.shared.config.clone();
+        change(&mut config);
+        Self::build(config)
     }
 
     pub(crate) fn slot_ttl(self, ttl: Duration) -> Result<Self, ConfigError> {
-        let name = &self.config.settings.name;
+        let name = &self.config().settings.name;
         if ttl < Duration::from_millis(3) {
             return Err(ConfigError::new(format!(
                 "{name:?}: a slot time of {ttl:?} is too short (at least 3 ms)"
@@ -99,7 +72,7 @@ impl<R: Clone, L: SlotStore> SlotLayer<R, L> {
 
     pub(crate) fn near_limit(self, share: f64) -> Result<Self, ConfigError> {
         let share = NearLimitShare::new(share)
-            .map_err(|e| ConfigError::new(format!("{:?}: {e}", self.config.settings.name)))?;
+            .map_err(|e| ConfigError::new(format!("{:?}: {e}", self.config().settings.name)))?;
         Ok(self.configure(|c| c.settings.near_limit = share))
     }
 
@@ -119,15 +92,15 @@ impl<R: Clone, L: SlotStore> SlotLayer<R, L> {
 }
 
 impl<R, L> SlotLayer<R, L> {
-    pub(crate) fn service<S>(&self, inner: S) -> SlotLimit<S, R, L> {
-        SlotLimit::from_shared(inner, self.shared.clone())
+    /// The configuration the layer was built from.
+    pub(crate) fn config(&self) -> &SlotConfig<R, L> {
+        &self.shared.config
     }
 }
 
-impl<R: Clone, L> Clone for SlotLayer<R, L> {
+impl<R, L> Clone for SlotLayer<R, L> {
     fn clone(&self) -> Self {
         Self {
-            config: self.config.clone(),
             shared: self.shared.clone(),
         }
     }
@@ -135,7 +108,7 @@ impl<R: Clone, L> Clone for SlotLayer<R, L> {
 
 impl<R, L> fmt::Debug for SlotLayer<R, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let c = &self.config;
+        let c = &self.shared.config;
         f.debug_struct("SlotLayer")
             .field("name", &c.settings.name)
             .field("rejects_as", &c.kind)
@@ -150,9 +123,12 @@ impl<R, L> fmt::Debug for SlotLayer<R, L> {
 /// `inner: SlotLayer<_, _>`: written once, documented once.
 macro_rules! slot_layer_methods {
     () => {
-        $crate::limit::core::enforcement_methods!(inner.config.switch, |this: Self, switch| Self {
-            inner: this.inner.switch(switch)
-        });
+        $crate::limit::core::enforcement_methods!(
+            inner.shared.config.switch,
+            |this: Self, switch| Self {
+                inner: this.inner.switch(switch)
+            }
+        );
 
         /// How long a shared slot lives unless renewed (renewed every third of it while the request runs).
         ///
@@ -208,7 +184,7 @@ pub(crate) use slot_layer_methods;
 /// switch, the local fallback and the metrics.
 #[must_use]
 pub struct ConcurrencyLimitLayer<K, L> {
-    inner: SlotLayer<PerKey<K>, L>,
+    pub(super) inner: SlotLayer<PerKey<K>, L>,
 }
 
 impl<K: Clone, L: SlotStore> ConcurrencyLimitLayer<K, L> {
@@ -249,17 +225,17 @@ impl<K, L> ConcurrencyLimitLayer<K, L> {
     /// The limiter's name.
     #[must_use]
     pub fn name(&self) -> &str {
-        &self.inner.config.settings.name
+        &self.inner.config().settings.name
     }
 
     /// The number of requests each key may have in flight.
     #[must_use]
     pub fn limit(&self) -> u64 {
-        self.inner.config.rule.limit
+        self.inner.config().rule.limit
     }
 }
 
-impl<K: Clone, L> Clone for ConcurrencyLimitLayer<K, L> {
+impl<K, L> Clone for ConcurrencyLimitLayer<K, L> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -276,11 +252,9 @@ impl<K, L> fmt::Debug for ConcurrencyLimitLayer<K, L> {
 }
 
 impl<S, K, L> Layer<S> for ConcurrencyLimitLayer<K, L> {
-    type Service = ConcurrencyLimit<S, K, L>;
+    type Service = InFlightLimit<S, Self>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ConcurrencyLimit {
-            inner: self.inner.service(inner),
-        }
+        InFlightLimit::new(inner, self.clone())
     }
 }

@@ -7,8 +7,9 @@ use tollgate_core::FailurePolicy;
 use tollgate_core::slot::SlotStore;
 use tower_layer::Layer;
 
-use super::{FleetRule, FleetShed};
+use super::FleetRule;
 use crate::ConfigError;
+use crate::limit::InFlightLimit;
 use crate::limit::concurrency::{
     DEFAULT_RETRY_AFTER, DEFAULT_SLOT_TTL, Settings, SlotLayer, slot_layer_methods,
 };
@@ -26,7 +27,7 @@ pub const DEFAULT_FLEET_KEY: &str = "fleet";
 /// each method that changes a setting.
 #[must_use]
 pub struct FleetShedLayer<P, L> {
-    inner: SlotLayer<FleetRule<P>, L>,
+    pub(super) inner: SlotLayer<FleetRule<P>, L>,
 }
 
 impl<P: Clone, L: SlotStore> FleetShedLayer<P, L> {
@@ -112,11 +113,11 @@ impl<P, L> FleetShedLayer<P, L> {
     /// The fleet-wide ceiling for requests of `priority`.
     #[must_use]
     pub fn ceiling(&self, priority: Priority) -> u64 {
-        self.inner.config.rule.ceiling(priority)
+        self.inner.config().rule.ceiling(priority)
     }
 }
 
-impl<P: Clone, L> Clone for FleetShedLayer<P, L> {
+impl<P, L> Clone for FleetShedLayer<P, L> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -131,11 +132,9 @@ impl<P, L> fmt::Debug for FleetShedLayer<P, L> {
 }
 
 impl<S, P, L> Layer<S> for FleetShedLayer<P, L> {
-    type Service = FleetShed<S, P, L>;
+    type Service = InFlightLimit<S, Self>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        FleetShed {
-            inner: self.inner.service(inner),
-        }
+        InFlightLimit::new(inner, self.clone())
     }
 }

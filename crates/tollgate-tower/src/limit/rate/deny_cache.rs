@@ -282,7 +282,7 @@ impl DenyCacheConfig {
             table: BoundedTable::builder()
                 .max_keys(self.max_keys)
                 .on_full(OnFull::Evict)
-                .name(limiter.to_string())
+                .name(limiter.clone())
                 .build(),
             seed: RandomState::new(),
             clock: self

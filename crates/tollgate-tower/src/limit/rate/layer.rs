@@ -11,7 +11,7 @@ use super::lease_step::LeaseTable;
 use super::overrides::{Overrides, Plans, policy_prefix};
 use crate::limit::core::enforcement_methods;
 use crate::observe::NearLimitShare;
-use crate::respond::{Forward, LayerWith};
+use crate::respond::LayerWith;
 use crate::{ConfigError, CostAfter, EnforcementSwitch, Name};
 
 /// Applies a request-rate limit to a service: see the [module docs](super).
@@ -145,7 +145,7 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     /// only what it still counts of the request).
     ///
     /// Read through every adapter: the HTTP adapter's in-place responder (`tollgate_http::HttpLimitLayer`)
-    /// and the default [`Forward`] (under `HttpLimitLayer`, `GrpcLimitLayer`, or in a
+    /// and the default responder `()` (under `HttpLimitLayer`, `GrpcLimitLayer`, or in a
     /// [`RateLimitSet`](super::RateLimitSet)) read it through [`VerdictSink::final_cost`](crate::VerdictSink::final_cost),
     /// which `http::Response` answers from both sources (gRPC: the header is the reply's metadata). A charge that
     /// cannot reach the store is counted in `tollgate_charges_lost_total{limiter}`
@@ -184,7 +184,7 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
             s.fallback = match policy {
                 // The fallback's evictions at its key bound count under this limiter's name.
                 FailurePolicy::Local => Some(s.fallback.take().unwrap_or_else(|| {
-                    Arc::new(MemoryStore::builder().name(s.name.to_string()).build())
+                    Arc::new(MemoryStore::builder().name(s.name.clone()).build())
                 })),
                 _ => None,
             };
@@ -508,6 +508,6 @@ impl<S, K, St, C> Layer<S> for RateLimitLayer<K, St, C> {
     type Service = RateLimit<S, K, St, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LayerWith::layer_with(self, inner, Forward)
+        LayerWith::layer_with(self, inner, ())
     }
 }

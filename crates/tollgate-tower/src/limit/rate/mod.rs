@@ -14,7 +14,7 @@
 //! - the inner service fails to become ready: `poll_ready` still succeeds and the next call fails with that error,
 //!   without being decided (no quota spent).
 //!
-//! That is the default [`Forward`](crate::respond::Forward) responder;
+//! That is the default responder, `()`;
 //! [`LayerWith::layer_with`](crate::respond::LayerWith::layer_with) takes another
 //! [`Respond`](crate::respond::Respond)er, which is how `tollgate-http` answers in place.
 //!
@@ -109,6 +109,6 @@ pub use layer::RateLimitLayer;
 pub use leased_store::LeasedStore;
 pub use overrides::Overrides;
 pub use service::RateLimit;
-pub use set::{Applies, RateLimitSet, RateLimitSetLayer, SetEntry};
+pub use set::{Applies, RateLimitSet, RateLimitSetLayer};
 #[cfg(feature = "leases")]
 pub use token_lease::LeaseConfig;

@@ -13,16 +13,16 @@ use crate::limit::future::Settle;
 use crate::limit::future::{Deciding, decide_later, pass, refuse};
 use crate::limit::{Machine, Machinery, ResponseFuture};
 use crate::readiness::DeferredReadiness;
-use crate::respond::{Forward, Respond};
+use crate::respond::Respond;
 use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode};
 
 /// A service limited by a [`RateLimitLayer`](super::RateLimitLayer), answering through the [`Respond`]er `R`.
 ///
-/// With the default [`Forward`], errors are the inner service's, boxed, plus [`Rejection`](crate::Rejection) (over
+/// With the default responder `()`, errors are the inner service's, boxed, plus [`Rejection`](crate::Rejection) (over
 /// the limit, or the store failed closed) and [`KeyError`](crate::KeyError) (the key's source is missing: a
 /// configuration error). An inner service that fails to become ready is reported by the next call, not by
 /// `poll_ready`, so that a responder that never fails (an HTTP adapter) can answer it.
-pub struct RateLimit<S, K, St, C, R = Forward> {
+pub struct RateLimit<S, K, St, C, R = ()> {
     inner: S,
     shared: Arc<Shared<K, St, C>>,
     respond: R,

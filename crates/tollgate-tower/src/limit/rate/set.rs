@@ -1,7 +1,7 @@
 //! A set of rate limiters that can be replaced while the service runs: what a policy file builds.
 //!
-//! A [`RateLimitSetLayer`] holds an ordered list of [`SetEntry`]s — a [`RateLimitLayer`]'s decision state and
-//! what it [`Applies`] to (routes, gRPC methods) — and decides every entry that applies to a request on the same
+//! A [`RateLimitSetLayer`] holds an ordered list of entries — a [`RateLimitLayer`]'s decision state and what it
+//! [`Applies`] to (routes, gRPC methods) — and decides every entry that applies to a request on the same
 //! core as a [`RateLimit`](super::RateLimit) (overrides, exemptions, shadow mode, the failure policy and the
 //! metrics alike). [`RateLimitSetLayer::replace`] (on the layer or any clone of it) swaps in a new list at once: a request already past its
 //! decision is not touched, the next one sees the new list, and none fails or waits for a lock (the list is read
@@ -9,7 +9,7 @@
 //! counters); a new entry on the same store with the same bucket names (same limiter name and policy) finds its
 //! keys' state where the old one left it.
 //!
-//! The service answers as [`Forward`] does (verdicts in the response, rejections as
+//! The service answers as the default responder `()` does (verdicts in the response, rejections as
 //! errors): wrap it in `tollgate-http`'s `HttpLimitLayer` or `tollgate-grpc`'s `GrpcLimitLayer`. Or it answers
 //! through a [`Respond`]er of its own ([`LayerWith`]): `tollgate-http`'s
 //! `HttpLimitLayer` has the set answer in place, as it does one limiter. A limiter of the set
@@ -19,7 +19,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use tollgate_core::{MemoryStore, Policy, Quota};
-//! use tollgate_tower::limit::rate::{RateLimitSetLayer, SetEntry};
+//! use tollgate_tower::limit::rate::RateLimitSetLayer;
 //! use tollgate_tower::{BoxError, RateLimitLayer, Verdicts, VerdictSink};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
@@ -33,7 +33,7 @@
 //! # async fn main() -> Result<(), BoxError> {
 //! let store = Arc::new(MemoryStore::new());
 //! let limiter = |n| RateLimitLayer::new("all", Policy::token_bucket(Quota::per_minute(n).unwrap()), store.clone(), "all");
-//! let set = RateLimitSetLayer::new([SetEntry::new(&limiter(1), true)]);
+//! let set = RateLimitSetLayer::new([(limiter(1), true)]);
 //! let mut svc = ServiceBuilder::new()
 //!     .layer(set.clone())
 //!     .service_fn(|_: ()| async { Ok::<_, BoxError>(Reply::default()) });
@@ -67,10 +67,10 @@ use crate::limit::future::{
 use crate::limit::{Machine, Machinery, ResponseFuture};
 use crate::readiness::DeferredReadiness;
 use crate::respond::LayerWith;
-use crate::respond::{Forward, Respond};
+use crate::respond::Respond;
 use crate::{BoxError, Cost, KeyError, KeyExtractor, Mode, Rejection, Verdict, VerdictSink};
 
-/// Which requests a [`SetEntry`] decides (its routes, its gRPC methods).
+/// Which requests a limiter of a [`RateLimitSetLayer`] decides (its routes, its gRPC methods).
 pub trait Applies<Req>: Send + Sync + 'static {
     /// Whether the entry decides `req`.
     fn applies(&self, req: &Req) -> bool;
@@ -94,42 +94,18 @@ where
     }
 }
 
-/// One limiter of a set: a [`RateLimitLayer`]'s decision state and what it applies to. Cheap to clone (a clone
-/// shares the state, as the layer's clones do).
-pub struct SetEntry<K, St, C, A> {
+/// One limiter of a set: a [`RateLimitLayer`]'s decision state (shared with every service the layer builds) and
+/// what it applies to.
+struct SetEntry<K, St, C, A> {
     shared: Arc<Shared<K, St, C>>,
-    applies: Arc<A>,
+    applies: A,
 }
 
 impl<K: Clone, St: Store, C: Clone, A> SetEntry<K, St, C, A> {
-    /// The limiter `layer` (its state shared with every service the layer builds) on the requests `applies` takes.
-    pub fn new(layer: &RateLimitLayer<K, St, C>, applies: A) -> Self {
+    fn new((layer, applies): (RateLimitLayer<K, St, C>, A)) -> Self {
         Self {
             shared: layer.shared(),
-            applies: Arc::new(applies),
-        }
-    }
-}
-
-impl<K, St, C, A> SetEntry<K, St, C, A> {
-    /// The limiter's name.
-    #[must_use]
-    pub fn name(&self) -> &str {
-        &self.shared.judge.name
-    }
-
-    /// What the entry applies to.
-    #[must_use]
-    pub fn applies_to(&self) -> &A {
-        &self.applies
-    }
-}
-
-impl<K, St, C, A> Clone for SetEntry<K, St, C, A> {
-    fn clone(&self) -> Self {
-        Self {
-            shared: self.shared.clone(),
-            applies: self.applies.clone(),
+            applies,
         }
     }
 }
@@ -191,12 +167,13 @@ pub struct RateLimitSetLayer<K, St, C, A> {
     current: Arc<Entries<K, St, C, A>>,
 }
 
-impl<K, St, C, A> RateLimitSetLayer<K, St, C, A> {
-    /// A set deciding `entries`, in order.
-    pub fn new(entries: impl IntoIterator<Item = SetEntry<K, St, C, A>>) -> Self {
+impl<K: Clone, St: Store, C: Clone, A> RateLimitSetLayer<K, St, C, A> {
+    /// A set deciding `entries` in order: each a limiter (its state shared with every service the layer builds)
+    /// and the requests it applies to.
+    pub fn new(entries: impl IntoIterator<Item = (RateLimitLayer<K, St, C>, A)>) -> Self {
         Self {
             current: Arc::new(Entries {
-                list: ArcSwap::from_pointee(entries.into_iter().collect()),
+                list: ArcSwap::from_pointee(entries.into_iter().map(SetEntry::new).collect()),
                 headers: AtomicU8::new(OWN_HEADERS),
             }),
         }
@@ -204,26 +181,22 @@ impl<K, St, C, A> RateLimitSetLayer<K, St, C, A> {
 
     /// Decides every request from now on with `entries`, in every service this layer or a clone of it built;
     /// requests already decided are not touched.
-    pub fn replace(&self, entries: impl IntoIterator<Item = SetEntry<K, St, C, A>>) {
+    pub fn replace(&self, entries: impl IntoIterator<Item = (RateLimitLayer<K, St, C>, A)>) {
         self.current
             .list
-            .store(Arc::new(entries.into_iter().collect()));
+            .store(Arc::new(entries.into_iter().map(SetEntry::new).collect()));
     }
+}
 
+impl<K, St, C, A> RateLimitSetLayer<K, St, C, A> {
     /// Every service of the set answers from now on writing the response header families `headers`, in place of
     /// those its responder was built with (`tollgate-http`'s `HttpLimitLayer::headers`, a
     /// `tollgate_http::HeaderSet`): a policy file's reload changes them with the limiters. A responder that writes
-    /// no headers ([`Forward`]) ignores them.
+    /// no headers (the default, `()`) ignores them.
     pub fn set_headers(&self, families: impl Into<u8>) {
         self.current
             .headers
             .store(families.into(), Ordering::Relaxed);
-    }
-
-    /// The entries deciding requests now (to carry unchanged ones over into a replacement).
-    #[must_use]
-    pub fn entries(&self) -> Vec<SetEntry<K, St, C, A>> {
-        self.current.load().as_ref().clone()
     }
 }
 
@@ -261,14 +234,14 @@ impl<S, K, St, C, A> Layer<S> for RateLimitSetLayer<K, St, C, A> {
     type Service = RateLimitSet<S, K, St, C, A>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LayerWith::layer_with(self, inner, Forward)
+        LayerWith::layer_with(self, inner, ())
     }
 }
 
 /// A service limited by a [`RateLimitSetLayer`], answering through the [`Respond`]er `R`. With the default
-/// [`Forward`], errors are the inner service's, boxed, plus [`Rejection`] and [`KeyError`], as a
+/// responder `()`, errors are the inner service's, boxed, plus [`Rejection`] and [`KeyError`], as a
 /// [`RateLimit`](super::RateLimit)'s are.
-pub struct RateLimitSet<S, K, St, C, A, R = Forward> {
+pub struct RateLimitSet<S, K, St, C, A, R = ()> {
     inner: S,
     current: Arc<Entries<K, St, C, A>>,
     respond: R,

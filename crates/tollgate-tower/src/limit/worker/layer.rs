@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::WorkerShed;
 use super::controller::{
     Controller, DEFAULT_HYSTERESIS_PERCENT, DEFAULT_INTERVAL, DEFAULT_STEP_PERCENT,
     DEFAULT_THRESHOLDS, ShedBy, Tuning,
 };
+use crate::limit::InFlightLimit;
 use crate::limit::concurrency::DEFAULT_RETRY_AFTER;
 use crate::limit::core::{Judge, enforcement_methods};
 use crate::observe::{NearLimitShare, Signals};
@@ -20,6 +20,8 @@ pub const DEFAULT_WORKER_NAME: &str = "worker";
 
 /// State shared by every service the layer builds: one instance, one in-flight count.
 pub(crate) struct WorkerState {
+    /// What the state was built from, for a layer built from this one with a setting changed.
+    settings: Settings,
     pub(crate) judge: Judge,
     pub(crate) retry_after: Duration,
     pub(crate) controller: Controller,
@@ -37,9 +39,8 @@ pub const SHED_TOTAL: &str = "tollgate_shed_total";
 /// controller.
 #[must_use]
 pub struct WorkerShedLayer<P> {
-    settings: Settings,
-    classifier: Arc<P>,
-    state: Arc<WorkerState>,
+    pub(super) classifier: Arc<P>,
+    pub(super) state: Arc<WorkerState>,
 }
 
 /// What a worker shedder is configured with.
@@ -53,7 +54,7 @@ struct Settings {
 
 impl Settings {
     /// The state every service of a layer with these settings shares.
-    fn build(&self) -> WorkerState {
+    fn build(self) -> WorkerState {
         WorkerState {
             judge: Judge::new(
                 self.name.clone(),
@@ -74,6 +75,7 @@ impl Settings {
             shed_by: [ShedBy::Gate, ShedBy::Controller].map(|by| {
                 metrics::counter!(SHED_TOTAL, "limiter" => self.name.to_string(), "reason" => by.as_str())
             }),
+            settings: self,
         }
     }
 }
@@ -111,16 +113,18 @@ impl<P> WorkerShedLayer<P> {
         };
         Ok(Self {
             state: Arc::new(settings.build()),
-            settings,
             classifier: Arc::new(classifier),
         })
     }
 
     /// This layer with its settings changed by `change`, and a state of its own built from them.
-    fn configure(mut self, change: impl FnOnce(&mut Settings)) -> Self {
-        change(&mut self.settings);
-        self.state = Arc::new(self.settings.build());
-        self
+    fn configure(self, change: impl FnOnce(&mut Settings)) -> Self {
+        let mut settings = self.state.settings.clone();
+        change(&mut settings);
+        Self {
+            state: Arc::new(settings.build()),
+            classifier: self.classifier,
+        }
     }
 
     /// The utilization (percent of capacity) at which each class starts being shed.
@@ -181,7 +185,7 @@ impl<P> WorkerShedLayer<P> {
         self.configure(|s| s.name = name)
     }
 
-    enforcement_methods!(settings.switch, |this: Self, switch| this
+    enforcement_methods!(state.settings.switch, |this: Self, switch| this
         .configure(|s| s.switch = switch));
 
     /// Requests in flight through this layer now.
@@ -208,7 +212,6 @@ impl<P> WorkerShedLayer<P> {
 impl<P> Clone for WorkerShedLayer<P> {
     fn clone(&self) -> Self {
         Self {
-            settings: self.settings.clone(),
             classifier: self.classifier.clone(),
             state: self.state.clone(),
         }
@@ -218,18 +221,18 @@ impl<P> Clone for WorkerShedLayer<P> {
 impl<P> fmt::Debug for WorkerShedLayer<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WorkerShedLayer")
-            .field("name", &self.settings.name)
-            .field("tuning", &self.settings.tuning)
-            .field("mode", &self.settings.switch.mode())
+            .field("name", &self.state.settings.name)
+            .field("tuning", &self.state.settings.tuning)
+            .field("mode", &self.state.settings.switch.mode())
             .field("in_flight", &self.in_flight())
             .finish_non_exhaustive()
     }
 }
 
 impl<S, P> Layer<S> for WorkerShedLayer<P> {
-    type Service = WorkerShed<S, P>;
+    type Service = InFlightLimit<S, Self>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        WorkerShed::new(inner, self.state.clone(), self.classifier.clone())
+        InFlightLimit::new(inner, self.clone())
     }
 }

@@ -52,4 +52,3 @@ pub use controller::{
     DEFAULT_HYSTERESIS_PERCENT, DEFAULT_INTERVAL, DEFAULT_STEP_PERCENT, DEFAULT_THRESHOLDS,
 };
 pub use layer::{DEFAULT_WORKER_NAME, SHED_TOTAL, WorkerShedLayer};
-pub use service::WorkerShed;

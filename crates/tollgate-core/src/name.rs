@@ -8,12 +8,13 @@ use std::sync::Arc;
 
 /// A limiter's name.
 ///
-/// Every admitted request carries its limiter's name in a [`Verdict`](crate::Verdict). A name written as a string
+/// Every admitted request carries its limiter's name (in the tower layers' verdicts), and a store reports its
+/// evictions under one ([`MemoryStoreBuilder::name`](crate::MemoryStoreBuilder::name)). A name written as a string
 /// literal is kept as a `&'static str`, so carrying it costs nothing; a name built at run time is shared
 /// (`Arc<str>`), and carrying it counts a reference — on a counter every worker thread touches.
 ///
 /// ```
-/// use tollgate_tower::Name;
+/// use tollgate_core::Name;
 ///
 /// let literal = Name::from("per-client");
 /// let built = Name::from(format!("tenant-{}", 42));
