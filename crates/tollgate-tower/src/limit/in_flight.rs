@@ -53,10 +53,11 @@ impl<S: fmt::Debug, L: fmt::Debug> fmt::Debug for InFlightLimit<S, L> {
 }
 
 /// The `Service` of an [`InFlightLimit`] built by one in-flight limiter's layer, written once: `poll_ready` asks
-/// the inner service, and `call` takes the state machine the limiter's `decide(&mut inner, &layer, req)` returns.
-/// `$layer` is the layer's type with its parameters `$param`, bound by `$bounds`.
+/// the inner service, and `call` takes the state machine `$decide(&mut inner, &layer, req)` returns (or, given
+/// fields, `$decide(&mut inner, &layer.field.field, req)`). `$layer` is the layer's type with its parameters
+/// `$param`, bound by `$bounds`.
 macro_rules! in_flight_service {
-    ($layer:ident<$($param:ident),+> where $($bounds:tt)+) => {
+    ($decide:ident $(($($field:ident).+))? for $layer:ident<$($param:ident),+> where $($bounds:tt)+) => {
         impl<S, $($param,)+ Req> tower_service::Service<Req>
             for $crate::limit::InFlightLimit<S, $layer<$($param),+>>
         where
@@ -78,7 +79,11 @@ macro_rules! in_flight_service {
 
             #[inline]
             fn call(&mut self, req: Req) -> Self::Future {
-                $crate::limit::ResponseFuture::new(decide(&mut self.inner, &self.layer, req))
+                $crate::limit::ResponseFuture::new($decide(
+                    &mut self.inner,
+                    &self.layer $($(.$field)+)?,
+                    req,
+                ))
             }
         }
 

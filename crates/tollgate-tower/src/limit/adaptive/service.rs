@@ -10,7 +10,7 @@ use crate::limit::in_flight::in_flight_service;
 use crate::permit::Hold;
 use crate::{Classify, HoldPermit, Mode, Permit, Rejection, RejectionKind};
 
-in_flight_service!(AdaptiveLimitLayer<P> where P: Classify<Req>);
+in_flight_service!(decide for AdaptiveLimitLayer<P> where P: Classify<Req>);
 
 /// Admits or sheds `req`: the state machine of its response future.
 fn decide<S, P, Req>(

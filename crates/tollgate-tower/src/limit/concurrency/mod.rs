@@ -2,7 +2,7 @@
 //!
 //! [`ConcurrencyLimitLayer`] asks a [`SlotStore`] for a slot in `call`:
 //!
-//! - granted: the inner service runs, and the response holds the slot ([`HoldPermit`]) — for
+//! - granted: the inner service runs, and the response holds the slot ([`HoldPermit`](crate::HoldPermit)) — for
 //!   HTTP in its body, so the slot is held until the body is done or dropped (a stream until it ends), and given
 //!   back on client disconnect, cancellation (the future dropped) and a panicking handler alike;
 //! - over the limit: the call fails at once with a [`Rejection`](crate::Rejection) of kind
@@ -13,7 +13,7 @@
 //!
 //! Both answers carry the limiter's [`Verdict`](crate::Verdict) (unit
 //! [`ConcurrentRequests`](crate::QuotaUnit::ConcurrentRequests): the ceiling, and the slots left after this
-//! request), an admission's in its response (through the permit, [`HoldPermit`]) and a
+//! request), an admission's in its response (through the permit, [`HoldPermit`](crate::HoldPermit)) and a
 //! rejection's in the [`Rejection`](crate::Rejection), for the adapters' RateLimit fields
 //! (`qu="concurrent-requests"`). The fleet shedder's answers carry none: its ceiling is the fleet's capacity, not a
 //! quota the client could pace itself to.
@@ -78,30 +78,14 @@ pub(crate) use layer::{SlotLayer, slot_layer_methods};
 pub(crate) use decide::Settings;
 
 use tollgate_core::slot::SlotStore;
-use tower_service::Service;
 
-use crate::limit::Machine;
 use crate::limit::in_flight::in_flight_service;
-use crate::permit::Hold;
-use crate::{BoxError, HoldPermit, KeyError, KeyExtractor};
+use crate::{KeyError, KeyExtractor};
+use service::decide_slot;
 
-in_flight_service!(ConcurrencyLimitLayer<K, L> where K: KeyExtractor<Req>, L: SlotStore);
-
-/// Admits `req` if its key has a slot free: the state machine of its response future.
-fn decide<S, K, L, Req>(
-    inner: &mut S,
-    layer: &ConcurrencyLimitLayer<K, L>,
-    req: Req,
-) -> Machine<S::Future, S, Req, Hold>
-where
-    S: Service<Req> + Clone,
-    S::Error: Into<BoxError>,
-    S::Response: HoldPermit,
-    K: KeyExtractor<Req>,
-    L: SlotStore,
-{
-    service::decide_slot(inner, &layer.inner.shared, req)
-}
+in_flight_service!(
+    decide_slot(inner.shared) for ConcurrencyLimitLayer<K, L> where K: KeyExtractor<Req>, L: SlotStore
+);
 
 /// Which slot set a request counts against, and its ceiling there: one set per key ([`PerKey`], the concurrency
 /// limiter), or one fleet-wide set with a ceiling per priority (the fleet shedder's rule).

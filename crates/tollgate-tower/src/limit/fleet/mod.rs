@@ -35,32 +35,14 @@ pub use layer::{DEFAULT_FLEET_KEY, DEFAULT_RESERVE_PERCENT, FleetShedLayer};
 use crate::{Classify, KeyError, Priority};
 
 use tollgate_core::slot::SlotStore;
-use tower_service::Service;
 
-use crate::limit::Machine;
 use crate::limit::concurrency::SlotRule;
 use crate::limit::concurrency::service::decide_slot;
 use crate::limit::in_flight::in_flight_service;
-use crate::permit::Hold;
-use crate::{BoxError, HoldPermit};
 
-in_flight_service!(FleetShedLayer<P, L> where P: Classify<Req>, L: SlotStore);
-
-/// Admits `req` if its priority's share of the fleet has a slot free: the state machine of its response future.
-fn decide<S, P, L, Req>(
-    inner: &mut S,
-    layer: &FleetShedLayer<P, L>,
-    req: Req,
-) -> Machine<S::Future, S, Req, Hold>
-where
-    S: Service<Req> + Clone,
-    S::Error: Into<BoxError>,
-    S::Response: HoldPermit,
-    P: Classify<Req>,
-    L: SlotStore,
-{
-    decide_slot(inner, &layer.inner.shared, req)
-}
+in_flight_service!(
+    decide_slot(inner.shared) for FleetShedLayer<P, L> where P: Classify<Req>, L: SlotStore
+);
 
 /// The fleet shedder's rule: one key, a ceiling per priority.
 #[derive(Debug, Clone)]

@@ -22,7 +22,7 @@ impl Drop for InFlight {
     }
 }
 
-in_flight_service!(WorkerShedLayer<P> where P: Classify<Req>);
+in_flight_service!(decide for WorkerShedLayer<P> where P: Classify<Req>);
 
 /// Admits or sheds `req`: the state machine of its response future.
 fn decide<S, P, Req>(
