@@ -70,14 +70,15 @@ pub use tollgate_client as client;
 pub use tollgate_rls as rls;
 
 /// Stripe's production stack: the concurrent-requests limiter, the fleet-usage and worker-utilization load
-/// shedders, and the layer that stacks them with the rate limiter (they live in `tollgate-tower`, on the decision
-/// core every tollgate limiter shares).
+/// shedders, the adaptive concurrency limit, and the layer that stacks them with the rate limiter (they live in
+/// `tollgate-tower`, on the decision core every tollgate limiter shares; their one service is
+/// [`InFlightLimit`](crate::stack::InFlightLimit)).
 #[cfg(feature = "stack")]
 pub mod stack {
-    pub use tollgate_tower::limit::{concurrency, fleet, stack, worker};
+    pub use tollgate_tower::limit::{adaptive, concurrency, fleet, stack, worker};
     pub use tollgate_tower::permit;
     pub use tollgate_tower::{
-        ConcurrencyLimitLayer, ConfigError, FleetShedLayer, HoldPermit, InFlightLimit, Permit,
-        PermitBody, StackLayer, WorkerShedLayer,
+        AdaptiveLimitLayer, ConcurrencyLimitLayer, ConfigError, FleetShedLayer, HoldPermit,
+        InFlightLimit, Permit, PermitBody, StackLayer, WorkerShedLayer,
     };
 }

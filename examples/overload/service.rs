@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use tollgate::http::HttpLimitLayer;
 use tollgate::http::priority::HeaderPriority;
 use tollgate::slot::MemorySlotStore;
-use tollgate::tower::limit::adaptive::{AdaptiveLimitLayer, Control};
+use tollgate::stack::adaptive::{AdaptiveLimitLayer, Control};
 use tollgate::tower::{ConcurrencyLimitLayer, WorkerShedLayer};
 
 /// One way of protecting the service.
