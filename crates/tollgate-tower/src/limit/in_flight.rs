@@ -12,6 +12,21 @@ use std::fmt;
 /// a per-key limit, [`KeyError`](crate::KeyError)s.
 ///
 /// Cheap to clone: every clone decides on the state its layer built.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tollgate_core::slot::MemorySlotStore;
+/// use tollgate_tower::{BoxError, ConcurrencyLimitLayer, InFlightLimit, Mode};
+/// use tower::{Layer, service_fn};
+///
+/// let layer = ConcurrencyLimitLayer::new("in-flight", 2, Arc::new(MemorySlotStore::new()), "all")?;
+/// let inner = service_fn(|_: http::Request<()>| async { Ok::<_, BoxError>(http::Response::new(())) });
+/// let svc: InFlightLimit<_, ConcurrencyLimitLayer<_, _>> = layer.layer(inner);
+/// // The service reaches its layer's handles: flipping its switch flips every service the layer built.
+/// svc.layer().enforcement().set(Mode::Shadow);
+/// assert_eq!(layer.enforcement().mode(), Mode::Shadow);
+/// # Ok::<(), tollgate_tower::ConfigError>(())
+/// ```
 pub struct InFlightLimit<S, L> {
     pub(crate) inner: S,
     pub(crate) layer: L,
