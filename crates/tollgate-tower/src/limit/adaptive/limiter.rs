@@ -39,14 +39,11 @@ pub(crate) struct Limiter {
     pub(super) settings: Settings,
     /// Mode, decision metrics and logs: the core every limiter decides through.
     pub(crate) judge: Judge,
-    pub(crate) retry_after: Duration,
-    clock: Arc<dyn Clock>,
     started: Timestamp,
     state: Mutex<LimitState>,
     limit: AtomicU64,
     in_flight: AtomicU64,
     busy: [AtomicU64; 4],
-    shares: [u8; 4],
     pub(crate) shed: Counter,
     limit_gauge: Gauge,
     latency: Histogram,
@@ -56,15 +53,13 @@ impl Limiter {
     /// The limit every service of a layer with `settings` shares.
     pub(super) fn new(settings: Settings) -> Self {
         let Settings {
-            ref name,
-            ref switch,
-            retry_after,
+            name,
+            switch,
             control,
-            shares,
-            ref clock,
-        } = settings;
-        let (switch, clock) = (switch.clone(), clock.clone());
-        let state = LimitState::new(control);
+            clock,
+            ..
+        } = &settings;
+        let state = LimitState::new(*control);
         let limit = state.limit();
         let limit_gauge = metrics::gauge!(ADAPTIVE_LIMIT, "limiter" => name.to_string());
         limit_gauge.set(limit as f64);
@@ -73,10 +68,9 @@ impl Limiter {
             latency: metrics::histogram!(ADAPTIVE_LATENCY, "limiter" => name.to_string()),
             limit_gauge,
             started: clock.now(),
-            clock,
             judge: Judge::new(
                 name.clone(),
-                switch,
+                switch.clone(),
                 None,
                 "shed",
                 Signals::new(
@@ -87,14 +81,17 @@ impl Limiter {
                     NearLimitShare::DEFAULT,
                 ),
             ),
-            retry_after,
             settings,
             state: Mutex::new(state),
             limit: AtomicU64::new(limit),
             in_flight: AtomicU64::new(0),
             busy: Default::default(),
-            shares,
         }
+    }
+
+    /// The retry delay a shed request announces.
+    pub(crate) fn retry_after(&self) -> Duration {
+        self.settings.retry_after
     }
 
     pub(crate) fn limit(&self) -> u64 {
@@ -116,7 +113,7 @@ impl Limiter {
     /// The share of the limit `priority` is guaranteed: `limit × share`, rounded up (at least 1 for a share above
     /// zero, so that a small limit still guarantees every class something).
     pub(crate) fn guaranteed(&self, priority: Priority) -> u64 {
-        guaranteed(self.limit(), self.shares[priority.index()])
+        guaranteed(self.limit(), self.settings.shares[priority.index()])
     }
 
     /// Admits one request of `priority` if the limit has room (any class may borrow the unused share of others),
@@ -135,7 +132,7 @@ impl Limiter {
             }
             Err(_) => {
                 // Over the limit: only within the class's guaranteed share.
-                let line = guaranteed(limit, self.shares[priority.index()]);
+                let line = guaranteed(limit, self.settings.shares[priority.index()]);
                 self.busy[priority.index()]
                     .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                         (n < line).then_some(n + 1)
@@ -158,7 +155,7 @@ impl Limiter {
         AdaptivePermit {
             limiter: self.clone(),
             priority,
-            started: self.clock.now(),
+            started: self.settings.clock.now(),
             in_flight,
             outcome: Outcome::Ignored,
         }
@@ -175,7 +172,7 @@ impl Limiter {
         if permit.outcome == Outcome::Ignored {
             return;
         }
-        let now = self.clock.now();
+        let now = self.settings.clock.now();
         let latency = now.saturating_duration_since(permit.started);
         self.latency.record(latency.as_secs_f64());
         let sample = Sample {

@@ -50,7 +50,7 @@ where
         || Some(Permit::new(limiter.force_acquire(priority))),
         || {
             Rejection::new(RejectionKind::Shed, limiter.judge.name.clone())
-                .with_retry_after(limiter.retry_after)
+                .with_retry_after(limiter.retry_after())
         },
     );
     match over {

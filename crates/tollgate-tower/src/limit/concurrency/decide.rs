@@ -55,30 +55,23 @@ pub(crate) struct Shared<R, L> {
     /// What the state was built from, for a layer built from this one with a setting changed.
     pub(crate) config: SlotConfig<R, L>,
     pub(crate) judge: Judge,
-    pub(crate) rule: R,
-    slot_ttl: Duration,
-    retry_after: Duration,
-    store: Arc<L>,
     /// This instance's releases in flight by key, for the concurrency limiter on a shared store only: in-process
     /// releases are done at once, and the fleet shedder's one key is every client's, so no release there is a
     /// client's own, and asking again while shedding would double the load on that key when the fleet is
     /// overloaded.
     releases: Option<Arc<Releases>>,
-    kind: RejectionKind,
-    fallback: Option<Arc<MemorySlotStore>>,
 }
 
-impl<R: Clone, L: SlotStore> Shared<R, L> {
+impl<R, L: SlotStore> Shared<R, L> {
     /// The state every service of a layer configured with `config` shares.
     pub(crate) fn new(config: SlotConfig<R, L>) -> Self {
         let SlotConfig {
             settings,
-            rule,
             store,
-            fallback,
             kind,
             switch,
-        } = config.clone();
+            ..
+        } = &config;
         let refused = if kind.is_overload() {
             "shed"
         } else {
@@ -98,25 +91,17 @@ impl<R: Clone, L: SlotStore> Shared<R, L> {
         );
         Self {
             judge: Judge::new(
-                settings.name,
-                switch,
+                settings.name.clone(),
+                switch.clone(),
                 Some(settings.on_error),
                 refused,
                 signals,
             ),
-            rule,
-            slot_ttl: settings.slot_ttl,
-            retry_after: settings.retry_after,
             releases: (store.slots_expire() && !kind.is_overload()).then(Arc::default),
-            store,
-            kind,
-            fallback,
             config,
         }
     }
-}
 
-impl<R, L: SlotStore> Shared<R, L> {
     /// Decides one request against `limit` slots on `key`, in `mode` (`Enforce` or `Shadow`).
     pub(crate) async fn decide(self: Arc<Self>, key: String, limit: u64, mode: Mode) -> Conclusion {
         // The releases of this instance on the key on their way as the acquire is sent (a task sends each after
@@ -128,7 +113,9 @@ impl<R, L: SlotStore> Shared<R, L> {
         // store's timeout), or after one slot time: a slot never released has expired by then.
         let refused = matches!(result, Ok(admission) if !admission.granted);
         if let Some(releases) = self.releases.as_ref().filter(|_| refused)
-            && releases.wait_for(&key, mark, self.slot_ttl).await
+            && releases
+                .wait_for(&key, mark, self.config.settings.slot_ttl)
+                .await
         {
             (slot, result) = self.acquire(&key, limit).await;
         }
@@ -137,11 +124,11 @@ impl<R, L: SlotStore> Shared<R, L> {
                 let remaining = limit.saturating_sub(admission.in_flight);
                 self.judge.admitted(remaining, limit);
                 let guard = SlotGuard::new(
-                    self.store.clone(),
+                    self.config.store.clone(),
                     self.releases.clone(),
                     key,
                     slot,
-                    self.slot_ttl,
+                    self.config.settings.slot_ttl,
                 );
                 Conclusion::Admit(Some(self.permit(
                     Permit::new(guard),
@@ -160,15 +147,21 @@ impl<R, L: SlotStore> Shared<R, L> {
         let slot = SlotId::new();
         // A shared store's acquire may land even if this future is dropped while waiting for the reply (the
         // client went away): this guard then gives the slot back instead of letting it count until it expires.
-        let in_doubt = self.store.slots_expire().then(|| {
+        let in_doubt = self.config.store.slots_expire().then(|| {
             SlotGuard::unrenewed(
-                self.store.clone(),
+                self.config.store.clone(),
                 self.releases.clone(),
                 key.to_owned(),
                 slot,
             )
         });
-        let result = timed_async(self.store.acquire(key, slot, limit, self.slot_ttl)).await;
+        let result = timed_async(self.config.store.acquire(
+            key,
+            slot,
+            limit,
+            self.config.settings.slot_ttl,
+        ))
+        .await;
         match (&result, in_doubt) {
             // The reply was lost (a timeout, a dropped connection), not necessarily the request: the slot may be
             // held, or be granted once a stalled server wakes, so release it (the store refuses a slot released
@@ -185,7 +178,7 @@ impl<R, L: SlotStore> Shared<R, L> {
     /// for the response's RateLimit fields. The fleet shedder's carries none: its ceiling is the fleet's capacity,
     /// not a quota the client could pace itself to.
     fn permit(&self, permit: Permit, limit: u64, remaining: u64, mode: Mode) -> Permit {
-        if self.kind.is_overload() {
+        if self.config.kind.is_overload() {
             return permit;
         }
         let mut verdict =
@@ -199,19 +192,19 @@ impl<R, L: SlotStore> Shared<R, L> {
         self.judge.over_limit(
             mode,
             remaining,
-            &format_args!("{in_flight} in flight, limit {limit}: {}", self.kind),
+            &format_args!("{in_flight} in flight, limit {limit}: {}", self.config.kind),
             || None,
             || {
-                let rejection = Rejection::new(self.kind, self.judge.name.clone())
-                    .with_retry_after(self.retry_after);
-                if self.kind.is_overload() {
+                let rejection = Rejection::new(self.config.kind, self.judge.name.clone())
+                    .with_retry_after(self.config.settings.retry_after);
+                if self.config.kind.is_overload() {
                     return rejection;
                 }
                 let verdict = Verdict::in_flight(
                     self.judge.name.clone(),
                     limit,
                     remaining,
-                    Some(self.retry_after),
+                    Some(self.config.settings.retry_after),
                     now(),
                 );
                 rejection.with_verdict(verdict)
@@ -230,16 +223,23 @@ impl<R, L: SlotStore> Shared<R, L> {
         err: &StoreError,
     ) -> Conclusion {
         self.judge
-            .store_failed(err, mode, Some(self.retry_after), || {
-                let local = self.fallback.as_ref()?;
+            .store_failed(err, mode, Some(self.config.settings.retry_after), || {
+                let local = self.config.fallback.as_ref()?;
                 let admission =
-                    block_on_ready(local.acquire(&key, slot, limit, self.slot_ttl)).ok()?;
+                    block_on_ready(local.acquire(&key, slot, limit, self.config.settings.slot_ttl))
+                        .ok()?;
                 if !admission.granted {
                     return Some(self.over_limit(mode, admission.in_flight, limit));
                 }
                 let remaining = limit.saturating_sub(admission.in_flight);
                 self.judge.admitted_locally(remaining, limit);
-                let guard = SlotGuard::new(local.clone(), None, key, slot, self.slot_ttl);
+                let guard = SlotGuard::new(
+                    local.clone(),
+                    None,
+                    key,
+                    slot,
+                    self.config.settings.slot_ttl,
+                );
                 let permit = self.permit(Permit::new(guard), limit, remaining, mode);
                 Some(Conclusion::Admit(Some(permit)))
             })

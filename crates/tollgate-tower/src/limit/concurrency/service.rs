@@ -33,7 +33,7 @@ where
     }
     let mut key = String::with_capacity(judge.name.len() + 48);
     key.push_str(&judge.name);
-    let limit = match shared.rule.rule(&req, &mut key) {
+    let limit = match shared.config.rule.rule(&req, &mut key) {
         Ok(limit) => limit,
         Err(err) => return refuse(inner, err.into(), Hold),
     };

@@ -21,9 +21,8 @@ pub const DEFAULT_WORKER_NAME: &str = "worker";
 /// State shared by every service the layer builds: one instance, one in-flight count.
 pub(crate) struct WorkerState {
     /// What the state was built from, for a layer built from this one with a setting changed.
-    settings: Settings,
+    pub(crate) settings: Settings,
     pub(crate) judge: Judge,
-    pub(crate) retry_after: Duration,
     pub(crate) controller: Controller,
     /// `tollgate_shed_total{limiter, reason}`, indexed by [`ShedBy`]: which decision shed (`gate`, `controller`).
     pub(crate) shed_by: [Counter; 2],
@@ -45,10 +44,11 @@ pub struct WorkerShedLayer<P> {
 
 /// What a worker shedder is configured with.
 #[derive(Clone)]
-struct Settings {
+pub(crate) struct Settings {
     name: Name,
     switch: EnforcementSwitch,
-    retry_after: Duration,
+    /// The retry delay a shed request announces.
+    pub(crate) retry_after: Duration,
     tuning: Tuning,
 }
 
@@ -70,7 +70,6 @@ impl Settings {
                     NearLimitShare::OFF,
                 ),
             ),
-            retry_after: self.retry_after,
             controller: Controller::new(self.tuning),
             shed_by: [ShedBy::Gate, ShedBy::Controller].map(|by| {
                 metrics::counter!(SHED_TOTAL, "limiter" => self.name.to_string(), "reason" => by.as_str())

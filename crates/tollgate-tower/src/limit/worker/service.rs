@@ -58,7 +58,7 @@ where
                 || None,
                 || {
                     Rejection::new(RejectionKind::Shed, state.judge.name.clone())
-                        .with_retry_after(state.retry_after)
+                        .with_retry_after(state.settings.retry_after)
                 },
             );
             if let Conclusion::Reject(rejection) = shed {
