@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::{Step, div_ceil};
+use super::Step;
 use crate::{Decision, Outcome, Quota, Timestamp};
 
 /// Persisted state of one bucket.
@@ -33,9 +33,8 @@ pub fn decide(
     now: Timestamp,
 ) -> Step<TokenBucketState> {
     let now = now.min(Timestamp::LATEST).as_micros();
-    let token = quota.token_bucket_token();
-    let rate = quota.token_bucket_rate();
     let (per_token, per_rate) = (quota.token_divisor(), quota.rate_divisor());
+    let (token, rate) = (per_token.get(), per_rate.get());
     let capacity = quota.burst() * token;
     let (mut full_at, mut remainder) = match state {
         Some(s) if s.full_at > now => (s.full_at, s.remainder),
@@ -53,7 +52,7 @@ pub fn decide(
     // they only lose precision, and any such product exceeds the floor anyway.)
     let rebased = !matches!(owed, Some(owed) if owed <= 2 * capacity);
     let deficit = if rebased {
-        let wait = div_ceil(capacity, rate);
+        let wait = per_rate.div_ceil(capacity);
         (full_at, remainder) = (now + wait, wait * rate - capacity);
         capacity
     } else {
