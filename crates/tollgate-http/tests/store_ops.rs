@@ -196,9 +196,10 @@ async fn lockout_on_redis_time() {
     );
 }
 
-/// `GET /gen` limited by `layer` (adapted in place, or inside a `ServiceBuilder` by the adapter's own service if `generic`: the limiter's
-/// own responder or the default `()` reads the real cost), answering with the real cost the request header `x-want` asks for, in the
-/// header `x-cost` and in the `FinalCost` extension; `GET /left` peeks at what a request of cost 1 would get.
+/// `GET /gen` limited by `layer` (adapted in place, or inside a `ServiceBuilder` by the adapter's own service if
+/// `generic`: the limiter's own responder or the default `()` reads the real cost), answering with the real cost
+/// the request header `x-want` asks for, in the header `x-cost` and in the `FinalCost` extension; `GET /left`
+/// peeks at what a request of cost 1 would get.
 fn generation_app<St: Store>(layer: RateLimitLayer<PeerIp, St>) -> Router {
     generation_app_with(layer, false)
 }
@@ -259,7 +260,8 @@ async fn cost_after_the_response_overdraws_and_refunds<St: Store>(
     overdraws_and_refunds(store, clock, false).await;
 }
 
-/// The same through the generic adapter: the limiter forwards its verdict, and the default responder `()` reads the real cost.
+/// The same through the generic adapter: the limiter forwards its verdict, and the default responder `()` reads the
+/// real cost.
 async fn cost_after_through_the_generic_adapter<St: Store>(store: Arc<St>, clock: ManualClock) {
     overdraws_and_refunds(store, clock, true).await;
 }

@@ -1,6 +1,6 @@
 //! A charge after the response that cannot reach the store is counted in `tollgate_charges_lost_total{limiter}`,
-//! for a single limiter and for a limiter in a set (both forward their verdicts: the default responder `()` reads the real cost
-//! through `VerdictSink::final_cost`, here of a response type of the test's own). Real Redis, killed while the
+//! for a single limiter and for a limiter in a set (both forward their verdicts: the default responder `()` reads
+//! the real cost through `VerdictSink::final_cost`, here of a response type of the test's own). Real Redis, killed while the
 //! request is being served.
 
 mod counts;

@@ -12,8 +12,8 @@ use tollgate_tower::{KeyError, KeyExtractor};
 ///
 /// The key is the first 128 bits of the SHA-256 of the value's bytes (see [`digest`](tollgate_tower::digest) for
 /// why): an API key never lands in a shared store, a long or binary (`-bin`) value never makes a long key, and
-/// every instance of a fleet maps the same value to the same bucket. A request without the entry, or with an empty value,
-/// is a configuration error (HTTP 500, gRPC `INTERNAL`) unless the layer is meant for authenticated routes only: it
+/// every instance of a fleet maps the same value to the same bucket. A request without the entry, or with an empty
+/// value, is a configuration error (HTTP 500, gRPC `INTERNAL`) unless the layer is meant for authenticated routes only: it
 /// is never counted against a shared bucket (an empty value is no key, or every client sending one would share
 /// it). The gRPC adapter re-exports it as `tollgate_grpc::key::MetadataKey`.
 ///

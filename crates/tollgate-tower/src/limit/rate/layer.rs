@@ -146,8 +146,8 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
     ///
     /// Read through every adapter: the HTTP adapter's in-place responder (`tollgate_http::HttpLimitLayer`)
     /// and the default responder `()` (under `HttpLimitLayer`, `GrpcLimitLayer`, or in a
-    /// [`RateLimitSet`](super::RateLimitSet)) read it through [`VerdictSink::final_cost`](crate::VerdictSink::final_cost),
-    /// which `http::Response` answers from both sources (gRPC: the header is the reply's metadata). A charge that
+    /// [`RateLimitSet`](super::RateLimitSet)) read it through
+    /// [`VerdictSink::final_cost`](crate::VerdictSink::final_cost), which `http::Response` answers from both sources (gRPC: the header is the reply's metadata). A charge that
     /// cannot reach the store is counted in `tollgate_charges_lost_total{limiter}`
     /// ([`CHARGES_LOST_TOTAL`](crate::observe::CHARGES_LOST_TOTAL)).
     ///
