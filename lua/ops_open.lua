@@ -18,6 +18,9 @@ local ops_now, ops_min_ttl_ms = decision_time(ARGV[5])
 local decision_time = function()
   return ops_now, ops_min_ttl_ms
 end
+-- The algorithm reads its own five arguments only: token_bucket.lua's optional sixth (a hold) is not one the
+-- store operations take, and the lockout sits there.
+local ARGV = { ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] }
 
 -- The algorithm's redis.call goes through here: while `ops_writes` is false (a peek, a locked key) its reads run
 -- and its writes are skipped. (Under EVALSHA_RO a write that slipped through would fail the script, not write.)

@@ -7,6 +7,9 @@
 -- ARGV[3]  burst   bucket capacity in tokens
 -- ARGV[4]  cost    tokens this request takes
 -- ARGV[5]  now     µs since the epoch; empty: the server's TIME (no client clock can mint tokens)
+-- ARGV[6]  hold    optional: the µs the caller may hold the request back; one admitted within it (and within the
+--                  time the burst takes to accrue) is admitted as of that instant, its wait returned as the retry
+--                  (token_bucket::decide_held); not on a rebased state nor while tokens are leased
 --
 -- Returns {outcome, remaining, reset_us, retry_after_us, now_us}; outcome 0 allowed, 1 limited,
 -- 2 cost exceeds capacity; retry_after_us is -1 when absent. Integers only: Redis truncates Lua numbers.
@@ -89,6 +92,16 @@ if deficit + need <= capacity then
 end
 -- Earliest t with (full_at - t) * rate - remainder <= capacity - need.
 local admit_at = full_at - idiv(capacity - need + remainder, rate)
+local hold = tonumber(ARGV[6])
+if hold and not kept and book == nil and admit_at - now <= hold and (admit_at - now) * rate <= capacity then
+  -- Admitted as of admit_at: the state as if the request came then.
+  deficit = math.max((full_at - admit_at) * rate - remainder, 0) + need
+  local wait = div_ceil(deficit, rate)
+  local held_full_at = admit_at + wait
+  redis.call('HSET', key, 'full_at', int(held_full_at), 'remainder', int(wait * rate - deficit))
+  redis.call('PEXPIRE', key, int(math.max(div_ceil(held_full_at - now, 1000), min_ttl_ms)))
+  return {0, idiv(capacity - deficit, token), held_full_at, admit_at - now, now}
+end
 local remaining = idiv(math.max(capacity - deficit, 0), token) -- 0 in debt
 keep_rebased()
 return {1, remaining, full_at, admit_at - now, now}

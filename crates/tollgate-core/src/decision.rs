@@ -43,7 +43,8 @@ pub struct Decision {
     pub remaining: u64,
     /// When the full quota is available again, as stored with the key's state.
     pub reset: Timestamp,
-    /// On `Limited`: how long until this same request would be admitted, absent other traffic.
+    /// On `Limited`: how long until this same request would be admitted, absent other traffic. On an admission
+    /// held by [`Store::check_held`](crate::Store::check_held): how long until the instant it was admitted as of.
     pub retry_after: Option<Duration>,
     /// The instant the decision was made, on the decider's clock.
     pub now: Timestamp,

@@ -83,6 +83,53 @@ proptest! {
     }
 
     #[test]
+    fn token_bucket_held_admissions_are_decisions_at_their_instant(
+        q in quota(), reqs in traffic(400_000, 5), holds in prop::collection::vec(0u64..600_000, 120),
+    ) {
+        // Each request may be held up to its own hold: one admitted within it is the plain decision at the
+        // instant it is held to, as if it came then; any other is the plain decision now. Counted at the instants
+        // they proceed at, the bucket never admits more than burst + rate × T.
+        let (mut state, mut now) = (None, T0);
+        let mut admitted = Vec::new();
+        for (&(gap, cost), &hold) in reqs.iter().zip(&holds) {
+            now += gap;
+            let at = Timestamp::from_micros(now);
+            let held = token_bucket::decide_held(state, &q, cost, at, Duration::from_micros(hold));
+            let plain = token_bucket::decide(state, &q, cost, at);
+            match held.decision.retry_after.filter(|_| held.decision.is_allowed()) {
+                Some(wait) => {
+                    prop_assert_eq!(plain.decision.outcome, Outcome::Limited);
+                    prop_assert_eq!(plain.decision.retry_after, Some(wait));
+                    prop_assert!(wait <= Duration::from_micros(hold));
+                    let then = Timestamp::from_micros(now + u64::try_from(wait.as_micros()).unwrap());
+                    let direct = token_bucket::decide(state, &q, cost, then);
+                    prop_assert_eq!(held.state, direct.state);
+                    prop_assert_eq!(held.decision, Decision { now: at, retry_after: Some(wait), ..direct.decision });
+                    admitted.push((then.as_micros(), cost));
+                }
+                None => {
+                    prop_assert_eq!(held.decision, plain.decision);
+                    prop_assert_eq!(held.state, plain.state);
+                    if plain.decision.is_allowed() {
+                        admitted.push((now, cost));
+                    }
+                }
+            }
+            state = held.state.or(state);
+        }
+        admitted.sort_unstable();
+        for i in 0..admitted.len() {
+            let mut sum = 0u128;
+            for &(t, cost) in &admitted[i..] {
+                sum += u128::from(cost);
+                let span = u128::from(t - admitted[i].0);
+                let bound = u128::from(q.burst()) + u128::from(q.limit()) * span / u128::from(q.period_micros());
+                prop_assert!(sum <= bound, "{sum} admitted in {span} µs, bound {bound}");
+            }
+        }
+    }
+
+    #[test]
     fn sliding_window_never_admits_beyond_its_estimate(limit in 1u64..40, period in 1_000u64..2_000_000, reqs in traffic(300_000, 4)) {
         let policy = Policy::sliding_window(Quota::new(limit, Duration::from_micros(period)).unwrap()).unwrap();
         let log = replay(&reqs, |s, c, t| sliding_window::decide(s, &policy, c, t));

@@ -187,7 +187,20 @@ impl RedisStore {
         cost: u64,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        self.decide(key, policy, cost, Some(now)).await
+        self.decide(key, policy, cost, Some(now), None).await
+    }
+
+    /// [`Store::check_held`] at `now` instead of the server's time (for tests and replays, as
+    /// [`check_at`](Self::check_at)).
+    pub async fn check_held_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        hold: Duration,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.decide(key, policy, cost, Some(now), Some(hold)).await
     }
 
     /// What a request of `cost` on `key` would get at `now` (instead of the server's time), without writing: see
@@ -298,6 +311,7 @@ impl RedisStore {
         policy: &Policy,
         cost: u64,
         now: Option<Timestamp>,
+        hold: Option<Duration>,
     ) -> Result<Decision, StoreError> {
         let redis_key = keys::redis_key(&self.inner.namespace, key, policy.algorithm());
         // Like the Rust algorithms, decide no later than `Timestamp::LATEST` (2^53 µs): past it Lua's doubles lose
@@ -312,7 +326,19 @@ impl RedisStore {
         }
         let script = self.inner.scripts.for_algorithm(policy.algorithm());
         let args = script::args(policy, cost, now);
-        self.run_script(script, &redis_key, &args, parse).await
+        match hold {
+            // The token bucket's optional sixth argument (the other scripts take none).
+            Some(hold) if !hold.is_zero() && policy.algorithm() == Algorithm::TokenBucket => {
+                let mut args = Vec::from(args);
+                args.push(
+                    hold.as_micros()
+                        .min(u128::from(Timestamp::LATEST.as_micros()))
+                        .to_string(),
+                );
+                self.run_script(script, &redis_key, &args, parse).await
+            }
+            _ => self.run_script(script, &redis_key, &args, parse).await,
+        }
     }
 
     /// One peek on Redis: the wrapped script in peek mode, run read-only.
@@ -423,7 +449,19 @@ impl Store for RedisStore {
     /// Decides on Redis's clock. If Redis fails, times out or the circuit is open, returns the error: the
     /// limiter's failure policy answers (and counts and logs it).
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        self.decide(key, policy, cost, None).await
+        self.decide(key, policy, cost, None, None).await
+    }
+
+    /// One round trip, as [`check`](Store::check): a token bucket's request admitted within `hold` comes back
+    /// held (the lockout's script takes no hold: a policy with a lockout is decided as by `check`).
+    async fn check_held(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        hold: Duration,
+    ) -> Result<Decision, StoreError> {
+        self.decide(key, policy, cost, None, Some(hold)).await
     }
 
     /// Shared, so rate limiters cache its denials (their deny cache): every denial it returns is Redis's own (a

@@ -154,6 +154,87 @@ async fn lua_agrees_with_rust_on_random_policies_and_traffic() {
     assert!(compared > 1_000);
 }
 
+/// A held decision (a request the caller may hold back) is the same in Lua as in Rust
+/// (`token_bucket::decide_held`), interleaved with plain ones, on awkward token bucket quotas; a sliding window and
+/// a lockout (whose script takes no hold) are decided as without one.
+#[tokio::test]
+async fn lua_holds_as_rust_does() {
+    let redis = common::AclRedis::start();
+    let redis = redis.store("hold").await;
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let quotas: Vec<Quota> = [
+        (3, 7),
+        (1, 1),
+        (100, 1_000_000),
+        (13, 1_700_000),
+        (999_983, 3_600_000_000),
+        (1 << 40, 1_000_000),
+    ]
+    .into_iter()
+    .filter_map(|(limit, us)| Quota::new(limit, Duration::from_micros(us)).ok())
+    .collect();
+    let (mut compared, mut held) = (0, 0);
+    for (i, q) in quotas
+        .iter()
+        .flat_map(|q| [*q, q.with_burst(1).unwrap()])
+        .enumerate()
+    {
+        let policy = Policy::token_bucket(q);
+        let period = q.period_micros();
+        let mut state: Option<TokenBucketState> = None;
+        let mut now = 1_700_000_000_000_000 + rng.below(1 << 40);
+        for _ in 0..80 {
+            now += match rng.below(4) {
+                0 => 0,
+                1 | 2 => rng.below(period / 8 + 1),
+                _ => rng.below(2 * period + 1),
+            };
+            let cost = if rng.below(4) == 0 {
+                rng.below(q.burst().min(1 << 20)) + 1
+            } else {
+                1
+            };
+            let at = Timestamp::from_micros(now);
+            let key = format!("h{i}");
+            let (r, step) = if rng.below(3) == 0 {
+                let r = redis.check_at(&key, &policy, cost, at).await;
+                (r, token_bucket::decide(state, &q, cost, at))
+            } else {
+                let hold = Duration::from_micros(rng.below(2 * period + 1));
+                let r = redis.check_held_at(&key, &policy, cost, hold, at).await;
+                (r, token_bucket::decide_held(state, &q, cost, at, hold))
+            };
+            let r = r.expect("redis decides");
+            assert_eq!(r, step.decision, "quota {q:?}, cost {cost}, at {now}");
+            held += usize::from(r.is_allowed() && r.retry_after.is_some());
+            state = step.state.or(state);
+            compared += 1;
+        }
+    }
+    assert!(
+        compared >= 800 && held >= 50,
+        "{compared} compared, {held} held"
+    );
+
+    // No hold where the script takes none: the same decisions as plain checks on a twin key.
+    let q = Quota::new(2, Duration::from_secs(1)).unwrap();
+    let lockout = Policy::token_bucket(q)
+        .with_lockout(Duration::from_secs(5))
+        .unwrap();
+    for policy in [Policy::sliding_window(q).unwrap(), lockout] {
+        for step in 0..4 {
+            let at = Timestamp::from_micros(1_700_000_000_000_000 + step * 100_000);
+            let hold = Duration::from_secs(1);
+            let held = redis
+                .check_held_at("twin-a", &policy, 1, hold, at)
+                .await
+                .unwrap();
+            let plain = redis.check_at("twin-b", &policy, 1, at).await.unwrap();
+            assert_eq!(held, plain, "{policy:?}, step {step}");
+        }
+    }
+}
+
 /// The textbook race: read state, decide in the client, write state back. Two round trips let concurrent
 /// callers read the same state.
 async fn naive_check(

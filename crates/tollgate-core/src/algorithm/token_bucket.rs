@@ -102,3 +102,47 @@ pub fn decide(
         state: kept,
     }
 }
+
+/// Decides one request of `cost` tokens at `now` that its caller may hold back for up to `hold`: a request the
+/// bucket admits no later than `now + hold` is admitted as of that instant — the state as if it came then, its
+/// decision [`Allowed`](Outcome::Allowed) with `retry_after` the time to hold it (zero when admitted at once).
+/// Any other request is decided as by [`decide`], as is one held longer than the burst takes to accrue (the state
+/// it leaves would owe more than [`decide`] takes for a clock stepped back, and be rebased) or one on a state
+/// [`decide`] rebases. Mirrored by `lua/token_bucket.lua`'s hold argument.
+///
+/// The request must not proceed before the hold has passed: it is counted at the instant it was admitted as of,
+/// and the bucket's guarantee (at most `burst + rate × T` tokens spent in any interval `T`) holds for the instants
+/// requests proceed at.
+#[must_use]
+pub fn decide_held(
+    state: Option<TokenBucketState>,
+    quota: &Quota,
+    cost: u64,
+    now: Timestamp,
+    hold: Duration,
+) -> Step<TokenBucketState> {
+    let step = decide(state, quota, cost, now);
+    match (step.decision.outcome, step.decision.retry_after, step.state) {
+        (Outcome::Limited, Some(wait), None)
+            if wait <= hold
+                && u128::from(duration_micros(wait)) * u128::from(quota.rate_divisor().get())
+                    <= u128::from(quota.burst() * quota.token_divisor().get()) =>
+        {
+            let at = Timestamp::from_micros(step.decision.now.as_micros() + duration_micros(wait));
+            let mut held = decide(state, quota, cost, at);
+            // Admitted there by the instant's definition; anything else is answered as at `now`.
+            if !held.decision.is_allowed() {
+                return step;
+            }
+            held.decision.now = step.decision.now;
+            held.decision.retry_after = Some(wait);
+            held
+        }
+        _ => step,
+    }
+}
+
+/// A duration in whole µs (a retry delay: at most `Timestamp::LATEST`'s µs).
+fn duration_micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}

@@ -11,6 +11,7 @@ mod table;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use bounded::{BoundedTable, BoundedTableBuilder, Evicted};
 pub use error::StoreError;
@@ -41,6 +42,25 @@ pub trait Store: Send + Sync + 'static {
         policy: &Policy,
         cost: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Decides one request that the caller may hold back for up to `hold`: under a token bucket (with no lockout),
+    /// a request the store would admit no later than `hold` from now is admitted as of that instant, the key's state
+    /// spent then ([`token_bucket::decide_held`](crate::algorithm::token_bucket::decide_held)), and answered
+    /// [`Allowed`](crate::Outcome::Allowed) with `retry_after` the wait from the decision's `now`. The caller must
+    /// not let the request proceed before the store's clock has reached that instant. Anything else is decided as
+    /// by [`check`](Self::check).
+    ///
+    /// The default is [`check`](Self::check): a store may always answer without holding.
+    fn check_held(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        hold: Duration,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let _ = hold;
+        self.check(key, policy, cost)
+    }
 
     /// Decides at once when this store can do so without waiting (an in-process store), with the same effect as
     /// [`check`](Self::check); `None` when the answer needs I/O and `check` must be awaited. Lets a limiter skip
@@ -231,6 +251,16 @@ impl<S: Store> Store for Arc<S> {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         (**self).check(key, policy, cost)
+    }
+
+    fn check_held(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        hold: Duration,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).check_held(key, policy, cost, hold)
     }
 
     fn check_immediate(
