@@ -981,3 +981,166 @@ async fn a_denial_just_before_the_instant_keeps_the_waiters_coalesced() {
         "after the short denial: the admission, whose reply refuses the other six"
     );
 }
+
+/// Redis deciding at a manual clock's instants, holding requests asked ahead; counting its calls and the
+/// admissions it held.
+struct Holding {
+    redis: Arc<RedisStore>,
+    clock: ManualClock,
+    calls: AtomicUsize,
+    held: AtomicUsize,
+}
+
+impl Store for Holding {
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.redis
+            .check_at(key, policy, cost, self.clock.now())
+            .await
+    }
+    async fn check_held(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        hold: Duration,
+    ) -> Result<Decision, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let decision = self
+            .redis
+            .check_held_at(key, policy, cost, hold, self.clock.now())
+            .await?;
+        if decision.is_allowed() && decision.retry_after.is_some() {
+            self.held.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(decision)
+    }
+    fn is_shared(&self) -> bool {
+        true
+    }
+}
+
+/// µs after `start`.
+fn after(start: Timestamp, micros: u64) -> Timestamp {
+    Timestamp::from_micros(start.as_micros() + micros)
+}
+
+/// A flooded token bucket's next token is asked for just before its entry expires, and the request held until the
+/// token accrues: admitted at the token's instant (the store's own decision there, checked against a twin), no
+/// sooner, while the key's other requests are refused from the entries throughout — at the expiry too, with no
+/// store call.
+#[tokio::test]
+async fn the_next_token_is_asked_for_ahead_and_held_until_it_accrues() {
+    let clock = clock();
+    let prefix = unique_prefix("deny-cache-ahead");
+    let store = Arc::new(Holding {
+        redis: redis(&prefix).await,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+        held: AtomicUsize::new(0),
+    });
+    let twin = redis(&format!("{prefix}-twin")).await;
+    let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(1).unwrap());
+    let mut svc = service(
+        layer(store.clone(), policy)
+            .deny_cache_config(DenyCacheConfig::new().steady_clock(clock.clone())),
+    );
+    let calls = || store.calls.load(Ordering::Relaxed);
+    let start = clock.now();
+    // The burst's one token; its admission makes the entry for the next one, 10 ms on.
+    assert!(decide(&mut svc, "k", 1).await.is_allowed());
+    assert!(
+        twin.check_at("dc:k", &policy, 1, start)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    clock.advance(Duration::from_millis(5));
+    assert!(!decide(&mut svc, "k", 1).await.is_allowed());
+    assert_eq!(calls(), 1, "refused from the entry");
+    // 1.5 ms before the token: one request asks ahead and is held until it accrues.
+    clock.advance(Duration::from_micros(3_500));
+    let asked = std::time::Instant::now();
+    let held = decide(&mut svc, "k", 1).await;
+    let waited = asked.elapsed();
+    assert!(held.is_allowed(), "{held:?}");
+    assert_eq!((calls(), store.held.load(Ordering::Relaxed)), (2, 1));
+    assert!(
+        waited >= Duration::from_micros(1_500),
+        "held {waited:?} only"
+    );
+    let plain = twin
+        .check_at("dc:k", &policy, 1, clock.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        plain.outcome,
+        Outcome::Limited,
+        "not yet the token's instant"
+    );
+    let token = plain.now.saturating_add(plain.retry_after.unwrap());
+    assert_eq!(token, after(start, 10_000));
+    let expected = twin.check_at("dc:k", &policy, 1, token).await.unwrap();
+    assert!(expected.is_allowed());
+    assert_eq!(held.retry_after, None);
+    assert_eq!(
+        held,
+        Decision {
+            now: token,
+            ..expected
+        },
+        "the store's admission at the token's instant"
+    );
+    // Around and past the old entry's expiry: refused from the entry the held admission made, no store call,
+    // as the store refuses them.
+    for at in [9_000, 9_999, 10_000, 10_001, 14_000, 17_000] {
+        clock.advance(
+            Duration::from_micros(at)
+                - Duration::from_micros(clock.now().as_micros() - start.as_micros()),
+        );
+        let got = decide(&mut svc, "k", 1).await;
+        let expected = twin
+            .check_at("dc:k", &policy, 1, clock.now())
+            .await
+            .unwrap();
+        assert_eq!(got.outcome, Outcome::Limited, "at {at} µs");
+        assert_eq!(
+            (got.outcome, got.reset),
+            (expected.outcome, expected.reset),
+            "at {at} µs"
+        );
+        assert_eq!(calls(), 2, "at {at} µs");
+    }
+}
+
+/// A store that does not hold (its `check_held` is `check`) is asked ahead once per key: the request comes back
+/// refused within its hold, and the key's next entries wait for their expiry as before.
+#[tokio::test]
+async fn a_store_that_does_not_hold_is_asked_ahead_once() {
+    let clock = clock();
+    let store = Arc::new(Clocked {
+        redis: redis(&unique_prefix("deny-cache-no-hold")).await,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(1).unwrap());
+    let mut svc = service(
+        layer(store.clone(), policy)
+            .deny_cache_config(DenyCacheConfig::new().steady_clock(clock.clone())),
+    );
+    let calls = || store.calls.load(Ordering::Relaxed);
+    assert!(decide(&mut svc, "k", 1).await.is_allowed());
+    clock.advance(Duration::from_micros(8_500));
+    assert!(!decide(&mut svc, "k", 1).await.is_allowed());
+    assert_eq!(calls(), 2, "asked ahead, refused: the store held nothing");
+    for token in 1..=3 {
+        // Past the token's instant: one call, admitted, its entry refuses the key until the next token.
+        clock.advance(Duration::from_micros(2_000));
+        assert!(decide(&mut svc, "k", 1).await.is_allowed(), "token {token}");
+        assert_eq!(calls(), 2 + token);
+        clock.advance(Duration::from_micros(7_500));
+        assert!(!decide(&mut svc, "k", 1).await.is_allowed());
+        assert_eq!(calls(), 2 + token, "not asked ahead again");
+        clock.advance(Duration::from_micros(500));
+    }
+}

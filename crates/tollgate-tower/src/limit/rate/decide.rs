@@ -245,7 +245,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
         };
         let digests = deny.unwrap_or_else(|| table.key(&key));
         // A key whose cached denial has just expired is asked once; the others wait for that reply.
-        let ask = || timed_async(self.store.check(&key, &self.policy, cost));
+        let ask = |hold| timed_async(self.store.check_held(&key, &self.policy, cost, hold));
         let result = match table.decide(digests, &key, &self.policy, cost, ask).await {
             Asked::Cached(decision) => {
                 return self.over_limit(self.shown(&key, cost, decision), mode, keep);

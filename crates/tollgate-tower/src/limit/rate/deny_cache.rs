@@ -12,19 +12,22 @@
 //! Why that is exact — both algorithms admit at the first instant their state allows, and other traffic only
 //! delays it —, where the store's retry instant falls on the local clock (each reply bounds the clocks' offset;
 //! less a drift allowance, [`drift_margin`]), what frees tokens early (returned leases, refunds after the response:
-//! under-admission only, never over-admission), the single flight on expiry, and each case that would break it:
-//! `docs/design/deny-cache.md`. In short:
+//! under-admission only, never over-admission), the single flight on expiry, asking ahead, and each case that
+//! would break it: `docs/design/deny-cache.md`. In short:
 //!
 //! - a cached denial refuses only requests of at least the denied cost, until the store's own retry instant;
 //! - a token bucket's admission that leaves less than its cost is cached as the denial the next such request
 //!   would get, until the bucket holds the cost again;
+//! - just before such an entry expires, one request asks the store ahead and is held until the token accrues
+//!   ([`Store::check_held`](tollgate_core::Store::check_held); the Redis store holds): the entry for the token
+//!   after lands before the expiry, and a flooded key's requests never wait for a store call;
 //! - not cached: store errors, other admissions, `CostExceedsCapacity`, the concurrency limiter's refusals, and
 //!   (by default) a limiter that charges after the response;
 //! - an operator who resets a key in Redis calls
 //!   [`RateLimitLayer::deny_cache_forget`](crate::RateLimitLayer::deny_cache_forget) or
 //!   [`RateLimitLayer::deny_cache_clear`](crate::RateLimitLayer::deny_cache_clear) on
 //!   each instance (or waits out the entry: at most the retry delay the store announced);
-//! - memory is bounded: [`DenyCacheConfig::max_keys`] entries (65 536 by default, about 136 bytes each), evictions
+//! - memory is bounded: [`DenyCacheConfig::max_keys`] entries (65 536 by default, about 152 bytes each), evictions
 //!   counted in `tollgate_evictions_total{limiter}`.
 //!
 //! # Metrics
@@ -131,6 +134,10 @@ const SWEEP_EVERY_MICROS: u64 = 1_000_000;
 const FLIGHT_WINDOW_MICROS: u64 = 1_000_000;
 /// The most single flights one request waits for before it asks the store itself.
 const MAX_WAITS: u32 = 4;
+/// How long before a token bucket's entry expires the key's next request asks the store ahead, to be held until
+/// the token accrues (µs): longer than a store call takes under load, so that the reply (and the entry for the
+/// token after) lands before the entry expires and the key's other requests never wait for the store.
+const AHEAD_MICROS: u64 = 2_000;
 
 /// How long before the store's retry instant, `retry` after a request was sent, a local clock that may be
 /// corrected by some µs (such as [`SystemClock`](tollgate_core::SystemClock), or a clock given to
@@ -315,6 +322,12 @@ struct Denial {
     expires: u64,
     /// The tightest bound on the clocks' offset the key's replies gave.
     offset: Offset,
+    /// Local instant (µs) from which the key's next request asks the store ahead, to be held until the token
+    /// accrues (`u64::MAX`: never; only a token bucket without a lockout holds).
+    ahead_at: u64,
+    /// Whether the store held the key's requests asked ahead (until one of them comes back refused within its
+    /// hold), carried from entry to entry.
+    holds: bool,
     /// Local instant (µs) until which the expired entry still coalesces the key's store calls (single flight).
     coalesce_until: u64,
     /// The store call under way for the key since the entry expired, which other requests for it wait for.
@@ -345,6 +358,9 @@ enum Enter {
     Hit(Decision),
     /// Asks the store, as the key's single flight.
     Probe(Arc<Flight>),
+    /// Asks the store ahead of the entry's expiry, as the key's single flight, ready to be held for up to this
+    /// long; the key's other requests are still refused by the entry meanwhile.
+    Ahead(Arc<Flight>, Duration),
     /// Waits for the flight under way.
     Wait(Arc<Flight>, EventListener),
     /// Asks the store on its own (no entry covers it, or it waited long enough).
@@ -370,8 +386,9 @@ pub(crate) enum Asked {
 enum Turn<'a> {
     /// Refuse it with this cached decision.
     Refuse(Decision),
-    /// Ask the store; with the key's single flight, hold it until the reply is recorded.
-    Ask(Option<FlightGuard<'a>>),
+    /// Ask the store (ready to hold the request for the duration, if not zero); with the key's single flight,
+    /// hold the flight until the reply is recorded.
+    Ask(Option<FlightGuard<'a>>, Duration),
 }
 
 /// Held by the request that asks the store for an expired entry's key; dropping it lets the waiters go.
@@ -470,7 +487,11 @@ impl DenyTable {
         let decision = self
             .table
             .get(digest, |d| {
-                (d.check == check && covers(d, cost) && now < d.expires).then(|| answer(d, now))
+                (d.check == check
+                    && covers(d, cost)
+                    && now < d.expires
+                    && (now < d.ahead_at || d.flight.is_some()))
+                .then(|| answer(d, now))
             })
             .flatten()?;
         self.hits.increment(1);
@@ -480,36 +501,60 @@ impl DenyTable {
     /// Decides a request on the key `key` digests (`text` its text) with this cache: refused from an entry (one a
     /// flight it waited for brought), or asked of the store by `ask` — as the key's single flight when its entry
     /// has just expired, while the others wait for that reply (at most [`MAX_WAITS`] flights, each one store
-    /// call) — whose answer is recorded. Measured from before the request is sent: the store decides no earlier.
+    /// call) — whose answer is recorded; or, just before a token bucket's entry expires, asked ahead by `ask` with
+    /// a hold ([`Store::check_held`](tollgate_core::Store::check_held)), the admission it brings held here until
+    /// the store's clock reaches its instant. Measured from before the request is sent: the store decides no
+    /// earlier.
     pub(crate) async fn decide<F>(
         &self,
         key: KeyDigests,
         text: &str,
         policy: &Policy,
         cost: u64,
-        ask: impl FnOnce() -> F,
+        ask: impl FnOnce(Duration) -> F,
     ) -> Asked
     where
         F: Future<Output = Result<Decision, StoreError>>,
     {
-        let flight = match self.turn(key, cost).await {
+        let (flight, hold) = match self.turn(key, cost).await {
             Turn::Refuse(decision) => return Asked::Cached(decision),
-            Turn::Ask(flight) => flight,
+            Turn::Ask(flight, hold) => (flight, hold),
         };
         let sent = self.now();
-        let result = ask().await;
+        let mut result = ask(hold).await;
         if let Ok(decision) = &result {
-            self.record(key, text, policy, cost, sent, decision);
+            self.record(key, text, policy, cost, sent, hold, decision);
             if let Some(flight) = &flight {
                 flight.decided();
             }
         }
         drop(flight);
+        if let Ok(decision) = &mut result
+            && let Some(wait) = held(decision)
+        {
+            // The store's clock read the decision's `now` before the reply arrived: it reaches the admission's
+            // instant no later than `wait` from here, and the drift allowance, on this clock.
+            let micros = duration_micros(wait);
+            tokio::time::sleep(Duration::from_micros(
+                micros + micros / MARGIN_PPM_DIVISOR + self.fixed,
+            ))
+            .await;
+            decision.now = Timestamp::from_micros(decision.now.as_micros() + micros);
+            decision.retry_after = None;
+        }
         Asked::Store(result)
     }
 
     async fn turn(&self, key: KeyDigests, cost: u64) -> Turn<'_> {
         let KeyDigests { digest, check } = key;
+        let guard = |flight| {
+            Some(FlightGuard {
+                table: self,
+                digest,
+                check,
+                flight,
+            })
+        };
         let mut waits = 0;
         loop {
             match self.enter(digest, check, cost, waits < MAX_WAITS) {
@@ -517,19 +562,13 @@ impl DenyTable {
                     self.hits.increment(1);
                     return Turn::Refuse(decision);
                 }
-                Enter::Probe(flight) => {
-                    return Turn::Ask(Some(FlightGuard {
-                        table: self,
-                        digest,
-                        check,
-                        flight,
-                    }));
-                }
-                Enter::Alone => return Turn::Ask(None),
+                Enter::Probe(flight) => return Turn::Ask(guard(flight), Duration::ZERO),
+                Enter::Ahead(flight, hold) => return Turn::Ask(guard(flight), hold),
+                Enter::Alone => return Turn::Ask(None, Duration::ZERO),
                 Enter::Wait(flight, landed) => {
                     landed.await;
                     if !flight.decided.load(Ordering::Acquire) {
-                        return Turn::Ask(None);
+                        return Turn::Ask(None, Duration::ZERO);
                     }
                     waits += 1;
                 }
@@ -537,9 +576,10 @@ impl DenyTable {
         }
     }
 
-    /// One look at the key's entry, under its shard's lock: a live entry answers; an expired one within its
-    /// window sends one request to the store and makes the others wait (a listener registered under the lock
-    /// the flight is cleared under, so no wake-up is missed).
+    /// One look at the key's entry, under its shard's lock: a live entry answers (but for one request, which asks
+    /// ahead, just before a token bucket's entry expires); an expired one within its window sends one request to
+    /// the store and makes the others wait (a listener registered under the lock the flight is cleared under, so
+    /// no wake-up is missed).
     fn enter(&self, digest: u64, check: u64, cost: u64, may_wait: bool) -> Enter {
         let now = self.now();
         self.table
@@ -548,7 +588,15 @@ impl DenyTable {
                     return Enter::Alone;
                 }
                 if now < d.expires {
-                    return Enter::Hit(answer(d, now));
+                    if now < d.ahead_at || d.flight.is_some() {
+                        return Enter::Hit(answer(d, now));
+                    }
+                    let flight = Arc::new(Flight::default());
+                    d.flight = Some(flight.clone());
+                    // Held up to the store's instant, as far as this clock can tell, and as long again: a reply
+                    // whose request reached the store later than that is a plain answer.
+                    let hold = d.due.saturating_sub(now) + AHEAD_MICROS;
+                    return Enter::Ahead(flight, Duration::from_micros(hold));
                 }
                 match &d.flight {
                     Some(flight) if may_wait => Enter::Wait(flight.clone(), flight.landed.listen()),
@@ -564,21 +612,33 @@ impl DenyTable {
     }
 
     /// Remembers the store's `decision` under `policy` on `key` for a request of `cost` sent at local instant
-    /// `sent`, if it is a denial that can be cached, or an admission that tells the denial the key's next such
-    /// request would get ([`next_denial`]); any reply also tightens the bound on the clocks' offset an entry for
-    /// the key keeps.
-    pub(crate) fn record(
+    /// `sent` (ready to be held for `hold`, if not zero), if it is a denial that can be cached, or an admission
+    /// that tells the denial the key's next such request would get ([`next_denial`]); any reply also tightens the
+    /// bound on the clocks' offset an entry for the key keeps.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
         &self,
         key: KeyDigests,
         text: &str,
         policy: &Policy,
         cost: u64,
         sent: u64,
+        hold: Duration,
         decision: &Decision,
     ) {
+        // A request asked ahead that the store refused though its instant fell within the hold: the store does
+        // not hold (or not for this key: tokens leased on it), and the key's next entries do not ask ahead.
+        let unheld = !hold.is_zero()
+            && !decision.is_allowed()
+            && decision.retry_after.is_some_and(|retry| retry <= hold);
+        let from_admission = decision.is_allowed();
         let next;
         let decision = if decision.is_allowed() {
-            self.admitted(key, sent, decision);
+            // A held admission is the store's at the instant the entry announced (or later): the entry stays
+            // until the one for the next denial replaces it.
+            if held(decision).is_none() {
+                self.admitted(key, sent, decision);
+            }
             let Some(denial) = next_denial(policy, cost, decision) else {
                 return;
             };
@@ -600,11 +660,13 @@ impl DenyTable {
             .get(digest, |d| {
                 (d.check == check).then(|| {
                     d.offset = d.offset.min(own);
-                    (d.offset, d.cost, d.expires, d.coalesce_until)
+                    d.holds &= !unheld;
+                    (d.offset, d.cost, d.expires, d.coalesce_until, d.holds)
                 })
             })
             .flatten();
         let offset = previous.map_or(own, |(offset, ..)| offset);
+        let holds = previous.map_or(!unheld, |(.., holds)| holds);
         let retry_micros = u64::try_from(retry.as_micros()).unwrap_or(u64::MAX);
         let instant = decision.now.as_micros().saturating_add(retry_micros);
         let latest = own.local(instant).max(offset.local(instant));
@@ -616,8 +678,15 @@ impl DenyTable {
         // A denial just before the instant (a retry of some µs) does not shorten the key's coalescing window: its
         // entry expires before the waiters look again, and they would all ask at once.
         let coalesce_until = previous
-            .map_or(0, |(.., until)| until)
+            .map_or(0, |(.., until, _)| until)
             .max(due.saturating_add(retry_micros.min(FLIGHT_WINDOW_MICROS)));
+        // Asked ahead: a token bucket's entry (no lockout) that an admission made (a flooded key: the next token
+        // is the key's next admission) and that lives longer than the lead, on a store that holds.
+        let ahead = holds
+            && from_admission
+            && policy.algorithm() == Algorithm::TokenBucket
+            && policy.lockout_micros() == 0
+            && expires.saturating_sub(now) > AHEAD_MICROS;
         let entry = Denial {
             check,
             text: self.key(text).digest,
@@ -625,13 +694,19 @@ impl DenyTable {
             sent,
             due,
             expires,
+            ahead_at: if ahead {
+                expires - AHEAD_MICROS
+            } else {
+                u64::MAX
+            },
+            holds,
             coalesce_until,
             offset,
             flight: None,
             decision: *decision,
         };
         // Keep a live entry that already covers this one (a reply overtaken by a later one).
-        if previous.is_some_and(|(_, covering, until, _)| {
+        if previous.is_some_and(|(_, covering, until, ..)| {
             now < until && covering <= cost && until >= entry.expires
         }) {
             return;
@@ -732,6 +807,19 @@ fn next_denial(policy: &Policy, cost: u64, decision: &Decision) -> Option<Decisi
         retry_after: Some(retry),
         ..*decision
     })
+}
+
+/// How long the store held an admission back ([`Store::check_held`](tollgate_core::Store::check_held)): the wait
+/// from its `now` to the instant it was admitted as of; `None` for any other decision.
+fn held(decision: &Decision) -> Option<Duration> {
+    decision
+        .retry_after
+        .filter(|wait| decision.is_allowed() && !wait.is_zero())
+}
+
+/// A duration in whole µs.
+fn duration_micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Whether `entry` answers a request of `cost`: costs from the one denied up to the limit.

@@ -102,8 +102,8 @@ impl<S: Store> Store for DenyCachedStore<S> {
         let key_under = self.table.key_under(key, policy);
         match self
             .table
-            .decide(key_under, key, policy, cost, || {
-                self.store.check(key, policy, cost)
+            .decide(key_under, key, policy, cost, |hold| {
+                self.store.check_held(key, policy, cost, hold)
             })
             .await
         {
