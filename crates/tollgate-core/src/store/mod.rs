@@ -50,7 +50,8 @@ pub trait Store: Send + Sync + 'static {
     /// not let the request proceed before the store's clock has reached that instant. Anything else is decided as
     /// by [`check`](Self::check).
     ///
-    /// The default is [`check`](Self::check): a store may always answer without holding.
+    /// The default is [`check`](Self::check): a store may always answer without holding. (The rate limiter's deny
+    /// cache, which asks for holds, waits on tokio's timer.)
     fn check_held(
         &self,
         key: &str,
