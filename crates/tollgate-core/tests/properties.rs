@@ -46,6 +46,22 @@ fn replay<S: Copy>(
         .collect()
 }
 
+/// No interval of `admitted` (time-ordered instants and costs) holds more than the bucket's burst plus what accrues
+/// over it.
+fn within_bucket_bound(q: &Quota, admitted: &[(u64, u64)]) -> Result<(), TestCaseError> {
+    for i in 0..admitted.len() {
+        let mut sum = 0u128;
+        for &(t, cost) in &admitted[i..] {
+            sum += u128::from(cost);
+            let span = u128::from(t - admitted[i].0);
+            let bound = u128::from(q.burst())
+                + u128::from(q.limit()) * span / u128::from(q.period_micros());
+            prop_assert!(sum <= bound, "{sum} admitted in {span} µs, bound {bound}");
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
@@ -71,15 +87,7 @@ proptest! {
     fn token_bucket_never_admits_more_than_burst_plus_rate_times_t(q in quota(), reqs in traffic(400_000, 5)) {
         let log = replay(&reqs, |s, c, t| token_bucket::decide(s, &q, c, t));
         let admitted: Vec<(u64, u64)> = log.iter().filter(|r| r.2.is_allowed()).map(|r| (r.0, r.1)).collect();
-        for i in 0..admitted.len() {
-            let mut sum = 0u128;
-            for &(t, cost) in &admitted[i..] {
-                sum += u128::from(cost);
-                let span = u128::from(t - admitted[i].0);
-                let bound = u128::from(q.burst()) + u128::from(q.limit()) * span / u128::from(q.period_micros());
-                prop_assert!(sum <= bound, "{sum} admitted in {span} µs, bound {bound}");
-            }
-        }
+        within_bucket_bound(&q, &admitted)?;
     }
 
     #[test]
@@ -118,15 +126,7 @@ proptest! {
             state = held.state.or(state);
         }
         admitted.sort_unstable();
-        for i in 0..admitted.len() {
-            let mut sum = 0u128;
-            for &(t, cost) in &admitted[i..] {
-                sum += u128::from(cost);
-                let span = u128::from(t - admitted[i].0);
-                let bound = u128::from(q.burst()) + u128::from(q.limit()) * span / u128::from(q.period_micros());
-                prop_assert!(sum <= bound, "{sum} admitted in {span} µs, bound {bound}");
-            }
-        }
+        within_bucket_bound(&q, &admitted)?;
     }
 
     #[test]
