@@ -989,6 +989,8 @@ struct Holding {
     clock: ManualClock,
     calls: AtomicUsize,
     held: AtomicUsize,
+    /// Fail every request asked ahead (with a hold), as an unreachable store does.
+    fail_held: std::sync::atomic::AtomicBool,
 }
 
 impl Store for Holding {
@@ -1006,6 +1008,9 @@ impl Store for Holding {
         hold: Duration,
     ) -> Result<Decision, StoreError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        if !hold.is_zero() && self.fail_held.load(Ordering::Relaxed) {
+            return Err(StoreError::CircuitOpen);
+        }
         let decision = self
             .redis
             .check_held_at(key, policy, cost, hold, self.clock.now())
@@ -1038,6 +1043,7 @@ async fn the_next_token_is_asked_for_ahead_and_held_until_it_accrues() {
         clock: clock.clone(),
         calls: AtomicUsize::new(0),
         held: AtomicUsize::new(0),
+        fail_held: false.into(),
     });
     let twin = redis(&format!("{prefix}-twin")).await;
     let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(1).unwrap());
@@ -1143,4 +1149,37 @@ async fn a_store_that_does_not_hold_is_asked_ahead_once() {
         assert_eq!(calls(), 2 + token, "not asked ahead again");
         clock.advance(Duration::from_micros(500));
     }
+}
+
+/// A request asked ahead whose store call fails is refused from the entry that still covers it (as without asking
+/// ahead), not by the failure policy — here one that admits —, and the key asks ahead no more until its next entry.
+#[tokio::test]
+async fn a_failed_ask_ahead_is_answered_by_the_entry() {
+    let clock = clock();
+    let store = Arc::new(Holding {
+        redis: redis(&unique_prefix("deny-cache-ahead-fails")).await,
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+        held: AtomicUsize::new(0),
+        fail_held: true.into(),
+    });
+    let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(1).unwrap());
+    let mut svc = service(
+        layer(store.clone(), policy)
+            .on_store_error(tollgate_core::FailurePolicy::Open)
+            .deny_cache_config(DenyCacheConfig::new().steady_clock(clock.clone())),
+    );
+    let calls = || store.calls.load(Ordering::Relaxed);
+    assert!(decide(&mut svc, "k", 1).await.is_allowed());
+    clock.advance(Duration::from_micros(8_500));
+    let refused = decide(&mut svc, "k", 1).await;
+    assert_eq!(refused.outcome, Outcome::Limited, "{refused:?}");
+    assert_eq!(calls(), 2, "asked ahead once");
+    clock.advance(Duration::from_micros(500));
+    assert!(!decide(&mut svc, "k", 1).await.is_allowed());
+    assert_eq!(calls(), 2, "not asked ahead again");
+    // Past the token's instant the key asks as before, and is admitted.
+    clock.advance(Duration::from_micros(1_500));
+    assert!(decide(&mut svc, "k", 1).await.is_allowed());
+    assert_eq!((calls(), store.held.load(Ordering::Relaxed)), (3, 0));
 }

@@ -522,11 +522,21 @@ impl DenyTable {
         };
         let sent = self.now();
         let mut result = ask(hold).await;
-        if let Ok(decision) = &result {
-            self.record(key, text, policy, cost, sent, hold, decision);
-            if let Some(flight) = &flight {
-                flight.decided();
+        match &result {
+            Ok(decision) => {
+                self.record(key, text, policy, cost, sent, hold, decision);
+                if let Some(flight) = &flight {
+                    flight.decided();
+                }
             }
+            // Asked ahead, and the store failed: the entry, still live, refuses the request as it would have
+            // without asking, and the key waits for the entry's expiry (its failure policy then answers).
+            Err(_) if !hold.is_zero() => {
+                if let Some(decision) = self.ahead_failed(key, cost) {
+                    return Asked::Cached(decision);
+                }
+            }
+            Err(_) => {}
         }
         drop(flight);
         if let Ok(decision) = &mut result
@@ -714,6 +724,25 @@ impl DenyTable {
         // Never refuses (`Evict`); an evicted entry only costs its key a store call.
         let _ = self.table.insert(digest, entry, now);
         self.sweep(now);
+    }
+
+    /// A request on `key` asked ahead and the store failed: the key's entry asks ahead no more, and answers the
+    /// request if it still covers it.
+    fn ahead_failed(&self, key: KeyDigests, cost: u64) -> Option<Decision> {
+        let KeyDigests { digest, check } = key;
+        let now = self.now();
+        let decision = self
+            .table
+            .get(digest, |d| {
+                (d.check == check).then(|| {
+                    d.ahead_at = u64::MAX;
+                    (covers(d, cost) && now < d.expires).then(|| answer(d, now))
+                })
+            })
+            .flatten()
+            .flatten()?;
+        self.hits.increment(1);
+        Some(decision)
     }
 
     /// The store admitted a request for `key`, sent at local instant `sent`.
