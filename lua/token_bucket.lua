@@ -72,35 +72,33 @@ if cost > burst then
   return {2, remaining, full_at, -1, now}
 end
 local need = cost * token
-if deficit + need <= capacity then
-  deficit = deficit + need
-  local wait = div_ceil(deficit, rate)
-  local new_full_at = now + wait
-  local new_remainder = wait * rate - deficit
-  local remaining = idiv(capacity - deficit, token)
+-- Admits the request as of `at` (now, or the instant a held request is admitted as of), the bucket then owing
+-- `owed`.
+local function admit(at, owed)
+  local spent = owed + need
+  local wait = div_ceil(spent, rate)
+  local new_full_at = at + wait
   -- The state lives exactly until it is indistinguishable from a full (fresh) bucket. A state that is already
   -- full is still written over an existing one, as the Rust store does: after a clock step back it differs.
   if new_full_at > now or stored[1] then
-    redis.call('HSET', key, 'full_at', int(new_full_at), 'remainder', int(new_remainder))
+    redis.call('HSET', key, 'full_at', int(new_full_at), 'remainder', int(wait * rate - spent))
     if book and book.swept then
       write_book(key, book)
     end
     local keep = keep_until(new_full_at, book, token, rate)
     redis.call('PEXPIRE', key, int(math.max(div_ceil(keep - now, 1000), min_ttl_ms)))
   end
-  return {0, remaining, new_full_at, -1, now}
+  return {0, idiv(capacity - spent, token), new_full_at, at > now and at - now or -1, now}
+end
+if deficit + need <= capacity then
+  return admit(now, deficit)
 end
 -- Earliest t with (full_at - t) * rate - remainder <= capacity - need.
 local admit_at = full_at - idiv(capacity - need + remainder, rate)
+-- A held request: admitted as of admit_at if that is within the hold (and the time the burst takes to accrue).
 local hold = tonumber(ARGV[6])
-if hold and not kept and book == nil and admit_at - now <= hold and (admit_at - now) * rate <= capacity then
-  -- Admitted as of admit_at: the state as if the request came then.
-  deficit = math.max((full_at - admit_at) * rate - remainder, 0) + need
-  local wait = div_ceil(deficit, rate)
-  local held_full_at = admit_at + wait
-  redis.call('HSET', key, 'full_at', int(held_full_at), 'remainder', int(wait * rate - deficit))
-  redis.call('PEXPIRE', key, int(math.max(div_ceil(held_full_at - now, 1000), min_ttl_ms)))
-  return {0, idiv(capacity - deficit, token), held_full_at, admit_at - now, now}
+if hold and not kept and book == nil and admit_at - now <= math.min(hold, idiv(capacity, rate)) then
+  return admit(admit_at, math.max((full_at - admit_at) * rate - remainder, 0))
 end
 local remaining = idiv(math.max(capacity - deficit, 0), token) -- 0 in debt
 keep_rebased()

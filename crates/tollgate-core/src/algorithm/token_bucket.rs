@@ -122,14 +122,15 @@ pub fn decide_held(
     hold: Duration,
 ) -> Step<TokenBucketState> {
     let step = decide(state, quota, cost, now);
+    // No longer than the burst takes to accrue, in whole µs.
+    let accrual = quota
+        .rate_divisor()
+        .div(quota.burst() * quota.token_divisor().get());
     match (step.decision.outcome, step.decision.retry_after, step.state) {
         (Outcome::Limited, Some(wait), None)
-            if wait <= hold
-                && u128::from(duration_micros(wait)) * u128::from(quota.rate_divisor().get())
-                    <= u128::from(quota.burst() * quota.token_divisor().get()) =>
+            if wait <= hold.min(Duration::from_micros(accrual)) =>
         {
-            let at = Timestamp::from_micros(step.decision.now.as_micros() + duration_micros(wait));
-            let mut held = decide(state, quota, cost, at);
+            let mut held = decide(state, quota, cost, step.decision.now.saturating_add(wait));
             // Admitted there by the instant's definition; anything else is answered as at `now`.
             if !held.decision.is_allowed() {
                 return step;
@@ -140,9 +141,4 @@ pub fn decide_held(
         }
         _ => step,
     }
-}
-
-/// A duration in whole µs (a retry delay: at most `Timestamp::LATEST`'s µs).
-fn duration_micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
