@@ -253,6 +253,23 @@ pub(crate) fn ops_args(
     args
 }
 
+/// A token bucket's decision ARGV with a hold (µs, capped so that `now + hold` stays an exact integer in Lua's
+/// doubles) sixth, as `token_bucket.lua` reads it.
+pub(crate) fn held_args(
+    policy: &Policy,
+    cost: u64,
+    now: Option<Timestamp>,
+    hold: Duration,
+) -> Vec<String> {
+    let mut args = Vec::from(self::args(policy, cost, now));
+    args.push(
+        hold.as_micros()
+            .min(u128::from(Timestamp::LATEST.as_micros()))
+            .to_string(),
+    );
+    args
+}
+
 /// The charge script's ARGV.
 pub(crate) fn charge_args(
     policy: &Policy,

@@ -325,20 +325,18 @@ impl RedisStore {
             return self.run_script(script, &redis_key, &args, parse).await;
         }
         let script = self.inner.scripts.for_algorithm(policy.algorithm());
-        let args = script::args(policy, cost, now);
-        match hold {
-            // The token bucket's optional sixth argument (the other scripts take none).
+        let (plain, held);
+        let args: &[String] = match hold {
             Some(hold) if !hold.is_zero() && policy.algorithm() == Algorithm::TokenBucket => {
-                let mut args = Vec::from(args);
-                args.push(
-                    hold.as_micros()
-                        .min(u128::from(Timestamp::LATEST.as_micros()))
-                        .to_string(),
-                );
-                self.run_script(script, &redis_key, &args, parse).await
+                held = script::held_args(policy, cost, now, hold);
+                &held
             }
-            _ => self.run_script(script, &redis_key, &args, parse).await,
-        }
+            _ => {
+                plain = script::args(policy, cost, now);
+                &plain
+            }
+        };
+        self.run_script(script, &redis_key, args, parse).await
     }
 
     /// One peek on Redis: the wrapped script in peek mode, run read-only.
