@@ -985,20 +985,29 @@ async fn a_denial_just_before_the_instant_keeps_the_waiters_coalesced() {
 /// Redis deciding at a manual clock's instants, holding requests asked ahead; counting its calls and the
 /// admissions it held.
 struct Holding {
-    redis: Arc<RedisStore>,
-    clock: ManualClock,
-    calls: AtomicUsize,
+    inner: Clocked,
     held: AtomicUsize,
     /// Fail every request asked ahead (with a hold), as an unreachable store does.
     fail_held: std::sync::atomic::AtomicBool,
 }
 
+impl Holding {
+    fn new(redis: Arc<RedisStore>, clock: &ManualClock, fail_held: bool) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Clocked {
+                redis,
+                clock: clock.clone(),
+                calls: AtomicUsize::new(0),
+            },
+            held: AtomicUsize::new(0),
+            fail_held: fail_held.into(),
+        })
+    }
+}
+
 impl Store for Holding {
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.redis
-            .check_at(key, policy, cost, self.clock.now())
-            .await
+        self.inner.check(key, policy, cost).await
     }
     async fn check_held(
         &self,
@@ -1007,13 +1016,14 @@ impl Store for Holding {
         cost: u64,
         hold: Duration,
     ) -> Result<Decision, StoreError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
+        let inner = &self.inner;
+        inner.calls.fetch_add(1, Ordering::Relaxed);
         if !hold.is_zero() && self.fail_held.load(Ordering::Relaxed) {
             return Err(StoreError::CircuitOpen);
         }
-        let decision = self
+        let decision = inner
             .redis
-            .check_held_at(key, policy, cost, hold, self.clock.now())
+            .check_held_at(key, policy, cost, hold, inner.clock.now())
             .await?;
         if decision.is_allowed() && decision.retry_after.is_some() {
             self.held.fetch_add(1, Ordering::Relaxed);
@@ -1038,20 +1048,14 @@ fn after(start: Timestamp, micros: u64) -> Timestamp {
 async fn the_next_token_is_asked_for_ahead_and_held_until_it_accrues() {
     let clock = clock();
     let prefix = unique_prefix("deny-cache-ahead");
-    let store = Arc::new(Holding {
-        redis: redis(&prefix).await,
-        clock: clock.clone(),
-        calls: AtomicUsize::new(0),
-        held: AtomicUsize::new(0),
-        fail_held: false.into(),
-    });
+    let store = Holding::new(redis(&prefix).await, &clock, false);
     let twin = redis(&format!("{prefix}-twin")).await;
     let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(1).unwrap());
     let mut svc = service(
         layer(store.clone(), policy)
             .deny_cache_config(DenyCacheConfig::new().steady_clock(clock.clone())),
     );
-    let calls = || store.calls.load(Ordering::Relaxed);
+    let calls = || store.inner.calls.load(Ordering::Relaxed);
     let start = clock.now();
     // The burst's one token; its admission makes the entry for the next one, 10 ms on.
     assert!(decide(&mut svc, "k", 1).await.is_allowed());
@@ -1156,20 +1160,18 @@ async fn a_store_that_does_not_hold_is_asked_ahead_once() {
 #[tokio::test]
 async fn a_failed_ask_ahead_is_answered_by_the_entry() {
     let clock = clock();
-    let store = Arc::new(Holding {
-        redis: redis(&unique_prefix("deny-cache-ahead-fails")).await,
-        clock: clock.clone(),
-        calls: AtomicUsize::new(0),
-        held: AtomicUsize::new(0),
-        fail_held: true.into(),
-    });
+    let store = Holding::new(
+        redis(&unique_prefix("deny-cache-ahead-fails")).await,
+        &clock,
+        true,
+    );
     let policy = Policy::token_bucket(Quota::per_second(100).unwrap().with_burst(1).unwrap());
     let mut svc = service(
         layer(store.clone(), policy)
             .on_store_error(tollgate_core::FailurePolicy::Open)
             .deny_cache_config(DenyCacheConfig::new().steady_clock(clock.clone())),
     );
-    let calls = || store.calls.load(Ordering::Relaxed);
+    let calls = || store.inner.calls.load(Ordering::Relaxed);
     assert!(decide(&mut svc, "k", 1).await.is_allowed());
     clock.advance(Duration::from_micros(8_500));
     let refused = decide(&mut svc, "k", 1).await;

@@ -122,6 +122,8 @@ const STEADY_FIXED_MICROS: u64 = 1;
 /// The proportional part: 1 / 2 000 of the retry delay is 500 ppm, the fastest an NTP daemon slews a clock
 /// (Linux's bound), far above two disciplined clocks' rate difference.
 const MARGIN_PPM_DIVISOR: u64 = 2_000;
+/// [`MARGIN_PPM_DIVISOR`], to divide a `Duration` by.
+const PPM_DIVISOR: u32 = MARGIN_PPM_DIVISOR as u32;
 /// The oldest reply whose bound on the clocks' offset a key's next entry still uses, in µs: with 500 ppm of drift
 /// it is worth at most 500 µs less than a fresh one by then, and a key that moved to another server (a failover,
 /// resharding) keeps the old server's bound no longer than this.
@@ -336,6 +338,15 @@ struct Denial {
     decision: Decision,
 }
 
+impl Denial {
+    /// Starts the key's single flight: the store call the key's other requests wait for.
+    fn fly(&mut self) -> Arc<Flight> {
+        let flight = Arc::new(Flight::default());
+        self.flight = Some(flight.clone());
+        flight
+    }
+}
+
 impl Expiry for Denial {
     fn expires_at(&self) -> u64 {
         self.coalesce_until
@@ -544,12 +555,9 @@ impl DenyTable {
         {
             // The store's clock read the decision's `now` before the reply arrived: it reaches the admission's
             // instant no later than `wait` from here, and the drift allowance, on this clock.
-            let micros = duration_micros(wait);
-            tokio::time::sleep(Duration::from_micros(
-                micros + micros / MARGIN_PPM_DIVISOR + self.fixed,
-            ))
-            .await;
-            decision.now = Timestamp::from_micros(decision.now.as_micros() + micros);
+            let allowance = wait / PPM_DIVISOR + Duration::from_micros(self.fixed);
+            tokio::time::sleep(wait + allowance).await;
+            decision.now = decision.now.saturating_add(wait);
             decision.retry_after = None;
         }
         Asked::Store(result)
@@ -601,21 +609,15 @@ impl DenyTable {
                     if now < d.ahead_at || d.flight.is_some() {
                         return Enter::Hit(answer(d, now));
                     }
-                    let flight = Arc::new(Flight::default());
-                    d.flight = Some(flight.clone());
                     // Held up to the store's instant, as far as this clock can tell, and as long again: a reply
                     // whose request reached the store later than that is a plain answer.
                     let hold = d.due.saturating_sub(now) + AHEAD_MICROS;
-                    return Enter::Ahead(flight, Duration::from_micros(hold));
+                    return Enter::Ahead(d.fly(), Duration::from_micros(hold));
                 }
                 match &d.flight {
                     Some(flight) if may_wait => Enter::Wait(flight.clone(), flight.landed.listen()),
                     Some(_) => Enter::Alone,
-                    None => {
-                        let flight = Arc::new(Flight::default());
-                        d.flight = Some(flight.clone());
-                        Enter::Probe(flight)
-                    }
+                    None => Enter::Probe(d.fly()),
                 }
             })
             .unwrap_or(Enter::Alone)
@@ -730,19 +732,12 @@ impl DenyTable {
     /// request if it still covers it.
     fn ahead_failed(&self, key: KeyDigests, cost: u64) -> Option<Decision> {
         let KeyDigests { digest, check } = key;
-        let now = self.now();
-        let decision = self
-            .table
-            .get(digest, |d| {
-                (d.check == check).then(|| {
-                    d.ahead_at = u64::MAX;
-                    (covers(d, cost) && now < d.expires).then(|| answer(d, now))
-                })
-            })
-            .flatten()
-            .flatten()?;
-        self.hits.increment(1);
-        Some(decision)
+        self.table.get(digest, |d| {
+            if d.check == check {
+                d.ahead_at = u64::MAX;
+            }
+        });
+        self.lookup(key, cost)
     }
 
     /// The store admitted a request for `key`, sent at local instant `sent`.
@@ -844,11 +839,6 @@ fn held(decision: &Decision) -> Option<Duration> {
     decision
         .retry_after
         .filter(|wait| decision.is_allowed() && !wait.is_zero())
-}
-
-/// A duration in whole µs.
-fn duration_micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Whether `entry` answers a request of `cost`: costs from the one denied up to the limit.
