@@ -46,7 +46,7 @@ mod helloworld {
 #[command(name = "paced_client")]
 struct Args {
     /// A server: requests go to each in turn (repeatable).
-    #[arg(long = "url", required = true, value_parser = absolute_url)]
+    #[arg(long = "url", required = true, value_parser = cli::absolute_url)]
     urls: Vec<http::Uri>,
     /// Call `helloworld.Greeter/SayHello` over gRPC instead of `GET`.
     #[arg(long)]
@@ -95,7 +95,7 @@ impl Tally {
 
 #[tokio::main]
 async fn main() {
-    let args = Args::parse();
+    let args: Args = cli::parse();
     let layer = PaceLayer::new()
         // Every URL is one service behind one limit: one budget.
         .scope_by(|_, _| "service".to_owned())
@@ -306,16 +306,4 @@ fn print_row(args: &Args, tally: &Tally, elapsed: Duration) {
 
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
-}
-
-/// `--url`: an absolute `http://` or `https://` URL with a host, checked before anything is sent.
-fn absolute_url(value: &str) -> Result<http::Uri, String> {
-    let uri: http::Uri = value.parse().map_err(|e| format!("not a URL: {e}"))?;
-    match (uri.scheme_str(), uri.authority()) {
-        (Some("http" | "https"), Some(_)) => Ok(uri),
-        _ => Err(
-            "expected an absolute http:// or https:// URL with a host, e.g. http://127.0.0.1:3000/"
-                .into(),
-        ),
-    }
 }

@@ -17,6 +17,7 @@
 use std::future::{Ready, ready};
 use std::time::Instant;
 
+use clap::Parser;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Empty};
 use hyper::body::Bytes;
@@ -25,6 +26,21 @@ use hyper_util::rt::TokioExecutor;
 use tollgate::client::{BoxError, PaceLayer};
 use tower::retry::{Policy, RetryLayer};
 use tower::{Service, ServiceBuilder, ServiceExt as _};
+
+#[path = "common/cli.rs"]
+mod cli;
+
+/// Sends requests through tower's retry layer around the pacing layer, provoking a 429 on the way.
+#[derive(Debug, Parser)]
+#[command(name = "paced_client_retry")]
+struct Args {
+    /// The server.
+    #[arg(default_value = "http://127.0.0.1:3000/", value_parser = cli::absolute_url)]
+    url: http::Uri,
+    /// Requests to send through the pacing.
+    #[arg(default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..))]
+    count: u32,
+}
 
 /// Retries a 429 up to `left` more times, at once: the pacing layer underneath does the waiting.
 #[derive(Clone)]
@@ -58,12 +74,7 @@ impl<B> Policy<Request<Empty<Bytes>>, Response<B>, BoxError> for RetryRefusals {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let mut args = std::env::args().skip(1);
-    let url: http::Uri = args
-        .next()
-        .unwrap_or_else(|| "http://127.0.0.1:3000/".to_owned())
-        .parse()?;
-    let count: u32 = args.next().map_or(Ok(6), |n| n.parse())?;
+    let Args { url, count } = cli::parse();
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let mut paced = ServiceBuilder::new()
         .layer(RetryLayer::new(RetryRefusals { left: 3 }))

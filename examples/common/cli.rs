@@ -1,5 +1,5 @@
 //! What every example's command line shares (clap): the exit on a bad flag, and the value parsers (durations as
-//! `500ms`, `1s`, `0.5s`, `5m`, `1h`; whole numbers above 0; percentages).
+//! `500ms`, `1s`, `0.5s`, `5m`, `1h`; whole numbers above 0; percentages; absolute URLs).
 //!
 //! Included with `#[path = "common/cli.rs"] mod cli;`; an example uses the parts it needs.
 #![allow(dead_code)]
@@ -44,6 +44,18 @@ fn program() -> String {
         .and_then(|p| p.file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "example".to_owned())
+}
+
+/// An absolute `http://` or `https://` URL with a host.
+pub(crate) fn absolute_url(value: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = value.parse().map_err(|e| format!("not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http" | "https"), Some(_)) => Ok(uri),
+        _ => Err(
+            "expected an absolute http:// or https:// URL with a host, e.g. http://127.0.0.1:3000/"
+                .into(),
+        ),
+    }
 }
 
 /// A whole number above 0.
