@@ -8,11 +8,8 @@ use ahash::RandomState;
 use parking_lot::Mutex;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
-use super::table::{Expiry, Hand, MAX_SHARD_KEYS, Slab, VISITED};
+use super::table::{Expiry, Hand, Slab, VISITED, sharding};
 use crate::{Name, StoreError};
-
-/// The fewest keys a shard is given (as in the store: shards of a few keys would fill long before the bound).
-const MIN_SHARD_KEYS: usize = 256;
 
 /// An entry an insertion evicted to make room, handed back whole: its value is moved out of the table, not
 /// dropped, so a value that owns something outside the table (a lease's batch of tokens) can be ended by the
@@ -113,7 +110,8 @@ impl BoundedTableBuilder {
         self
     }
 
-    /// Uses `shards` shards, rounded up to a power of two (default: 4 × the available cores).
+    /// Uses `shards` shards, rounded up to a power of two (default: 4 × the available cores); fewer when the
+    /// bound gives each under 256 keys, more when it gives each over 16 M.
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
         self
@@ -134,10 +132,7 @@ impl BoundedTableBuilder {
     /// Builds the table.
     #[must_use]
     pub fn build<V>(self) -> BoundedTable<V> {
-        let cores = std::thread::available_parallelism().map_or(4, usize::from);
-        let wanted = self.shards.unwrap_or(cores * 4).clamp(1, 1 << 16);
-        let by_size = (self.max_keys / MIN_SHARD_KEYS).max(1);
-        let count = wanted.next_power_of_two().min(1 << by_size.ilog2());
+        let (count, shard_capacity) = sharding(self.shards, self.max_keys);
         let seed = RandomState::new();
         BoundedTable {
             shards: (0..count)
@@ -151,7 +146,7 @@ impl BoundedTableBuilder {
                 .collect(),
             seed,
             shard_bits: count.trailing_zeros(),
-            shard_capacity: self.max_keys.div_ceil(count).min(MAX_SHARD_KEYS),
+            shard_capacity,
             max_keys: self.max_keys,
             on_full: self.on_full,
             log: EvictionLog::new(self.name.unwrap_or(Name::from(DEFAULT_NAME))),
@@ -182,7 +177,7 @@ impl<V: Expiry> BoundedTable<V> {
     }
 
     fn shard(&self, key: u64) -> &Mutex<Shard<V>> {
-        // The digest's middle bits pick the shard; hashbrown uses its low and top bits inside it.
+        // The digest's middle bits pick the shard; the slab's index uses its low and top bits inside it.
         let index = if self.shard_bits == 0 {
             0
         } else {

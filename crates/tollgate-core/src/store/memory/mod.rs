@@ -33,16 +33,13 @@ use crate::{Algorithm, Clock, Decision, Name, Policy, Store, StoreError, SystemC
 use hashbrown::HashTable;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
-use super::table::{Arena, Expiry, Hand, MAX_SHARD_KEYS, SECOND, Slab, VISITED};
+use super::table::{Arena, Expiry, Hand, SECOND, Slab, VISITED, sharding};
 use lease::LeaseBooks;
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
 pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
 /// A shard is not swept below this many keys.
 const MIN_SWEEP: usize = 64;
-
-/// The fewest keys a shard is given, when `max_keys` is small enough to split into fewer shards than asked for.
-const MIN_SHARD_KEYS: usize = 256;
 
 /// In-process state for any number of keys and policies.
 ///
@@ -173,7 +170,8 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         self
     }
 
-    /// Uses `shards` shards, rounded up to a power of two (default: 4 × the available cores).
+    /// Uses `shards` shards, rounded up to a power of two (default: 4 × the available cores); fewer when the
+    /// bound gives each under 256 keys, more when it gives each over 16 M.
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
         self
@@ -207,12 +205,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
     /// Builds the store.
     #[must_use]
     pub fn build(self) -> MemoryStore<C> {
-        let cores = std::thread::available_parallelism().map_or(4, usize::from);
-        let wanted = self.shards.unwrap_or(cores * 4).clamp(1, 1 << 16);
-        // The bound is kept per shard (a shard fills first when keys hash unevenly): shards of at least
-        // MIN_SHARD_KEYS keys keep the first refusal close to `max_keys`, where 16 shards of 4 refused at about half.
-        let by_size = (self.max_keys / MIN_SHARD_KEYS).max(1);
-        let count = wanted.next_power_of_two().min(1 << by_size.ilog2());
+        let (count, shard_capacity) = sharding(self.shards, self.max_keys);
         let seed = RandomState::new();
         MemoryStore {
             shards: (0..count).map(|_| ShardLock::default()).collect(),
@@ -220,7 +213,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
             shard_shift: 40 - count.trailing_zeros().min(24),
             shard_mask: count - 1,
             bound: Bound {
-                shard_capacity: self.max_keys.div_ceil(count).min(MAX_SHARD_KEYS),
+                shard_capacity,
                 max_keys: self.max_keys,
                 on_full: self.on_full,
             },
@@ -978,23 +971,24 @@ impl Shard {
         self.slabs.buckets.len() + self.slabs.windows.len()
     }
 
-    /// A check's decision when it writes nothing — a held key already marked visited whose state the step leaves
-    /// as it is (a refusal) — read under the shared lock: what [`apply`](Self::apply) would answer and leave.
-    /// `None` when the check must write (or the key is not held), for `apply` to decide.
+    /// A check's decision when it writes no state — a held key whose state the step leaves as it is (a refusal) —
+    /// read under the shared lock: what [`apply`](Self::apply) would answer and leave, the key marked used as
+    /// there. `None` when the check must write the state (or the key is not held), for `apply` to decide.
     #[inline]
     fn unchanged<E: Entry>(&self, hash: u64, ctx: E::Ctx, check: Check<'_>) -> Option<Decision> {
         let slab = E::slab_ref(&self.slabs);
         let node = slab.node(slab.find(hash)?);
-        if !node.is_visited() {
-            return None;
-        }
         let step = E::check(
             Some(node.value.state(ctx)),
             check.policy,
             check.cost,
             check.now,
         );
-        step.state.is_none().then_some(step.decision)
+        if step.state.is_some() {
+            return None;
+        }
+        node.visit_shared();
+        Some(step.decision)
     }
 
     #[inline(always)]
