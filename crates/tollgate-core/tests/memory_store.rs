@@ -430,3 +430,121 @@ fn a_key_decided_by_its_digest_shares_state_with_its_text() {
     assert_eq!(other.unwrap().remaining, 2);
     assert_eq!(store.len(), 2);
 }
+
+/// A key refused again and again is decided on its shard's copy of its entry, without the lock: every decision is
+/// still the algorithm's on the key's state, through refunds (which must drop the copy), other keys, the clock
+/// moving on and peeks, against a model kept with the algorithms' own functions.
+#[test]
+fn a_hot_refused_key_is_decided_on_its_state_through_refunds_and_time() {
+    use std::collections::HashMap;
+    use tollgate_core::Clock;
+    use tollgate_core::algorithm::lockout::Locked;
+    use tollgate_core::algorithm::{charge, sliding_window, token_bucket};
+
+    let clock = clock();
+    let store = MemoryStore::builder()
+        .shards(1)
+        .clock(clock.clone())
+        .build();
+    let policies = [bucket(3), window(3)];
+    let mut buckets: HashMap<&str, token_bucket::TokenBucketState> = HashMap::new();
+    let mut windows: HashMap<&str, sliding_window::SlidingWindowState> = HashMap::new();
+    let mut rng: u64 = 0x2545_f491_4f6c_dd1d;
+    let (mut refused, mut refunds) = (0, 0);
+    for step in 0..20_000 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        // Mostly one hot key, so that its refusals come in runs (the copy is made on the second of a run).
+        let key = ["hot", "hot", "hot", "other"][(rng & 3) as usize];
+        let algorithm = ((rng >> 2) & 1) as usize;
+        let policy = &policies[algorithm];
+        let now = clock.now();
+        let (got, want) = match (rng >> 8) % 64 {
+            0 => {
+                clock.advance(Duration::from_millis((rng >> 16) % 400));
+                continue;
+            }
+            1 | 2 => {
+                refunds += 1;
+                let got = store.charge_at(key, policy, -1, now, now).unwrap();
+                let want = if algorithm == 0 {
+                    let state =
+                        charge::token_bucket(buckets.get(key).copied(), &policy.quota(), -1, now);
+                    buckets.insert(key, state);
+                    let locked = Locked {
+                        state,
+                        locked_until: 0,
+                    };
+                    charge::decision(locked, 0, |s| {
+                        token_bucket::decide(s, &policy.quota(), 0, now)
+                    })
+                } else {
+                    let state =
+                        charge::sliding_window(windows.get(key).copied(), policy, -1, now, now);
+                    windows.insert(key, state);
+                    let locked = Locked {
+                        state,
+                        locked_until: 0,
+                    };
+                    charge::decision(locked, 0, |s| sliding_window::decide(s, policy, 0, now))
+                };
+                (got, want)
+            }
+            3 => {
+                let got = store.peek_at(key, policy, 1, now);
+                let want = if algorithm == 0 {
+                    token_bucket::decide(buckets.get(key).copied(), &policy.quota(), 1, now)
+                        .decision
+                } else {
+                    sliding_window::decide(windows.get(key).copied(), policy, 1, now).decision
+                };
+                (got, want)
+            }
+            _ => {
+                let cost = 1 + (rng >> 20) % 2;
+                let got = store.check_at(key, policy, cost, now).unwrap();
+                let want = if algorithm == 0 {
+                    let s =
+                        token_bucket::decide(buckets.get(key).copied(), &policy.quota(), cost, now);
+                    if let Some(state) = s.state {
+                        buckets.insert(key, state);
+                    }
+                    s.decision
+                } else {
+                    let s = sliding_window::decide(windows.get(key).copied(), policy, cost, now);
+                    if let Some(state) = s.state {
+                        windows.insert(key, state);
+                    }
+                    s.decision
+                };
+                refused += usize::from(!got.is_allowed());
+                (got, want)
+            }
+        };
+        assert_eq!(got, want, "step {step}: {key}, algorithm {algorithm}");
+    }
+    // The run was mostly refusals on the hot key, with refunds among them.
+    assert!(
+        refused > 10_000 && refunds > 300,
+        "{refused} refused, {refunds} refunds"
+    );
+}
+
+/// A hot refused key evicted by a new one starts afresh: the eviction drops the shard's copy of its entry.
+#[test]
+fn an_evicted_hot_refused_key_starts_afresh() {
+    let store = MemoryStore::builder().max_keys(1).clock(clock()).build();
+    for policy in [bucket(1), window(1)] {
+        let now = tollgate_core::Clock::now(store.clock());
+        assert!(store.check_at("hot", &policy, 1, now).unwrap().is_allowed());
+        for _ in 0..3 {
+            assert!(!store.check_at("hot", &policy, 1, now).unwrap().is_allowed());
+        }
+        // The one slot goes to "new"; "hot" is then a new key with a full bucket or an empty window.
+        let evicted = store.evictions().live;
+        assert!(store.check_at("new", &policy, 1, now).unwrap().is_allowed());
+        assert_eq!(store.evictions().live, evicted + 1);
+        assert!(store.check_at("hot", &policy, 1, now).unwrap().is_allowed());
+    }
+}

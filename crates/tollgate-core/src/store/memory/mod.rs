@@ -13,6 +13,7 @@
 
 // The fixed window's and the token leases' parts of the store, on its shards.
 mod fixed;
+mod hot;
 mod lease;
 
 use parking_lot::{RwLock, RwLockWriteGuard};
@@ -34,6 +35,7 @@ use hashbrown::HashTable;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
 use super::table::{Arena, Expiry, Hand, SECOND, Slab, VISITED, sharding};
+use hot::HotRefusal;
 use lease::LeaseBooks;
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
@@ -582,19 +584,21 @@ fn charged<S: Copy + Default>(
 
 /// A shard behind its lock: parking_lot's rather than std's (under two threads on one hot key it spins
 /// adaptively before parking, where std's convoyed; and a shard cannot be poisoned), a read-write lock so that
-/// checks that write nothing can share it.
+/// checks that write nothing can share it, and a copy of its hot refused key's entry that checks read without it.
 #[derive(Default)]
 pub(super) struct ShardLock {
     shard: RwLock<Shard>,
     /// Whether the shard's last check wrote nothing (a refusal): the next one then tries a shared read first.
     read_first: AtomicBool,
+    hot: HotRefusal,
 }
 
 impl ShardLock {
-    /// A request's check without a lockout. After a check that wrote nothing (a refusal, the usual next answer on
-    /// a key over its limit), it first decides under the shared read lock, and keeps that answer when it writes
-    /// nothing either: two cores refusing one key then wait for neither. Otherwise it decides under the write
-    /// lock, as every other step does.
+    /// A request's check without a lockout. A key whose entry the shard's [`HotRefusal`] copies is refused on the
+    /// copy when the copy refuses, without the lock. After a check that wrote nothing (a refusal, the usual next
+    /// answer on a key over its limit), it first decides under the shared read lock, and keeps that answer when
+    /// it writes nothing either: two cores refusing one key then wait for neither. Otherwise it decides under the
+    /// write lock, as every other step does.
     #[inline]
     fn check<E: Entry>(
         &self,
@@ -605,15 +609,25 @@ impl ShardLock {
         ctx: E::Ctx,
         check: Check<'_>,
     ) -> Result<Decision, StoreError> {
+        let key = hot::key_word::<E>(hash);
+        if let Some(decision) = self.hot.refusal(key, |entry: E| {
+            let step = E::check(Some(entry.state(ctx)), check.policy, check.cost, check.now);
+            step.state.is_none().then_some(step.decision)
+        }) {
+            return Ok(decision);
+        }
         // Relaxed: the flag only picks the order in which the two locks are tried; each decides by itself. So the
         // value read here is the one compared below: another thread's change in between costs at most one more
         // store, or one more try under the read lock.
         let was_read_first = self.read_first.load(Ordering::Relaxed);
-        if was_read_first && let Some(decision) = self.shard.read().unchanged::<E>(hash, ctx, check)
-        {
-            return Ok(decision);
+        if was_read_first {
+            let shard = self.shard.read();
+            if let Some((decision, entry)) = shard.unchanged::<E>(hash, ctx, check) {
+                self.hot.offer(key, &entry);
+                return Ok(decision);
+            }
         }
-        let mut shard = self.shard.write();
+        let mut shard = lock(self);
         let decision = shard.apply::<E, _>(hash, now, bound, log, ctx, check)?;
         let read_first = !decision.is_allowed();
         if was_read_first != read_first {
@@ -623,10 +637,13 @@ impl ShardLock {
     }
 }
 
-/// The shard's write lock, for every step but a check that writes nothing.
+/// The shard's write lock, for every step but a check that writes nothing. The hot refused key's copy is dropped
+/// first: whatever the holder writes, the copy cannot be older than the entry.
 #[inline]
 pub(super) fn lock(shard: &ShardLock) -> RwLockWriteGuard<'_, Shard> {
-    shard.shard.write()
+    let guard = shard.shard.write();
+    shard.hot.clear();
+    guard
 }
 
 /// How a shard's `apply` decides: a request without a lockout ([`Check`]), any step on the algorithm's state (a
@@ -703,6 +720,9 @@ pub(super) trait Entry: Copy + Expiry {
     ) -> Step<Self::State>;
     fn new(state: Self::State, ctx: Self::Ctx) -> Self;
     fn state(&self, ctx: Self::Ctx) -> Self::State;
+    /// The entry as words, for a shard's copy of its hot refused key ([`HotRefusal`]).
+    fn to_words(&self) -> [u64; 3];
+    fn from_words(words: [u64; 3]) -> Self;
 }
 
 /// A token bucket's entry: its state alone, 16 bytes (a lockout, if any, is in the shard's lockout table).
@@ -743,6 +763,14 @@ impl Entry for BucketEntry {
     #[inline(always)]
     fn state(&self, (): ()) -> TokenBucketState {
         self.0
+    }
+    #[inline(always)]
+    fn to_words(&self) -> [u64; 3] {
+        [self.0.full_at, self.0.remainder, 0]
+    }
+    #[inline(always)]
+    fn from_words([full_at, remainder, _]: [u64; 3]) -> Self {
+        Self(TokenBucketState { full_at, remainder })
     }
 }
 
@@ -836,6 +864,18 @@ impl Entry for WindowEntry {
             window_start: self.expires_at - periods * window.period,
             previous: self.previous,
             current: self.current,
+        }
+    }
+    #[inline(always)]
+    fn to_words(&self) -> [u64; 3] {
+        [self.expires_at, self.previous, self.current]
+    }
+    #[inline(always)]
+    fn from_words([expires_at, previous, current]: [u64; 3]) -> Self {
+        Self {
+            expires_at,
+            previous,
+            current,
         }
     }
 }
@@ -973,9 +1013,15 @@ impl Shard {
 
     /// A check's decision when it writes no state — a held key whose state the step leaves as it is (a refusal) —
     /// read under the shared lock: what [`apply`](Self::apply) would answer and leave, the key marked used as
-    /// there. `None` when the check must write the state (or the key is not held), for `apply` to decide.
+    /// there; with the key's entry. `None` when the check must write the state (or the key is not held), for
+    /// `apply` to decide.
     #[inline]
-    fn unchanged<E: Entry>(&self, hash: u64, ctx: E::Ctx, check: Check<'_>) -> Option<Decision> {
+    fn unchanged<E: Entry>(
+        &self,
+        hash: u64,
+        ctx: E::Ctx,
+        check: Check<'_>,
+    ) -> Option<(Decision, E)> {
         let slab = E::slab_ref(&self.slabs);
         let node = slab.node(slab.find(hash)?);
         let step = E::check(
@@ -988,7 +1034,7 @@ impl Shard {
             return None;
         }
         node.visit_shared();
-        Some(step.decision)
+        Some((step.decision, node.value))
     }
 
     #[inline(always)]
