@@ -65,6 +65,11 @@ const MIN_SWEEP: usize = 64;
 /// new key takes the evicted one's slot). `docs/design/eviction.md` compares the policy with the exact LRU it
 /// replaced on a hot set in a flood; `docs/BENCHMARKS.md` has the measurements.
 ///
+/// A shard finds a key through an index of 32-bit words (a tag of the digest and the entry's slot): a hit reads
+/// one word and the entry. A key refused again and again is refused on the shard's copy of its entry, read without
+/// the shard's lock, so cores refusing one key write no shared memory; any write to the shard drops the copy first.
+/// `docs/design/memory-store.md` has the layout and the copy's rules.
+///
 /// Evictions are counted in `tollgate_evictions_total{limiter}` (the label is the store's
 /// [name](MemoryStoreBuilder::name)) and in [`evictions`](Self::evictions); while entries that still hold state
 /// are evicted, a warning is logged (at most one every 10 s): `max_keys` is too small for the traffic, or a flood
