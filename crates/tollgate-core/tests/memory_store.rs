@@ -431,11 +431,11 @@ fn a_key_decided_by_its_digest_shares_state_with_its_text() {
     assert_eq!(store.len(), 2);
 }
 
-/// A key refused again and again is decided on its shard's copy of its entry, without the lock: every decision is
-/// still the algorithm's on the key's state, through refunds (which must drop the copy), other keys, the clock
-/// moving on and peeks, against a model kept with the algorithms' own functions.
+/// A key checked again and again is its shard's hot entry, decided on without the lock (refusals and admissions):
+/// every decision is still the algorithm's on the key's state, through refunds and peeks (which put the entry back
+/// into its node), other keys and the clock moving on, against a model kept with the algorithms' own functions.
 #[test]
-fn a_hot_refused_key_is_decided_on_its_state_through_refunds_and_time() {
+fn a_hot_key_is_decided_on_its_state_through_refunds_and_time() {
     use std::collections::HashMap;
     use tollgate_core::Clock;
     use tollgate_core::algorithm::lockout::Locked;
@@ -531,9 +531,10 @@ fn a_hot_refused_key_is_decided_on_its_state_through_refunds_and_time() {
     );
 }
 
-/// A hot refused key evicted by a new one starts afresh: the eviction drops the shard's copy of its entry.
+/// A hot key evicted by a new one starts afresh: the eviction puts the hot entry back into its node, and evicts
+/// that.
 #[test]
-fn an_evicted_hot_refused_key_starts_afresh() {
+fn an_evicted_hot_key_starts_afresh() {
     let store = MemoryStore::builder().max_keys(1).clock(clock()).build();
     for policy in [bucket(1), window(1)] {
         let now = tollgate_core::Clock::now(store.clock());

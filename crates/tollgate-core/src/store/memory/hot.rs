@@ -1,17 +1,13 @@
-//! A shard's copy of its hot refused key's entry, read without the shard's lock.
+//! A shard's hot key: the entry of the key its checks keep coming back to, decided on without the shard's lock.
 //!
-//! A key over its limit is usually asked about again and again, and each refusal leaves its state as it was. The
-//! shard keeps a copy of the entry of the key it refused twice in a row under its shared lock; a check on that key
-//! first decides on the copy, without taking the lock: when the copy refuses, that is the answer (what the shard
-//! would answer, since its entry is the copy), and no cache line is written, so cores refusing one key share
-//! the copy's line instead of taking turns at the lock's. Every exclusive lock of the shard drops the copy before
-//! it writes anything, so the copy is always the entry as the shard holds it; the copy is filled again, under the
-//! shared lock, by the next refusals. The copy is guarded by a sequence number (a seqlock): a reader that sees it
-//! change while reading drops what it read and takes the lock.
-//!
-//! A refusal decided on the copy does not mark its entry used. The copy exists only after a refusal under the lock
-//! marked it, and the eviction hand clears marks under the exclusive lock, which drops the copy: the key's next
-//! refusal takes the lock and marks it again, so the hand sees a refused key as used exactly as before.
+//! A thread that checks one key twice in a row makes that key's entry the shard's *hot entry*, moved out of its
+//! node into a copy guarded by a sequence number (a seqlock). While it is there the copy is the key's state (the
+//! node keeps its place, key and visited mark): a check of the key decides on the copy without the shard's lock —
+//! a refusal reads it and writes nothing, an admission writes the new state with one compare-and-swap on the
+//! sequence — so cores checking one key share the copy's line instead of taking turns at the lock's. Every
+//! exclusive lock of the shard puts the copy back into its node first ([`HotEntry::take`]), so whatever the
+//! holder reads or writes (an eviction, a sweep, a charge, a peek, another key's check) sees the key's state.
+//! `docs/design/memory-store.md` has the rules and why they keep every decision the algorithm's.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -21,10 +17,10 @@ use super::Entry;
 use crate::Decision;
 use crate::store::table::VISITED;
 
-/// The copy, on cache lines of its own (the lock's word beside it is written by every locker).
+/// The hot entry, on cache lines of its own (the lock's word beside it is written by every locker).
 #[derive(Default)]
 #[repr(align(128))]
-pub(super) struct HotRefusal {
+pub(super) struct HotEntry {
     /// Odd while the copy is written.
     seq: AtomicU64,
     /// The copied entry's key: its digest, with the entry's algorithm in the [`VISITED`] bit (0: no copy).
@@ -32,10 +28,23 @@ pub(super) struct HotRefusal {
     words: [AtomicU64; 3],
 }
 
+/// How many times a check tries the copy while other threads write it before it takes the exclusive lock.
+const TRIES: usize = 8;
+
+/// What a check of a key gets from the shard's hot entry.
+pub(super) enum Hot {
+    /// Decided on the copy (a refusal read, or an admission written).
+    Decided(Decision),
+    /// The copy is another key's, or there is none: the key's node holds its state.
+    Elsewhere,
+    /// The copy is the key's but other threads kept writing it: decide under the exclusive lock, which puts it
+    /// back.
+    Busy,
+}
+
 thread_local! {
-    /// The key of this thread's last refusal under a shard's shared lock (any shard's, any store's): a refusal of
-    /// the same key next is copied. Kept per thread, so that refusals of many keys write no shared line (a key
-    /// of another store that happens to have the same word only copies an entry that is not hot, once).
+    /// The key this thread last checked through a shard's lock (any shard's, any store's): checking the same key
+    /// next makes it the hot entry. Kept per thread, so that checks of many keys write no shared line.
     static LAST: Cell<u64> = const { Cell::new(0) };
 }
 
@@ -45,65 +54,128 @@ pub(super) fn key_word<E: Entry>(hash: u64) -> u64 {
     (hash & !VISITED) | if E::TAG == 0 { 0 } else { VISITED }
 }
 
-impl HotRefusal {
-    /// The refusal the copy gives `key` (from [`key_word`]) under `decide`, if the copy is `key`'s and refuses;
-    /// `None` otherwise, for the shard to decide under its lock.
+/// Whether this thread's last check through a shard's lock was of `key` too (and notes `key` as its last).
+#[inline]
+pub(super) fn repeated(key: u64) -> bool {
+    LAST.with(|last| last.replace(key)) == key
+}
+
+/// Whether the key word is a token bucket's (else a sliding window's).
+#[inline]
+pub(super) fn is_bucket(key: u64) -> bool {
+    key & VISITED == 0
+}
+
+impl HotEntry {
+    /// Decides a check of `key` (from [`key_word`]) on the copy, if it is `key`'s: `decide` gives the decision
+    /// and, for an admission, the entry to write. An admission is written only if nothing was since the copy was
+    /// read (then it is the decision on the state as it is); otherwise the check decides again on the new copy,
+    /// as governor's compare-and-swap loop does, up to [`TRIES`] times.
     #[inline]
-    pub(super) fn refusal<E: Entry>(
+    pub(super) fn decide<E: Entry>(
         &self,
         key: u64,
-        decide: impl FnOnce(E) -> Option<Decision>,
-    ) -> Option<Decision> {
-        let seq = self.seq.load(Acquire);
-        if self.key.load(Relaxed) != key || seq & 1 != 0 {
+        decide: impl Fn(E) -> (Decision, Option<E>),
+    ) -> Hot {
+        for _ in 0..TRIES {
+            let seq = self.seq.load(Acquire);
+            if self.key.load(Relaxed) != key {
+                return Hot::Elsewhere;
+            }
+            if seq & 1 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let words = [
+                self.words[0].load(Relaxed),
+                self.words[1].load(Relaxed),
+                self.words[2].load(Relaxed),
+            ];
+            fence(Acquire);
+            if self.seq.load(Relaxed) != seq {
+                continue;
+            }
+            let (decision, written) = decide(E::from_words(words));
+            let Some(entry) = written else {
+                return Hot::Decided(decision);
+            };
+            if self
+                .seq
+                .compare_exchange(seq, seq + 1, Acquire, Relaxed)
+                .is_ok()
+            {
+                self.write(seq, key, &entry.to_words());
+                return Hot::Decided(decision);
+            }
+        }
+        Hot::Busy
+    }
+
+    /// Makes `entry`, `key`'s as its node holds it, the hot entry, if there is none. Under the shard's lock,
+    /// shared or exclusive (which excludes the copy's being put back); several holders of the shared lock may
+    /// offer at once: one copies.
+    #[inline]
+    pub(super) fn offer<E: Entry>(&self, key: u64, entry: &E) {
+        let seq = self.seq.load(Relaxed);
+        if self.key.load(Relaxed) != 0 || seq & 1 != 0 {
+            return;
+        }
+        if self
+            .seq
+            .compare_exchange(seq, seq + 1, Acquire, Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        self.write(seq, key, &entry.to_words());
+    }
+
+    /// Takes the copy out, to be put back into its node: its key word and entry words. Called under the shard's
+    /// exclusive lock, first (no copy can be made meanwhile: that takes the lock); waits for a check writing the
+    /// copy without the lock to finish (a few stores).
+    #[inline]
+    pub(super) fn take(&self) -> Option<(u64, [u64; 3])> {
+        if self.key.load(Relaxed) == 0 {
             return None;
         }
+        let mut spins = 0u32;
+        let seq = loop {
+            let seq = self.seq.load(Relaxed);
+            if seq & 1 == 0
+                && self
+                    .seq
+                    .compare_exchange_weak(seq, seq + 1, Acquire, Relaxed)
+                    .is_ok()
+            {
+                break seq;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // The writer was descheduled between its two stores of the sequence.
+                std::thread::yield_now();
+            }
+        };
+        let key = self.key.load(Relaxed);
         let words = [
             self.words[0].load(Relaxed),
             self.words[1].load(Relaxed),
             self.words[2].load(Relaxed),
         ];
-        fence(Acquire);
-        if self.seq.load(Relaxed) != seq {
-            return None;
-        }
-        decide(E::from_words(words))
+        self.key.store(0, Relaxed);
+        self.seq.store(seq + 2, Release);
+        Some((key, words))
     }
 
-    /// Offers the entry of a key just refused under the shard's shared lock: copied if this thread's last such
-    /// refusal was of the same key and the copy is not that key's already.
+    /// Writes the copy, the sequence made odd (`seq + 1`) by the caller.
     #[inline]
-    pub(super) fn offer<E: Entry>(&self, key: u64, entry: &E) {
-        if LAST.with(|last| last.replace(key)) != key {
-            return;
-        }
-        let seq = self.seq.load(Relaxed);
-        // The copy is the key's already (no exclusive lock since, or it would be gone), or another holder of the
-        // shared lock is copying.
-        if self.key.load(Relaxed) == key || seq & 1 != 0 {
-            return;
-        }
-        if self
-            .seq
-            .compare_exchange(seq, seq + 1, Relaxed, Relaxed)
-            .is_err()
-        {
-            return;
-        }
+    fn write(&self, seq: u64, key: u64, words: &[u64; 3]) {
         fence(Release);
-        for (word, value) in self.words.iter().zip(entry.to_words()) {
+        for (word, &value) in self.words.iter().zip(words) {
             word.store(value, Relaxed);
         }
         self.key.store(key, Relaxed);
         self.seq.store(seq + 2, Release);
-    }
-
-    /// Drops the copy; called under the shard's exclusive lock before anything is written (no copy is being made:
-    /// that takes the shared lock).
-    #[inline]
-    pub(super) fn clear(&self) {
-        if self.key.load(Relaxed) != 0 {
-            self.key.store(0, Relaxed);
-        }
     }
 }

@@ -35,7 +35,7 @@ use hashbrown::HashTable;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
 use super::table::{Arena, Expiry, Hand, SECOND, Slab, VISITED, sharding};
-use hot::HotRefusal;
+use hot::{Hot, HotEntry};
 use lease::LeaseBooks;
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
@@ -66,9 +66,10 @@ const MIN_SWEEP: usize = 64;
 /// replaced on a hot set in a flood; `docs/BENCHMARKS.md` has the measurements.
 ///
 /// A shard finds a key through an index of 32-bit words (a tag of the digest and the entry's slot): a hit reads
-/// one word and the entry. A key refused again and again is refused on the shard's copy of its entry, read without
-/// the shard's lock, so cores refusing one key write no shared memory; any write to the shard drops the copy first.
-/// `docs/design/memory-store.md` has the layout and the copy's rules.
+/// one word and the entry. The key a shard's checks keep coming back to (a thread checked it twice in a row) is the
+/// shard's *hot entry*: checks of it decide on a copy of its entry without the shard's lock (a refusal writes
+/// nothing, an admission one compare-and-swap), and anything else that takes the lock puts the copy back into its
+/// entry first. `docs/design/memory-store.md` has the layout and the hot entry's rules.
 ///
 /// Evictions are counted in `tollgate_evictions_total{limiter}` (the label is the store's
 /// [name](MemoryStoreBuilder::name)) and in [`evictions`](Self::evictions); while entries that still hold state
@@ -589,21 +590,22 @@ fn charged<S: Copy + Default>(
 
 /// A shard behind its lock: parking_lot's rather than std's (under two threads on one hot key it spins
 /// adaptively before parking, where std's convoyed; and a shard cannot be poisoned), a read-write lock so that
-/// checks that write nothing can share it, and a copy of its hot refused key's entry that checks read without it.
+/// checks that write nothing can share it, and the shard's hot entry, which checks of its key decide on without
+/// the lock.
 #[derive(Default)]
 pub(super) struct ShardLock {
     shard: RwLock<Shard>,
     /// Whether the shard's last check wrote nothing (a refusal): the next one then tries a shared read first.
     read_first: AtomicBool,
-    hot: HotRefusal,
+    hot: HotEntry,
 }
 
 impl ShardLock {
-    /// A request's check without a lockout. A key whose entry the shard's [`HotRefusal`] copies is refused on the
-    /// copy when the copy refuses, without the lock. After a check that wrote nothing (a refusal, the usual next
-    /// answer on a key over its limit), it first decides under the shared read lock, and keeps that answer when
-    /// it writes nothing either: two cores refusing one key then wait for neither. Otherwise it decides under the
-    /// write lock, as every other step does.
+    /// A request's check without a lockout. A check of the shard's hot key decides on its [`HotEntry`], without
+    /// the lock. Otherwise, after a check that wrote nothing (a refusal, the usual next answer on a key over its
+    /// limit), it first decides under the shared read lock, and keeps that answer when it writes nothing either:
+    /// two cores refusing one key then wait for neither. Otherwise it decides under the write lock, as every
+    /// other step does. A key a thread checks twice in a row through the lock becomes the hot entry.
     #[inline]
     fn check<E: Entry>(
         &self,
@@ -615,25 +617,35 @@ impl ShardLock {
         check: Check<'_>,
     ) -> Result<Decision, StoreError> {
         let key = hot::key_word::<E>(hash);
-        if let Some(decision) = self.hot.refusal(key, |entry: E| {
+        let hot = self.hot.decide(key, |entry: E| {
             let step = E::check(Some(entry.state(ctx)), check.policy, check.cost, check.now);
-            step.state.is_none().then_some(step.decision)
-        }) {
-            return Ok(decision);
-        }
+            (step.decision, step.state.map(|state| E::new(state, ctx)))
+        });
         // Relaxed: the flag only picks the order in which the two locks are tried; each decides by itself. So the
         // value read here is the one compared below: another thread's change in between costs at most one more
         // store, or one more try under the read lock.
-        let was_read_first = self.read_first.load(Ordering::Relaxed);
+        let was_read_first = match hot {
+            Hot::Decided(decision) => return Ok(decision),
+            // The key's state is in the copy: only the exclusive lock puts it back where the shared one reads.
+            Hot::Busy => false,
+            Hot::Elsewhere => self.read_first.load(Ordering::Relaxed),
+        };
         if was_read_first {
             let shard = self.shard.read();
             if let Some((decision, entry)) = shard.unchanged::<E>(hash, ctx, check) {
-                self.hot.offer(key, &entry);
+                if hot::repeated(key) {
+                    self.hot.offer(key, &entry);
+                }
                 return Ok(decision);
             }
         }
         let mut shard = lock(self);
         let decision = shard.apply::<E, _>(hash, now, bound, log, ctx, check)?;
+        if hot::repeated(key)
+            && let Some(entry) = E::slab_ref(&shard.slabs).get(hash)
+        {
+            self.hot.offer(key, entry);
+        }
         let read_first = !decision.is_allowed();
         if was_read_first != read_first {
             self.read_first.store(read_first, Ordering::Relaxed);
@@ -642,12 +654,18 @@ impl ShardLock {
     }
 }
 
-/// The shard's write lock, for every step but a check that writes nothing. The hot refused key's copy is dropped
-/// first: whatever the holder writes, the copy cannot be older than the entry.
+/// The shard's write lock, for every step but a check that writes nothing. The hot entry is put back into its
+/// node first: whatever the holder reads or writes, each key's state is in its node.
 #[inline]
 pub(super) fn lock(shard: &ShardLock) -> RwLockWriteGuard<'_, Shard> {
-    let guard = shard.shard.write();
-    shard.hot.clear();
+    let mut guard = shard.shard.write();
+    if let Some((key, words)) = shard.hot.take() {
+        if hot::is_bucket(key) {
+            guard.slabs.put_back::<BucketEntry>(key, words);
+        } else {
+            guard.slabs.put_back::<WindowEntry>(key, words);
+        }
+    }
     guard
 }
 
@@ -725,7 +743,7 @@ pub(super) trait Entry: Copy + Expiry {
     ) -> Step<Self::State>;
     fn new(state: Self::State, ctx: Self::Ctx) -> Self;
     fn state(&self, ctx: Self::Ctx) -> Self::State;
-    /// The entry as words, for a shard's copy of its hot refused key ([`HotRefusal`]).
+    /// The entry as words, for a shard's hot entry ([`HotEntry`]).
     fn to_words(&self) -> [u64; 3];
     fn from_words(words: [u64; 3]) -> Self;
 }
@@ -956,6 +974,15 @@ pub(super) struct Slabs {
 }
 
 impl Slabs {
+    /// Puts a hot entry taken out of the shard's [`HotEntry`] back into its key's node (which an entry in the
+    /// copy keeps: only the exclusive lock removes nodes, and it puts the copy back first).
+    fn put_back<E: Entry>(&mut self, key: u64, words: [u64; 3]) {
+        let slab = E::slab(self);
+        if let Some(slot) = slab.find(key) {
+            slab.node_mut(slot).value = E::from_words(words);
+        }
+    }
+
     /// The key's state with its lockout end, read only; the end is read only for a policy with a lockout
     /// (`lockout_us > 0`: one without ignores it).
     fn locked<E: Entry>(&self, key: u64, lockout_us: u64, ctx: E::Ctx) -> Option<Locked<E::State>> {
