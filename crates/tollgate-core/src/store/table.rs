@@ -12,9 +12,6 @@
 //! then stands just after the victim, so a new key that takes the victim's slot is met again only after a whole
 //! revolution: a key used once (a flood's) goes at the next pass, a key used at least once per revolution never does.
 
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::Relaxed;
-
 /// The top bit of a link: the second slab's slots (clear: the first's).
 pub(crate) const SECOND: u32 = 1 << 31;
 
@@ -63,9 +60,8 @@ pub(crate) const VISITED: u64 = 1 << 40;
 /// word, so that it costs no padding beside the value).
 pub(crate) struct Node<V> {
     /// The key digest, with [`VISITED`] set when the entry was used since the hand last passed it (or since it
-    /// was added, if it was not yet passed). Atomic so that a use under a shard's shared lock can set the mark
-    /// ([`visit_shared`](Self::visit_shared)); the key bits change only under the exclusive lock.
-    marked: AtomicU64,
+    /// was added, if it was not yet passed).
+    marked: u64,
     pub(crate) value: V,
 }
 
@@ -73,36 +69,23 @@ impl<V> Node<V> {
     /// The key digest (without the mark).
     #[inline]
     pub(crate) fn key(&self) -> u64 {
-        self.marked.load(Relaxed) & !VISITED
+        self.marked & !VISITED
     }
 
-    /// Marks the entry used. Written only when not yet marked: a hot key's hits that change nothing (refusals)
-    /// then leave its node's cache line unwritten, shared between the cores that read it.
+    /// Marks the entry used. Written only when not yet marked: a key's hits that change nothing (refusals) then
+    /// leave its node's cache line unwritten.
     #[inline]
     pub(crate) fn visit(&mut self) {
-        let marked = self.marked.get_mut();
-        if *marked & VISITED == 0 {
-            *marked |= VISITED;
-        }
-    }
-
-    /// [`visit`](Self::visit) under a shared lock. Those who hold it at once may all store the mark: each stores
-    /// the same word (the key does not change under the shared lock), so none is lost and no atomic
-    /// read-modify-write is needed.
-    #[inline]
-    pub(crate) fn visit_shared(&self) {
-        let marked = self.marked.load(Relaxed);
-        if marked & VISITED == 0 {
-            self.marked.store(marked | VISITED, Relaxed);
+        if self.marked & VISITED == 0 {
+            self.marked |= VISITED;
         }
     }
 
     /// Clears the mark; whether the entry had been used since the hand last passed it.
     #[inline]
     pub(crate) fn pass(&mut self) -> bool {
-        let marked = self.marked.get_mut();
-        let visited = *marked & VISITED != 0;
-        *marked &= !VISITED;
+        let visited = self.marked & VISITED != 0;
+        self.marked &= !VISITED;
         visited
     }
 }
@@ -155,10 +138,7 @@ impl<V> Slab<V> {
         let key = key & !VISITED;
         let slot = self.nodes.len() as u32;
         self.reserve_one();
-        self.nodes.push(Node {
-            marked: AtomicU64::new(key),
-            value,
-        });
+        self.nodes.push(Node { marked: key, value });
         self.index.insert(key, slot);
         slot
     }
@@ -170,7 +150,7 @@ impl<V> Slab<V> {
         self.index.remove(self.nodes[slot as usize].key(), slot);
         let node = &mut self.nodes[slot as usize];
         let old = (
-            std::mem::replace(node.marked.get_mut(), key) & !VISITED,
+            std::mem::replace(&mut node.marked, key) & !VISITED,
             std::mem::replace(&mut node.value, value),
         );
         self.index.insert(key, slot);

@@ -1,12 +1,13 @@
 //! A shard's hot key: the entry of the key its checks keep coming back to, decided on without the shard's lock.
 //!
-//! A thread that checks one key twice in a row makes that key's entry the shard's *hot entry*, moved out of its
-//! node into a copy guarded by a sequence number (a seqlock). While it is there the copy is the key's state (the
-//! node keeps its place, key and visited mark): a check of the key decides on the copy without the shard's lock —
-//! a refusal reads it and writes nothing, an admission writes the new state with one compare-and-swap on the
-//! sequence — so cores checking one key share the copy's line instead of taking turns at the lock's. Every
-//! exclusive lock of the shard puts the copy back into its node first ([`HotEntry::take`]), so whatever the
-//! holder reads or writes (an eviction, a sweep, a charge, a peek, another key's check) sees the key's state.
+//! A thread that checks one key twice in a row through the shard's lock makes that key's entry the shard's *hot
+//! entry*, moved out of its node into a copy guarded by a sequence number (a seqlock). While it is there the copy
+//! is the key's state (the node keeps its place, key and visited mark): a check of the key decides on the copy
+//! without the shard's lock — a refusal reads it and writes nothing, an admission writes the new state with one
+//! compare-and-swap on the sequence — so cores checking one key share the copy's line instead of taking turns at
+//! the lock's. Every taking of the shard's lock puts the copy back into its node first ([`HotEntry::take`]), so
+//! whatever the holder reads or writes (an eviction, a sweep, a charge, a peek, another key's check) sees the
+//! key's state.
 //! `docs/design/memory-store.md` has the rules and why they keep every decision the algorithm's.
 
 use std::cell::Cell;
@@ -28,7 +29,7 @@ pub(super) struct HotEntry {
     words: [AtomicU64; 3],
 }
 
-/// How many times a check tries the copy while other threads write it before it takes the exclusive lock.
+/// How many times a check tries the copy while other threads write it before it takes the lock.
 const TRIES: usize = 8;
 
 /// What a check of a key gets from the shard's hot entry.
@@ -37,14 +38,13 @@ pub(super) enum Hot {
     Decided(Decision),
     /// The copy is another key's, or there is none: the key's node holds its state.
     Elsewhere,
-    /// The copy is the key's but other threads kept writing it: decide under the exclusive lock, which puts it
-    /// back.
+    /// The copy is the key's but other threads kept writing it: decide under the lock, which puts it back.
     Busy,
 }
 
 thread_local! {
     /// The key this thread last checked through a shard's lock (any shard's, any store's): checking the same key
-    /// next makes it the hot entry. Kept per thread, so that checks of many keys write no shared line.
+    /// next makes it the hot entry. Kept per thread, so that checks of many keys write no line other threads read.
     static LAST: Cell<u64> = const { Cell::new(0) };
 }
 
@@ -111,9 +111,8 @@ impl HotEntry {
         Hot::Busy
     }
 
-    /// Makes `entry`, `key`'s as its node holds it, the hot entry, if there is none. Under the shard's lock,
-    /// shared or exclusive (which excludes the copy's being put back); several holders of the shared lock may
-    /// offer at once: one copies.
+    /// Makes `entry`, `key`'s as its node holds it, the hot entry, if there is none. Under the shard's lock (which
+    /// put any copy back when it was taken, so no check writes the copy meanwhile).
     #[inline]
     pub(super) fn offer<E: Entry>(&self, key: u64, entry: &E) {
         let seq = self.seq.load(Relaxed);
@@ -130,9 +129,9 @@ impl HotEntry {
         self.write(seq, key, &entry.to_words());
     }
 
-    /// Takes the copy out, to be put back into its node: its key word and entry words. Called under the shard's
-    /// exclusive lock, first (no copy can be made meanwhile: that takes the lock); waits for a check writing the
-    /// copy without the lock to finish (a few stores).
+    /// Takes the copy out, to be put back into its node: its key word and entry words. Called as the shard's lock
+    /// is taken (no copy can be made meanwhile: that takes the lock); waits for a check writing the copy without
+    /// the lock to finish (a few stores).
     #[inline]
     pub(super) fn take(&self) -> Option<(u64, [u64; 3])> {
         if self.key.load(Relaxed) == 0 {

@@ -16,11 +16,10 @@ mod fixed;
 mod hot;
 mod lease;
 
-use parking_lot::{RwLock, RwLockWriteGuard};
+use parking_lot::{Mutex, MutexGuard};
 use std::fmt;
 use std::future::{Future, ready};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use ahash::RandomState;
 
@@ -588,24 +587,18 @@ fn charged<S: Copy + Default>(
     }
 }
 
-/// A shard behind its lock: parking_lot's rather than std's (under two threads on one hot key it spins
-/// adaptively before parking, where std's convoyed; and a shard cannot be poisoned), a read-write lock so that
-/// checks that write nothing can share it, and the shard's hot entry, which checks of its key decide on without
-/// the lock.
+/// A shard behind its lock (parking_lot's: under two threads on one key it spins adaptively before parking, where
+/// std's convoyed; and a shard cannot be poisoned), and the shard's hot entry, which checks of its key decide on
+/// without the lock.
 #[derive(Default)]
 pub(super) struct ShardLock {
-    shard: RwLock<Shard>,
-    /// Whether the shard's last check wrote nothing (a refusal): the next one then tries a shared read first.
-    read_first: AtomicBool,
+    shard: Mutex<Shard>,
     hot: HotEntry,
 }
 
 impl ShardLock {
-    /// A request's check without a lockout. A check of the shard's hot key decides on its [`HotEntry`], without
-    /// the lock. Otherwise, after a check that wrote nothing (a refusal, the usual next answer on a key over its
-    /// limit), it first decides under the shared read lock, and keeps that answer when it writes nothing either:
-    /// two cores refusing one key then wait for neither. Otherwise it decides under the write lock, as every
-    /// other step does. A key a thread checks twice in a row through the lock becomes the hot entry.
+    /// A request's check without a lockout: on the shard's [`HotEntry`] if it is the key's, without the lock;
+    /// otherwise under the lock, after which a key this thread checked twice in a row becomes the hot entry.
     #[inline]
     fn check<E: Entry>(
         &self,
@@ -621,23 +614,8 @@ impl ShardLock {
             let step = E::check(Some(entry.state(ctx)), check.policy, check.cost, check.now);
             (step.decision, step.state.map(|state| E::new(state, ctx)))
         });
-        // Relaxed: the flag only picks the order in which the two locks are tried; each decides by itself. So the
-        // value read here is the one compared below: another thread's change in between costs at most one more
-        // store, or one more try under the read lock.
-        let was_read_first = match hot {
-            Hot::Decided(decision) => return Ok(decision),
-            // The key's state is in the copy: only the exclusive lock puts it back where the shared one reads.
-            Hot::Busy => false,
-            Hot::Elsewhere => self.read_first.load(Ordering::Relaxed),
-        };
-        if was_read_first {
-            let shard = self.shard.read();
-            if let Some((decision, entry)) = shard.unchanged::<E>(hash, ctx, check) {
-                if hot::repeated(key) {
-                    self.hot.offer(key, &entry);
-                }
-                return Ok(decision);
-            }
+        if let Hot::Decided(decision) = hot {
+            return Ok(decision);
         }
         let mut shard = lock(self);
         let decision = shard.apply::<E, _>(hash, now, bound, log, ctx, check)?;
@@ -646,19 +624,15 @@ impl ShardLock {
         {
             self.hot.offer(key, entry);
         }
-        let read_first = !decision.is_allowed();
-        if was_read_first != read_first {
-            self.read_first.store(read_first, Ordering::Relaxed);
-        }
         Ok(decision)
     }
 }
 
-/// The shard's write lock, for every step but a check that writes nothing. The hot entry is put back into its
-/// node first: whatever the holder reads or writes, each key's state is in its node.
+/// The shard's lock, for every step but a check on the hot entry. The hot entry is put back into its node first:
+/// whatever the holder reads or writes, each key's state is in its node.
 #[inline]
-pub(super) fn lock(shard: &ShardLock) -> RwLockWriteGuard<'_, Shard> {
-    let mut guard = shard.shard.write();
+pub(super) fn lock(shard: &ShardLock) -> MutexGuard<'_, Shard> {
+    let mut guard = shard.shard.lock();
     if let Some((key, words)) = shard.hot.take() {
         if hot::is_bucket(key) {
             guard.slabs.put_back::<BucketEntry>(key, words);
@@ -1041,32 +1015,6 @@ pub(super) struct Shard {
 impl Shard {
     fn len(&self) -> usize {
         self.slabs.buckets.len() + self.slabs.windows.len()
-    }
-
-    /// A check's decision when it writes no state — a held key whose state the step leaves as it is (a refusal) —
-    /// read under the shared lock: what [`apply`](Self::apply) would answer and leave, the key marked used as
-    /// there; with the key's entry. `None` when the check must write the state (or the key is not held), for
-    /// `apply` to decide.
-    #[inline]
-    fn unchanged<E: Entry>(
-        &self,
-        hash: u64,
-        ctx: E::Ctx,
-        check: Check<'_>,
-    ) -> Option<(Decision, E)> {
-        let slab = E::slab_ref(&self.slabs);
-        let node = slab.node(slab.find(hash)?);
-        let step = E::check(
-            Some(node.value.state(ctx)),
-            check.policy,
-            check.cost,
-            check.now,
-        );
-        if step.state.is_some() {
-            return None;
-        }
-        node.visit_shared();
-        Some((step.decision, node.value))
     }
 
     #[inline(always)]
