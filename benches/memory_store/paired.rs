@@ -7,7 +7,7 @@
 //! governor) and their quartiles and range: on a loaded machine the ratio of two adjacent slices moves far less
 //! than two runs seconds apart. `PAIRED_CASES=<substring>` runs only the cases whose name contains it;
 //! `PAIRED_SHARDS=<n>` gives tollgate's store `n` shards (rounded up to a power of two, as the builder does) instead
-//! of its default (4 × the available cores).
+//! of its default (16 × the available cores).
 
 use std::hint::black_box;
 use std::num::NonZeroU32;

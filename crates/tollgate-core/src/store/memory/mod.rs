@@ -177,7 +177,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         self
     }
 
-    /// Uses `shards` shards, rounded up to a power of two (default: 4 × the available cores); fewer when the
+    /// Uses `shards` shards, rounded up to a power of two (default: 16 × the available cores); fewer when the
     /// bound gives each under 256 keys, more when it gives each over 16 M.
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
