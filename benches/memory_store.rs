@@ -5,7 +5,8 @@
 //!
 //! `PAIRED=<rounds>` runs every case against governor in alternating slices, without criterion (see [`paired`]).
 //! `COUNT=<group>/<contender> N=<checks>` runs one contender without criterion, for valgrind (see `count`); there a
-//! contender `tollgate_<algorithm>_lockout` is that policy with a lockout.
+//! contender `tollgate_<algorithm>_lockout` is that policy with a lockout, and `<contender>_refusing` refuses every
+//! counted check.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -226,6 +227,15 @@ fn count(what: &str, n: usize) {
     } else {
         policy
     };
+    // `…_refusing` (tollgate's and governor's): one request an hour, spent by the setup, so that every counted
+    // check is refused, as on the paired mode's refusing path.
+    let refusing = contender.ends_with("_refusing");
+    let one = Quota::per_hour(1).unwrap();
+    let policy = match (refusing, contender.contains("sliding_window")) {
+        (false, _) => policy,
+        (true, false) => Policy::token_bucket(one),
+        (true, true) => Policy::sliding_window(one).unwrap(),
+    };
     let (keys, bound) = match group {
         "single_key" => (
             vec!["client-0000001".to_owned()],
@@ -236,6 +246,10 @@ fn count(what: &str, n: usize) {
         other => panic!("no group {other}"),
     };
     let check: Box<dyn Fn(&String)> = match contender {
+        "governor_gcra_refusing" => {
+            let governor = RateLimiter::keyed(GQuota::per_hour(NonZeroU32::new(1).unwrap()));
+            Box::new(move |k| drop(black_box(governor.check_key(k))))
+        }
         "governor_gcra" => {
             let governor = governor_keyed();
             Box::new(move |k| drop(black_box(governor.check_key(k))))
