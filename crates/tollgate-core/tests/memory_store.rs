@@ -307,7 +307,7 @@ fn concurrent_threads_admit_exactly_the_burst() {
     assert_eq!(admitted, 1_000);
 }
 
-/// Threads refusing one key (each refusal read under the shard's shared lock) while the clock moves on: every
+/// Threads refusing one key (its shard's hot entry, decided on without the lock) while the clock moves on: every
 /// token that accrues is admitted exactly once, whichever thread comes first, and each refusal is the one a
 /// lone check of that state gives.
 #[test]
