@@ -220,10 +220,7 @@ impl Index {
     /// The slot of the key that `is_key` accepts, among the words tagged as `key`.
     #[inline]
     fn find(&self, key: u64, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
-        let mask = self.words.len().wrapping_sub(1);
-        if self.words.is_empty() {
-            return None;
-        }
+        let mask = self.words.len().checked_sub(1)?;
         let tag = Self::tag(key);
         let mut at = key as usize & mask;
         loop {

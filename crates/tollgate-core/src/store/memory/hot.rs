@@ -32,16 +32,6 @@ pub(super) struct HotEntry {
 /// How many times a check tries the copy while other threads write it before it takes the lock.
 const TRIES: usize = 8;
 
-/// What a check of a key gets from the shard's hot entry.
-pub(super) enum Hot {
-    /// Decided on the copy (a refusal read, or an admission written).
-    Decided(Decision),
-    /// The copy is another key's, or there is none: the key's node holds its state.
-    Elsewhere,
-    /// The copy is the key's but other threads kept writing it: decide under the lock, which puts it back.
-    Busy,
-}
-
 thread_local! {
     /// The key this thread last checked through a shard's lock (any shard's, any store's): checking the same key
     /// next makes it the hot entry. Kept per thread, so that checks of many keys write no line other threads read.
@@ -70,17 +60,18 @@ impl HotEntry {
     /// Decides a check of `key` (from [`key_word`]) on the copy, if it is `key`'s: `decide` gives the decision
     /// and, for an admission, the entry to write. An admission is written only if nothing was since the copy was
     /// read (then it is the decision on the state as it is); otherwise the check decides again on the new copy,
-    /// as governor's compare-and-swap loop does, up to [`TRIES`] times.
+    /// as governor's compare-and-swap loop does, up to [`TRIES`] times. `None`: the check is the lock's to decide
+    /// (the copy is another key's, or none, or other threads kept writing it; the lock puts it back).
     #[inline]
     pub(super) fn decide<E: Entry>(
         &self,
         key: u64,
         decide: impl Fn(E) -> (Decision, Option<E>),
-    ) -> Hot {
+    ) -> Option<Decision> {
         for _ in 0..TRIES {
             let seq = self.seq.load(Acquire);
             if self.key.load(Relaxed) != key {
-                return Hot::Elsewhere;
+                return None;
             }
             if seq & 1 != 0 {
                 std::hint::spin_loop();
@@ -97,7 +88,7 @@ impl HotEntry {
             }
             let (decision, written) = decide(E::from_words(words));
             let Some(entry) = written else {
-                return Hot::Decided(decision);
+                return Some(decision);
             };
             if self
                 .seq
@@ -105,27 +96,24 @@ impl HotEntry {
                 .is_ok()
             {
                 self.write(seq, key, &entry.to_words());
-                return Hot::Decided(decision);
+                return Some(decision);
             }
         }
-        Hot::Busy
+        None
     }
 
-    /// Makes `entry`, `key`'s as its node holds it, the hot entry, if there is none. Under the shard's lock (which
-    /// put any copy back when it was taken, so no check writes the copy meanwhile).
+    /// Makes `entry`, `key`'s as its node holds it, the hot entry. Under the shard's lock, whose taking emptied the
+    /// copy ([`take`](Self::take)): no check writes an empty copy (one that read the key before it was taken
+    /// compares an older sequence and fails), so this is the copy's only writer.
     #[inline]
     pub(super) fn offer<E: Entry>(&self, key: u64, entry: &E) {
+        debug_assert_eq!(
+            self.key.load(Relaxed),
+            0,
+            "the lock's taking emptied the copy"
+        );
         let seq = self.seq.load(Relaxed);
-        if self.key.load(Relaxed) != 0 || seq & 1 != 0 {
-            return;
-        }
-        if self
-            .seq
-            .compare_exchange(seq, seq + 1, Acquire, Relaxed)
-            .is_err()
-        {
-            return;
-        }
+        self.seq.store(seq + 1, Relaxed);
         self.write(seq, key, &entry.to_words());
     }
 

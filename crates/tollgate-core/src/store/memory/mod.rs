@@ -34,7 +34,7 @@ use hashbrown::HashTable;
 
 use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
 use super::table::{Arena, Expiry, Hand, SECOND, Slab, VISITED, sharding};
-use hot::{Hot, HotEntry};
+use hot::HotEntry;
 use lease::LeaseBooks;
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
@@ -614,7 +614,7 @@ impl ShardLock {
             let step = E::check(Some(entry.state(ctx)), check.policy, check.cost, check.now);
             (step.decision, step.state.map(|state| E::new(state, ctx)))
         });
-        if let Hot::Decided(decision) = hot {
+        if let Some(decision) = hot {
             return Ok(decision);
         }
         let mut shard = lock(self);
@@ -948,8 +948,8 @@ pub(super) struct Slabs {
 }
 
 impl Slabs {
-    /// Puts a hot entry taken out of the shard's [`HotEntry`] back into its key's node (which an entry in the
-    /// copy keeps: only the exclusive lock removes nodes, and it puts the copy back first).
+    /// Puts a hot entry taken out of the shard's [`HotEntry`] back into its key's node (which a key in the copy
+    /// keeps: only the lock's holder removes nodes, and taking the lock puts the copy back first).
     fn put_back<E: Entry>(&mut self, key: u64, words: [u64; 3]) {
         let slab = E::slab(self);
         if let Some(slot) = slab.find(key) {
