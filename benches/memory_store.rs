@@ -205,7 +205,36 @@ fn contended(c: &mut Criterion) {
 /// instructions and simulated cache misses with valgrind (deterministic on a loaded machine, unlike time): the
 /// difference between two counts, N = 2 M and N = 1 M, is what 1 M checks cost after the setup.
 fn count(what: &str, n: usize) {
-    let (group, contender) = what.split_once('/').expect("COUNT=<group>/<contender>");
+    const GROUPS: [&str; 4] = [
+        "single_key",
+        "1M_distinct_keys",
+        "1M_keys_random_order",
+        "new_key_flood_at_bound",
+    ];
+    let known = |c: &str| {
+        let base = c
+            .strip_suffix("_lockout")
+            .or_else(|| c.strip_suffix("_refusing"))
+            .unwrap_or(c);
+        [
+            "tollgate_token_bucket",
+            "tollgate_sliding_window",
+            "governor_gcra",
+        ]
+        .contains(&base)
+            && !(base == "governor_gcra" && c.ends_with("_lockout"))
+    };
+    let Some((group, contender)) = what
+        .split_once('/')
+        .filter(|(g, c)| GROUPS.contains(g) && known(c))
+    else {
+        eprintln!(
+            "memory_store: COUNT=<group>/<contender>: a group of {GROUPS:?} and a contender \
+             tollgate_token_bucket, tollgate_sliding_window (either with _lockout or _refusing), governor_gcra \
+             or governor_gcra_refusing, not '{what}'"
+        );
+        std::process::exit(2);
+    };
     let [(_, bucket), (_, window)] = policies();
     let policy = if contender.contains("sliding_window") {
         window
@@ -243,7 +272,7 @@ fn count(what: &str, n: usize) {
         ),
         "1M_distinct_keys" | "1M_keys_random_order" => (keys(KEYS), 2 * KEYS),
         "new_key_flood_at_bound" => (keys(4 * FLOOD_BOUND), FLOOD_BOUND),
-        other => panic!("no group {other}"),
+        _ => unreachable!("the group was checked above"),
     };
     let check: Box<dyn Fn(&String)> = match contender {
         "governor_gcra_refusing" => {
