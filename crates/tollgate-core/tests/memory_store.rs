@@ -287,16 +287,20 @@ fn after_a_clock_step_back_a_window_retry_after_counts_from_the_clock() {
     assert!(store.check_now("k", &policy, 1).unwrap().is_allowed());
 }
 
+/// Threads admitting on one key at once (its shard's hot entry, written by compare-and-swap, or the lock when
+/// another thread wrote first) take exactly the burst between them.
 #[test]
 fn concurrent_threads_admit_exactly_the_burst() {
     let store = Arc::new(MemoryStore::builder().clock(clock()).build());
-    let policy = Policy::token_bucket(Quota::per_hour(1).unwrap().with_burst(1_000).unwrap());
+    let policy = Policy::token_bucket(Quota::per_hour(1).unwrap().with_burst(20_000).unwrap());
+    let start = std::sync::Barrier::new(8);
     let admitted: usize = std::thread::scope(|s| {
         let handles: Vec<_> = (0..8)
             .map(|_| {
-                let store = &store;
+                let (store, start) = (&store, &start);
                 s.spawn(move || {
-                    (0..500)
+                    start.wait();
+                    (0..5_000)
                         .filter(|_| store.check_now("hot", &policy, 1).unwrap().is_allowed())
                         .count()
                 })
@@ -304,7 +308,7 @@ fn concurrent_threads_admit_exactly_the_burst() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).sum()
     });
-    assert_eq!(admitted, 1_000);
+    assert_eq!(admitted, 20_000);
 }
 
 /// Threads refusing one key (its shard's hot entry, decided on without the lock) while the clock moves on: every

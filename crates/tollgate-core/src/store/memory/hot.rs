@@ -26,10 +26,12 @@ pub(super) struct HotEntry {
     seq: AtomicU64,
     /// The copied entry's key: its digest, with the entry's algorithm in the [`VISITED`] bit (0: no copy).
     key: AtomicU64,
-    words: [AtomicU64; 3],
+    /// The key's state as its algorithm decides on it, then what else its node's entry holds
+    /// ([`Entry::to_words`]): a check on the copy converts nothing.
+    words: [AtomicU64; 4],
 }
 
-/// How many times a check tries the copy while other threads write it before it takes the lock.
+/// How many times a check tries to read the copy whole while another thread writes it before it takes the lock.
 const TRIES: usize = 8;
 
 thread_local! {
@@ -57,17 +59,40 @@ pub(super) fn is_bucket(key: u64) -> bool {
 }
 
 impl HotEntry {
-    /// Decides a check of `key` (from [`key_word`]) on the copy, if it is `key`'s: `decide` gives the decision
-    /// and, for an admission, the entry to write. An admission is written only if nothing was since the copy was
-    /// read (then it is the decision on the state as it is); otherwise the check decides again on the new copy,
-    /// as governor's compare-and-swap loop does, up to [`TRIES`] times. `None`: the check is the lock's to decide
-    /// (the copy is another key's, or none, or other threads kept writing it; the lock puts it back).
+    /// Decides a check of `key` (from [`key_word`]) on the copy, if it is `key`'s: `decide`, given the state's
+    /// words, gives the decision and, for an admission, the words to write. An admission is written only if nothing
+    /// was since the copy was read (then it is the decision on the state as it is). `None`: the check is the lock's
+    /// to decide (the copy is another key's, or none, or another thread wrote it meanwhile; the lock puts it back
+    /// and decides on the state as it is then).
+    ///
+    /// One try, no loop around the decision (as governor's compare-and-swap loop has): a loop keeps the decision's
+    /// constants live across its turns, and a hot key's every check paid for that in spilled registers.
     #[inline]
-    pub(super) fn decide<E: Entry>(
+    pub(super) fn decide(
         &self,
         key: u64,
-        decide: impl Fn(E) -> (Decision, Option<E>),
+        decide: impl Fn([u64; 3]) -> (Decision, Option<[u64; 4]>),
     ) -> Option<Decision> {
+        let (seq, words) = self.read(key)?;
+        let (decision, written) = decide(words);
+        let Some(words) = written else {
+            return Some(decision);
+        };
+        if self
+            .seq
+            .compare_exchange(seq, seq + 1, Acquire, Relaxed)
+            .is_ok()
+        {
+            self.write(seq, key, &words);
+            return Some(decision);
+        }
+        None
+    }
+
+    /// The copy's sequence and state words, if it is `key`'s, read whole (waiting out a writer up to [`TRIES`]
+    /// times).
+    #[inline(always)]
+    fn read(&self, key: u64) -> Option<(u64, [u64; 3])> {
         for _ in 0..TRIES {
             let seq = self.seq.load(Acquire);
             if self.key.load(Relaxed) != key {
@@ -83,30 +108,18 @@ impl HotEntry {
                 self.words[2].load(Relaxed),
             ];
             fence(Acquire);
-            if self.seq.load(Relaxed) != seq {
-                continue;
-            }
-            let (decision, written) = decide(E::from_words(words));
-            let Some(entry) = written else {
-                return Some(decision);
-            };
-            if self
-                .seq
-                .compare_exchange(seq, seq + 1, Acquire, Relaxed)
-                .is_ok()
-            {
-                self.write(seq, key, &entry.to_words());
-                return Some(decision);
+            if self.seq.load(Relaxed) == seq {
+                return Some((seq, words));
             }
         }
         None
     }
 
-    /// Makes `entry`, `key`'s as its node holds it, the hot entry. Under the shard's lock, whose taking emptied the
-    /// copy ([`take`](Self::take)): no check writes an empty copy (one that read the key before it was taken
-    /// compares an older sequence and fails), so this is the copy's only writer.
+    /// Makes `words`, `key`'s entry as its node holds it ([`Entry::to_words`]), the hot entry. Under the shard's
+    /// lock, whose taking emptied the copy ([`take`](Self::take)): no check writes an empty copy (one that read the
+    /// key before it was taken compares an older sequence and fails), so this is the copy's only writer.
     #[inline]
-    pub(super) fn offer<E: Entry>(&self, key: u64, entry: &E) {
+    pub(super) fn offer(&self, key: u64, words: [u64; 4]) {
         debug_assert_eq!(
             self.key.load(Relaxed),
             0,
@@ -114,14 +127,14 @@ impl HotEntry {
         );
         let seq = self.seq.load(Relaxed);
         self.seq.store(seq + 1, Relaxed);
-        self.write(seq, key, &entry.to_words());
+        self.write(seq, key, &words);
     }
 
     /// Takes the copy out, to be put back into its node: its key word and entry words. Called as the shard's lock
     /// is taken (no copy can be made meanwhile: that takes the lock); waits for a check writing the copy without
     /// the lock to finish (a few stores).
     #[inline]
-    pub(super) fn take(&self) -> Option<(u64, [u64; 3])> {
+    pub(super) fn take(&self) -> Option<(u64, [u64; 4])> {
         if self.key.load(Relaxed) == 0 {
             return None;
         }
@@ -149,6 +162,7 @@ impl HotEntry {
             self.words[0].load(Relaxed),
             self.words[1].load(Relaxed),
             self.words[2].load(Relaxed),
+            self.words[3].load(Relaxed),
         ];
         self.key.store(0, Relaxed);
         self.seq.store(seq + 2, Release);
@@ -157,7 +171,7 @@ impl HotEntry {
 
     /// Writes the copy, the sequence made odd (`seq + 1`) by the caller.
     #[inline]
-    fn write(&self, seq: u64, key: u64, words: &[u64; 3]) {
+    fn write(&self, seq: u64, key: u64, words: &[u64; 4]) {
         fence(Release);
         for (word, &value) in self.words.iter().zip(words) {
             word.store(value, Relaxed);

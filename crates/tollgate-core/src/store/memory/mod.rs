@@ -610,9 +610,17 @@ impl ShardLock {
         check: Check<'_>,
     ) -> Result<Decision, StoreError> {
         let key = hot::key_word::<E>(hash);
-        let hot = self.hot.decide(key, |entry: E| {
-            let step = E::check(Some(entry.state(ctx)), check.policy, check.cost, check.now);
-            (step.decision, step.state.map(|state| E::new(state, ctx)))
+        let hot = self.hot.decide(key, |state| {
+            let step = E::check(
+                Some(E::state_of(state)),
+                check.policy,
+                check.cost,
+                check.now,
+            );
+            (
+                step.decision,
+                step.state.map(|state| E::new(state, ctx).to_words(state)),
+            )
         });
         if let Some(decision) = hot {
             return Ok(decision);
@@ -622,7 +630,7 @@ impl ShardLock {
         if hot::repeated(key)
             && let Some(entry) = E::slab_ref(&shard.slabs).get(hash)
         {
-            self.hot.offer(key, entry);
+            self.hot.offer(key, entry.to_words(entry.state(ctx)));
         }
         Ok(decision)
     }
@@ -717,9 +725,13 @@ pub(super) trait Entry: Copy + Expiry {
     ) -> Step<Self::State>;
     fn new(state: Self::State, ctx: Self::Ctx) -> Self;
     fn state(&self, ctx: Self::Ctx) -> Self::State;
-    /// The entry as words, for a shard's hot entry ([`HotEntry`]).
-    fn to_words(&self) -> [u64; 3];
-    fn from_words(words: [u64; 3]) -> Self;
+    /// The entry as a shard's hot entry ([`HotEntry`]) keeps it: `state`, the entry's, in the first three words
+    /// (decided on as they are, with no conversion), then what else the entry holds.
+    fn to_words(&self, state: Self::State) -> [u64; 4];
+    /// The state in a hot entry's first three words.
+    fn state_of(words: [u64; 3]) -> Self::State;
+    /// The entry back from a hot entry's words.
+    fn from_words(words: [u64; 4]) -> Self;
 }
 
 /// A token bucket's entry: its state alone, 16 bytes (a lockout, if any, is in the shard's lockout table).
@@ -762,11 +774,15 @@ impl Entry for BucketEntry {
         self.0
     }
     #[inline(always)]
-    fn to_words(&self) -> [u64; 3] {
-        [self.0.full_at, self.0.remainder, 0]
+    fn to_words(&self, state: TokenBucketState) -> [u64; 4] {
+        [state.full_at, state.remainder, 0, 0]
     }
     #[inline(always)]
-    fn from_words([full_at, remainder, _]: [u64; 3]) -> Self {
+    fn state_of([full_at, remainder, _]: [u64; 3]) -> TokenBucketState {
+        TokenBucketState { full_at, remainder }
+    }
+    #[inline(always)]
+    fn from_words([full_at, remainder, ..]: [u64; 4]) -> Self {
         Self(TokenBucketState { full_at, remainder })
     }
 }
@@ -864,11 +880,24 @@ impl Entry for WindowEntry {
         }
     }
     #[inline(always)]
-    fn to_words(&self) -> [u64; 3] {
-        [self.expires_at, self.previous, self.current]
+    fn to_words(&self, state: SlidingWindowState) -> [u64; 4] {
+        [
+            state.window_start,
+            state.previous,
+            state.current,
+            self.expires_at,
+        ]
     }
     #[inline(always)]
-    fn from_words([expires_at, previous, current]: [u64; 3]) -> Self {
+    fn state_of([window_start, previous, current]: [u64; 3]) -> SlidingWindowState {
+        SlidingWindowState {
+            window_start,
+            previous,
+            current,
+        }
+    }
+    #[inline(always)]
+    fn from_words([_, previous, current, expires_at]: [u64; 4]) -> Self {
         Self {
             expires_at,
             previous,
@@ -950,7 +979,7 @@ pub(super) struct Slabs {
 impl Slabs {
     /// Puts a hot entry taken out of the shard's [`HotEntry`] back into its key's node (which a key in the copy
     /// keeps: only the lock's holder removes nodes, and taking the lock puts the copy back first).
-    fn put_back<E: Entry>(&mut self, key: u64, words: [u64; 3]) {
+    fn put_back<E: Entry>(&mut self, key: u64, words: [u64; 4]) {
         let slab = E::slab(self);
         if let Some(slot) = slab.find(key) {
             slab.node_mut(slot).value = E::from_words(words);
