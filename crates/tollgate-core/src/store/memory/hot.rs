@@ -32,7 +32,7 @@ pub(super) struct HotEntry {
 }
 
 /// How many times a check tries to read the copy whole while another thread writes it before it takes the lock.
-const TRIES: usize = 8;
+pub(super) const TRIES: usize = 8;
 
 thread_local! {
     /// The key this thread last checked through a shard's lock (any shard's, any store's): checking the same key
@@ -61,22 +61,22 @@ pub(super) fn is_bucket(key: u64) -> bool {
 impl HotEntry {
     /// Decides a check of `key` (from [`key_word`]) on the copy, if it is `key`'s: `decide`, given the state's
     /// words, gives the decision and, for an admission, the words to write. An admission is written only if nothing
-    /// was since the copy was read (then it is the decision on the state as it is). `None`: the check is the lock's
-    /// to decide (the copy is another key's, or none, or another thread wrote it meanwhile; the lock puts it back
-    /// and decides on the state as it is then).
+    /// was since the copy was read (then it is the decision on the state as it is). `Err(true)`: another thread
+    /// wrote the copy since it was read, and the check may try again; `Err(false)`: the check is the lock's to
+    /// decide (the copy is another key's, or none, or another thread kept writing it; the lock puts it back).
     ///
-    /// One try, no loop around the decision (as governor's compare-and-swap loop has): a loop keeps the decision's
-    /// constants live across its turns, and a hot key's every check paid for that in spilled registers.
+    /// One try: a caller's loop around the decision would keep the decision's constants live across its turns,
+    /// and every check of a hot key would pay for that in spilled registers. Tries after a race go out of line.
     #[inline]
     pub(super) fn decide(
         &self,
         key: u64,
-        decide: impl Fn([u64; 3]) -> (Decision, Option<[u64; 4]>),
-    ) -> Option<Decision> {
-        let (seq, words) = self.read(key)?;
+        decide: impl FnOnce([u64; 3]) -> (Decision, Option<[u64; 4]>),
+    ) -> Result<Decision, bool> {
+        let (seq, words) = self.read(key).ok_or(false)?;
         let (decision, written) = decide(words);
         let Some(words) = written else {
-            return Some(decision);
+            return Ok(decision);
         };
         if self
             .seq
@@ -84,9 +84,9 @@ impl HotEntry {
             .is_ok()
         {
             self.write(seq, key, &words);
-            return Some(decision);
+            return Ok(decision);
         }
-        None
+        Err(true)
     }
 
     /// The copy's sequence and state words, if it is `key`'s, read whole (waiting out a writer up to [`TRIES`]

@@ -610,20 +610,17 @@ impl ShardLock {
         check: Check<'_>,
     ) -> Result<Decision, StoreError> {
         let key = hot::key_word::<E>(hash);
-        let hot = self.hot.decide(key, |state| {
-            let step = E::check(
-                Some(E::state_of(state)),
-                check.policy,
-                check.cost,
-                check.now,
-            );
-            (
-                step.decision,
-                step.state.map(|state| E::new(state, ctx).to_words(state)),
-            )
-        });
-        if let Some(decision) = hot {
-            return Ok(decision);
+        match self
+            .hot
+            .decide(key, |state| on_copy::<E>(state, ctx, check))
+        {
+            Ok(decision) => return Ok(decision),
+            Err(true) => {
+                if let Some(decision) = self.retry_hot::<E>(key, ctx, check) {
+                    return Ok(decision);
+                }
+            }
+            Err(false) => {}
         }
         let mut shard = lock(self);
         let decision = shard.apply::<E, _>(hash, now, bound, log, ctx, check)?;
@@ -634,6 +631,45 @@ impl ShardLock {
         }
         Ok(decision)
     }
+}
+
+impl ShardLock {
+    /// The tries on the hot entry after one raced with another thread's admission (as governor's compare-and-swap
+    /// loop does), up to [`hot::TRIES`] in all; `None`: the lock decides.
+    #[cold]
+    #[inline(never)]
+    fn retry_hot<E: Entry>(&self, key: u64, ctx: E::Ctx, check: Check<'_>) -> Option<Decision> {
+        for _ in 1..hot::TRIES {
+            match self
+                .hot
+                .decide(key, |state| on_copy::<E>(state, ctx, check))
+            {
+                Ok(decision) => return Some(decision),
+                Err(true) => std::hint::spin_loop(),
+                Err(false) => return None,
+            }
+        }
+        None
+    }
+}
+
+/// A check on a hot entry's state words: the decision and, for an admission, the words to write.
+#[inline(always)]
+fn on_copy<E: Entry>(
+    state: [u64; 3],
+    ctx: E::Ctx,
+    check: Check<'_>,
+) -> (Decision, Option<[u64; 4]>) {
+    let step = E::check(
+        Some(E::state_of(state)),
+        check.policy,
+        check.cost,
+        check.now,
+    );
+    (
+        step.decision,
+        step.state.map(|state| E::new(state, ctx).to_words(state)),
+    )
 }
 
 /// The shard's lock, for every step but a check on the hot entry. The hot entry is put back into its node first:
