@@ -91,8 +91,13 @@ pub fn decide(
         };
         retry_after = Some(Duration::from_micros(admit_at - clock));
     }
-    let used = current * ticks + previous * (ticks - elapsed);
-    let remaining = per_ticks.div((limit * ticks).saturating_sub(used));
+    let remaining = if current >= limit {
+        // A full window: nothing remains, whatever the previous one weighs.
+        0
+    } else {
+        let used = current * ticks + previous * (ticks - elapsed);
+        per_ticks.div((limit * ticks).saturating_sub(used))
+    };
     let new_state = SlidingWindowState {
         window_start: start,
         previous,
