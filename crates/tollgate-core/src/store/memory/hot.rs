@@ -31,8 +31,9 @@ pub(super) struct HotEntry {
     words: [AtomicU64; 4],
 }
 
-/// How many times a check tries to read the copy whole while another thread writes it before it takes the lock.
-pub(super) const TRIES: usize = 8;
+/// How many times a check tries the copy while other threads write it before it takes the lock (which puts the copy
+/// back into its node: a last resort, the key is hot again only when a thread checks it twice in a row there).
+pub(super) const TRIES: usize = 32;
 
 thread_local! {
     /// The key this thread last checked through a shard's lock (any shard's, any store's): checking the same key
@@ -62,8 +63,8 @@ impl HotEntry {
     /// Decides a check of `key` (from [`key_word`]) on the copy, if it is `key`'s: `decide`, given the state's
     /// words, gives the decision and, for an admission, the words to write. An admission is written only if nothing
     /// was since the copy was read (then it is the decision on the state as it is). `Err(true)`: another thread
-    /// wrote the copy since it was read, and the check may try again; `Err(false)`: the check is the lock's to
-    /// decide (the copy is another key's, or none, or another thread kept writing it; the lock puts it back).
+    /// was writing the copy, or wrote it since it was read, and the check may try again; `Err(false)`: the copy is
+    /// another key's, or none, and the lock decides.
     ///
     /// One try: a caller's loop around the decision would keep the decision's constants live across its turns,
     /// and every check of a hot key would pay for that in spilled registers. Tries after a race go out of line.
@@ -73,7 +74,7 @@ impl HotEntry {
         key: u64,
         decide: impl FnOnce([u64; 3]) -> (Decision, Option<[u64; 4]>),
     ) -> Result<Decision, bool> {
-        let (seq, words) = self.read(key).ok_or(false)?;
+        let (seq, words) = self.read(key)?;
         let (decision, written) = decide(words);
         let Some(words) = written else {
             return Ok(decision);
@@ -89,30 +90,24 @@ impl HotEntry {
         Err(true)
     }
 
-    /// The copy's sequence and state words, if it is `key`'s, read whole (waiting out a writer up to [`TRIES`]
-    /// times).
+    /// The copy's sequence and state words, if it is `key`'s, read whole: `Err(true)` if a writer was at it meanwhile
+    /// (try again), `Err(false)` if the copy is not the key's.
     #[inline(always)]
-    fn read(&self, key: u64) -> Option<(u64, [u64; 3])> {
-        for _ in 0..TRIES {
-            let seq = self.seq.load(Acquire);
-            if self.key.load(Relaxed) != key {
-                return None;
-            }
-            if seq & 1 != 0 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let words = [
-                self.words[0].load(Relaxed),
-                self.words[1].load(Relaxed),
-                self.words[2].load(Relaxed),
-            ];
-            fence(Acquire);
-            if self.seq.load(Relaxed) == seq {
-                return Some((seq, words));
-            }
+    fn read(&self, key: u64) -> Result<(u64, [u64; 3]), bool> {
+        let seq = self.seq.load(Acquire);
+        if self.key.load(Relaxed) != key {
+            return Err(false);
         }
-        None
+        let words = [
+            self.words[0].load(Relaxed),
+            self.words[1].load(Relaxed),
+            self.words[2].load(Relaxed),
+        ];
+        fence(Acquire);
+        if seq & 1 != 0 || self.seq.load(Relaxed) != seq {
+            return Err(true);
+        }
+        Ok((seq, words))
     }
 
     /// Makes `words`, `key`'s entry as its node holds it ([`Entry::to_words`]), the hot entry. Under the shard's

@@ -634,18 +634,19 @@ impl ShardLock {
 }
 
 impl ShardLock {
-    /// The tries on the hot entry after one raced with another thread's admission (as governor's compare-and-swap
-    /// loop does), up to [`hot::TRIES`] in all; `None`: the lock decides.
+    /// The tries on the hot entry after one raced with another thread's write (as governor's compare-and-swap loop
+    /// does), up to [`hot::TRIES`] in all; `None`: the lock decides.
     #[cold]
     #[inline(never)]
     fn retry_hot<E: Entry>(&self, key: u64, ctx: E::Ctx, check: Check<'_>) -> Option<Decision> {
         for _ in 1..hot::TRIES {
+            std::hint::spin_loop();
             match self
                 .hot
                 .decide(key, |state| on_copy::<E>(state, ctx, check))
             {
                 Ok(decision) => return Some(decision),
-                Err(true) => std::hint::spin_loop(),
+                Err(true) => {}
                 Err(false) => return None,
             }
         }
