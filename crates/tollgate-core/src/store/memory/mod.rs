@@ -627,13 +627,11 @@ impl ShardLock {
         if hot::repeated(key)
             && let Some(entry) = E::slab_ref(&shard.slabs).get(hash)
         {
-            self.hot.offer(key, entry.to_words(entry.state(ctx)));
+            self.hot.offer(key, E::to_words(entry.state(ctx), ctx));
         }
         Ok(decision)
     }
-}
 
-impl ShardLock {
     /// The tries on the hot entry after one raced with another thread's write (as governor's compare-and-swap loop
     /// does), up to [`hot::TRIES`] in all; `None`: the lock decides.
     #[cold]
@@ -669,7 +667,7 @@ fn on_copy<E: Entry>(
     );
     (
         step.decision,
-        step.state.map(|state| E::new(state, ctx).to_words(state)),
+        step.state.map(|state| E::to_words(state, ctx)),
     )
 }
 
@@ -762,9 +760,9 @@ pub(super) trait Entry: Copy + Expiry {
     ) -> Step<Self::State>;
     fn new(state: Self::State, ctx: Self::Ctx) -> Self;
     fn state(&self, ctx: Self::Ctx) -> Self::State;
-    /// The entry as a shard's hot entry ([`HotEntry`]) keeps it: `state`, the entry's, in the first three words
+    /// The entry of `state` as a shard's hot entry ([`HotEntry`]) keeps it: the state in the first three words
     /// (decided on as they are, with no conversion), then what else the entry holds.
-    fn to_words(&self, state: Self::State) -> [u64; 4];
+    fn to_words(state: Self::State, ctx: Self::Ctx) -> [u64; 4];
     /// The state in a hot entry's first three words.
     fn state_of(words: [u64; 3]) -> Self::State;
     /// The entry back from a hot entry's words.
@@ -811,7 +809,7 @@ impl Entry for BucketEntry {
         self.0
     }
     #[inline(always)]
-    fn to_words(&self, state: TokenBucketState) -> [u64; 4] {
+    fn to_words(state: TokenBucketState, (): ()) -> [u64; 4] {
         [state.full_at, state.remainder, 0, 0]
     }
     #[inline(always)]
@@ -917,12 +915,12 @@ impl Entry for WindowEntry {
         }
     }
     #[inline(always)]
-    fn to_words(&self, state: SlidingWindowState) -> [u64; 4] {
+    fn to_words(state: SlidingWindowState, window: Window) -> [u64; 4] {
         [
             state.window_start,
             state.previous,
             state.current,
-            self.expires_at,
+            Self::new(state, window).expires_at,
         ]
     }
     #[inline(always)]
