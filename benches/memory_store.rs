@@ -42,6 +42,20 @@ fn policies() -> [(&'static str, Policy); 2] {
     ]
 }
 
+/// The refusing path's policies, tollgate's (`[token bucket, sliding window]`) and governor's: one request an hour,
+/// which a setup spends, so that every timed or counted check is refused.
+fn refusing() -> ([Policy; 2], governor::DefaultKeyedRateLimiter<String>) {
+    let one = Quota::per_hour(1).unwrap();
+    let policies = [
+        Policy::token_bucket(one),
+        Policy::sliding_window(one).unwrap(),
+    ];
+    (
+        policies,
+        RateLimiter::keyed(GQuota::per_hour(NonZeroU32::new(1).unwrap())),
+    )
+}
+
 fn governor_keyed() -> governor::DefaultKeyedRateLimiter<String> {
     let quota = GQuota::per_hour(NonZeroU32::new(1_000).unwrap())
         .allow_burst(NonZeroU32::new(BURST).unwrap());
@@ -258,12 +272,14 @@ fn count(what: &str, n: usize) {
     };
     // `…_refusing` (tollgate's and governor's): one request an hour, spent by the setup, so that every counted
     // check is refused, as on the paired mode's refusing path.
-    let refusing = contender.ends_with("_refusing");
-    let one = Quota::per_hour(1).unwrap();
-    let policy = match (refusing, contender.contains("sliding_window")) {
+    let ([one_bucket, one_window], governor_refusing) = refusing();
+    let policy = match (
+        contender.ends_with("_refusing"),
+        contender.contains("sliding_window"),
+    ) {
         (false, _) => policy,
-        (true, false) => Policy::token_bucket(one),
-        (true, true) => Policy::sliding_window(one).unwrap(),
+        (true, false) => one_bucket,
+        (true, true) => one_window,
     };
     let (keys, bound) = match group {
         "single_key" => (
@@ -276,8 +292,7 @@ fn count(what: &str, n: usize) {
     };
     let check: Box<dyn Fn(&String)> = match contender {
         "governor_gcra_refusing" => {
-            let governor = RateLimiter::keyed(GQuota::per_hour(NonZeroU32::new(1).unwrap()));
-            Box::new(move |k| drop(black_box(governor.check_key(k))))
+            Box::new(move |k| drop(black_box(governor_refusing.check_key(k))))
         }
         "governor_gcra" => {
             let governor = governor_keyed();

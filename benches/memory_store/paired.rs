@@ -1,21 +1,19 @@
-//! `PAIRED=<rounds>`: every case against governor on one machine state, without criterion. A case is an access
-//! pattern (one key, 1 M keys in random order, 1 M keys round robin, and two threads on one key and on the 1 M
-//! random keys), an algorithm (token bucket, sliding window; governor has GCRA for both) and a path (admitting:
-//! quotas no run exhausts; refusing: one token per hour, spent by the fill). Both stores are filled (every key
-//! once), then rounds of `SLICE` checks per contender in turn, which one goes first alternating; each slice is
-//! timed. The keys first come in name order (the fill), and the random walks come back in another. Printed per case: the median time per check of each, the median of the rounds' ratios (tollgate ÷
-//! governor) and their quartiles and range: on a loaded machine the ratio of two adjacent slices moves far less
-//! than two runs seconds apart. `PAIRED_CASES=<substring>` runs only the cases whose name contains it;
-//! `PAIRED_SHARDS=<n>` gives tollgate's store `n` shards (rounded up to a power of two, as the builder does) instead
-//! of its default (16 × the available cores).
+//! `PAIRED=<rounds>`: every case against governor on one machine state, without criterion. A case is an access pattern
+//! (one key, 1 M keys in random order, 1 M keys round robin, and two threads on one key and on the 1 M random keys),
+//! an algorithm (token bucket, sliding window; governor has GCRA for both) and a path (admitting: quotas no run
+//! exhausts; refusing: one token per hour, spent by the fill). Both stores are filled (every key once), then rounds of
+//! `SLICE` checks per contender in turn, which one goes first alternating; each slice is timed. The keys first come in
+//! name order (the fill), and the random walks come back in another. Printed per case: the median time per check of
+//! each, the median of the rounds' ratios (tollgate ÷ governor) and their quartiles and range: on a loaded machine the
+//! ratio of two adjacent slices moves far less than two runs seconds apart. `PAIRED_CASES=<substring>` runs only the
+//! cases whose name contains it; `PAIRED_SHARDS=<n>` gives tollgate's store `n` shards (rounded up to a power of two,
+//! as the builder does) instead of its default (16 × the available cores).
 
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::sync::Barrier;
 use std::time::Instant;
 
-use governor::{Quota as GQuota, RateLimiter};
-use tollgate_core::{MemoryStore, Policy, Quota};
+use tollgate_core::{MemoryStore, Policy};
 
 use super::{KEYS, governor_keyed, keys, policies, shuffled};
 
@@ -76,14 +74,8 @@ fn contenders(
     if !refusing {
         return (policies()[algorithm].1, governor_keyed());
     }
-    let one = Quota::per_hour(1).unwrap();
-    let policy = if algorithm == 0 {
-        Policy::token_bucket(one)
-    } else {
-        Policy::sliding_window(one).unwrap()
-    };
-    let governor = RateLimiter::keyed(GQuota::per_hour(NonZeroU32::new(1).unwrap()));
-    (policy, governor)
+    let (policies, governor) = super::refusing();
+    (policies[algorithm], governor)
 }
 
 /// Time per check (ns) of `SLICE` checks on each of `threads` threads, the threads `order.len() / threads` apart
