@@ -390,6 +390,10 @@ fn env_number(name: &str, what: &str) -> Option<usize> {
 
 fn main() {
     if let Some(rounds) = env_number("PAIRED", "rounds") {
+        if rounds == 0 {
+            eprintln!("memory_store: PAIRED=<rounds> takes at least 1 round");
+            std::process::exit(2);
+        }
         return paired::run(rounds);
     }
     if let Ok(what) = std::env::var("COUNT") {

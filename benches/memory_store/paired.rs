@@ -133,6 +133,24 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 
 pub(super) fn run(rounds: usize) {
     let only = std::env::var("PAIRED_CASES").unwrap_or_default();
+    let names: Vec<String> = Pattern::ALL
+        .iter()
+        .flat_map(|pattern| {
+            ["token bucket", "sliding window"]
+                .into_iter()
+                .flat_map(move |algorithm| {
+                    ["admitting", "refusing"]
+                        .map(|path| format!("{}, {algorithm}, {path}", pattern.name()))
+                })
+        })
+        .collect();
+    if !names.iter().any(|name| name.contains(only.as_str())) {
+        eprintln!(
+            "memory_store: PAIRED_CASES=<substring> matches no case, not '{only}'; the cases:\n  {}",
+            names.join("\n  ")
+        );
+        std::process::exit(2);
+    }
     let shards = super::env_number("PAIRED_SHARDS", "shards");
     println!(
         "{rounds} rounds of {SLICE} checks per contender (per thread), alternating; time per check, median; \
