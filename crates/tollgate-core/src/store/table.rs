@@ -217,40 +217,43 @@ impl Index {
         ((key >> 56) as u32) << SLOT_BITS
     }
 
-    /// The position and word of the first word from `key`'s home position on that `hit` accepts, if one comes
-    /// before an empty word.
-    #[inline(always)]
-    fn probe(&self, key: u64, mut hit: impl FnMut(u32) -> bool) -> Option<(usize, u32)> {
+    /// The slot of the key that `is_key` accepts, among the words tagged as `key`.
+    #[inline]
+    fn find(&self, key: u64, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
         let mask = self.words.len().checked_sub(1)?;
+        let tag = Self::tag(key);
         let mut at = key as usize & mask;
         loop {
             let word = self.words[at];
             if word == 0 {
                 return None;
             }
-            if hit(word) {
-                return Some((at, word));
+            if word & !SLOT_MASK == tag && word & SLOT_MASK != 0 {
+                let slot = (word & SLOT_MASK) - 1;
+                if is_key(slot) {
+                    return Some(slot);
+                }
             }
             at = (at + 1) & mask;
         }
     }
 
-    /// The slot of the key that `is_key` accepts, among the words tagged as `key`.
-    #[inline]
-    fn find(&self, key: u64, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
-        let tag = Self::tag(key);
-        let live = |word: u32| word & !SLOT_MASK == tag && word & SLOT_MASK != 0;
-        let (_, word) = self.probe(key, |word| live(word) && is_key((word & SLOT_MASK) - 1))?;
-        Some((word & SLOT_MASK) - 1)
-    }
-
     /// The position of `key`'s word for `slot` (`None` only if the slabs lost track of it, a bug: the caller
     /// then leaves the index as it is rather than loop or panic).
     fn position(&self, key: u64, slot: u32) -> Option<usize> {
+        let mask = self.words.len().checked_sub(1)?;
         let word = Self::tag(key) | (slot + 1);
-        let found = self.probe(key, |w| w == word).map(|(at, _)| at);
-        debug_assert!(found.is_some(), "a key's word is in the index");
-        found
+        let mut at = key as usize & mask;
+        loop {
+            match self.words[at] {
+                w if w == word => return Some(at),
+                0 => {
+                    debug_assert!(false, "a key's word is in the index");
+                    return None;
+                }
+                _ => at = (at + 1) & mask,
+            }
+        }
     }
 
     /// Adds `key` at `slot` (the key has no word yet; [`rebuild_size`](Self::rebuild_size) left room).
