@@ -18,7 +18,7 @@ use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Histogram buckets of every `*_seconds` series (store latency): 50 µs to 2.5 s, so that p50 and p99 of a loopback
-/// Redis (≈ 0.1–1 ms) and of a struggling one (the 50 ms timeout) both fall between bounds.
+/// Redis (≈ 0.1–1 ms) and of a struggling one (the 250 ms timeout) both fall between bounds.
 pub(crate) const SECONDS_BUCKETS: [f64; 14] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
     2.5,

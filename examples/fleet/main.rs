@@ -29,8 +29,7 @@ use args::{Args, Scenario};
 use fleet::{Balancer, start_instance};
 use load::{Outcome, Progress};
 
-/// Redis round trips on a busy 2-core laptop can exceed the production default of 50 ms; the demo measures
-/// limits, not timeouts.
+/// The demo measures limits, not timeouts: twice the store's default budget.
 const REDIS_TIMEOUT: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

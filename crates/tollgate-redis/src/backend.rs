@@ -24,11 +24,63 @@ use redis::{AsyncConnectionConfig, ErrorKind, ServerErrorKind, Value};
 use crate::BackendError;
 use crate::script::Script;
 
-/// A pooled connection, whether a transport error made it unusable, and the primary it was made for.
+/// A pooled connection, its health, and the primary it was made for.
 pub(crate) struct Conn {
     conn: MultiplexedConnection,
-    broken: Arc<AtomicBool>,
+    health: Arc<Health>,
     generation: u64,
+}
+
+/// How long a connection may go on answering nothing (every call on it cut off by its caller's timeout) before it
+/// is replaced. A call cut off by the decision's budget says nothing about the connection: a multiplexed connection
+/// drops that reply and serves the next call, so a slow but healthy Redis keeps its connections (replacing them
+/// would put a connect and a `SCRIPT LOAD` into the next decisions' budgets, which a slow Redis cannot meet either).
+/// Only a connection silent for this long (a half-open socket, a server that vanished) is made again.
+const SILENT_FOR: Duration = Duration::from_secs(2);
+
+/// Whether a connection is still usable: a transport error breaks it; calls cut off without any answer for
+/// [`SILENT_FOR`] break it too.
+#[derive(Default)]
+struct Health {
+    broken: AtomicBool,
+    /// Microseconds since [`Health::epoch`] of the first call cut off since the last answer, plus one (0: none).
+    silent_since: AtomicU64,
+}
+
+impl Health {
+    fn epoch() -> std::time::Instant {
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        *EPOCH.get_or_init(std::time::Instant::now)
+    }
+
+    fn now() -> u64 {
+        u64::try_from(Self::epoch().elapsed().as_micros())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1)
+    }
+
+    /// An answer came (an error reply is an answer too).
+    fn answered(&self) {
+        if self.silent_since.load(Ordering::Relaxed) != 0 {
+            self.silent_since.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A call was cut off before its answer came.
+    fn cut_off(&self) {
+        let now = Self::now();
+        match self
+            .silent_since
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => {}
+            Err(since) => {
+                if now.saturating_sub(since) > SILENT_FOR.as_micros() as u64 {
+                    self.broken.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+    }
 }
 
 /// How a new connection finds its server.
@@ -63,11 +115,32 @@ impl Connector {
 }
 
 /// Creates connections (scripts loaded); recycling is free.
+///
+/// A connection is made by a task of its own, bounded by the connection's own timeout (the start-up budget, at
+/// least 2 s), not by the decision that asked for it: a decision cut off by its budget leaves the connect running,
+/// and the connection it makes waits as a spare for the next decision. So a Redis slower than a decision's budget
+/// to connect to (a TCP and TLS handshake, `HELLO`, `SCRIPT LOAD`: several round trips) is still connected to, and
+/// the store recovers as soon as Redis answers a decision within its budget.
 pub(crate) struct Manager {
+    shared: Arc<Connecting>,
+}
+
+/// What the connect tasks share with the pool.
+struct Connecting {
     connector: Connector,
     config: AsyncConnectionConfig,
+    /// The longest a connect (and its `SCRIPT LOAD`) may take.
+    limit: Duration,
     /// Bumped when Sentinel announces a new primary: connections of an older generation are not reused.
     generation: Arc<AtomicU64>,
+    /// A connection made after the decision that asked for it had given up.
+    spare: std::sync::Mutex<Option<Conn>>,
+    /// The last connect's failure, for the decisions that waited on it.
+    failed: std::sync::Mutex<Option<redis::RedisError>>,
+    /// A connect task is running.
+    busy: AtomicBool,
+    /// Wakes the decisions waiting for a connect task.
+    done: tokio::sync::Notify,
 }
 
 impl Manager {
@@ -76,16 +149,67 @@ impl Manager {
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout));
         Self {
-            connector,
-            config,
-            generation: Arc::default(),
+            shared: Arc::new(Connecting {
+                connector,
+                config,
+                limit: timeout,
+                generation: Arc::default(),
+                spare: std::sync::Mutex::new(None),
+                failed: std::sync::Mutex::new(None),
+                busy: AtomicBool::new(false),
+                done: tokio::sync::Notify::new(),
+            }),
         }
     }
 
     #[cfg(feature = "sentinel")]
     pub(crate) fn generation(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.generation)
+        Arc::clone(&self.shared.generation)
     }
+
+    /// A connection from the connect task: the spare if there is one, else the one the running (or a new) task
+    /// makes, or that task's error.
+    async fn take_connection(&self) -> Result<Conn, redis::RedisError> {
+        let shared = &self.shared;
+        loop {
+            let done = shared.done.notified();
+            tokio::pin!(done);
+            // Registered before the checks: a task that ends after them wakes this waiter.
+            done.as_mut().enable();
+            if let Some(conn) = lock(&shared.spare).take() {
+                return Ok(conn);
+            }
+            if !shared.busy.swap(true, Ordering::AcqRel) {
+                *lock(&shared.failed) = None;
+                let task = Arc::clone(shared);
+                tokio::spawn(async move {
+                    let made = task.connect_new().await;
+                    match made {
+                        Ok(conn) => *lock(&task.spare) = Some(conn),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "connecting to Redis failed");
+                            *lock(&task.failed) = Some(e);
+                        }
+                    }
+                    task.busy.store(false, Ordering::Release);
+                    task.done.notify_waiters();
+                });
+            }
+            done.await;
+            if let Some(conn) = lock(&shared.spare).take() {
+                return Ok(conn);
+            }
+            if let Some(e) = lock(&shared.failed).clone() {
+                return Err(e);
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl managed::Manager for Manager {
@@ -93,16 +217,15 @@ impl managed::Manager for Manager {
     type Error = redis::RedisError;
 
     async fn create(&self) -> Result<Conn, redis::RedisError> {
-        // Boxed: connecting (TLS, Sentinel) is a future of kilobytes, and deadpool's `get` holds `create`'s future
-        // inline, so unboxed it made every checkout's future (and so every decision's, moved into a box per
-        // request by the limiter) that large. A connection is made rarely; the box costs nothing per decision.
-        Box::pin(self.connect_new()).await
+        // Boxed: deadpool's `get` holds `create`'s future inline, and every decision's future (moved into a box per
+        // request by the limiter) would carry it. A connection is made rarely; the box costs nothing per decision.
+        Box::pin(self.take_connection()).await
     }
 
     async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<redis::RedisError> {
-        if conn.broken.load(Ordering::Relaxed) {
+        if conn.health.broken.load(Ordering::Relaxed) {
             Err(RecycleError::message("the connection failed"))
-        } else if conn.generation != self.generation.load(Ordering::Relaxed) {
+        } else if conn.generation != self.shared.generation.load(Ordering::Relaxed) {
             Err(RecycleError::message("Sentinel announced a new primary"))
         } else {
             Ok(())
@@ -110,15 +233,29 @@ impl managed::Manager for Manager {
     }
 }
 
-impl Manager {
-    /// A new connection to the current server, its scripts loaded.
+impl Connecting {
+    /// A new connection to the current server, its scripts loaded, within the connection's own timeout.
     async fn connect_new(&self) -> Result<Conn, redis::RedisError> {
         let generation = self.generation.load(Ordering::Relaxed);
-        let mut conn = self.connector.connect(&self.config).await?;
-        load_scripts(&mut conn).await?;
+        let limit = self.limit;
+        let connect = async {
+            let mut conn = self.connector.connect(&self.config).await?;
+            load_scripts(&mut conn).await?;
+            Ok::<_, redis::RedisError>(conn)
+        };
+        let conn = match tokio::time::timeout(limit, connect).await {
+            Ok(made) => made?,
+            Err(_) => {
+                return Err(redis::RedisError::from((
+                    ErrorKind::Io,
+                    "connecting to Redis timed out",
+                    format!("no connection within {limit:?}"),
+                )));
+            }
+        };
         Ok(Conn {
             conn,
-            broken: Arc::new(AtomicBool::new(false)),
+            health: Arc::default(),
             generation,
         })
     }
@@ -246,21 +383,21 @@ async fn run_pooled(
 ) -> Result<redis::RedisResult<Value>, BackendError> {
     // The pooled connection is multiplexed: take a handle and return it to the pool at once, so concurrent
     // decisions share sockets and their commands are pipelined by redis-rs.
-    let (mut multiplexed, broken) = {
+    let (mut multiplexed, health) = {
         let conn = pool.get().await.map_err(pool_error)?;
-        (conn.conn.clone(), Arc::clone(&conn.broken))
+        (conn.conn.clone(), Arc::clone(&conn.health))
     };
-    // Cancellation (the store's timeout) leaves the guard armed: a connection that stopped answering is replaced
-    // rather than handed to the next caller. So is one to a server that became a replica (`READONLY`: a failover
-    // demoted it): the new connection resolves the host name again and may reach the new primary.
-    let guard = BreakOnDrop(&broken);
+    // Cancellation (the store's timeout) leaves the guard armed: a connection that has answered nothing for a while
+    // is replaced rather than handed to the next caller. So is one that failed, or one to a server that became a
+    // replica (`READONLY`: a failover demoted it): the new connection resolves the host name again and may reach
+    // the new primary.
+    let guard = CutOffOnDrop(&health);
     let result = eval(&mut multiplexed, script, key, args, read_only).await;
     let replace = matches!(&result, Err(e) if e.is_io_error()
         || e.is_connection_dropped()
         || e.is_unrecoverable_error()
-        || e.is_timeout()
         || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly));
-    guard.disarm(replace);
+    guard.answered(replace, matches!(&result, Err(e) if e.is_timeout()));
     Ok(result)
 }
 
@@ -397,20 +534,25 @@ impl Backend {
     }
 }
 
-/// Marks a connection broken unless disarmed with `false`.
-struct BreakOnDrop<'a>(&'a AtomicBool);
+/// Reports a call cut off (dropped before its answer) to its connection's health, unless told how it ended.
+struct CutOffOnDrop<'a>(&'a Health);
 
-impl BreakOnDrop<'_> {
-    fn disarm(self, broken: bool) {
+impl CutOffOnDrop<'_> {
+    /// The call ended: `broken`, the connection failed; `timed_out`, its own response timeout ran out (no answer).
+    fn answered(self, broken: bool, timed_out: bool) {
         if broken {
-            self.0.store(true, Ordering::Relaxed);
+            self.0.broken.store(true, Ordering::Relaxed);
+        } else if timed_out {
+            self.0.cut_off();
+        } else {
+            self.0.answered();
         }
         std::mem::forget(self);
     }
 }
 
-impl Drop for BreakOnDrop<'_> {
+impl Drop for CutOffOnDrop<'_> {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.0.cut_off();
     }
 }

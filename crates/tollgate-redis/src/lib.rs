@@ -26,7 +26,7 @@
 //!   from Redis 5).
 //! - **Start-up check**: `maxmemory-policy` other than `noeviction` (or unreadable) is logged loudly, and the result
 //!   is kept in [`RedisStore::eviction_check`].
-//! - **Failures are the caller's to answer**: every call is bounded by a timeout (default 50 ms); 5 consecutive
+//! - **Failures are the caller's to answer**: every call is bounded by a timeout (default 250 ms, [`DEFAULT_TIMEOUT`] says why); 5 consecutive
 //!   failures open a circuit that skips Redis for 1 s, then one probe may close it. The error (`timeout`,
 //!   `circuit_open`, `backend`) goes back to the limiter that asked: a tollgate layer applies its `on_store_error`
 //!   policy (open, closed, or a local in-process limit), counts it in `tollgate_decisions_total` and logs it. Round
@@ -88,7 +88,7 @@
 //! tokio::runtime::Runtime::new()?.block_on(async {
 //!     let store = RedisStore::builder(url) // e.g. "redis://127.0.0.1:6379"
 //!         .namespace(namespace) // e.g. "myapp"
-//!         .timeout(Duration::from_secs(2)) // the default is 50 ms; a doctest on a busy machine gets more
+//!         .timeout(Duration::from_secs(2)) // the default is 250 ms
 //!         .build()
 //!         .await?;
 //!     let policy = Policy::token_bucket(Quota::per_minute(100)?.with_burst(2)?);

@@ -84,7 +84,7 @@ impl RedisStore {
         RedisStoreBuilder::cluster(nodes.into_iter().map(Into::into).collect())
     }
 
-    /// A store on one server with every default (namespace `tollgate`, 50 ms timeout).
+    /// A store on one server with every default (namespace `tollgate`, 250 ms timeout).
     pub async fn connect(url: impl Into<String>) -> Result<Self, crate::BuildError> {
         Self::builder(url).build().await
     }

@@ -5,6 +5,7 @@
 
 pub mod examples;
 pub mod http;
+pub mod proxy;
 pub mod redis;
 pub mod tls;
 pub mod vectors;

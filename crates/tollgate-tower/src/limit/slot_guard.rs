@@ -144,11 +144,17 @@ impl<L: SlotStore> Drop for SlotGuard<L> {
             // released before it was acquired).
             let give_up = Instant::now() + RELEASE_RETRIES_FOR;
             let mut pause = Duration::from_millis(50);
+            let mut tries = 0u32;
             loop {
                 let released = store.release(&key, slot).await;
-                // The first answer ends the wait of the acquires refused meanwhile, failed or not: a failing store
-                // would fail them too, and the retries that follow may take a minute.
-                drop(in_flight.take());
+                tries += 1;
+                // The acquires refused meanwhile wait for the release to land, so that a client's next request
+                // does not find its own finished request's slot held when one release is cut off on a busy
+                // machine; past a second failure they stop waiting (a failing store would fail them too, and the
+                // retries that follow may take a minute).
+                if released.is_ok() || tries >= 2 {
+                    drop(in_flight.take());
+                }
                 match released {
                     Ok(()) => return,
                     Err(err) if shared && Instant::now() + pause < give_up => {
