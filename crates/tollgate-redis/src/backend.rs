@@ -43,42 +43,29 @@ const SILENT_FOR: Duration = Duration::from_secs(2);
 #[derive(Default)]
 struct Health {
     broken: AtomicBool,
-    /// Microseconds since [`Health::epoch`] of the first call cut off since the last answer, plus one (0: none).
-    silent_since: AtomicU64,
+    /// A call was cut off since the last answer (read by every answer, so kept apart from the instant).
+    silent: AtomicBool,
+    /// When the first call cut off since the last answer was.
+    silent_since: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Health {
-    fn epoch() -> std::time::Instant {
-        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        *EPOCH.get_or_init(std::time::Instant::now)
-    }
-
-    fn now() -> u64 {
-        u64::try_from(Self::epoch().elapsed().as_micros())
-            .unwrap_or(u64::MAX - 1)
-            .saturating_add(1)
-    }
-
     /// An answer came (an error reply is an answer too).
     fn answered(&self) {
-        if self.silent_since.load(Ordering::Relaxed) != 0 {
-            self.silent_since.store(0, Ordering::Relaxed);
+        if self.silent.load(Ordering::Relaxed) {
+            *lock(&self.silent_since) = None;
+            self.silent.store(false, Ordering::Relaxed);
         }
     }
 
     /// A call was cut off before its answer came.
     fn cut_off(&self) {
-        let now = Self::now();
-        match self
-            .silent_since
-            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
-        {
-            Ok(_) => {}
-            Err(since) => {
-                if now.saturating_sub(since) > SILENT_FOR.as_micros() as u64 {
-                    self.broken.store(true, Ordering::Relaxed);
-                }
-            }
+        let now = std::time::Instant::now();
+        let mut since = lock(&self.silent_since);
+        let first = *since.get_or_insert(now);
+        self.silent.store(true, Ordering::Relaxed);
+        if now.saturating_duration_since(first) > SILENT_FOR {
+            self.broken.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -323,6 +310,8 @@ pub(crate) async fn cluster(
     builder: redis::cluster::ClusterClientBuilder,
     timeout: Duration,
 ) -> Result<ClusterConnection, redis::RedisError> {
+    // The connections' own limits are the start-up budget (as the pool's): each decision is bounded by the store's
+    // budget above them, and a node reconnected to after a cut-off call must not have to fit into that budget.
     let client = builder
         .connection_timeout(timeout)
         .response_timeout(timeout)

@@ -221,9 +221,7 @@ impl RedisStoreBuilder {
             Target::Cluster(nodes) => {
                 let builder = crate::cluster::builder(nodes, &security)?;
                 let conn =
-                    match tokio::time::timeout(startup, backend::cluster(builder, self.timeout))
-                        .await
-                    {
+                    match tokio::time::timeout(startup, backend::cluster(builder, startup)).await {
                         Err(_) => {
                             return Err(BuildError::Connect(BackendError::Pool(format!(
                                 "no Cluster node answered within {startup:?}"
