@@ -127,6 +127,7 @@ pub mod cli;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod connect;
+mod deadline;
 mod error;
 mod eviction;
 mod keys;

@@ -409,14 +409,14 @@ impl RedisStore {
                 other => other,
             }
         };
-        let result = tokio::time::timeout(inner.timeout, call).await;
+        let result = crate::deadline::within(inner.timeout, call).await;
         let elapsed = started.elapsed().as_secs_f64();
         probe.disarm();
         let result = match result {
-            Ok(Ok(reply)) => parse(&reply).map_err(StoreError::backend),
-            Ok(Err(e)) if e.is_timeout() => Err(StoreError::Timeout(inner.timeout)),
-            Ok(Err(e)) => Err(StoreError::backend(e)),
-            Err(_) => Err(StoreError::Timeout(inner.timeout)),
+            Some(Ok(reply)) => parse(&reply).map_err(StoreError::backend),
+            Some(Err(e)) if e.is_timeout() => Err(StoreError::Timeout(inner.timeout)),
+            Some(Err(e)) => Err(StoreError::backend(e)),
+            None => Err(StoreError::Timeout(inner.timeout)),
         };
         match &result {
             Ok(_) => {

@@ -62,3 +62,30 @@ async fn a_slow_redis_is_used_again_after_a_stall_cut_decisions_off() {
     };
     assert!(resumed.is_allowed());
 }
+
+/// A busy machine: the only worker is blocked for longer than the budget while a healthy Redis's reply is on its
+/// way. The reply is there when the worker runs again; the decision is Redis's, not a timeout.
+#[tokio::test(flavor = "current_thread")]
+async fn a_worker_blocked_past_the_budget_does_not_fail_a_decision_redis_answered() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .namespace("busy")
+        .timeout(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
+    let policy = common::hourly_bucket(1_000_000);
+    store.check("k", &policy, 1).await.unwrap();
+    for round in 0..5 {
+        let blocker = tokio::spawn(async {
+            // Runs once the decision has sent its command and waits for the reply.
+            std::thread::sleep(Duration::from_millis(150));
+        });
+        let decision = store.check("k", &policy, 1).await;
+        assert!(
+            decision.as_ref().is_ok_and(|d| d.is_allowed()),
+            "round {round}: a decision Redis answered in time failed because the worker was blocked: {decision:?}"
+        );
+        blocker.await.unwrap();
+    }
+}
