@@ -44,8 +44,9 @@ pub(crate) struct ServerArgs {
     #[arg(long, value_name = "ALG", default_value = "token-bucket", value_parser = algorithm())]
     pub(crate) algorithm: Algorithm,
 
-    /// When Redis fails: admit (open), refuse (closed) or limit per instance meanwhile (local)
-    #[arg(long, value_name = "POLICY", default_value = "closed", value_parser = failure_policy())]
+    /// When Redis fails: admit (open), refuse (closed) or limit per instance meanwhile (local: each instance
+    /// the whole limit, until Redis answers again)
+    #[arg(long, value_name = "POLICY", default_value = "local", value_parser = failure_policy())]
     pub(crate) on_store_error: FailurePolicy,
 
     /// Keys the in-process store tracks; a new key past them evicts one not used lately (CLOCK)

@@ -18,7 +18,7 @@
 //!                               # extension (a `FinalCost` the handler sets); the difference is charged or
 //!                               # refunded then (default: none, the cost is final)
 //! mode = "enforce"              # enforce | shadow | off (default enforce)
-//! on-store-error = "closed"     # open | closed | local (default closed)
+//! on-store-error = "local"      # open | closed | local (default local)
 //! routes = ["/api/*"]           # HTTP paths, `*` at the end for a prefix (default: every route)
 //! methods = ["/pkg.Svc/*"]      # gRPC methods, likewise (a limiter naming only the other kind is not built)
 //! exempt = ["internal"]         # keys never limited (addresses or CIDRs for client-ip keys)

@@ -156,7 +156,7 @@ fn resolve_limiter(spec: LimiterSpec, places: &Places<'_>) -> Result<Limiter, Po
         cost,
         cost_after: spec.cost_after.map(|c| c.into_inner().0),
         mode: spec.mode.map_or(Mode::Enforce, |m| m.0),
-        on_store_error: spec.on_store_error.map_or(FailurePolicy::Closed, |f| f.0),
+        on_store_error: spec.on_store_error.map_or(FailurePolicy::Local, |f| f.0),
         routes,
         methods,
         overrides,

@@ -418,7 +418,8 @@ fn trusted_proxies_take_effect_on_reload() {
     assert_eq!(from("192.0.2.4"), 200, "each forwarded client its own key");
 }
 
-/// The failure policy takes effect on reload: with the store gone, `closed` refuses (503) and `open` admits. (The
+/// The failure policy takes effect on reload: with the store gone, `local` (the default) limits in process,
+/// `closed` refuses (503) and `open` admits. (The
 /// key the store emptied before it went is refused by the deny cache, which holds the store's next denial: exact
 /// whatever the store's state, so the failure policy is seen on keys the cache holds nothing for.)
 #[test]
@@ -428,9 +429,15 @@ fn on_store_error_takes_effect_on_reload() {
     assert_eq!(statuses(addr, "k", 1), [200]);
     redis.kill();
     assert_eq!(statuses(addr, "k", 1), [429], "held by the deny cache");
-    assert_eq!(statuses(addr, "a", 1), [503], "closed by default");
+    assert_eq!(
+        statuses(addr, "a", 2),
+        [200, 429],
+        "local by default: the limit of 1 held in process"
+    );
     reload_changes_l(&reloader, &one("", "on-store-error = \"open\""));
     assert_eq!(statuses(addr, "b", 2), [200; 2]);
     reload_changes_l(&reloader, &one("", "on-store-error = \"closed\""));
     assert_eq!(statuses(addr, "c", 1), [503]);
+    reload_changes_l(&reloader, &one("", "on-store-error = \"local\""));
+    assert_eq!(statuses(addr, "d", 2), [200, 429]);
 }

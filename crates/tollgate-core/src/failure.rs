@@ -22,14 +22,21 @@ use std::time::Duration;
 use crate::{Decision, Outcome, Policy, Timestamp};
 
 /// The answer when the store fails (timeout, error, open circuit, full key table).
+///
+/// The default is `Local`: a limiter must not be less available than the service it protects (a closed default
+/// turns a Redis outage into a service outage), nor drop its protection at the moment traffic is highest (an open
+/// default lets a flood through). While the shared store cannot answer, each instance enforces the whole limit on
+/// its own, so a fleet of `n` instances admits at most `n` times the limit (what it admits with no shared store at
+/// all), and one instance never more than the limit. Decisions go back to the shared store as soon as it answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum FailurePolicy {
     /// Admit the request: availability first.
     Open,
     /// Reject the request: protection first.
-    #[default]
     Closed,
-    /// Decide on an in-process store with the same policy: a per-instance limit while the shared one is down.
+    /// Decide on an in-process store with the same policy: a per-instance limit while the shared one is down
+    /// (the default).
+    #[default]
     Local,
 }
 

@@ -254,12 +254,15 @@ async fn a_failed_redis_with_a_closed_failure_policy_is_unavailable() -> TestRes
         .build()
         .await?;
     let policy = Policy::token_bucket(Quota::per_minute(100)?);
-    let layer = GrpcLimitLayer::new(RateLimitLayer::new(
-        "fleet",
-        policy,
-        Arc::new(redis), // no store failure policy: the layer's decides
-        PeerIp,
-    ));
+    let layer = GrpcLimitLayer::new(
+        RateLimitLayer::new(
+            "fleet",
+            policy,
+            Arc::new(redis), // no store failure policy: the layer's decides
+            PeerIp,
+        )
+        .on_store_error(FailurePolicy::Closed),
+    );
     let (addr, _) = serve(layer).await;
     let mut client = greeter(addr).await;
     client.say_hello(hello("a")).await?;

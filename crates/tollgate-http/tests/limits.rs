@@ -761,7 +761,8 @@ async fn redis_outage_follows_the_failure_policy() {
         per_hour(1),
         unreachable_redis().await,
         PeerIp,
-    )))
+    )
+    .on_store_error(FailurePolicy::Closed)))
     .await;
     let reply = http_get(closed, "/", &[]).await;
     assert_eq!(reply.status, 503, "{reply:#?}");
@@ -783,6 +784,14 @@ async fn redis_outage_follows_the_failure_policy() {
         assert!(!reply.has("ratelimit"));
     }
 
+    // Local by default, as when set.
+    let by_default = serve(app(RateLimitLayer::new(
+        "api",
+        per_hour(1),
+        unreachable_redis().await,
+        PeerIp,
+    )))
+    .await;
     let local = serve(app(RateLimitLayer::new(
         "api",
         per_hour(1),
@@ -791,11 +800,13 @@ async fn redis_outage_follows_the_failure_policy() {
     )
     .on_store_error(FailurePolicy::Local)))
     .await;
-    let reply = http_get(local, "/", &[]).await;
-    assert_allowed(&reply, "api", 1, 3600, 0, 3600);
-    assert_eq!(
-        http_get(local, "/", &[]).await.status,
-        429,
-        "the local fallback enforces the policy"
-    );
+    for local in [by_default, local] {
+        let reply = http_get(local, "/", &[]).await;
+        assert_allowed(&reply, "api", 1, 3600, 0, 3600);
+        assert_eq!(
+            http_get(local, "/", &[]).await.status,
+            429,
+            "the local fallback enforces the policy"
+        );
+    }
 }

@@ -3,6 +3,7 @@
 //! its store or rule answered; what happens next is decided here, alike for every limiter.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tollgate_core::{FailurePolicy, StoreError};
@@ -29,6 +30,10 @@ pub(crate) struct Judge {
     /// The near-limit counter and the per-decision `tracing` events.
     signals: Signals,
     log_gate: LogGate,
+    /// The store-failure line's own gate, so that shadow-mode lines never hide a degraded decision.
+    degraded_gate: LogGate,
+    /// Degraded decisions since the last store-failure line.
+    degraded: AtomicU64,
 }
 
 impl Judge {
@@ -49,6 +54,8 @@ impl Judge {
             on_error: on_error.unwrap_or_default(),
             signals,
             log_gate: LogGate::new(),
+            degraded_gate: LogGate::new(),
+            degraded: AtomicU64::new(0),
         }
     }
 
@@ -123,12 +130,17 @@ impl Judge {
         if let Some(errors) = &self.store_errors {
             errors.count(err);
         }
-        if self.log_gate.open() {
+        let degraded = self.degraded.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.degraded_gate.open() {
+            // The count covers the interval's decisions, whatever their cause; the line names the latest.
+            self.degraded.fetch_sub(degraded, Ordering::Relaxed);
             tracing::warn!(
                 limiter = &*self.name,
+                cause = err.kind(),
                 error = %err,
                 failure_policy = self.on_error.as_str(),
-                "limiter store failed; applying the failure policy"
+                decisions = degraded,
+                "limiter store failed; the failure policy decided {degraded} request(s) since the last such line"
             );
         }
         match self.on_error {

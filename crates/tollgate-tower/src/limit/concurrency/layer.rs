@@ -31,11 +31,13 @@ pub(crate) struct SlotLayer<R, L> {
 impl<R: Clone, L: SlotStore> SlotLayer<R, L> {
     /// A layer with `settings` over `rule`, rejecting with `kind`.
     pub(crate) fn new(settings: Settings, rule: R, store: Arc<L>, kind: RejectionKind) -> Self {
+        // Built with the layer, as `on_store_error(Local)` builds it.
+        let fallback = (settings.on_error == FailurePolicy::Local).then(Default::default);
         Self::build(SlotConfig {
             settings,
             rule,
             store,
-            fallback: None,
+            fallback,
             kind,
             switch: EnforcementSwitch::default(),
         })
@@ -163,7 +165,7 @@ macro_rules! slot_layer_methods {
         }
 
         /// What to do when the store fails: admit (`Open`, the fleet shedder's default), reject with 503
-        /// (`Closed`, the concurrency limiter's default), or count in process with the same ceilings (`Local`: a
+        /// (`Closed`), or count in process with the same ceilings (`Local`, the concurrency limiter's default: a
         /// per-instance count while the shared one is down).
         pub fn on_store_error(self, policy: tollgate_core::FailurePolicy) -> Self {
             Self {
@@ -190,7 +192,8 @@ pub struct ConcurrencyLimitLayer<K, L> {
 impl<K: Clone, L: SlotStore> ConcurrencyLimitLayer<K, L> {
     /// At most `limit` requests in flight per key from `key`, counted in `store`, under the name `name` (which
     /// also prefixes the keys). Enforced, slots of [`DEFAULT_SLOT_TTL`], rejections announce a retry after
-    /// [`DEFAULT_RETRY_AFTER`], and a failing store rejects (fails closed).
+    /// [`DEFAULT_RETRY_AFTER`], and while a shared store fails the limit holds per instance
+    /// ([`FailurePolicy::Local`](tollgate_core::FailurePolicy::Local)).
     ///
     /// # Errors
     /// If `limit` is 0 (nothing could ever run).
@@ -210,7 +213,7 @@ impl<K: Clone, L: SlotStore> ConcurrencyLimitLayer<K, L> {
             name,
             slot_ttl: DEFAULT_SLOT_TTL,
             retry_after: DEFAULT_RETRY_AFTER,
-            on_error: FailurePolicy::Closed,
+            on_error: FailurePolicy::Local,
             near_limit: NearLimitShare::DEFAULT,
         };
         let rule = PerKey { key, limit };

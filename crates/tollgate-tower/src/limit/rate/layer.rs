@@ -79,19 +79,26 @@ impl<K: Clone, St, C: Clone> Clone for Settings<K, St, C> {
 
 impl<K: Clone, St: Store> RateLimitLayer<K, St> {
     /// A limit named `name` (the policy name clients see in headers) enforcing `policy` on `store`, one bucket per
-    /// key from `key`. Requests cost 1, enforcement is on, and a failing store rejects (fails closed).
+    /// key from `key`. Requests cost 1, enforcement is on, and while a shared store fails the limit holds per
+    /// instance ([`FailurePolicy::Local`]).
     ///
     /// Layers with the same name on the same store share buckets (e.g. the copies axum makes per route).
     pub fn new(name: impl Into<Name>, policy: Policy, store: Arc<St>, key: K) -> Self {
+        let name = name.into();
+        // Only a shared store fails for want of an answer; an in-process store's one failure (its key table
+        // full) would meet a fallback as full as itself.
+        let fallback = store
+            .is_shared()
+            .then(|| Arc::new(MemoryStore::builder().name(name.clone()).build()));
         Self::build(Settings {
-            name: name.into(),
+            name,
             policy,
             store,
             key,
             cost: 1,
             switch: EnforcementSwitch::default(),
-            on_error: FailurePolicy::default(),
-            fallback: None,
+            on_error: FailurePolicy::Local,
+            fallback,
             near_limit: NearLimitShare::DEFAULT,
             deny_on: None,
             deny_config: DenyCacheConfig::new(),
@@ -176,8 +183,9 @@ impl<K: Clone, St: Store, C: Clone> RateLimitLayer<K, St, C> {
         Ok(self.configure(|s| s.near_limit = share))
     }
 
-    /// What to do when the store fails: admit (`Open`), reject with 503 (`Closed`, the default), or decide on an
-    /// in-process store with the same policy (`Local`: a per-instance limit while the shared one is down).
+    /// What to do when the store fails: admit (`Open`), reject with 503 (`Closed`), or decide on an in-process
+    /// store with the same policy (`Local`, the default: a per-instance limit while the shared one is down; see
+    /// [`FailurePolicy`] for what a fleet admits then).
     pub fn on_store_error(self, policy: FailurePolicy) -> Self {
         self.configure(|s| {
             s.on_error = policy;
