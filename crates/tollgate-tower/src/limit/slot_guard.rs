@@ -12,15 +12,14 @@ use tollgate_core::slot::{SlotId, SlotStore};
 
 use crate::limit::releases::Releases;
 
-/// How long a shared store's release is retried before the slot is left to expire.
-const RELEASE_RETRIES_FOR: Duration = Duration::from_secs(60);
-
 /// Holds `slot` on `key` in `store` until dropped.
 pub(crate) struct SlotGuard<L: SlotStore> {
     store: Arc<L>,
     releases: Option<Arc<Releases>>,
     key: String,
     slot: SlotId,
+    /// The slot's time to live: a release is retried this long, by when the slot has expired anyway.
+    ttl: Duration,
     renewal: Option<JoinHandle<()>>,
     armed: bool,
 }
@@ -54,6 +53,7 @@ impl<L: SlotStore> SlotGuard<L> {
             releases,
             key,
             slot,
+            ttl,
             renewal,
             armed: true,
         }
@@ -62,18 +62,21 @@ impl<L: SlotStore> SlotGuard<L> {
 
 impl<L: SlotStore> SlotGuard<L> {
     /// A guard that never renews: for a slot whose grant is not known yet (the acquire is in flight and may be
-    /// cancelled) or never will be (its reply was lost). Released on drop unless [`disarm`](Self::disarm)ed.
+    /// cancelled) or never will be (its reply was lost), asked for `ttl`. Released on drop unless
+    /// [`disarm`](Self::disarm)ed.
     pub(crate) fn unrenewed(
         store: Arc<L>,
         releases: Option<Arc<Releases>>,
         key: String,
         slot: SlotId,
+        ttl: Duration,
     ) -> Self {
         Self {
             store,
             releases,
             key,
             slot,
+            ttl,
             renewal: None,
             armed: true,
         }
@@ -137,12 +140,14 @@ impl<L: SlotStore> Drop for SlotGuard<L> {
         let store = self.store.clone();
         let key = std::mem::take(&mut self.key);
         let slot = self.slot;
+        // Renewed at most `ttl` ago, or asked for `ttl` now: by then the slot has expired on the store, and a
+        // release has nothing left to give back.
+        let give_up = Instant::now() + self.ttl;
         let mut release = Box::pin(async move {
-            // A shared store's release is retried while it fails (a stall, an open circuit that skips it): a slot
-            // not given back holds its slot until it expires, and one whose acquire timed out may be granted
-            // when the stall ends with nobody left to give it back but this release (the store refuses a slot
-            // released before it was acquired).
-            let give_up = Instant::now() + RELEASE_RETRIES_FOR;
+            // A shared store's release is retried while it fails (a stall, an open circuit that skips it) until
+            // the slot has expired: a slot not given back holds its place until then, and one whose acquire timed
+            // out may be granted when the stall ends with nobody left to give it back but this release (the store
+            // refuses a slot released before it was acquired).
             let mut pause = Duration::from_millis(50);
             let mut tries = 0u32;
             loop {

@@ -153,6 +153,7 @@ impl<R, L: SlotStore> Shared<R, L> {
                 self.releases.clone(),
                 key.to_owned(),
                 slot,
+                self.config.settings.slot_ttl,
             )
         });
         let result = timed_async(self.config.store.acquire(
