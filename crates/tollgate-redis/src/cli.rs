@@ -32,8 +32,9 @@
 use std::fmt;
 #[cfg(any(feature = "tls", feature = "sentinel", feature = "cluster"))]
 use std::path::PathBuf;
+use std::time::Duration;
 
-use crate::{DEFAULT_NAMESPACE, RedisStore, RedisStoreBuilder};
+use crate::{DEFAULT_NAMESPACE, DEFAULT_TIMEOUT, RedisStore, RedisStoreBuilder};
 
 /// The Redis flags: where the store is, how to reach it securely, and its key namespace.
 ///
@@ -49,6 +50,11 @@ pub struct RedisArgs {
     /// The prefix of every Redis key: grant the ACL user ~NAME:* (see the least-privilege line)
     #[arg(long, value_name = "NAME", default_value = DEFAULT_NAMESPACE, value_parser = namespace)]
     pub redis_namespace: String,
+
+    /// The budget of each Redis call: past it the limiter's failure policy decides (a Redis in another
+    /// region is 20–100 ms away; a busy machine adds its own delay)
+    #[arg(long, value_name = "DUR", default_value = "250ms", value_parser = budget)]
+    pub redis_timeout: Duration,
 
     /// Read the Redis password from FILE (the user comes from the URL)
     #[arg(long, value_name = "FILE")]
@@ -114,6 +120,25 @@ fn namespace(v: &str) -> Result<String, String> {
     }
 }
 
+/// `--redis-timeout`: whole milliseconds or seconds (`250ms`, `1s`), from 1 ms to 60 s.
+fn budget(v: &str) -> Result<Duration, String> {
+    let expected =
+        || "expected whole milliseconds or seconds from 1ms to 60s, e.g. 250ms or 1s".to_owned();
+    let (number, unit) = v
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((v, ""), |at| v.split_at(at));
+    let n: u64 = number.parse().map_err(|_| expected())?;
+    let budget = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        _ => return Err(expected()),
+    };
+    if budget.is_zero() || budget > Duration::from_secs(60) {
+        return Err(expected());
+    }
+    Ok(budget)
+}
+
 /// Where the flags point.
 enum Target<'a> {
     Url(&'a str),
@@ -130,6 +155,7 @@ impl RedisArgs {
         Self {
             redis_url: None,
             redis_namespace: DEFAULT_NAMESPACE.to_owned(),
+            redis_timeout: DEFAULT_TIMEOUT,
             redis_password_file: None,
             #[cfg(feature = "tls")]
             redis_ca: None,
@@ -283,6 +309,7 @@ impl RedisArgs {
                 _ => return Err(error("--redis-cert and --redis-key go together")),
             }
         }
+        let builder = builder.timeout(self.redis_timeout);
         Ok(Some(match &self.redis_password_file {
             Some(file) => builder.password_file(file),
             None => builder,
@@ -356,6 +383,19 @@ mod tests {
         assert_eq!(redact("redis://h:1"), "redis://h:1");
         let flags = parse(&["--redis-url", "redis://u:pw@h:1"]).unwrap();
         assert_eq!(flags.target().unwrap(), "redis://u:***@h:1");
+    }
+
+    #[test]
+    fn the_timeout_defaults_to_the_librarys_and_is_checked_when_parsed() {
+        assert_eq!(parse(&[]).unwrap().redis_timeout, DEFAULT_TIMEOUT);
+        assert_eq!(RedisArgs::new().redis_timeout, DEFAULT_TIMEOUT);
+        let timeout = |v: &str| parse(&["--redis-timeout", v]).map(|f| f.redis_timeout);
+        assert_eq!(timeout("40ms").unwrap(), Duration::from_millis(40));
+        assert_eq!(timeout("2s").unwrap(), Duration::from_secs(2));
+        for bad in ["", "0ms", "61s", "1.5s", "250", "ms", "1m"] {
+            let e = timeout(bad).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{bad:?}");
+        }
     }
 
     #[test]

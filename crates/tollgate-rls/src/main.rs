@@ -44,10 +44,6 @@ struct Cli {
     #[command(flatten)]
     redis: RedisArgs,
 
-    /// How long a Redis call may take before it counts as a store error.
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
-    redis_timeout: Option<Duration>,
-
     /// Decide every descriptor on Redis, its denials included (by default a descriptor Redis refused is refused
     /// here, without a Redis call, until Redis's own retry instant: the deny cache).
     #[arg(long)]
@@ -214,13 +210,9 @@ async fn run(cli: Cli) -> Result<(), Fatal> {
     };
     let interval = cli.reload_interval;
     tokio::spawn(reloader.run(interval, sighup()));
-    let timeout = cli.redis_timeout;
     let redis = cli
         .redis
-        .build(|builder| match timeout {
-            Some(timeout) => builder.timeout(timeout),
-            None => builder,
-        })
+        .build(|builder| builder)
         .await
         .map_err(|e| Fatal(2, e.to_string()))?;
     let served = match redis {
