@@ -38,6 +38,10 @@ pub(crate) struct Conn {
 /// Only a connection silent for this long (a half-open socket, a server that vanished) is made again.
 const SILENT_FOR: Duration = Duration::from_secs(2);
 
+/// How long a connection may sit unused before it is checked with a `PING` on its next use. Below one decision
+/// every 2 s per connection, each decision costs a second round trip; a connection in use is never checked.
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(2);
+
 /// Whether a connection is still usable: a transport error breaks it; calls cut off without any answer for
 /// [`SILENT_FOR`] break it too.
 #[derive(Default)]
@@ -209,11 +213,23 @@ impl managed::Manager for Manager {
         Box::pin(self.take_connection()).await
     }
 
-    async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<redis::RedisError> {
+    async fn recycle(
+        &self,
+        conn: &mut Conn,
+        metrics: &Metrics,
+    ) -> RecycleResult<redis::RedisError> {
         if conn.health.broken.load(Ordering::Relaxed) {
             Err(RecycleError::message("the connection failed"))
         } else if conn.generation != self.shared.generation.load(Ordering::Relaxed) {
             Err(RecycleError::message("Sentinel announced a new primary"))
+        } else if metrics.last_used() > PING_IF_IDLE_FOR {
+            // The server (`timeout`), a proxy or a load balancer may have closed it meanwhile. A decision sent on
+            // it would fail, or worse, run as the server closed the connection and count twice when retried; a
+            // PING lost that way costs nothing.
+            redis::cmd("PING")
+                .query_async::<()>(&mut conn.conn.clone())
+                .await
+                .map_err(RecycleError::Backend)
         } else {
             Ok(())
         }
