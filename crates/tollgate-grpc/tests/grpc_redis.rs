@@ -10,7 +10,8 @@ use std::time::Duration;
 use support::countdown::CountRequest;
 use support::{GuardLayer, countdown, eventually, greeter, hello, meta, serve, with_api_key};
 use tollgate_core::{
-    Clock, Decision, ManualClock, MemoryStore, Policy, Quota, Store, StoreError, Timestamp,
+    Clock, Decision, FailurePolicy, ManualClock, MemoryStore, Policy, Quota, Store, StoreError,
+    Timestamp,
 };
 use tollgate_grpc::key::{MetadataKey, PeerIp};
 use tollgate_grpc::{GrpcLimitLayer, MethodLimitLayer};
