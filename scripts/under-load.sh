@@ -15,7 +15,8 @@ command -v redis-server >/dev/null ||
   { echo "under-load.sh: redis-server is not on PATH (Debian/Ubuntu: apt-get install redis-server)" >&2; exit 2; }
 
 # The scenarios are the words that are neither flags nor a flag's value: checked here, before a build of minutes.
-takes_value=" --requests --connections --phase --recovery-window --health-every --server --server-log --log-dir --on-store-error "
+takes_value=" --requests --connections --phase --recovery-window --health-every --server --server-log --log-dir"
+takes_value+=" --on-store-error "
 has_server=false
 expect_value=false
 for arg in "$@"; do

@@ -18,9 +18,12 @@
 //! problem+json body; `io/…`, `timeout` for no answer), admitted against the rate limiter's bound, the slots the
 //! concurrency limiter still holds 2 s after the load (on Redis: live members of its `…:inflight` sorted sets; in
 //! process: its own `RateLimit` count on one probe request), the p50/p99 the limiter adds (`GET /` minus
-//! `GET /health`), and the recovery. Then the goals, each PASS or FAIL. `--json` prints one JSON object per row
-//! instead (the goals go to stderr); `--check` exits 1 when a goal fails. Each case's server log and metrics stay in
-//! `--log-dir`.
+//! `GET /health`; in a case with a recovery, while Redis was slow), and the recovery. Then the goals, each PASS or
+//! FAIL. `--json` prints one JSON object per row instead (the goals go to stderr); `--check` exits 1 when a goal
+//! fails. Each case's server log and metrics stay in `--log-dir`.
+//!
+//! The failure policy is the server's default unless `--on-store-error` sets one: under `local` or `open` a failing
+//! Redis is never a refusal, so the recoveries measured are those of `closed`'s 503s.
 
 #![forbid(unsafe_code)]
 
@@ -321,8 +324,13 @@ async fn run(args: &Args) -> Result<bool, String> {
         log_dir.display()
     ));
     say(
-        "slots: on Redis, the live members of the concurrency limiter's <ns>:{<key>}:inflight sets (score above the \
-         server's TIME); in process, the limiter's own count, limit - r - 1, from the RateLimit field of one probe GET /",
+        "slots: on Redis, the live members of the concurrency limiter's <ns>:{<key>}:inflight sets (score above \
+         the server's TIME); in process, the limiter's own count, limit - r - 1, from the RateLimit field of one \
+         probe GET /",
+    );
+    say(
+        "+p50/+p99: GET / minus GET /health on the same connections; in a case with a recovery, of the requests \
+         answered while Redis was slow; recover: from Redis well again to the first 200 after which none is refused",
     );
     say("");
     say(&report::header());

@@ -41,7 +41,8 @@ pub(crate) struct Row {
     pub(crate) slots_by: &'static str,
     /// When slots were held at 2 s: those still held after the slots' TTL (`None`: not needed or not possible).
     pub(crate) slots_past_ttl: Option<u64>,
-    /// p50 of `GET /` minus p50 of `GET /health`, in milliseconds.
+    /// p50 of `GET /` minus p50 of `GET /health`, in milliseconds. In a case with a recovery, of the requests
+    /// answered while Redis was slow (before it was well again).
     pub(crate) added_p50_ms: f64,
     /// p99 of `GET /` minus p99 of `GET /health`, in milliseconds.
     pub(crate) added_p99_ms: f64,

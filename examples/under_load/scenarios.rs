@@ -455,8 +455,14 @@ fn row(case: Case, server: &Server, load: &Load, slots: Slots) -> Row {
         *refusals.entry(kind.to_owned()).or_insert(0_u64) += 1;
     }
     let refused = refusals.values().sum();
-    let path = load::latencies(&load.samples, false);
-    let health = load::latencies(&load.samples, true);
+    // A case with a recovery: the latencies while Redis was slow (answered before it was well again), which the
+    // requests after it would otherwise outnumber and hide.
+    let slow = match case.restored {
+        Some(at) => &load.samples[..load.samples.partition_point(|s| s.done < at)],
+        None => &load.samples[..],
+    };
+    let path = load::latencies(slow, false);
+    let health = load::latencies(slow, true);
     let p = |sorted: &[Duration], q: f64| millis(load::percentile(sorted, q));
     let recover = case.restored.map(|at| load::recovery(&load.samples, at));
     // A token bucket admits at most its burst (the limit: the bucket starts full) plus what refills meanwhile.
