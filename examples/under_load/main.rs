@@ -22,8 +22,9 @@
 //! FAIL. `--json` prints one JSON object per row instead (the goals go to stderr); `--check` exits 1 when a goal
 //! fails. Each case's server log and metrics stay in `--log-dir`.
 //!
-//! The failure policy is the server's default unless `--on-store-error` sets one: under `local` or `open` a failing
-//! Redis is never a refusal, so the recoveries measured are those of `closed`'s 503s.
+//! The failure policy is the server's default (`local`) unless `--on-store-error` sets one. A recovery is over once
+//! nothing is refused and the server's metrics count no more decisions answered by its failure policy (under
+//! `local` or `open` a failing Redis is never a refusal: only that count says when Redis decides again).
 
 #![forbid(unsafe_code)]
 
@@ -34,6 +35,7 @@ mod load;
 mod procs;
 mod report;
 mod scenarios;
+mod watch;
 
 use std::io::Write as _;
 use std::path::PathBuf;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 /// The longest recovery allowed: from Redis answering within budget again to the first 200 after which nothing is
-/// refused.
+/// refused and nothing is answered by the failure policy.
 pub(crate) const RECOVERY_GOAL_S: f64 = 1.0;
 
 /// The number of requests per configuration the goals of (a) and (b) ask for.

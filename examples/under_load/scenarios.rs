@@ -17,6 +17,7 @@ use crate::client;
 use crate::load::{self, Load, Until};
 use crate::procs::{Benchmark, Hogs, Redis, Server};
 use crate::report::Row;
+use crate::watch;
 
 /// The rate limit, per second: far above what this machine can offer.
 pub(crate) const LIMIT: u64 = 100_000_000;
@@ -176,6 +177,7 @@ impl Ctx {
                 config: config.name().to_owned(),
                 restored: None,
                 on_redis,
+                degraded: Vec::new(),
                 note: String::new(),
             };
             emit(self.finish(case, &mut server, load).await?)?;
@@ -214,10 +216,11 @@ impl Ctx {
                     self.health_every,
                 )
             };
-            let (load, restored) = match slow {
+            let (load, restored, degraded) = match slow {
                 Slow::Delay(ms, recover) => {
                     proxy.set_delay(Duration::from_millis(ms));
                     let run = run(&server);
+                    let watch = watch::start(server.metrics, run.started);
                     tokio::time::sleep(self.phase).await;
                     // Back to on time: the recovery is measured from here.
                     let restored = recover.then(|| {
@@ -228,17 +231,18 @@ impl Ctx {
                         tokio::time::sleep(self.window).await;
                     }
                     run.stop();
-                    (run.join().await?, restored)
+                    (run.join().await?, restored, watch.stop().await)
                 }
                 Slow::Stall(length) => {
                     let run = run(&server);
+                    let watch = watch::start(server.metrics, run.started);
                     tokio::time::sleep(self.phase / 2).await;
                     proxy.stall(length);
                     // The stall's end: the recovery is measured from there.
                     let restored = run.started.elapsed() + length;
                     tokio::time::sleep(length + self.window).await;
                     run.stop();
-                    (run.join().await?, Some(restored))
+                    (run.join().await?, Some(restored), watch.stop().await)
                 }
             };
             let case = Case {
@@ -246,6 +250,7 @@ impl Ctx {
                 config,
                 restored,
                 on_redis: true,
+                degraded,
                 note: String::new(),
             };
             emit(self.finish(case, &mut server, load).await?)?;
@@ -276,6 +281,7 @@ impl Ctx {
             Until::Stopped,
             self.health_every,
         );
+        let watch = watch::start(server.metrics, run.started);
         tokio::time::sleep(Duration::from_millis(300)).await;
         let cpu_before = tokio::task::block_in_place(|| self.redis.cpu_seconds());
         let busy_from = Instant::now();
@@ -291,6 +297,7 @@ impl Ctx {
         tokio::time::sleep(self.window).await;
         run.stop();
         let load = run.join().await?;
+        let degraded = watch.stop().await;
         let cpu = match (cpu_before, cpu_after) {
             (Some(a), Some(b)) => format!("{:.0} %", (b - a) / busy_for.as_secs_f64() * 100.0),
             _ => "?".to_owned(),
@@ -304,6 +311,7 @@ impl Ctx {
             config,
             restored: Some(restored),
             on_redis: true,
+            degraded,
             note,
         };
         emit(self.finish(case, &mut server, load).await?)
@@ -367,6 +375,8 @@ struct Case {
     restored: Option<Duration>,
     /// Whether the slots are in Redis (else in process).
     on_redis: bool,
+    /// The server's degraded decisions while the load ran (cases with a recovery).
+    degraded: Vec<(Duration, u64)>,
     /// What to say about it.
     note: String,
 }
@@ -464,7 +474,13 @@ fn row(case: Case, server: &Server, load: &Load, slots: Slots) -> Row {
     let path = load::latencies(slow, false);
     let health = load::latencies(slow, true);
     let p = |sorted: &[Duration], q: f64| millis(load::percentile(sorted, q));
-    let recover = case.restored.map(|at| load::recovery(&load.samples, at));
+    // Recovered once nothing is refused and nothing is answered by the failure policy any more (a `local` or
+    // `open` policy refuses nothing while Redis is out: only its count says when Redis decides again).
+    let recover = case.restored.map(|at| {
+        let answered = load::recovery(&load.samples, at)?;
+        let on_redis = watch::back_on_redis(&case.degraded, at)?;
+        Some(answered.max(on_redis))
+    });
     // A token bucket admits at most its burst (the limit: the bucket starts full) plus what refills meanwhile.
     let bound = LIMIT.saturating_add((LIMIT as f64 * load.elapsed.as_secs_f64()).ceil() as u64);
     Row {
