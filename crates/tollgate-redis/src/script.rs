@@ -73,6 +73,22 @@ pub const SLIDING_WINDOW_CHARGE_LUA: &str = concat!(
     include_str!("../lua/sliding_window_charge.lua")
 );
 
+/// `lua/concurrency_acquire.lua` after `lua/prelude.lua`, embedded at compile time.
+pub const CONCURRENCY_ACQUIRE_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/concurrency_acquire.lua")
+);
+/// `lua/concurrency_renew.lua` after `lua/prelude.lua`, embedded at compile time.
+pub const CONCURRENCY_RENEW_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/concurrency_renew.lua")
+);
+/// `lua/concurrency_release.lua` after `lua/prelude.lua`, embedded at compile time.
+pub const CONCURRENCY_RELEASE_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/concurrency_release.lua")
+);
+
 /// A script's source and SHA-1, as `EVALSHA` wants it.
 pub(crate) struct Script {
     pub(crate) source: &'static str,
@@ -95,7 +111,7 @@ impl Script {
     }
 }
 
-/// The decision scripts and their token lease scripts, hashed once per process.
+/// Every script the store runs (decisions, token leases, concurrency slots), hashed once per process.
 #[derive(Debug)]
 pub(crate) struct Scripts {
     token_bucket: Script,
@@ -109,6 +125,9 @@ pub(crate) struct Scripts {
     fixed_window: Script,
     fixed_window_ops: Script,
     startup_probe: Script,
+    pub(crate) concurrency_acquire: Script,
+    pub(crate) concurrency_renew: Script,
+    pub(crate) concurrency_release: Script,
 }
 
 impl Scripts {
@@ -125,6 +144,9 @@ impl Scripts {
             fixed_window: Script::new(FIXED_WINDOW_LUA),
             fixed_window_ops: Script::new(FIXED_WINDOW_OPS_LUA),
             startup_probe: Script::new(STARTUP_PROBE_LUA),
+            concurrency_acquire: Script::new(CONCURRENCY_ACQUIRE_LUA),
+            concurrency_renew: Script::new(CONCURRENCY_RENEW_LUA),
+            concurrency_release: Script::new(CONCURRENCY_RELEASE_LUA),
         }
     }
 
@@ -179,7 +201,6 @@ impl Scripts {
 /// decision is one `EVALSHA` even where the server evicts scripts that `EVAL` loaded (Redis 7.4 and later).
 pub(crate) fn pinned() -> [&'static Script; 14] {
     let s = Scripts::shared();
-    let [acquire, renew, release] = crate::slot::scripts_list();
     [
         &s.token_bucket,
         &s.sliding_window,
@@ -192,9 +213,9 @@ pub(crate) fn pinned() -> [&'static Script; 14] {
         &s.fixed_window,
         &s.fixed_window_ops,
         &s.startup_probe,
-        acquire,
-        renew,
-        release,
+        &s.concurrency_acquire,
+        &s.concurrency_renew,
+        &s.concurrency_release,
     ]
 }
 

@@ -8,50 +8,13 @@
 //! slot calls return Redis's failures as errors: the limiter holding the slot applies its own failure policy.
 
 use std::future::Future;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use tollgate_core::StoreError;
 use tollgate_core::slot::{Admission, SlotId, SlotStore};
 
-use crate::script::Script;
+use crate::script::Scripts;
 use crate::{BackendError, RedisStore, keys};
-
-/// `lua/concurrency_acquire.lua` after `lua/prelude.lua`, embedded at compile time.
-pub const CONCURRENCY_ACQUIRE_LUA: &str = concat!(
-    include_str!("../lua/prelude.lua"),
-    include_str!("../lua/concurrency_acquire.lua")
-);
-/// `lua/concurrency_renew.lua` after `lua/prelude.lua`, embedded at compile time.
-pub const CONCURRENCY_RENEW_LUA: &str = concat!(
-    include_str!("../lua/prelude.lua"),
-    include_str!("../lua/concurrency_renew.lua")
-);
-/// `lua/concurrency_release.lua` after `lua/prelude.lua`, embedded at compile time.
-pub const CONCURRENCY_RELEASE_LUA: &str = concat!(
-    include_str!("../lua/prelude.lua"),
-    include_str!("../lua/concurrency_release.lua")
-);
-
-struct SlotScripts {
-    acquire: Script,
-    renew: Script,
-    release: Script,
-}
-
-fn scripts() -> &'static SlotScripts {
-    static SCRIPTS: OnceLock<SlotScripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| SlotScripts {
-        acquire: Script::new(CONCURRENCY_ACQUIRE_LUA),
-        renew: Script::new(CONCURRENCY_RENEW_LUA),
-        release: Script::new(CONCURRENCY_RELEASE_LUA),
-    })
-}
-
-pub(crate) fn scripts_list() -> [&'static Script; 3] {
-    let s = scripts();
-    [&s.acquire, &s.renew, &s.release]
-}
 
 /// The longest slot the scripts are given, in milliseconds (a year): the server's time plus it must stay an exact
 /// integer in Lua's doubles, or the expiry instant turns negative and `PEXPIREAT` deletes the slot it just
@@ -108,8 +71,11 @@ impl SlotStore for RedisStore {
         let redis_key = self.slot_key(key);
         let args = [slot.to_string(), limit.to_string(), ttl_ms(ttl)];
         async move {
-            self.run_script(&scripts().acquire, &redis_key, &args, |reply| {
-                match ints(reply)?.as_slice() {
+            self.run_script(
+                &Scripts::shared().concurrency_acquire,
+                &redis_key,
+                &args,
+                |reply| match ints(reply)?.as_slice() {
                     [granted @ (0 | 1), in_flight] => Ok(Admission {
                         granted: *granted == 1,
                         in_flight: u64::try_from(*in_flight).unwrap_or(0),
@@ -118,8 +84,8 @@ impl SlotStore for RedisStore {
                     _ => Err(BackendError::BadReply(format!(
                         "expected {{granted, in_flight}}, got {reply:?}"
                     ))),
-                }
-            })
+                },
+            )
             .await
         }
     }
@@ -133,14 +99,17 @@ impl SlotStore for RedisStore {
         let redis_key = self.slot_key(key);
         let args = [slot.to_string(), ttl_ms(ttl)];
         async move {
-            self.run_script(&scripts().renew, &redis_key, &args, |reply| {
-                match ints(reply)?.as_slice() {
+            self.run_script(
+                &Scripts::shared().concurrency_renew,
+                &redis_key,
+                &args,
+                |reply| match ints(reply)?.as_slice() {
                     [renewed] => Ok(*renewed == 1),
                     _ => Err(BackendError::BadReply(format!(
                         "expected 0 or 1, got {reply:?}"
                     ))),
-                }
-            })
+                },
+            )
             .await
         }
     }
@@ -153,9 +122,12 @@ impl SlotStore for RedisStore {
         let redis_key = self.slot_key(key);
         let args = [slot.to_string(), TOMBSTONE_MS.to_string()];
         async move {
-            self.run_script(&scripts().release, &redis_key, &args, |reply| {
-                ints(reply).map(drop)
-            })
+            self.run_script(
+                &Scripts::shared().concurrency_release,
+                &redis_key,
+                &args,
+                |reply| ints(reply).map(drop),
+            )
             .await
         }
     }
@@ -167,11 +139,11 @@ mod tests {
 
     #[test]
     fn slot_scripts_are_embedded_and_distinct() {
-        let s = scripts();
-        assert!(s.acquire.source.contains("ZREMRANGEBYSCORE"));
-        assert!(s.acquire.source.contains("PEXPIREAT"));
-        assert_ne!(s.acquire.sha, s.renew.sha);
-        assert_ne!(s.renew.sha, s.release.sha);
+        let s = Scripts::shared();
+        assert!(s.concurrency_acquire.source.contains("ZREMRANGEBYSCORE"));
+        assert!(s.concurrency_acquire.source.contains("PEXPIREAT"));
+        assert_ne!(s.concurrency_acquire.sha, s.concurrency_renew.sha);
+        assert_ne!(s.concurrency_renew.sha, s.concurrency_release.sha);
         assert_eq!(ttl_ms(Duration::from_micros(10)), "1");
         assert_eq!(ttl_ms(Duration::from_secs(3)), "3000");
     }
