@@ -55,6 +55,11 @@
 //! - **Pinned scripts**: every new connection (at start, after a reconnect, after a failover) loads the scripts
 //!   with `SCRIPT LOAD` before its first decision, so a decision stays one `EVALSHA` even on Redis 7.4+, which may
 //!   evict scripts that `EVAL` loaded.
+//! - **What the scripts rely on**: each touches only the one key it is given in `KEYS` (hash-tagged, so Cluster
+//!   and servers that enforce declared keys, such as Dragonfly, accept it; `tests/script_keys.rs` runs every
+//!   script as a user allowed exactly those keys), reads the time with `TIME` (effects replication: Redis 5 and
+//!   later), and uses no deprecated Lua. Tested on Redis 7.0; peeks use `EVALSHA_RO` (7.0) and fall back to
+//!   `EVALSHA` before it. Valkey and other forks are not tested here.
 //!
 //! ## Features
 //!
