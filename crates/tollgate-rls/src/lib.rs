@@ -31,6 +31,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+mod counters;
 mod engine;
 pub mod metrics;
 mod plan;

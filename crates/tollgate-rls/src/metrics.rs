@@ -8,8 +8,9 @@
 
 use metrics::{Counter, Gauge};
 use tollgate_core::{Decision, StoreError};
-use tollgate_tower::observe::{DECISIONS_TOTAL, NEAR_LIMIT_TOTAL, STORE_ERRORS_TOTAL};
+use tollgate_tower::observe::STORE_ERRORS_TOTAL;
 
+use crate::counters::LimitCounters;
 use crate::plan::PlannedLimit;
 
 /// Requests being answered.
@@ -20,27 +21,6 @@ pub const DOMAIN_NOT_FOUND_TOTAL: &str = "tollgate_rls_domain_not_found_total";
 pub const GLOBAL_SHADOW_TOTAL: &str = "tollgate_rls_global_shadow_total";
 /// Configuration loads, `result` `ok` or `error` (an error keeps the configuration loaded before).
 pub const CONFIG_LOADS_TOTAL: &str = "tollgate_rls_config_loads_total";
-
-/// A limit's counters, registered once per limit (its configured path is its label).
-#[derive(Debug, Clone)]
-pub(crate) struct LimitCounters {
-    allowed: Counter,
-    limited: Counter,
-    shadow_limited: Counter,
-    near_limit: Counter,
-}
-
-impl LimitCounters {
-    fn new(limiter: &str) -> Self {
-        let c = |outcome: &'static str| metrics::counter!(DECISIONS_TOTAL, "limiter" => limiter.to_owned(), "outcome" => outcome);
-        Self {
-            allowed: c("allowed"),
-            limited: c("limited"),
-            shadow_limited: c("shadow_limited"),
-            near_limit: metrics::counter!(NEAR_LIMIT_TOTAL, "limiter" => limiter.to_owned()),
-        }
-    }
-}
 
 /// The service's gauges and counters.
 #[derive(Debug)]

@@ -119,7 +119,7 @@ pub struct Limit {
     /// `None`: unlimited, or `requests_per_unit: 0` (nothing is admitted).
     pub(crate) policy: Option<Policy>,
     /// Its metrics, registered at its first decision (after the recorder is installed).
-    pub(crate) counters: std::sync::OnceLock<crate::metrics::LimitCounters>,
+    pub(crate) counters: std::sync::OnceLock<crate::counters::LimitCounters>,
 }
 
 impl Limit {
