@@ -175,6 +175,20 @@ pub trait Store: Send + Sync + 'static {
         }
     }
 
+    /// [`charge`](Self::charge) at once by the key's digest (see [`key_hasher`](Self::key_hasher)): how a set of
+    /// limiters gives back what a request it refused had spent on a limiter that keys by digest. `None` when this
+    /// store cannot (the default).
+    fn charge_digest(
+        &self,
+        digest: u64,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> Option<Result<Decision, StoreError>> {
+        let _ = (digest, policy, delta, decided_at);
+        None
+    }
+
     /// [`peek`](Self::peek) at once by the key's digest (see [`key_hasher`](Self::key_hasher)); `None` when this
     /// store cannot (the default).
     fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
@@ -297,6 +311,16 @@ impl<S: Store> Store for Arc<S> {
 
     fn peek_digest(&self, digest: u64, policy: &Policy, cost: u64) -> Option<Decision> {
         (**self).peek_digest(digest, policy, cost)
+    }
+
+    fn charge_digest(
+        &self,
+        digest: u64,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> Option<Result<Decision, StoreError>> {
+        (**self).charge_digest(digest, policy, delta, decided_at)
     }
 
     fn charge(

@@ -422,7 +422,18 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<Decision, StoreError> {
         let mut hasher = self.seed.build_hasher();
         hasher.write(key.as_bytes());
-        let hash = hasher.finish();
+        self.charge_digest_at(hasher.finish(), policy, delta, decided_at, now)
+    }
+
+    /// [`charge_at`](Self::charge_at) for the key whose digest, by [`Store::key_hasher`], is `hash`.
+    pub fn charge_digest_at(
+        &self,
+        hash: u64,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
         let now = now.min(Timestamp::LATEST);
         let lockout = policy.lockout_micros();
         let mut shard = lock(self.shard(hash));
@@ -559,6 +570,16 @@ impl<C: Clock> Store for MemoryStore<C> {
         decided_at: Timestamp,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         ready(self.charge_at(key, policy, delta, decided_at, self.clock.now()))
+    }
+
+    fn charge_digest(
+        &self,
+        digest: u64,
+        policy: &Policy,
+        delta: i64,
+        decided_at: Timestamp,
+    ) -> Option<Result<Decision, StoreError>> {
+        Some(self.charge_digest_at(digest, policy, delta, decided_at, self.clock.now()))
     }
 
     fn lease_tokens(

@@ -177,6 +177,22 @@ impl<K, St: Store, C> Shared<K, St, C> {
         }
     }
 
+    /// The state that decides `req`, counting nothing: `None` for an exempt key.
+    pub(crate) fn plan_for<'a, Req>(this: &'a Arc<Self>, req: &Req) -> Option<&'a Arc<Self>>
+    where
+        K: KeyExtractor<Req>,
+    {
+        match this
+            .plans
+            .as_deref()
+            .map(|plans| plans.find(&this.key, req))
+        {
+            None | Some(None) => Some(this),
+            Some(Some(Choice::Use(state))) => Some(state),
+            Some(Some(Choice::Exempt)) => None,
+        }
+    }
+
     fn select_plan<'a, Req>(
         this: &'a Arc<Self>,
         plans: &'a Plans<Arc<Self>>,
@@ -253,6 +269,13 @@ impl<K, St: Store, C> Shared<K, St, C> {
             Asked::Store(result) => result,
         };
         self.conclude(result, &key, cost, mode, keep)
+    }
+
+    /// Ends the key's cached denial, if the cache is on (see [`DenyTable::expire`]).
+    fn forget_denial(&self, key: &str, deny: Option<KeyDigests>) {
+        if let Some(table) = &self.deny {
+            table.expire(deny.unwrap_or_else(|| table.key(key)));
+        }
     }
 
     /// The key's digests in the deny cache, read from the request's parts with no text built; `None` when the
@@ -372,20 +395,86 @@ impl<K, St: Store, C> Shared<K, St, C> {
         K: KeyExtractor<Req>,
         C: Cost<Req>,
     {
+        let decided = self.decide_digested_as(req, mode, keep)?;
+        Some(decided.map(|(conclusion, ..)| conclusion))
+    }
+
+    /// [`decide_digested`](Self::decide_digested), with the key's digest and the request's cost: what a set gives
+    /// back by ([`give_back_digest`](Self::give_back_digest)) when another of its limiters refuses the request.
+    #[inline]
+    pub(crate) fn decide_digested_as<Req>(
+        &self,
+        req: &Req,
+        mode: Mode,
+        keep: bool,
+    ) -> Option<Result<(Conclusion, u64, u64), KeyError>>
+    where
+        K: KeyExtractor<Req>,
+        C: Cost<Req>,
+    {
         let mut state = self.digest_prefix.clone()?;
         if let Err(err) = self.key.hash_key(req, &mut state) {
             return Some(Err(err));
         }
         let cost = self.cost.cost(req);
+        let digest = state.finish();
         Some(
             match timed(
                 #[inline]
-                || self.store.check_digest(state.finish(), &self.policy, cost),
+                || self.store.check_digest(digest, &self.policy, cost),
             )? {
-                Ok(decision) => Ok(self.judge(decision, mode, keep)),
-                Err(err) => self.digest_failed(req, &err, cost, mode, keep),
+                Ok(decision) => Ok((self.judge(decision, mode, keep), digest, cost)),
+                Err(err) => self
+                    .digest_failed(req, &err, cost, mode, keep)
+                    .map(|conclusion| (conclusion, digest, cost)),
             },
         )
+    }
+
+    /// Gives back what an admitted request spent on the key whose digest is `digest` (a refund of `cost` as of
+    /// `decided_at`), when another limiter of its set refused it; the key's decision right after, when the store
+    /// answered.
+    pub(crate) fn give_back_digest(
+        &self,
+        digest: u64,
+        cost: u64,
+        decided_at: Timestamp,
+    ) -> Option<Decision> {
+        let refund = refund(cost);
+        match self
+            .store
+            .charge_digest(digest, &self.policy, refund, decided_at)?
+        {
+            Ok(decision) => Some(decision),
+            Err(err) => {
+                tracing::warn!(limiter = &*self.judge.name, error = %err, "a give-back failed; the request stays counted");
+                None
+            }
+        }
+    }
+
+    /// [`give_back_digest`](Self::give_back_digest) by the key's text, awaited; `deny`: the key's digests in the
+    /// deny cache by its parts (`None`: by its text), whose denial — made by the admission, if it emptied the
+    /// bucket — the give-back ends.
+    pub(crate) async fn give_back(
+        &self,
+        key: &str,
+        deny: Option<KeyDigests>,
+        cost: u64,
+        decided_at: Timestamp,
+    ) -> Option<Decision> {
+        let refunded = self
+            .store
+            .charge(key, &self.policy, refund(cost), decided_at)
+            .await;
+        self.forget_denial(key, deny);
+        match refunded {
+            Ok(decision) => Some(decision),
+            Err(err) => {
+                tracing::warn!(limiter = &*self.judge.name, error = %err, "a give-back failed; the request stays counted");
+                None
+            }
+        }
     }
 
     /// The failure policy after a store keyed by digest failed, applied with the key's text (the local fallback
@@ -507,4 +596,23 @@ fn prefixed(mut state: KeyHasher, prefix: &str) -> KeyHasher {
 fn digest_prefix<St: Store>(store: &St, prefix: &str, by_text: bool) -> Option<KeyHasher> {
     let hasher = if by_text { None } else { store.key_hasher() };
     hasher.map(|state| prefixed(state, prefix))
+}
+
+impl<K: Send + Sync, St: Store, C: Send + Sync> Shared<K, St, C> {
+    /// [`give_back`](Self::give_back) without waiting for the store's answer.
+    pub(crate) fn give_back_detached(
+        &self,
+        key: String,
+        deny: Option<KeyDigests>,
+        cost: u64,
+        decided_at: Timestamp,
+    ) {
+        self.forget_denial(&key, deny);
+        Charger::charge(self, key, refund(cost), decided_at);
+    }
+}
+
+/// The charge that gives `cost` back.
+fn refund(cost: u64) -> i64 {
+    i64::try_from(cost).map_or(i64::MIN + 1, |cost| -cost)
 }

@@ -783,6 +783,17 @@ impl DenyTable {
         self.table.sweep(now);
     }
 
+    /// Ends the cached denial of the key `key` digests, if any: the key's state changed under it (a set gave
+    /// back what a request it refused had spent), and the next request on the key asks the store.
+    pub(crate) fn expire(&self, key: KeyDigests) {
+        let now = self.now();
+        self.table.get(key.digest, |d| {
+            if d.check == key.check {
+                d.expires = d.expires.min(now);
+            }
+        });
+    }
+
     /// Forgets every entry.
     pub(crate) fn clear(&self) {
         self.table.sweep(u64::MAX);

@@ -83,6 +83,7 @@
 //! # }
 //! ```
 
+mod composed;
 mod decide;
 pub mod deny_cache;
 mod deny_cached;

@@ -9,6 +9,11 @@
 //! counters); a new entry on the same store with the same bucket names (same limiter name and policy) finds its
 //! keys' state where the old one left it.
 //!
+//! The limiters that apply to a request decide it as one: it is admitted only if every one admits, and a
+//! refusal spends nothing anywhere (what the admitting limiters spent is given back; the refusal's retry is the
+//! latest of the refusing limiters', and it lists every limit with what it has left). See
+//! `docs/design/several-limits.md`.
+//!
 //! The service answers as the default responder `()` does (verdicts in the response, rejections as
 //! errors): wrap it in `tollgate-http`'s `HttpLimitLayer` or `tollgate-grpc`'s `GrpcLimitLayer`. Or it answers
 //! through a [`Respond`]er of its own ([`LayerWith`]): `tollgate-http`'s
@@ -57,6 +62,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::RateLimitLayer;
+use super::composed::{Composed, SpentKey};
 use super::decide::{Conclusion, Shared};
 use super::deny_cache::KeyDigests;
 use crate::key::with_key_buffer;
@@ -455,7 +461,8 @@ fn with_admitted(
 
 /// A limiter's answer before any waiting: decided, or the key and cost to ask the store with.
 enum Now {
-    Decided(Conclusion),
+    /// Decided; what the admission spent, when the set decides as one ([`Composed`]) and the store was asked.
+    Decided(Conclusion, Option<(SpentKey, u64)>),
     /// Left to the store: the key's text, its digests in the deny cache by its parts (`None`: by its text), the
     /// cost.
     Later(String, Option<KeyDigests>, u64),
@@ -528,6 +535,14 @@ impl<S, K, St, C, A, R> RateLimitSet<S, K, St, C, A, R> {
         }
         let entries = self.current.load();
         let mut grant = SetGrant::default();
+        // More than one limiter: decided as one, all or nothing (see `composed`).
+        let mut composed = (entries.len() > 1).then(|| Composed::new(entries.len()));
+        if composed.is_some()
+            && let Some(refused) = cached_denial(&entries, &req, keep)
+        {
+            return refuse(&mut self.inner, refused, answer);
+        }
+        let kept = keep || composed.is_some();
         // The limiters whose store must be waited for (Redis), asked in order once the others have decided.
         let mut later = Vec::new();
         for entry in entries.iter() {
@@ -542,17 +557,23 @@ impl<S, K, St, C, A, R> RateLimitSet<S, K, St, C, A, R> {
                 continue; // exempt (counted)
             };
             let settle = shared.after.is_some();
+            let track = composed.is_some();
             let now = if settle {
-                decide_settled(shared, &req, mode, &mut grant, keep)
+                decide_settled(shared, &req, mode, &mut grant, kept)
             } else {
-                decide_now(shared, &req, mode, keep)
+                decide_now(shared, &req, mode, kept, track)
             };
-            match now {
-                Ok(Now::Decided(Conclusion::Admit(verdict))) => grant.push(verdict, keep),
-                Ok(Now::Decided(Conclusion::Reject(refused))) => {
+            match (now, &mut composed) {
+                (Ok(Now::Decided(conclusion, spent)), Some(composed)) => {
+                    composed.push(shared, conclusion, spent);
+                }
+                (Ok(Now::Decided(Conclusion::Admit(verdict), _)), None) => {
+                    grant.push(verdict, keep)
+                }
+                (Ok(Now::Decided(Conclusion::Reject(refused), _)), None) => {
                     return refuse(&mut self.inner, grant.into_rejection(refused), answer);
                 }
-                Ok(Now::Later(key, deny, cost)) => later.push(Waiting {
+                (Ok(Now::Later(key, deny, cost)), _) => later.push(Waiting {
                     shared: shared.clone(),
                     key,
                     deny,
@@ -560,31 +581,60 @@ impl<S, K, St, C, A, R> RateLimitSet<S, K, St, C, A, R> {
                     mode,
                     settle,
                 }),
-                Err(err) => return refuse(&mut self.inner, err.into(), answer),
+                (Err(err), composed) => {
+                    // What the others spent is given back: the request is not served.
+                    let err = match composed.take().map(Composed::conclude_now) {
+                        Some(Err(refused)) => refused,
+                        _ => err.into(),
+                    };
+                    return refuse(&mut self.inner, err, answer);
+                }
             }
         }
         drop(entries);
-        if later.is_empty() {
+        // A limiter refused at once: the ones left to the store are not asked (they would only be given back).
+        let at_once = composed.as_ref().is_some_and(Composed::is_refused) || later.is_empty();
+        if at_once {
+            if let Some(composed) = composed {
+                match composed.conclude_now() {
+                    Ok(verdicts) => verdicts.into_iter().for_each(|v| grant.push(v, keep)),
+                    Err(refused) => return refuse(&mut self.inner, refused, answer),
+                }
+            }
             return Machine::calling(self.inner.call(req), Some(grant), answer);
         }
         let decide: Deciding<SetGrant> = Box::pin(async move {
             for w in later {
-                let keep_this = keep || w.settle;
-                let key = if w.settle { Some(w.key.clone()) } else { None };
-                match w
+                let keep_this = kept || w.settle;
+                let key = if w.settle || composed.is_some() {
+                    Some(w.key.clone())
+                } else {
+                    None
+                };
+                let conclusion = w
                     .shared
                     .decide(w.key, w.deny, w.cost, w.mode, keep_this)
-                    .await
+                    .await;
+                if let (Conclusion::Admit(Some(v)), Some(key), true) = (&conclusion, &key, w.settle)
                 {
-                    Conclusion::Admit(verdict) => {
-                        if let (Some(key), Some(v)) = (key, &verdict) {
-                            grant.settle(&w.shared, key, w.cost, v);
-                        }
-                        grant.push(verdict, keep);
-                    }
+                    grant.settle(&w.shared, key.clone(), w.cost, v);
+                }
+                if let Some(composed) = &mut composed {
+                    let spent = key.map(|key| (SpentKey::Text(key, w.deny), w.cost));
+                    composed.push(&w.shared, conclusion, spent);
+                    continue;
+                }
+                match conclusion {
+                    Conclusion::Admit(verdict) => grant.push(verdict, keep),
                     Conclusion::Reject(refused) => {
                         return core::Conclusion::Reject(grant.into_rejection(refused));
                     }
+                }
+            }
+            if let Some(composed) = composed {
+                match composed.conclude().await {
+                    Ok(verdicts) => verdicts.into_iter().for_each(|v| grant.push(v, keep)),
+                    Err(refused) => return core::Conclusion::Reject(refused),
                 }
             }
             core::Conclusion::Admit(Some(grant))
@@ -593,33 +643,77 @@ impl<S, K, St, C, A, R> RateLimitSet<S, K, St, C, A, R> {
     }
 }
 
+/// In a decision as one, a limiter's cached denial refuses the request before any limiter is asked: it spends
+/// nothing anywhere. Only limiters whose cache looks by the key's parts, in enforce mode, are looked at here (the
+/// others are looked at as they are decided).
+fn cached_denial<K, St, C, A, Req>(
+    entries: &[SetEntry<K, St, C, A>],
+    req: &Req,
+    keep: bool,
+) -> Option<BoxError>
+where
+    K: KeyExtractor<Req>,
+    St: Store,
+    C: Cost<Req>,
+    A: Applies<Req>,
+{
+    for entry in entries {
+        if entry.shared.deny_table().is_none()
+            || entry.shared.judge.mode() != Mode::Enforce
+            || !entry.applies.applies(req)
+        {
+            continue;
+        }
+        let Some(shared) = Shared::plan_for(&entry.shared, req) else {
+            continue;
+        };
+        let Ok(deny) = shared.deny_key(req) else {
+            continue; // reported when the limiter is decided
+        };
+        let cost = shared.cost.cost(req);
+        if let Some(Conclusion::Reject(refused)) =
+            shared.decide_denied(deny, cost, Mode::Enforce, keep)
+        {
+            return Some(refused);
+        }
+    }
+    None
+}
+
 /// Decides `req` on `shared` if its store can at once, as [`RateLimit`](super::RateLimit) does: by digest, or by
-/// the key's text built in a reused buffer, or from the deny cache.
+/// the key's text built in a reused buffer, or from the deny cache. `track`: the answer says what an admission
+/// spent (a decision as one).
 #[inline]
 fn decide_now<K, St, C, Req>(
     shared: &Shared<K, St, C>,
     req: &Req,
     mode: Mode,
     keep: bool,
+    track: bool,
 ) -> Result<Now, KeyError>
 where
     K: KeyExtractor<Req>,
     St: Store,
     C: Cost<Req>,
 {
-    if let Some(decided) = shared.decide_digested(req, mode, keep) {
-        return decided.map(Now::Decided);
+    if let Some(decided) = shared.decide_digested_as(req, mode, keep) {
+        let (conclusion, digest, cost) = decided?;
+        let spent = track.then_some((SpentKey::Digest(digest), cost));
+        return Ok(Now::Decided(conclusion, spent));
     }
     // A cached denial refuses by the digests of the key's parts, before any text is built.
     let deny = shared.deny_key(req)?;
     let cost = shared.cost.cost(req);
     if let Some(conclusion) = shared.decide_denied(deny, cost, mode, keep) {
-        return Ok(Now::Decided(conclusion));
+        return Ok(Now::Decided(conclusion, None));
     }
     with_key_buffer(|key| {
         shared.write_key(req, key)?;
         Ok(match shared.decide_at_once(key, cost, mode, keep) {
-            Some(conclusion) => Now::Decided(conclusion),
+            Some(conclusion) => {
+                let spent = track.then(|| (SpentKey::Text(key.clone(), deny), cost));
+                Now::Decided(conclusion, spent)
+            }
             None => Now::Later(key.clone(), deny, cost),
         })
     })
@@ -645,11 +739,12 @@ where
     Ok(match shared.decide_at_once(&key, cost, mode, true) {
         Some(Conclusion::Admit(verdict)) => {
             if let Some(v) = &verdict {
-                grant.settle(shared, key, cost, v);
+                grant.settle(shared, key.clone(), cost, v);
             }
-            Now::Decided(Conclusion::Admit(verdict.filter(|_| keep)))
+            let spent = Some((SpentKey::Text(key, None), cost));
+            Now::Decided(Conclusion::Admit(verdict.filter(|_| keep)), spent)
         }
-        Some(rejected) => Now::Decided(rejected),
+        Some(rejected) => Now::Decided(rejected, None),
         None => Now::Later(key, None, cost),
     })
 }
