@@ -35,6 +35,28 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeExamples;
 
+// So do the examples of the pages the README links to.
+#[cfg(all(
+    doctest,
+    feature = "config",
+    feature = "axum",
+    feature = "redis-cli",
+    feature = "stack",
+    feature = "client"
+))]
+mod page_examples {
+    #[doc = include_str!("../docs/client.md")]
+    struct Client;
+    #[doc = include_str!("../docs/observability.md")]
+    struct Observability;
+    #[doc = include_str!("../docs/policy-files.md")]
+    struct PolicyFiles;
+    #[doc = include_str!("../docs/production-redis.md")]
+    struct ProductionRedis;
+    #[doc = include_str!("../docs/stripe-stack.md")]
+    struct StripeStack;
+}
+
 pub use tollgate_core::*;
 
 #[cfg(feature = "redis")]
