@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Decision, Store};
+use tollgate_core::{Decision, Store, Timestamp};
 
 use super::decide::{Conclusion, Shared};
 use super::deny_cache::KeyDigests;
@@ -28,6 +28,29 @@ struct Spent<K, St, C> {
     shared: Arc<Shared<K, St, C>>,
     key: SpentKey,
     cost: u64,
+}
+
+impl<K: Send + Sync, St: Store, C: Send + Sync> Spent<K, St, C> {
+    /// Gives back what the admission decided at `at` spent: by digest at once, by the key's text without waiting
+    /// (`None`: the store's answer is not waited for).
+    fn give_back_now(&self, at: Timestamp) -> Option<Decision> {
+        match &self.key {
+            SpentKey::Digest(digest) => self.shared.give_back_digest(*digest, self.cost, at),
+            SpentKey::Text(key, deny) => {
+                let key = key.clone();
+                self.shared.give_back_detached(key, *deny, self.cost, at);
+                None
+            }
+        }
+    }
+
+    /// [`give_back_now`](Self::give_back_now), waiting for the store's answer by the key's text.
+    async fn give_back(&self, at: Timestamp) -> Option<Decision> {
+        match &self.key {
+            SpentKey::Digest(_) => self.give_back_now(at),
+            SpentKey::Text(key, deny) => self.shared.give_back(key, *deny, self.cost, at).await,
+        }
+    }
 }
 
 /// One limiter's part of a composed decision, in the set's order.
@@ -91,19 +114,8 @@ impl<K: Send + Sync, St: Store, C: Send + Sync> Composed<K, St, C> {
         let Some(latest) = self.latest_refusal() else {
             return Ok(self.admitted());
         };
-        Err(self.refuse_with(latest, |spent, verdict| match &spent.key {
-            SpentKey::Digest(digest) => {
-                spent
-                    .shared
-                    .give_back_digest(*digest, spent.cost, verdict.decision.now)
-            }
-            SpentKey::Text(key, deny) => {
-                let at = verdict.decision.now;
-                spent
-                    .shared
-                    .give_back_detached(key.clone(), *deny, spent.cost, at);
-                None
-            }
+        Err(self.refuse_with(latest, |spent, verdict| {
+            spent.give_back_now(verdict.decision.now)
         }))
     }
 
@@ -118,17 +130,7 @@ impl<K: Send + Sync, St: Store, C: Send + Sync> Composed<K, St, C> {
             let Part::Admitted(Some(verdict), Some(spent)) = part else {
                 continue;
             };
-            after.push(match &spent.key {
-                SpentKey::Digest(digest) => {
-                    spent
-                        .shared
-                        .give_back_digest(*digest, spent.cost, verdict.decision.now)
-                }
-                SpentKey::Text(key, deny) => {
-                    let at = verdict.decision.now;
-                    spent.shared.give_back(key, *deny, spent.cost, at).await
-                }
-            });
+            after.push(spent.give_back(verdict.decision.now).await);
         }
         let mut after = after.into_iter();
         Err(self.refuse_with(latest, |_, _| after.next().flatten()))
