@@ -196,7 +196,11 @@ fn beside_another<St: Store>(store: Arc<St>) {
         .and_then(|v| v.split(';').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("everyone's remaining in {:?}", denied.header("ratelimit")));
-    assert_eq!(everyone, 1000 - 1 - admitted, "1 a request served, nothing after, nothing for the refusal");
+    assert_eq!(
+        everyone,
+        1000 - 1 - admitted,
+        "1 a request served, nothing after, nothing for the refusal"
+    );
 }
 
 fn private_redis() -> (RedisServer, Arc<RedisStore>) {
