@@ -1,7 +1,8 @@
 //! A set of limiters decides a request as one: over random sequences of requests and clock steps, against
 //! random mixes of token buckets and sliding windows, a request is admitted exactly when every limiter would
 //! admit it, a refusal leaves every limiter's state as it was, and its retry is the latest of the refusing
-//! limiters' — in process, and on a real Redis deciding at the same manual instants.
+//! limiters', and the set's peek is every limiter's — in process, and on a real Redis deciding at the same manual
+//! instants.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -110,7 +111,7 @@ async fn run<St: Store>(
         .collect();
     let set = RateLimitSetLayer::new(layers.iter().cloned().map(|l| (l, true)));
     let mut svc = tower::ServiceBuilder::new()
-        .layer(set)
+        .layer(set.clone())
         .service_fn(|_: Req| async { Ok::<_, BoxError>(Reply::default()) });
     for &(ms, cost) in steps {
         clock.advance(Duration::from_millis(ms));
@@ -118,6 +119,14 @@ async fn run<St: Store>(
         for l in &layers {
             before.push(l.peek(&cost).await.expect("a peek"));
         }
+        let peeked: Vec<Decision> = set
+            .peek(&cost)
+            .await
+            .expect("a peek")
+            .into_iter()
+            .map(|(_, d)| d)
+            .collect();
+        prop_assert_eq!(&peeked, &before, "the set's peek is every limiter's");
         let every = before.iter().all(Decision::is_allowed);
         let result = svc.ready().await.expect("ready").call(cost).await;
         prop_assert_eq!(result.is_ok(), every, "every limit admits: {:?}", before);

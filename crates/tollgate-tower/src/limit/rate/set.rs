@@ -194,6 +194,55 @@ impl<K: Clone, St: Store, C: Clone, A> RateLimitSetLayer<K, St, C, A> {
     }
 }
 
+impl<K, St: Store, C, A> RateLimitSetLayer<K, St, C, A> {
+    /// What the set would answer `req` now, spending nothing: each limiter that applies to it (in enforce or
+    /// shadow mode; an exempt key's limiter left out), in the set's order, with the decision it would give (see
+    /// [`RateLimitLayer::peek`]). The set admits the request if every enforcing limiter's decision is allowed; a
+    /// refusal's retry is the latest of the refusing ones'.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate_core::{MemoryStore, Policy, Quota};
+    /// use tollgate_tower::RateLimitLayer;
+    /// use tollgate_tower::limit::rate::RateLimitSetLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_tower::BoxError> {
+    /// let store = Arc::new(MemoryStore::new());
+    /// let limit = |name, n| RateLimitLayer::new(name, Policy::token_bucket(Quota::per_hour(n).unwrap()), store.clone(), "ann");
+    /// let set = RateLimitSetLayer::new([(limit("hourly", 5), true), (limit("burst", 3), true)]);
+    /// let answers = set.peek(&()).await?;
+    /// assert_eq!(answers.len(), 2);
+    /// assert!(answers.iter().all(|(_, d)| d.is_allowed()));
+    /// assert_eq!(answers[1].1.remaining, 2); // "burst" would leave 2
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn peek<Req>(
+        &self,
+        req: &Req,
+    ) -> Result<Vec<(crate::Name, tollgate_core::Decision)>, BoxError>
+    where
+        K: KeyExtractor<Req>,
+        C: Cost<Req>,
+        A: Applies<Req>,
+    {
+        let entries = self.current.list.load_full();
+        let mut answers = Vec::with_capacity(entries.len());
+        for entry in entries.iter() {
+            if !entry.applies.applies(req) || entry.shared.judge.mode() == Mode::Off {
+                continue;
+            }
+            let Some(shared) = Shared::plan_for(&entry.shared, req) else {
+                continue; // exempt
+            };
+            let decision = shared.peek(req).await?;
+            answers.push((shared.judge.name.clone(), decision));
+        }
+        Ok(answers)
+    }
+}
+
 impl<K, St, C, A> RateLimitSetLayer<K, St, C, A> {
     /// Every service of the set answers from now on writing the response header families `headers`, in place of
     /// those its responder was built with (`tollgate-http`'s `HttpLimitLayer::headers`, a
