@@ -182,14 +182,9 @@ impl<K, St: Store, C> Shared<K, St, C> {
     where
         K: KeyExtractor<Req>,
     {
-        match this
-            .plans
-            .as_deref()
-            .map(|plans| plans.find(&this.key, req))
-        {
-            None | Some(None) => Some(this),
-            Some(Some(Choice::Use(state))) => Some(state),
-            Some(Some(Choice::Exempt)) => None,
+        match &this.plans {
+            None => Some(this),
+            Some(plans) => Self::planned(this, plans, req),
         }
     }
 
@@ -201,14 +196,28 @@ impl<K, St: Store, C> Shared<K, St, C> {
     where
         K: KeyExtractor<Req>,
     {
+        let plan = Self::planned(this, plans, req);
+        if plan.is_none() {
+            plans.count_exempt();
+            this.judge.exempted();
+        }
+        plan
+    }
+
+    /// The state `plans` choose for `req` (`None`: exempt).
+    #[inline]
+    fn planned<'a, Req>(
+        this: &'a Arc<Self>,
+        plans: &'a Plans<Arc<Self>>,
+        req: &Req,
+    ) -> Option<&'a Arc<Self>>
+    where
+        K: KeyExtractor<Req>,
+    {
         match plans.find(&this.key, req) {
             None => Some(this),
             Some(Choice::Use(state)) => Some(state),
-            Some(Choice::Exempt) => {
-                plans.count_exempt();
-                this.judge.exempted();
-                None
-            }
+            Some(Choice::Exempt) => None,
         }
     }
 
@@ -440,17 +449,19 @@ impl<K, St: Store, C> Shared<K, St, C> {
         cost: u64,
         decided_at: Timestamp,
     ) -> Option<Decision> {
-        let refund = refund(cost);
-        match self
+        let refunded = self
             .store
-            .charge_digest(digest, &self.policy, refund, decided_at)?
-        {
-            Ok(decision) => Some(decision),
-            Err(err) => {
+            .charge_digest(digest, &self.policy, refund(cost), decided_at)?;
+        self.given_back(refunded)
+    }
+
+    /// A give-back's answer: the key's decision after it, or `None` (logged) when the store failed.
+    fn given_back(&self, refunded: Result<Decision, StoreError>) -> Option<Decision> {
+        refunded
+            .inspect_err(|err| {
                 tracing::warn!(limiter = &*self.judge.name, error = %err, "a give-back failed; the request stays counted");
-                None
-            }
-        }
+            })
+            .ok()
     }
 
     /// [`give_back_digest`](Self::give_back_digest) by the key's text, awaited; `deny`: the key's digests in the
@@ -468,13 +479,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             .charge(key, &self.policy, refund(cost), decided_at)
             .await;
         self.forget_denial(key, deny);
-        match refunded {
-            Ok(decision) => Some(decision),
-            Err(err) => {
-                tracing::warn!(limiter = &*self.judge.name, error = %err, "a give-back failed; the request stays counted");
-                None
-            }
-        }
+        self.given_back(refunded)
     }
 
     /// The failure policy after a store keyed by digest failed, applied with the key's text (the local fallback
