@@ -19,6 +19,10 @@ pub enum CostAfter {
     Extension,
     /// A response header (its name, any case) holding the cost as a whole number.
     Header(std::borrow::Cow<'static, str>),
+    /// The response body, as it streams: a body meter further out (`tollgate_http::stream`) counts it and the
+    /// limiter debits, settles and, at its budget, cuts as [`Streamed`](crate::stream_cost::Streamed) says (see
+    /// [`stream_cost`](crate::stream_cost)). The cost charged up front is the reservation.
+    Streamed(crate::stream_cost::Streamed),
 }
 
 /// A response extension stating the request's real cost, known only once it was served (LLM tokens, bytes,

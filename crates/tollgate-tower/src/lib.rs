@@ -10,7 +10,7 @@
 //! | every limiter and the core they share | [`limit`]: [`limit::rate`], and with `stack` `limit::concurrency`, `limit::fleet`, `limit::worker`, `limit::stack` |
 //! | what an admitted request holds until its response is finished (`stack`) | `permit` (`Permit`, `HoldPermit`, `PermitBody`) |
 //! | which bucket a request belongs to | [`key`] ([`KeyExtractor`]), [`digest`] for secret keys |
-//! | how many tokens it takes | [`cost`] ([`Cost`]) |
+//! | how many tokens it takes | [`cost`] ([`Cost`]), and as a response streams [`stream_cost`] |
 //! | request classes for load shedding | [`priority`] ([`Priority`], [`Classify`]) |
 //! | shadow mode and the kill switch | [`mode`] ([`Mode`], [`EnforcementSwitch`]) |
 //! | decision counters and rate-limited logs | [`observe`] |
@@ -40,6 +40,7 @@ pub mod priority;
 mod readiness;
 pub mod rejection;
 pub mod respond;
+pub mod stream_cost;
 pub mod verdict;
 
 pub use cost::{Cost, CostAfter, FinalCost};

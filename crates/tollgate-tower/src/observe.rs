@@ -10,7 +10,10 @@
 //!   near-limit share of its limit (`.near_limit(share)`, default 20 %), the alerting signal before clients see 429s;
 //! - `tollgate_charges_lost_total{limiter}` ([`CHARGES_LOST_TOTAL`]): charges after the response
 //!   ([`RateLimitLayer::cost_after`](crate::RateLimitLayer::cost_after)) that could not reach the store (it
-//!   failed, or could not be reached): the request was served, its real cost never counted.
+//!   failed, or could not be reached): the request was served, its real cost never counted;
+//! - `tollgate_streams_cut_total{limiter}` ([`STREAMS_CUT_TOTAL`]) and `tollgate_streams_in_debt_total{limiter}`
+//!   ([`STREAMS_IN_DEBT_TOTAL`]): streamed responses ([`stream_cost`](crate::stream_cost)) cut at a budget, and
+//!   those that ended with their key's budget spent (the key owes the overdraft).
 //!
 //! Every decision is also one `tracing` span, with one event inside it, at DEBUG on the target
 //! [`DECISION_TARGET`] (`tollgate::decision`), both with the fields `limiter`, `algorithm`, `store`, `outcome`, `remaining` and `store_latency_us`; with no
@@ -42,6 +45,13 @@ pub const DECISIONS_TOTAL: &str = "tollgate_decisions_total";
 
 /// The counter of charges after the response that never reached the store: `tollgate_charges_lost_total{limiter}`.
 pub const CHARGES_LOST_TOTAL: &str = "tollgate_charges_lost_total";
+
+/// The counter of streamed responses a limiter cut at its budget: `tollgate_streams_cut_total{limiter}`.
+pub const STREAMS_CUT_TOTAL: &str = "tollgate_streams_cut_total";
+
+/// The counter of streamed responses that ended while their key's budget was spent (a limiter that lets streams
+/// finish: the key owes the overdraft): `tollgate_streams_in_debt_total{limiter}`.
+pub const STREAMS_IN_DEBT_TOTAL: &str = "tollgate_streams_in_debt_total";
 
 /// A limiter's decision counters, registered once (per layer) so that deciding does no label work.
 #[derive(Debug)]

@@ -114,6 +114,17 @@ pub trait Respond<Req, T> {
         None
     }
 
+    /// The ledger a limiter that charges the response as it streams leaves on it (see
+    /// [`VerdictSink::stream_charges`]); `None` (the default): the reservation stands as the request's cost.
+    fn stream_charges<'a>(
+        &self,
+        ticket: &Self::Ticket,
+        response: &'a mut T,
+    ) -> Option<&'a mut crate::stream_cost::StreamCharges> {
+        let _ = (ticket, response);
+        None
+    }
+
     /// The answer for an admitted response, after [`amend_ok`](Self::amend_ok). Defaults to
     /// `respond(ticket, Ok(response), verdict)`; an override must answer, with `amend_ok`, as `respond` would.
     fn finish_ok(
@@ -175,6 +186,14 @@ impl<Req, T: VerdictSink> Respond<Req, T> for () {
     /// forwards read it as the in-place HTTP one does.
     fn final_cost(&self, (): &(), response: &T, source: &crate::CostAfter) -> Option<u64> {
         response.final_cost(source)
+    }
+
+    fn stream_charges<'a>(
+        &self,
+        (): &(),
+        response: &'a mut T,
+    ) -> Option<&'a mut crate::stream_cost::StreamCharges> {
+        response.stream_charges()
     }
 
     fn finish_ok(&self, (): (), response: T, _: Option<Box<Verdict>>) -> Result<T, BoxError> {

@@ -270,6 +270,14 @@ pub trait VerdictSink {
         let _ = source;
         None
     }
+
+    /// The ledger of the limiters that charge this response as it streams
+    /// ([`CostAfter::Streamed`](crate::CostAfter::Streamed)), created empty on first use; `None` (the default)
+    /// for a response that cannot carry one: such a limiter's reservation then stands as the request's cost.
+    /// `http::Response` keeps it in its extensions, for the body meter.
+    fn stream_charges(&mut self) -> Option<&mut crate::stream_cost::StreamCharges> {
+        None
+    }
 }
 
 #[cfg(feature = "http")]
@@ -294,7 +302,12 @@ impl<B> VerdictSink for http::Response<B> {
                 .trim()
                 .parse()
                 .ok(),
+            crate::CostAfter::Streamed(_) => None,
         }
+    }
+
+    fn stream_charges(&mut self) -> Option<&mut crate::stream_cost::StreamCharges> {
+        Some(self.extensions_mut().get_or_insert_default())
     }
 }
 

@@ -10,6 +10,7 @@ use std::task::{Context, Poll, Waker, ready};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+pub(crate) use super::charger::Charger;
 use super::core::Conclusion;
 use crate::BoxError;
 use crate::respond::Respond;
@@ -68,17 +69,6 @@ impl<R, Tk> Responder<R, Tk> {
     }
 }
 
-/// Charges a limiter's key once a response states the request's real cost.
-pub(crate) trait Charger: Send + Sync {
-    /// Charges `delta` (a refund if negative) to `key`, for a request decided at `decided_at`, without waiting.
-    fn charge(&self, key: String, delta: i64, decided_at: tollgate_core::Timestamp);
-
-    /// Whether a charge moves the key's reset (the instant it holds nothing of the key) by the time the charge
-    /// takes to accrue: a token bucket's, which is full that much later. A sliding window counter's reset is the
-    /// end of the window after the one the charge is counted in, whatever the count.
-    fn charge_moves_reset(&self) -> bool;
-}
-
 /// A request's part in a charge after the response: its key, what it was charged up front, and where its real
 /// cost is read.
 pub(crate) struct Settle {
@@ -98,14 +88,20 @@ impl fmt::Debug for Settle {
 }
 
 impl Settle {
-    /// Charges the difference between the real cost the response states and what was charged up front, and shows
-    /// it in `verdict` (see [`shown_after_charge`]). Only a decided request is charged (a verdict says when): a
-    /// failed-open one was never counted. A request admitted over the limit in shadow mode spent nothing up front,
-    /// so it is charged its whole cost.
-    fn after(&self, real: Option<u64>, verdict: Option<&mut crate::Verdict>) {
+    /// Charges the difference between the real cost the admitted `response` states and what was charged up front,
+    /// and shows it in `verdict` (see [`shown_after_charge`]). Only a decided request is charged (a verdict says
+    /// when): a failed-open one was never counted. A request admitted over the limit in shadow mode spent nothing up
+    /// front, so it is charged its whole cost.
+    fn after<Req, T, R: Respond<Req, T>>(
+        &self,
+        respond: &R,
+        ticket: &R::Ticket,
+        response: &mut T,
+        verdict: Option<&mut crate::Verdict>,
+    ) {
         if let Some(verdict) = verdict {
             let allowed = verdict.decision.is_allowed();
-            let delta = self.after_decided(real, allowed, verdict.decision.now);
+            let delta = self.on_response(respond, ticket, response, allowed, verdict.decision.now);
             if allowed {
                 shown_after_charge(verdict, delta, self.charger.charge_moves_reset());
             }
@@ -113,8 +109,36 @@ impl Settle {
     }
 
     /// [`after`](Self::after) for a request decided at `decided_at`, `allowed` or over the limit (shadow mode):
-    /// the delta charged (a refund if negative).
-    pub(crate) fn after_decided(
+    /// the delta charged now (a refund if negative). A cost read as the body streams is charged by the ledger the
+    /// response is handed (none charged now: the reservation is what the headers show).
+    pub(crate) fn on_response<Req, T, R: Respond<Req, T>>(
+        &self,
+        respond: &R,
+        ticket: &R::Ticket,
+        response: &mut T,
+        allowed: bool,
+        decided_at: tollgate_core::Timestamp,
+    ) -> i64 {
+        if let crate::CostAfter::Streamed(streamed) = self.source {
+            if let Some(ledger) = respond.stream_charges(ticket, response) {
+                let charged = if allowed { self.upfront } else { 0 };
+                ledger.push(crate::stream_cost::StreamCharge::new(
+                    self.charger.clone(),
+                    self.key.clone(),
+                    streamed,
+                    charged,
+                    decided_at,
+                ));
+            }
+            return 0;
+        }
+        let real = respond.final_cost(ticket, response, &self.source);
+        self.after_decided(real, allowed, decided_at)
+    }
+
+    /// The charge of a request decided at `decided_at` whose real cost is `real`: the delta charged (a refund if
+    /// negative).
+    fn after_decided(
         &self,
         real: Option<u64>,
         allowed: bool,
@@ -168,10 +192,7 @@ impl<Req, T, R: Respond<Req, T, Ticket = Tk>, Tk: Copy> Answer<Req, T> for Respo
     #[inline]
     fn amend_ok(&self, response: &mut T, mut grant: Option<Self::Grant>) -> Option<Self::Grant> {
         if let Some(settle) = &self.settle {
-            let real = self
-                .respond
-                .final_cost(&self.ticket, response, &settle.source);
-            settle.after(real, grant.as_deref_mut());
+            settle.after(&self.respond, &self.ticket, response, grant.as_deref_mut());
         }
         self.respond.amend_ok(&self.ticket, response, grant)
     }

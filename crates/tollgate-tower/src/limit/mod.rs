@@ -61,6 +61,7 @@
 
 #[cfg(feature = "stack")]
 pub mod adaptive;
+pub(crate) mod charger;
 #[cfg(feature = "stack")]
 pub mod concurrency;
 mod core;

@@ -61,6 +61,8 @@ pub(crate) struct Shared<K, St, C> {
     pub(crate) after: Option<crate::CostAfter>,
     /// `tollgate_charges_lost_total{limiter}`, registered when the limiter charges after the response.
     lost: Option<metrics::Counter>,
+    /// The streams in progress of a limiter that charges as the response streams.
+    pools: crate::limit::charger::StreamPools,
 }
 
 impl<K: Send + Sync, St: Store, C: Send + Sync> Charger for Shared<K, St, C> {
@@ -78,6 +80,52 @@ impl<K: Send + Sync, St: Store, C: Send + Sync> Charger for Shared<K, St, C> {
 
     fn charge_moves_reset(&self) -> bool {
         self.policy.algorithm() == tollgate_core::Algorithm::TokenBucket
+    }
+
+    fn limiter(&self) -> &Name {
+        &self.judge.name
+    }
+
+    fn enforcing(&self) -> bool {
+        self.judge.mode() == Mode::Enforce
+    }
+
+    fn pools(&self) -> &crate::limit::charger::StreamPools {
+        &self.pools
+    }
+
+    fn debit(
+        &self,
+        key: String,
+        delta: i64,
+        decided_at: Timestamp,
+        done: Box<dyn FnOnce(Option<Decision>) + Send>,
+    ) {
+        let store = self.store.clone();
+        let policy = self.policy;
+        let lost = self.lost.clone();
+        let charge = async move {
+            let answer = store.charge(&key, &policy, delta, decided_at).await;
+            if let Err(e) = &answer {
+                tracing::warn!(error = %e, "a streamed response's charge failed; it is lost");
+                if let Some(lost) = lost {
+                    lost.increment(1);
+                }
+            }
+            done(answer.ok());
+        };
+        let mut charge = Box::pin(charge);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if charge.as_mut().poll(&mut cx).is_pending() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(charge);
+                }
+                Err(_) => tracing::warn!(
+                    "a streamed response's charge needs I/O outside a tokio runtime: it is lost"
+                ),
+            }
+        }
     }
 }
 
@@ -126,6 +174,7 @@ impl<K, St: Store, C> Shared<K, St, C> {
             leases,
             after,
             lost,
+            pools: crate::limit::charger::StreamPools::default(),
         }
     }
 

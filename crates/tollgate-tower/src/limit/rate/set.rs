@@ -473,10 +473,8 @@ impl<R, Tk> SetAnswer<R, Tk> {
             decided_at,
         } in &more.settles
         {
-            let real = self
-                .respond
-                .final_cost(&self.ticket, response, &settle.source);
-            let delta = settle.after_decided(real, *allowed, *decided_at);
+            let delta =
+                settle.on_response(&self.respond, &self.ticket, response, *allowed, *decided_at);
             if !*allowed {
                 continue;
             }
