@@ -53,6 +53,7 @@ pub mod problem;
 mod respond;
 mod service;
 mod sf;
+pub mod stream;
 
 pub use future::ResponseFuture;
 pub use headers::HeaderSet;

@@ -208,7 +208,7 @@ fn log_gate_open() -> bool {
 /// A problem body. `rejected` (the limiter and the kind) adds the `limiter` and `kind` members, and for a client over
 /// its quota (429) the `violated-policies` member the IETF draft defines: the limiter is the policy the
 /// `RateLimit-Policy` field names. Without a type the body is `about:blank`, titled by the status.
-fn problem<B: From<String>>(
+pub(crate) fn problem<B: From<String>>(
     status: StatusCode,
     problem_type: Option<ProblemType>,
     detail: &str,

@@ -224,6 +224,14 @@ impl<ReqBody, ResBody: From<String>> Respond<Request<ReqBody>, Response<ResBody>
         tollgate_tower::VerdictSink::final_cost(response, source)
     }
 
+    fn stream_charges<'a>(
+        &self,
+        _: &bool,
+        response: &'a mut Response<ResBody>,
+    ) -> Option<&'a mut tollgate_tower::stream_cost::StreamCharges> {
+        tollgate_tower::VerdictSink::stream_charges(response)
+    }
+
     #[inline]
     fn finish_ok(
         &self,
