@@ -1,0 +1,267 @@
+//! Token budgets enforced while the response streams, through `examples/llm_gateway --serve` over real TCP, on
+//! the in-process store and on a private Redis: a stream cut at the budget, a stream finished and its overdraft
+//! owed, a reservation refunded, bad bodies answered with problems, and the simulation's goals.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::Duration;
+
+use tollgate_testkit::examples::{ExampleServer, example};
+use tollgate_testkit::redis::RedisServer;
+
+/// An answer: its status, headers (names in lower case) and body as it came (chunked framing included).
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The content chunks the stream carried (one token each).
+    fn tokens(&self) -> usize {
+        self.body.matches("\"content\"").count()
+    }
+
+    fn cut(&self) -> bool {
+        self.body.contains("event: error\ndata: {")
+    }
+}
+
+/// `POST /v1/chat/completions` with `body` for `key`, read to its end.
+fn post(addr: SocketAddr, key: &str, body: &str) -> Answer {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("a read timeout");
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: example\r\nconnection: close\r\nx-api-key: {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Answer {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+const STREAM: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+fn serve(args: &[&str], store: &[&str]) -> ExampleServer {
+    let mut all = vec!["--serve", "--pace", "0ms", "--period", "1h"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(store);
+    ExampleServer::start("llm_gateway", &all)
+}
+
+/// The budget is 100 output tokens; a stream of 300 is cut: on the in-process store the debits answer at once,
+/// so it ends at exactly the budget; on Redis within one batch (10) of it. The next request is refused.
+fn cut_at_the_budget(store: &[&str], exact: bool) {
+    let server = serve(
+        &[
+            "--budget",
+            "100",
+            "--tokens",
+            "300",
+            "--batch",
+            "10",
+            "--on-exhausted",
+            "cut",
+        ],
+        store,
+    );
+    let answer = post(server.addr(), "alice", STREAM);
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.cut(), "not cut: {} tokens", answer.tokens());
+    assert!(
+        answer.body.contains("\"limiter\":\"tokens\""),
+        "{}",
+        answer.body
+    );
+    let served = answer.tokens();
+    if exact {
+        assert_eq!(served, 100);
+    } else {
+        assert!((100..=110).contains(&served), "served {served}");
+    }
+    assert!(
+        !answer.body.contains("[DONE]"),
+        "a cut stream ends at its error event"
+    );
+    let next = post(server.addr(), "alice", STREAM);
+    assert_eq!(next.status, 429, "{}", next.body);
+    // Another key has its own budget.
+    assert_eq!(post(server.addr(), "bob", STREAM).status, 200);
+}
+
+#[test]
+fn a_stream_is_cut_at_the_budget_in_process() {
+    cut_at_the_budget(&[], true);
+}
+
+#[test]
+fn a_stream_is_cut_at_the_budget_on_redis() {
+    let redis = RedisServer::start();
+    cut_at_the_budget(&["--redis-url", &redis.url()], false);
+}
+
+/// With `finish` a stream of 300 on a budget of 100 finishes, and the key owes the overdraft: its next request is
+/// refused for at least the time the store's largest debt (one budget) takes to repay, an hour here.
+#[test]
+fn a_finished_stream_owes_its_overdraft() {
+    let redis = RedisServer::start();
+    for store in [vec![], vec!["--redis-url".to_owned(), redis.url()]] {
+        let store: Vec<&str> = store.iter().map(String::as_str).collect();
+        let server = serve(
+            &[
+                "--budget",
+                "100",
+                "--tokens",
+                "300",
+                "--batch",
+                "10",
+                "--on-exhausted",
+                "finish",
+            ],
+            &store,
+        );
+        let answer = post(server.addr(), "carol", STREAM);
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.tokens(), 300, "{store:?}");
+        assert!(!answer.cut());
+        assert!(answer.body.contains("[DONE]"));
+        // On Redis the settle lands just after the stream's end.
+        std::thread::sleep(Duration::from_millis(300));
+        let next = post(server.addr(), "carol", STREAM);
+        assert_eq!(next.status, 429, "{store:?}: {}", next.body);
+        let retry: u64 = next
+            .header("retry-after")
+            .expect("a Retry-After")
+            .parse()
+            .unwrap();
+        assert!(retry >= 3600, "{store:?}: Retry-After {retry}");
+    }
+}
+
+/// A request reserves its `max_tokens` (80 of 100) up front; the stream ends after 10, and the 70 reserved and
+/// not spent are given back: a second request of 80 is admitted, with 10 left after its own reservation (without
+/// the refund it would be refused: 20 left).
+#[test]
+fn what_was_reserved_and_not_spent_is_refunded() {
+    let redis = RedisServer::start();
+    for store in [vec![], vec!["--redis-url".to_owned(), redis.url()]] {
+        let store: Vec<&str> = store.iter().map(String::as_str).collect();
+        let server = serve(&["--budget", "100", "--tokens", "10"], &store);
+        let body = r#"{"model":"m","stream":true,"max_tokens":80,"messages":[]}"#;
+        let first = post(server.addr(), "dave", body);
+        assert_eq!(first.status, 200);
+        assert_eq!(first.tokens(), 10);
+        assert!(
+            first
+                .header("ratelimit")
+                .is_some_and(|f| f.contains("r=20")),
+            "{:?}",
+            first.headers
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        let second = post(server.addr(), "dave", body);
+        assert_eq!(second.status, 200, "{store:?}: {}", second.body);
+        let field = second.header("ratelimit").unwrap_or_default();
+        assert!(field.contains("r=10"), "{store:?}: {field}");
+    }
+}
+
+/// Bad bodies: each a problem, never a reservation: after them the key still has its whole budget.
+#[test]
+fn bad_bodies_are_problems_and_reserve_nothing() {
+    let server = serve(
+        &["--budget", "100", "--tokens", "5", "--reserve", "16"],
+        &[],
+    );
+    let addr = server.addr();
+    for (body, status, says) in [
+        ("not json".to_owned(), 400, "not JSON"),
+        (r#"{"max_tokens": -1}"#.to_owned(), 400, "whole number"),
+        (
+            r#"{"max_tokens": 99999999999999}"#.to_owned(),
+            400,
+            "whole number",
+        ),
+        (
+            format!(r#"{{"pad": "{}"}}"#, "x".repeat(70 * 1024)),
+            413,
+            "over 65536 bytes",
+        ),
+    ] {
+        let answer = post(addr, "erin", &body);
+        assert_eq!(answer.status, status, "{}", answer.body);
+        assert_eq!(
+            answer.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert!(answer.body.contains(says), "{}", answer.body);
+    }
+    // No max_tokens: the default reservation, 16.
+    let answer = post(addr, "erin", STREAM);
+    assert_eq!(answer.status, 200);
+    let field = answer.header("ratelimit").unwrap_or_default();
+    assert!(field.contains("r=84"), "{field}");
+}
+
+/// The simulation (4 instances on a private Redis, 64 streaming clients) meets its goals and prints its JSON rows.
+#[test]
+fn the_simulation_meets_its_goals() {
+    let redis = RedisServer::start();
+    let output = Command::new(example("llm_gateway"))
+        .env_remove("REDIS_URL")
+        .args(["--redis-url", &redis.url()])
+        .args(["--json", "--check"])
+        .output()
+        .expect("run llm_gateway");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("a JSON row"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for (row, mode) in rows.iter().zip(["cut", "finish"]) {
+        assert_eq!(row["mode"], mode);
+        for key in [
+            "budget",
+            "served",
+            "over",
+            "streams_cut",
+            "redis_calls_per_1000_tokens",
+        ] {
+            assert!(row.get(key).is_some(), "{key} missing in {row}");
+        }
+        assert_eq!(row["budget"], 20000);
+    }
+    assert!(rows[0]["streams_cut"].as_u64().unwrap() > 0, "{stdout}");
+    assert_eq!(rows[1]["streams_cut"], 0);
+}
