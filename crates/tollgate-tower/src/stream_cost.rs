@@ -224,15 +224,17 @@ pub(crate) struct StreamCharge {
 }
 
 impl StreamCharge {
-    /// A charge for a request `charged` up front (0 for one admitted over the limit in shadow mode).
+    /// A charge for a request `charged` up front (0 for one admitted over the limit in shadow mode), admitted
+    /// with `left` remaining after it (when known).
     pub(crate) fn new(
         charger: Arc<dyn Charger>,
         key: String,
         streamed: Streamed,
         charged: u64,
         decided_at: Timestamp,
+        left: Option<u64>,
     ) -> Self {
-        let pool = charger.pools().join(&key);
+        let pool = charger.pools().join(&key, left);
         Self {
             charger,
             key,
@@ -258,20 +260,28 @@ impl StreamCharge {
         self.add(i64::try_from(more).unwrap_or(i64::MAX), now);
     }
 
-    /// Adds `delta` to the key's pool and debits the pool when its batch is due: its size (for a limiter that cuts,
-    /// at most what the last debit left), or its interval.
+    /// Adds `delta` to the key's pool and debits the pool when due: a batch's worth, the key's budget met as this
+    /// instance knows it (for a limiter that cuts, the key's streams are then cut at once, without waiting for the
+    /// store's answer), or the interval since the last debit.
     fn add(&self, delta: i64, now: Instant) {
         let mut state = self.pool.state();
         state.pending = state.pending.saturating_add(delta);
-        // A limiter that cuts debits no more than the key has left, so its streams meet the budget within a
-        // chunk; one that lets streams finish keeps its batch (a debt changes nothing of what it serves).
-        let batch = match self.streamed.on_exhausted {
-            Exhausted::Cut => self.streamed.batch.min(state.remaining.max(1)),
-            Exhausted::Finish => self.streamed.batch,
-        };
+        if state.left != u64::MAX {
+            state.left = if delta >= 0 {
+                state.left.saturating_sub(delta.unsigned_abs())
+            } else {
+                state.left.saturating_add(delta.unsigned_abs())
+            };
+        }
+        // Only a limiter that cuts acts on it: one that lets streams finish keeps its batches.
+        let met = delta > 0 && state.left == 0 && self.cuts();
+        if met {
+            self.pool.exhausted.store(true, Ordering::Release);
+        }
         let due = !state.in_flight
             && state.pending != 0
-            && (state.pending.unsigned_abs() >= batch
+            && (met
+                || state.pending.unsigned_abs() >= self.streamed.batch
                 || now.duration_since(state.last) >= self.streamed.every);
         if !due {
             return;
@@ -289,8 +299,10 @@ impl StreamCharge {
                 let mut state = pool.state();
                 state.in_flight = false;
                 if let Some(after) = after {
-                    state.remaining = after.remaining;
-                    let spent = !after.is_allowed() || after.remaining == 0;
+                    // What streamed while the debit was on its way is not in the answer.
+                    let since = u64::try_from(state.pending).unwrap_or(0);
+                    state.left = after.remaining.saturating_sub(since);
+                    let spent = !after.is_allowed() || state.left == 0;
                     pool.exhausted.store(spent, Ordering::Release);
                 }
             }),

@@ -60,8 +60,9 @@ pub(crate) struct PoolState {
     pub(crate) pending: i64,
     /// A debit is on its way (one at a time: what streams meanwhile waits for the next).
     pub(crate) in_flight: bool,
-    /// What the key had left after the last debit (`u64::MAX` before any).
-    pub(crate) remaining: u64,
+    /// What the key has left as this instance knows it: the store's last answer (a debit's, or an admission's)
+    /// less what streamed since (`u64::MAX` while unknown).
+    pub(crate) left: u64,
     /// When the last debit was made (or the pool opened).
     pub(crate) last: std::time::Instant,
 }
@@ -74,8 +75,9 @@ fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl StreamPools {
-    /// A stream of `key` begins: its pool (the key's budget is not spent: the stream was just admitted).
-    pub(crate) fn join(&self, key: &str) -> std::sync::Arc<KeyPool> {
+    /// A stream of `key` begins, admitted with `left` remaining after its reservation (when known): its pool
+    /// (the key's budget is not spent: the stream was just admitted).
+    pub(crate) fn join(&self, key: &str, left: Option<u64>) -> std::sync::Arc<KeyPool> {
         let mut keys = lock(&self.keys);
         let pooled = keys.entry(key.to_owned()).or_insert_with(|| Pooled {
             streams: 0,
@@ -83,13 +85,18 @@ impl StreamPools {
                 state: std::sync::Mutex::new(PoolState {
                     pending: 0,
                     in_flight: false,
-                    remaining: u64::MAX,
+                    left: u64::MAX,
                     last: std::time::Instant::now(),
                 }),
                 exhausted: std::sync::atomic::AtomicBool::new(false),
             }),
         });
         pooled.streams += 1;
+        if let Some(left) = left {
+            let mut state = lock(&pooled.pool.state);
+            let pending = u64::try_from(state.pending).unwrap_or(0);
+            state.left = state.left.min(left.saturating_sub(pending));
+        }
         pooled
             .pool
             .exhausted

@@ -101,7 +101,15 @@ impl Settle {
     ) {
         if let Some(verdict) = verdict {
             let allowed = verdict.decision.is_allowed();
-            let delta = self.on_response(respond, ticket, response, allowed, verdict.decision.now);
+            let left = allowed.then_some(verdict.decision.remaining);
+            let delta = self.on_response(
+                respond,
+                ticket,
+                response,
+                allowed,
+                verdict.decision.now,
+                left,
+            );
             if allowed {
                 shown_after_charge(verdict, delta, self.charger.charge_moves_reset());
             }
@@ -110,7 +118,8 @@ impl Settle {
 
     /// [`after`](Self::after) for a request decided at `decided_at`, `allowed` or over the limit (shadow mode):
     /// the delta charged now (a refund if negative). A cost read as the body streams is charged by the ledger the
-    /// response is handed (none charged now: the reservation is what the headers show).
+    /// response is handed (none charged now: the reservation is what the headers show), which starts from `left`,
+    /// what the admission left.
     pub(crate) fn on_response<Req, T, R: Respond<Req, T>>(
         &self,
         respond: &R,
@@ -118,6 +127,7 @@ impl Settle {
         response: &mut T,
         allowed: bool,
         decided_at: tollgate_core::Timestamp,
+        left: Option<u64>,
     ) -> i64 {
         if let crate::CostAfter::Streamed(streamed) = self.source {
             if let Some(ledger) = respond.stream_charges(ticket, response) {
@@ -128,6 +138,7 @@ impl Settle {
                     streamed,
                     charged,
                     decided_at,
+                    left,
                 ));
             }
             return 0;

@@ -473,15 +473,25 @@ impl<R, Tk> SetAnswer<R, Tk> {
             decided_at,
         } in &more.settles
         {
-            let delta =
-                settle.on_response(&self.respond, &self.ticket, response, *allowed, *decided_at);
-            if !*allowed {
-                continue;
-            }
             let shown = match own.as_deref_mut() {
                 Some(v) if v.limiter == *limiter => Some(v),
                 _ => more.rest.iter_mut().find(|v| v.limiter == *limiter),
             };
+            let left = shown
+                .as_ref()
+                .filter(|_| *allowed)
+                .map(|v| v.decision.remaining);
+            let delta = settle.on_response(
+                &self.respond,
+                &self.ticket,
+                response,
+                *allowed,
+                *decided_at,
+                left,
+            );
+            if !*allowed {
+                continue;
+            }
             if let Some(verdict) = shown {
                 shown_after_charge(verdict, delta, settle.charger.charge_moves_reset());
             }
