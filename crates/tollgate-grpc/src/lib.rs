@@ -43,6 +43,7 @@ pub mod grpc_limit;
 pub mod key;
 pub mod per_method;
 pub mod status;
+pub mod stream;
 
 pub use grpc_limit::{GrpcLimit, GrpcLimitLayer};
 pub use per_method::{MethodLimit, MethodLimitLayer};
