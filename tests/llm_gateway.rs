@@ -37,12 +37,18 @@ impl Answer {
 
 /// `POST /v1/chat/completions` with `body` for `key`, read to its end.
 fn post(addr: SocketAddr, key: &str, body: &str) -> Answer {
+    post_in(addr, key, "acme", body)
+}
+
+/// [`post`] for `key` of the organisation `org`.
+fn post_in(addr: SocketAddr, key: &str, org: &str, body: &str) -> Answer {
     let mut stream = TcpStream::connect(addr).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .expect("a read timeout");
     let request = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: example\r\nconnection: close\r\nx-api-key: {key}\r\n\
+         x-org: {org}\r\n\
          content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
@@ -226,13 +232,16 @@ fn bad_bodies_are_problems_and_reserve_nothing() {
     assert!(field.contains("r=84"), "{field}");
 }
 
-/// The simulation (4 instances on a private Redis, 64 streaming clients) meets its goals and prints its JSON rows.
+/// The simulation (4 instances on a private Redis, 64 streaming clients) meets its goals and prints its JSON
+/// rows.
 #[test]
 fn the_simulation_meets_its_goals() {
     let redis = RedisServer::start();
     let output = Command::new(example("llm_gateway"))
         .env_remove("REDIS_URL")
-        .args(["--redis-url", &redis.url()])
+        // At full speed: a key's streams on an instance then fill a batch well within the interval, on a loaded
+        // machine too (slower streams are debited by the interval: more calls per token).
+        .args(["--redis-url", &redis.url(), "--pace", "0ms"])
         .args(["--json", "--check"])
         .output()
         .expect("run llm_gateway");
@@ -260,4 +269,32 @@ fn the_simulation_meets_its_goals() {
     }
     assert!(rows[0]["streams_cut"].as_u64().unwrap() > 0, "{stdout}");
     assert_eq!(rows[1]["streams_cut"], 0);
+}
+
+/// Two budgets on one request, decided as one and each debited as the stream goes: 1 000 output tokens an hour
+/// per key, and 150 total tokens (input and output) a day per organisation. A stream of 300 is cut when the
+/// organisation's total reaches 150 (its input estimate is the body's size over 4); another key of the same
+/// organisation is then refused, a key of another one served.
+#[test]
+fn an_organisation_budget_beside_the_key_budget() {
+    let redis = RedisServer::start();
+    for store in [vec![], vec!["--redis-url".to_owned(), redis.url()]] {
+        let store: Vec<&str> = store.iter().map(String::as_str).collect();
+        let mut args = vec!["--budget", "1000", "--org-budget", "150", "--tokens", "300"];
+        args.extend(["--batch", "10", "--on-exhausted", "cut"]);
+        let server = serve(&args, &store);
+        let input = STREAM.len().div_ceil(4);
+        let first = post_in(server.addr(), "frank", "acme", STREAM);
+        assert_eq!(first.status, 200);
+        assert!(first.cut(), "{store:?}");
+        assert!(first.body.contains("\"limiter\":\"org\""), "{}", first.body);
+        assert_eq!(first.tokens(), 150 - input, "{store:?}");
+        assert_eq!(post_in(server.addr(), "grace", "acme", STREAM).status, 429);
+        let other = post_in(server.addr(), "heidi", "globex", STREAM);
+        assert_eq!(other.status, 200);
+        assert!(
+            other.cut(),
+            "the other organisation's own budget cuts it too"
+        );
+    }
 }

@@ -28,6 +28,7 @@ use tollgate::http::HttpLimitLayer;
 use tollgate::http::key::HeaderKey;
 use tollgate::http::stream::{MaxTokensLayer, OpenAiSse, Reserve, StreamCostLayer};
 use tollgate::redis::cli::RedisArgs;
+use tollgate::tower::limit::rate::RateLimitSetLayer;
 use tollgate::tower::stream_cost::{Exhausted, Streamed, Tokens};
 use tollgate::tower::{CostAfter, RateLimitLayer};
 use tollgate::{MemoryStore, Policy, Quota, Store};
@@ -59,6 +60,11 @@ pub(crate) struct Config {
     #[arg(long, value_name = "N", value_parser = cli::positive)]
     budget: Option<u64>,
 
+    /// Also a budget of total (input and output) tokens per day per x-org header, decided with the key's as one
+    /// (a request then needs the header)
+    #[arg(long, value_name = "N", value_parser = cli::positive)]
+    org_budget: Option<u64>,
+
     /// The budget's period (500ms, 1m, 1h, ...)
     #[arg(long, value_name = "DUR", default_value = "1h", value_parser = cli::duration)]
     period: Duration,
@@ -88,8 +94,8 @@ pub(crate) struct Config {
     #[arg(long, value_name = "DUR", default_value = "2ms", value_parser = cli::duration_or_zero)]
     pace: Duration,
 
-    /// The simulation's longest run per mode
-    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = cli::duration)]
+    /// The simulation's longest run per mode (it ends when every client was refused)
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = cli::duration)]
     seconds: Duration,
 
     /// Also print one JSON line per row (simulation)
@@ -135,27 +141,33 @@ impl Config {
     }
 }
 
-/// The gateway: the stand-in upstream behind a budget of `policy` output tokens per `x-api-key`, reserved up
-/// front, debited as the response streams, cut or owed at the budget as `mode` says.
+/// The gateway: the stand-in upstream behind a budget of `policy` output tokens per `x-api-key` (and, with
+/// `--org-budget`, of total tokens per day per `x-org`, decided with it as one), reserved up front, debited as the
+/// response streams, cut or owed at the budget as `mode` says.
 pub(crate) fn gateway<St: Store>(
     config: &Config,
     policy: Policy,
     store: Arc<St>,
     mode: Exhausted,
-) -> Router {
-    let streamed = Streamed::new(Tokens::Output)
-        .on_exhausted(mode)
-        .batch(config.batch, config.batch_interval);
-    let tokens = RateLimitLayer::new(
-        "tokens",
-        policy,
-        store,
-        HeaderKey::new(axum::http::HeaderName::from_static("x-api-key")),
-    )
-    .cost(Reserve::new(Tokens::Output, config.reserve))
-    .cost_after(CostAfter::Streamed(streamed));
+) -> Result<Router, String> {
+    let budget = |name: &'static str, policy: Policy, header: &'static str, tokens: Tokens| {
+        let streamed = Streamed::new(tokens)
+            .on_exhausted(mode)
+            .batch(config.batch, config.batch_interval);
+        let key = HeaderKey::new(axum::http::HeaderName::from_static(header));
+        RateLimitLayer::new(name, policy, store.clone(), key)
+            .cost(Reserve::new(tokens, config.reserve))
+            .cost_after(CostAfter::Streamed(streamed))
+    };
+    let mut limits = vec![(budget("tokens", policy, "x-api-key", Tokens::Output), true)];
+    if let Some(org_budget) = config.org_budget {
+        let per_day = Quota::new(org_budget, Duration::from_secs(86_400))
+            .map(Policy::token_bucket)
+            .map_err(|e| format!("--org-budget {org_budget}: {e}"))?;
+        limits.push((budget("org", per_day, "x-org", Tokens::Total), true));
+    }
     let upstream = config.upstream();
-    Router::new()
+    Ok(Router::new()
         .route(
             "/v1/chat/completions",
             post(move |body: Bytes| upstream.complete(body)),
@@ -164,8 +176,8 @@ pub(crate) fn gateway<St: Store>(
             tower::ServiceBuilder::new()
                 .layer(MaxTokensLayer::new(64 * 1024))
                 .layer(StreamCostLayer::new(OpenAiSse::new()))
-                .layer(HttpLimitLayer::new(tokens)),
-        )
+                .layer(HttpLimitLayer::new(RateLimitSetLayer::new(limits))),
+        ))
 }
 
 #[tokio::main]
@@ -196,7 +208,7 @@ async fn serve(config: &Config) -> Result<(), String> {
                 config.period,
                 config.redis.target().unwrap_or_default()
             );
-            gateway(config, policy, Arc::new(store), config.on_exhausted)
+            gateway(config, policy, Arc::new(store), config.on_exhausted)?
         }
         None => {
             println!(
@@ -209,7 +221,7 @@ async fn serve(config: &Config) -> Result<(), String> {
                 policy,
                 Arc::new(MemoryStore::new()),
                 config.on_exhausted,
-            )
+            )?
         }
     };
     axum::serve(listener, app).await.map_err(|e| e.to_string())

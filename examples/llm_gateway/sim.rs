@@ -59,6 +59,14 @@ impl Row {
     /// before the key is admitted again; on Redis, at most 10 calls per 1 000 tokens.
     fn misses(&self) -> Vec<String> {
         let mut misses = Vec::new();
+        if self.served < self.budget {
+            misses.push(format!(
+                "{}: the run ended ({:.0} s) before any key met its budget: nothing was measured (raise --seconds)",
+                mode_name(self.mode),
+                self.seconds
+            ));
+            return misses;
+        }
         match self.mode {
             Exhausted::Cut => {
                 if self.over > i64::try_from(self.slack).unwrap_or(i64::MAX) {
@@ -180,7 +188,10 @@ async fn one_mode<St: Store>(
     let mut addrs = Vec::new();
     let mut servers = Vec::new();
     for store in stores {
-        let app = gateway(config, policy, store.clone(), mode);
+        let app = match gateway(config, policy, store.clone(), mode) {
+            Ok(app) => app,
+            Err(e) => crate::cli::fail(e),
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a local port");
@@ -288,6 +299,8 @@ fn request(addr: SocketAddr, key: &str) -> http::Request<Full<axum::body::Bytes>
     let body = r#"{"model":"stand-in","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello"}]}"#;
     http::Request::post(format!("http://{addr}/v1/chat/completions"))
         .header("x-api-key", key)
+        // Every key of a run is in one organisation (read with --org-budget).
+        .header("x-org", key.rsplit_once('-').map_or(key, |(run, _)| run))
         .header("content-type", "application/json")
         .body(Full::new(axum::body::Bytes::from_static(body.as_bytes())))
         .expect("a valid request")
