@@ -150,17 +150,45 @@ impl<'de> Deserialize<'de> for KeySpec {
     }
 }
 
-/// `cost-after`: `header:<name>` (a response header, gRPC: response metadata, holding a whole number) or
-/// `extension` (the `FinalCost` the handler puts in the response's extensions).
+/// `cost-after`: `header:<name>` (a response header, gRPC: response metadata, holding a whole number),
+/// `extension` (the `FinalCost` the handler puts in the response's extensions), or `stream:<count>[:cut|:finish]`
+/// (counted as the body streams, by a `StreamCostLayer` around the limiters).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CostAfterSpec(pub(crate) tollgate_tower::CostAfter);
 
-const COST_AFTER_EXPECTED: &str = "header:<name> or extension";
+const COST_AFTER_EXPECTED: &str =
+    "header:<name>, extension, or stream:<input|output|total>[:cut|:finish]";
 
 fn cost_after(text: &str) -> Result<tollgate_tower::CostAfter, String> {
     use tollgate_tower::CostAfter;
+    use tollgate_tower::stream_cost::{Exhausted, Streamed, Tokens};
     if text == "extension" {
         return Ok(CostAfter::Extension);
+    }
+    if let Some(rest) = text.strip_prefix("stream:") {
+        let (tokens, exhausted) = rest.split_once(':').unwrap_or((rest, "finish"));
+        let tokens = match tokens {
+            "input" => Tokens::Input,
+            "output" => Tokens::Output,
+            "total" => Tokens::Total,
+            _ => {
+                return Err(format!(
+                    "unknown streamed count {tokens:?} in {text:?}: expected input, output or total"
+                ));
+            }
+        };
+        let exhausted = match exhausted {
+            "cut" => Exhausted::Cut,
+            "finish" => Exhausted::Finish,
+            _ => {
+                return Err(format!(
+                    "unknown {exhausted:?} in {text:?}: expected cut or finish at the budget"
+                ));
+            }
+        };
+        return Ok(CostAfter::Streamed(
+            Streamed::new(tokens).on_exhausted(exhausted),
+        ));
     }
     match text.strip_prefix("header:") {
         Some(name) if http::HeaderName::try_from(name).is_ok() => {
@@ -290,6 +318,27 @@ mod tests {
     fn cost_after_is_a_header_or_the_extension() {
         use tollgate_tower::CostAfter;
         assert_eq!(cost_after("extension"), Ok(CostAfter::Extension));
+        use tollgate_tower::stream_cost::{Exhausted, Streamed, Tokens};
+        assert_eq!(
+            cost_after("stream:total:cut"),
+            Ok(CostAfter::Streamed(
+                Streamed::new(Tokens::Total).on_exhausted(Exhausted::Cut)
+            ))
+        );
+        assert_eq!(
+            cost_after("stream:output"),
+            Ok(CostAfter::Streamed(Streamed::new(Tokens::Output)))
+        );
+        assert!(
+            cost_after("stream:words")
+                .unwrap_err()
+                .contains("input, output or total")
+        );
+        assert!(
+            cost_after("stream:output:stop")
+                .unwrap_err()
+                .contains("cut or finish")
+        );
         assert_eq!(
             cost_after("header:X-Cost"),
             Ok(CostAfter::Header("x-cost".into()))
@@ -307,7 +356,7 @@ mod tests {
         assert!(
             cost_after("body")
                 .unwrap_err()
-                .contains("expected header:<name> or extension")
+                .contains("expected header:<name>, extension, or stream:")
         );
     }
 

@@ -220,7 +220,7 @@ fn bad_values_name_what_was_expected() {
         ("exempt = [\"\"]", "6:11: an empty key value"),
         (
             "cost-after = \"body\"",
-            "6:14: unknown cost-after \"body\": expected header:<name> or extension",
+            "6:14: unknown cost-after \"body\": expected header:<name>, extension, or stream:<input|output|total>[:cut|:finish]",
         ),
         (
             "cost-after = \"header:x cost\"",
