@@ -2,75 +2,37 @@
 //! the in-process store and on a private Redis: a stream cut at the budget, a stream finished and its overdraft
 //! owed, a reservation refunded, bad bodies answered with problems, and the simulation's goals.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
 use tollgate_testkit::examples::{ExampleServer, example};
+use tollgate_testkit::http::{self, Reply};
 use tollgate_testkit::redis::RedisServer;
 
-/// An answer: its status, headers (names in lower case) and body as it came (chunked framing included).
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
+/// The content chunks a stream carried (one token each).
+fn tokens(answer: &Reply) -> usize {
+    answer.body.matches("\"content\"").count()
 }
 
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The content chunks the stream carried (one token each).
-    fn tokens(&self) -> usize {
-        self.body.matches("\"content\"").count()
-    }
-
-    fn cut(&self) -> bool {
-        self.body.contains("event: error\ndata: {")
-    }
+/// Whether a stream was cut: it ends with an SSE error event.
+fn cut(answer: &Reply) -> bool {
+    answer.body.contains("event: error\ndata: {")
 }
 
-/// `POST /v1/chat/completions` with `body` for `key`, read to its end.
-fn post(addr: SocketAddr, key: &str, body: &str) -> Answer {
+/// `POST /v1/chat/completions` with `body` for `key` of the organisation `acme`.
+fn post(addr: SocketAddr, key: &str, body: &str) -> Reply {
     post_in(addr, key, "acme", body)
 }
 
 /// [`post`] for `key` of the organisation `org`.
-fn post_in(addr: SocketAddr, key: &str, org: &str, body: &str) -> Answer {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("a read timeout");
-    let request = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: example\r\nconnection: close\r\nx-api-key: {key}\r\n\
-         x-org: {org}\r\n\
-         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {response:?}"));
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Answer {
-        status,
-        headers,
-        body: body.to_owned(),
-    }
+fn post_in(addr: SocketAddr, key: &str, org: &str, body: &str) -> Reply {
+    let headers = [
+        ("x-api-key", key),
+        ("x-org", org),
+        ("content-type", "application/json"),
+    ];
+    http::post(addr, "/v1/chat/completions", &headers, body)
 }
 
 const STREAM: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
@@ -99,7 +61,7 @@ fn cut_at_the_budget(store: &[&str]) {
     );
     let answer = post(server.addr(), "alice", STREAM);
     assert_eq!(answer.status, 200, "{}", answer.body);
-    assert!(answer.cut(), "not cut: {} tokens", answer.tokens());
+    assert!(cut(&answer), "not cut: {} tokens", tokens(&answer));
     assert!(
         answer.body.contains("\"limiter\":\"tokens\""),
         "{}",
@@ -107,7 +69,7 @@ fn cut_at_the_budget(store: &[&str]) {
     );
     // The admission said what was left after the reservation: the instance cuts at exactly the budget, on
     // either store, without waiting for a debit's answer.
-    assert_eq!(answer.tokens(), 100);
+    assert_eq!(tokens(&answer), 100);
     assert!(
         !answer.body.contains("[DONE]"),
         "a cut stream ends at its error event"
@@ -134,8 +96,8 @@ fn a_stream_is_cut_at_the_budget_on_redis() {
 #[test]
 fn a_finished_stream_owes_its_overdraft() {
     let redis = RedisServer::start();
-    for store in [vec![], vec!["--redis-url".to_owned(), redis.url()]] {
-        let store: Vec<&str> = store.iter().map(String::as_str).collect();
+    let url = redis.url();
+    for store in [&[][..], &["--redis-url", &url][..]] {
         let server = serve(
             &[
                 "--budget",
@@ -147,12 +109,12 @@ fn a_finished_stream_owes_its_overdraft() {
                 "--on-exhausted",
                 "finish",
             ],
-            &store,
+            store,
         );
         let answer = post(server.addr(), "carol", STREAM);
         assert_eq!(answer.status, 200);
-        assert_eq!(answer.tokens(), 300, "{store:?}");
-        assert!(!answer.cut());
+        assert_eq!(tokens(&answer), 300, "{store:?}");
+        assert!(!cut(&answer));
         assert!(answer.body.contains("[DONE]"));
         // On Redis the settle lands just after the stream's end.
         std::thread::sleep(Duration::from_millis(300));
@@ -173,13 +135,13 @@ fn a_finished_stream_owes_its_overdraft() {
 #[test]
 fn what_was_reserved_and_not_spent_is_refunded() {
     let redis = RedisServer::start();
-    for store in [vec![], vec!["--redis-url".to_owned(), redis.url()]] {
-        let store: Vec<&str> = store.iter().map(String::as_str).collect();
-        let server = serve(&["--budget", "100", "--tokens", "10"], &store);
+    let url = redis.url();
+    for store in [&[][..], &["--redis-url", &url][..]] {
+        let server = serve(&["--budget", "100", "--tokens", "10"], store);
         let body = r#"{"model":"m","stream":true,"max_tokens":80,"messages":[]}"#;
         let first = post(server.addr(), "dave", body);
         assert_eq!(first.status, 200);
-        assert_eq!(first.tokens(), 10);
+        assert_eq!(tokens(&first), 10);
         assert!(
             first
                 .header("ratelimit")
@@ -278,22 +240,22 @@ fn the_simulation_meets_its_goals() {
 #[test]
 fn an_organisation_budget_beside_the_key_budget() {
     let redis = RedisServer::start();
-    for store in [vec![], vec!["--redis-url".to_owned(), redis.url()]] {
-        let store: Vec<&str> = store.iter().map(String::as_str).collect();
+    let url = redis.url();
+    for store in [&[][..], &["--redis-url", &url][..]] {
         let mut args = vec!["--budget", "1000", "--org-budget", "150", "--tokens", "300"];
         args.extend(["--batch", "10", "--on-exhausted", "cut"]);
-        let server = serve(&args, &store);
+        let server = serve(&args, store);
         let input = STREAM.len().div_ceil(4);
         let first = post_in(server.addr(), "frank", "acme", STREAM);
         assert_eq!(first.status, 200);
-        assert!(first.cut(), "{store:?}");
+        assert!(cut(&first), "{store:?}");
         assert!(first.body.contains("\"limiter\":\"org\""), "{}", first.body);
-        assert_eq!(first.tokens(), 150 - input, "{store:?}");
+        assert_eq!(tokens(&first), 150 - input, "{store:?}");
         assert_eq!(post_in(server.addr(), "grace", "acme", STREAM).status, 429);
         let other = post_in(server.addr(), "heidi", "globex", STREAM);
         assert_eq!(other.status, 200);
         assert!(
-            other.cut(),
+            cut(&other),
             "the other organisation's own budget cuts it too"
         );
     }

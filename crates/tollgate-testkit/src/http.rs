@@ -43,15 +43,39 @@ impl Reply {
 /// If the server cannot be reached, does not answer within 20 s, or answers without a status line.
 #[must_use]
 pub fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    exchange(addr, "GET", path, headers, "")
+}
+
+/// `POST path` with `headers` and `body` (its `content-length` added) over a new connection, read to its end (a
+/// chunked body as it came, framing included).
+///
+/// # Panics
+/// As [`get`].
+#[must_use]
+pub fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let length = body.len().to_string();
+    let mut all = headers.to_vec();
+    all.push(("content-length", &length));
+    exchange(addr, "POST", path, &all, body)
+}
+
+fn exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
     let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
     stream
         .set_read_timeout(Some(Duration::from_secs(20)))
         .expect("a read timeout");
-    let mut request = format!("GET {path} HTTP/1.1\r\nhost: example\r\nconnection: close\r\n");
+    let mut request = format!("{method} {path} HTTP/1.1\r\nhost: example\r\nconnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
+    request.push_str(body);
     stream.write_all(request.as_bytes()).expect("send");
     let mut response = String::new();
     stream.read_to_string(&mut response).expect("read");
