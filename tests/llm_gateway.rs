@@ -38,7 +38,11 @@ fn post_in(addr: SocketAddr, key: &str, org: &str, body: &str) -> Reply {
 const STREAM: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
 
 fn serve(args: &[&str], store: &[&str]) -> ExampleServer {
-    let mut all = vec!["--serve", "--pace", "0ms", "--period", "1h"];
+    let mut all = vec!["--serve", "--period", "1h"];
+    // At full speed unless the test paces the stand-in itself.
+    if !args.contains(&"--pace") {
+        all.extend(["--pace", "0ms"]);
+    }
     all.extend_from_slice(args);
     all.extend_from_slice(store);
     ExampleServer::start("llm_gateway", &all)
@@ -259,4 +263,35 @@ fn an_organisation_budget_beside_the_key_budget() {
             "the other organisation's own budget cuts it too"
         );
     }
+}
+
+/// A client that goes away mid-stream: the stream is settled at what it streamed, not at nothing (the
+/// reservation) and not at what it would have streamed (300).
+#[test]
+fn a_client_that_goes_away_is_charged_what_streamed() {
+    use std::io::{Read, Write};
+    let server = serve(
+        &["--budget", "1000", "--tokens", "300", "--pace", "5ms"],
+        &[],
+    );
+    let mut stream = std::net::TcpStream::connect(server.addr()).expect("connect");
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: example\r\nx-api-key: ivan\r\nx-org: acme\r\n\
+         content-length: {}\r\n\r\n{STREAM}",
+        STREAM.len()
+    );
+    stream.write_all(request.as_bytes()).expect("send");
+    let (mut seen, mut buf) = (String::new(), [0u8; 4096]);
+    while seen.matches("\"content\"").count() < 50 {
+        let n = stream.read(&mut buf).expect("read");
+        assert!(n > 0, "the stream ended early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    drop(stream);
+    std::thread::sleep(Duration::from_millis(300));
+    let next = post(server.addr(), "ivan", STREAM);
+    assert_eq!(next.status, 200);
+    // 1 000 less what streamed (at least the 50 read) and this request's own 16.
+    let left = next.remaining().expect("a RateLimit field");
+    assert!((700..=934).contains(&left), "{left} left");
 }
