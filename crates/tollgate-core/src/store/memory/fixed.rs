@@ -8,7 +8,10 @@ use crate::algorithm::lockout;
 use crate::algorithm::sliding_window::SlidingWindowState;
 use crate::{Decision, Policy, StoreError, Timestamp};
 
-use super::{MemoryStore, WindowEntry, WithLockout, lock};
+use super::MemoryStore;
+use super::decide::WithLockout;
+use super::entry::{Window, WindowEntry};
+use super::lock::lock;
 
 /// Mixed into a key's digest for its fixed-window state (any odd constant: distinct keys stay distinct).
 const FIXED_WINDOW_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -46,7 +49,7 @@ impl<C: crate::Clock> MemoryStore<C> {
             now,
             bound,
             log,
-            super::Window::fixed(policy),
+            Window::fixed(policy),
             WithLockout(|s: Option<lockout::Locked<SlidingWindowState>>| {
                 let s = s.map(|s| lockout::Locked {
                     state: to_fixed(s.state),
@@ -76,7 +79,7 @@ impl<C: crate::Clock> MemoryStore<C> {
         let hash = hash ^ FIXED_WINDOW_SALT;
         let lockout = policy.lockout_micros();
         let state = self
-            .locked_window(hash, lockout, super::Window::fixed(policy))
+            .locked_window(hash, lockout, Window::fixed(policy))
             .map(|s| lockout::Locked {
                 state: to_fixed(s.state),
                 locked_until: s.locked_until,

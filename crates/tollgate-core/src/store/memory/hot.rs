@@ -14,7 +14,7 @@ use std::cell::Cell;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU64, fence};
 
-use super::Entry;
+use super::entry::Entry;
 use crate::Decision;
 use crate::store::table::VISITED;
 

@@ -15,7 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{BucketEntry, MemoryStore, WindowEntry, WithLockout, lock};
+use super::MemoryStore;
+use super::decide::WithLockout;
+use super::entry::{BucketEntry, Window, WindowEntry};
+use super::lock::lock;
 use crate::algorithm::Step;
 use crate::algorithm::lockout::{self, Locked};
 use crate::algorithm::sliding_window_lease::{self, WindowBook};
@@ -106,7 +109,7 @@ impl<C: Clock> MemoryStore<C> {
                     now,
                     bound,
                     log,
-                    super::Window::sliding(policy),
+                    Window::sliding(policy),
                     WithLockout(|s: Option<Locked<_>>| {
                         let locked_until = s.map_or(0, |s| s.locked_until);
                         let (g, state) =

@@ -11,12 +11,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod builder;
+mod decide;
+mod entry;
 // The fixed window's and the token leases' parts of the store, on its shards.
 mod fixed;
 mod hot;
 mod lease;
+mod lock;
+mod lockouts;
+mod shard;
 
-use parking_lot::{Mutex, MutexGuard};
 use std::fmt;
 use std::future::{Future, ready};
 use std::hash::{BuildHasher, Hasher};
@@ -27,20 +32,20 @@ use crate::algorithm::Step;
 use crate::algorithm::charge;
 use crate::algorithm::lockout::{self, Locked};
 use crate::algorithm::sliding_window::{self, SlidingWindowState};
-use crate::algorithm::token_bucket::{self, TokenBucketState};
+use crate::algorithm::token_bucket;
 use crate::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
-use crate::{Algorithm, Clock, Decision, Name, Policy, Store, StoreError, SystemClock, Timestamp};
-use hashbrown::HashTable;
+use crate::{Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, Timestamp};
 
-use super::evictions::{DEFAULT_NAME, EvictionCounts, EvictionLog, OnFull};
-use super::table::{Arena, Expiry, Hand, SECOND, Slab, VISITED, sharding};
-use hot::HotEntry;
+use super::evictions::{EvictionCounts, EvictionLog, OnFull};
+pub use builder::MemoryStoreBuilder;
+use decide::{Check, WithLockout};
+use entry::{BucketEntry, Window, WindowEntry};
 use lease::LeaseBooks;
+use lock::{ShardLock, lock};
+use shard::Bound;
 
 /// Default bound on tracked keys: about 40 MB of state at worst.
 pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
-/// A shard is not swept below this many keys.
-const MIN_SWEEP: usize = 64;
 
 /// In-process state for any number of keys and policies.
 ///
@@ -114,14 +119,6 @@ pub struct MemoryStore<C = SystemClock> {
     pub(super) leases: LeaseBooks,
 }
 
-/// The bound, as each shard applies it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Bound {
-    shard_capacity: usize,
-    max_keys: usize,
-    on_full: OnFull,
-}
-
 impl<C> fmt::Debug for MemoryStore<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
@@ -156,78 +153,6 @@ impl MemoryStore {
 impl Default for MemoryStore {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-/// Configures a [`MemoryStore`].
-#[derive(Debug, Clone)]
-#[must_use]
-pub struct MemoryStoreBuilder<C = SystemClock> {
-    max_keys: usize,
-    shards: Option<usize>,
-    on_full: OnFull,
-    name: Option<Name>,
-    clock: C,
-}
-
-impl<C: Clock> MemoryStoreBuilder<C> {
-    /// Tracks at most `max_keys` keys (at least 1).
-    pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.max_keys = max_keys.max(1);
-        self
-    }
-
-    /// Uses `shards` shards, rounded up to a power of two (default: 16 × the available cores); fewer when the
-    /// bound gives each under 256 keys, more when it gives each over 16 M.
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = Some(shards);
-        self
-    }
-
-    /// What a full store does with a new key: evict (the default) or refuse.
-    pub fn on_full(mut self, on_full: OnFull) -> Self {
-        self.on_full = on_full;
-        self
-    }
-
-    /// The `limiter` label of this store's `tollgate_evictions_total` and warnings (default
-    /// [`"memory_store"`](super::DEFAULT_NAME)). A store only knows the name it is given: name it after the
-    /// limiter it serves; a store shared by several limiters counts their evictions together.
-    pub fn name(mut self, name: impl Into<Name>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// Takes time from `clock` instead of the system clock.
-    pub fn clock<C2: Clock>(self, clock: C2) -> MemoryStoreBuilder<C2> {
-        MemoryStoreBuilder {
-            max_keys: self.max_keys,
-            shards: self.shards,
-            on_full: self.on_full,
-            name: self.name,
-            clock,
-        }
-    }
-
-    /// Builds the store.
-    #[must_use]
-    pub fn build(self) -> MemoryStore<C> {
-        let (count, shard_capacity) = sharding(self.shards, self.max_keys);
-        let seed = RandomState::new();
-        MemoryStore {
-            shards: (0..count).map(|_| ShardLock::default()).collect(),
-            seed,
-            shard_shift: 40 - count.trailing_zeros().min(24),
-            shard_mask: count - 1,
-            bound: Bound {
-                shard_capacity,
-                max_keys: self.max_keys,
-                on_full: self.on_full,
-            },
-            log: EvictionLog::new(self.name.unwrap_or(Name::from(DEFAULT_NAME))),
-            clock: self.clock,
-            leases: LeaseBooks::default(),
-        }
     }
 }
 
@@ -399,7 +324,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// A sliding-window slab entry's state with its lockout end, read only (the fixed window keeps its state there).
-    pub(super) fn locked_window(
+    fn locked_window(
         &self,
         hash: u64,
         lockout_us: u64,
@@ -486,7 +411,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The key's shard: the digest's `log2(shards)` bits below bit 40.
     #[inline(always)]
-    pub(super) fn shard(&self, hash: u64) -> &ShardLock {
+    fn shard(&self, hash: u64) -> &ShardLock {
         // Shift and mask derived once (the test for one shard and the `min` per check were ~8 instructions of the
         // steady path, by `memory_store`'s instruction counts).
         &self.shards[(hash >> self.shard_shift) as usize & self.shard_mask]
@@ -506,8 +431,8 @@ impl<C: Clock> MemoryStore<C> {
         &self.seed
     }
 
-    /// The bound and the eviction log, as [`Shard::apply`] takes them.
-    pub(super) fn bound_and_log(&self) -> (&Bound, &EvictionLog) {
+    /// The bound and the eviction log, as [`Shard::apply`](shard::Shard::apply) takes them.
+    fn bound_and_log(&self) -> (&Bound, &EvictionLog) {
         (&self.bound, &self.log)
     }
 
@@ -605,651 +530,5 @@ fn charged<S: Copy + Default>(
     Step {
         decision: charge::decision(state, lockout_us, decide),
         state: Some(state),
-    }
-}
-
-/// A shard behind its lock (parking_lot's: under two threads on one key it spins adaptively before parking, where
-/// std's convoyed; and a shard cannot be poisoned), and the shard's hot entry, which checks of its key decide on
-/// without the lock.
-#[derive(Default)]
-pub(super) struct ShardLock {
-    shard: Mutex<Shard>,
-    hot: HotEntry,
-}
-
-impl ShardLock {
-    /// A request's check without a lockout: on the shard's [`HotEntry`] if it is the key's, without the lock;
-    /// otherwise under the lock, after which a key this thread checked twice in a row becomes the hot entry.
-    #[inline]
-    fn check<E: Entry>(
-        &self,
-        hash: u64,
-        now: Timestamp,
-        bound: &Bound,
-        log: &EvictionLog,
-        ctx: E::Ctx,
-        check: Check<'_>,
-    ) -> Result<Decision, StoreError> {
-        let key = hot::key_word::<E>(hash);
-        match self
-            .hot
-            .decide(key, |state| on_copy::<E>(state, ctx, check))
-        {
-            Ok(decision) => return Ok(decision),
-            Err(true) => {
-                if let Some(decision) = self.retry_hot::<E>(key, ctx, check) {
-                    return Ok(decision);
-                }
-            }
-            Err(false) => {}
-        }
-        let mut shard = lock(self);
-        let decision = shard.apply::<E, _>(hash, now, bound, log, ctx, check)?;
-        if hot::repeated(key)
-            && let Some(entry) = E::slab_ref(&shard.slabs).get(hash)
-        {
-            self.hot.offer(key, E::to_words(entry.state(ctx), ctx));
-        }
-        Ok(decision)
-    }
-
-    /// The tries on the hot entry after one raced with another thread's write (as governor's compare-and-swap loop
-    /// does), up to [`hot::TRIES`] in all; `None`: the lock decides.
-    #[cold]
-    #[inline(never)]
-    fn retry_hot<E: Entry>(&self, key: u64, ctx: E::Ctx, check: Check<'_>) -> Option<Decision> {
-        for _ in 1..hot::TRIES {
-            std::hint::spin_loop();
-            match self
-                .hot
-                .decide(key, |state| on_copy::<E>(state, ctx, check))
-            {
-                Ok(decision) => return Some(decision),
-                Err(true) => {}
-                Err(false) => return None,
-            }
-        }
-        None
-    }
-}
-
-/// A check on a hot entry's state words: the decision and, for an admission, the words to write.
-#[inline(always)]
-fn on_copy<E: Entry>(
-    state: [u64; 3],
-    ctx: E::Ctx,
-    check: Check<'_>,
-) -> (Decision, Option<[u64; 4]>) {
-    let step = E::check(
-        Some(E::state_of(state)),
-        check.policy,
-        check.cost,
-        check.now,
-    );
-    (
-        step.decision,
-        step.state.map(|state| E::to_words(state, ctx)),
-    )
-}
-
-/// The shard's lock, for every step but a check on the hot entry. The hot entry is put back into its node first:
-/// whatever the holder reads or writes, each key's state is in its node.
-#[inline]
-pub(super) fn lock(shard: &ShardLock) -> MutexGuard<'_, Shard> {
-    let mut guard = shard.shard.lock();
-    if let Some((key, words)) = shard.hot.take() {
-        if hot::is_bucket(key) {
-            guard.slabs.put_back::<BucketEntry>(key, words);
-        } else {
-            guard.slabs.put_back::<WindowEntry>(key, words);
-        }
-    }
-    guard
-}
-
-/// How a shard's `apply` decides: a request without a lockout ([`Check`]), any step on the algorithm's state (a
-/// closure), or a step on the state with its lockout ([`WithLockout`]: a lockout policy, a charge, a lease).
-pub(super) trait Decide<S> {
-    /// Whether the step reads and may set the key's lockout (in the shard's lockout table).
-    const LOCKOUT: bool;
-    /// The step on the key's state (`None`: not held) under the lockout ending at `locked_until` (0: none, or not
-    /// read), and the lockout end to keep with the new state.
-    fn decide<E: Entry<State = S>>(self, state: Option<S>, locked_until: u64) -> (Step<S>, u64);
-}
-
-impl<S, F: FnOnce(Option<S>) -> Step<S>> Decide<S> for F {
-    const LOCKOUT: bool = false;
-    #[inline]
-    fn decide<E: Entry<State = S>>(self, state: Option<S>, _: u64) -> (Step<S>, u64) {
-        (self(state), 0)
-    }
-}
-
-/// A request's check without a lockout: [`Entry::check`], a direct call the compiler inlines (a closure measured
-/// called out of line, ~50 instructions more per check).
-#[derive(Clone, Copy)]
-struct Check<'a> {
-    policy: &'a Policy,
-    cost: u64,
-    now: Timestamp,
-}
-
-impl<S> Decide<S> for Check<'_> {
-    const LOCKOUT: bool = false;
-    #[inline(always)]
-    fn decide<E: Entry<State = S>>(self, state: Option<S>, _: u64) -> (Step<S>, u64) {
-        (E::check(state, self.policy, self.cost, self.now), 0)
-    }
-}
-
-/// A step on the state and its lockout ([`lockout::decide`], a charge), for the policies that have one.
-pub(super) struct WithLockout<F>(pub(super) F);
-
-impl<S: Copy, F: FnOnce(Option<Locked<S>>) -> Step<Locked<S>>> Decide<S> for WithLockout<F> {
-    const LOCKOUT: bool = true;
-    #[inline(always)]
-    fn decide<E: Entry<State = S>>(self, state: Option<S>, locked_until: u64) -> (Step<S>, u64) {
-        let step = (self.0)(state.map(|state| Locked {
-            state,
-            locked_until,
-        }));
-        let kept = step.state.map_or(locked_until, |s| s.locked_until);
-        let step = Step {
-            decision: step.decision,
-            state: step.state.map(|s| s.state),
-        };
-        (step, kept)
-    }
-}
-
-/// A stored algorithm state, which knows when it has decayed back to "fresh" (its lockout aside, which the
-/// shard's lockout table keeps).
-pub(super) trait Entry: Copy + Expiry {
-    type State: Copy;
-    /// What the entry needs besides the state to be written and read back: a window's period.
-    type Ctx: Copy;
-    /// Tells this algorithm's links from the other's under the shard's one hand.
-    const TAG: u32;
-    fn slab(slabs: &mut Slabs) -> &mut Slab<Self>;
-    fn slab_ref(slabs: &Slabs) -> &Slab<Self>;
-    /// A request's decision, without a lockout.
-    fn check(
-        state: Option<Self::State>,
-        policy: &Policy,
-        cost: u64,
-        now: Timestamp,
-    ) -> Step<Self::State>;
-    fn new(state: Self::State, ctx: Self::Ctx) -> Self;
-    fn state(&self, ctx: Self::Ctx) -> Self::State;
-    /// The entry of `state` as a shard's hot entry ([`HotEntry`]) keeps it: the state in the first three words
-    /// (decided on as they are, with no conversion), then what else the entry holds.
-    fn to_words(state: Self::State, ctx: Self::Ctx) -> [u64; 4];
-    /// The state in a hot entry's first three words.
-    fn state_of(words: [u64; 3]) -> Self::State;
-    /// The entry back from a hot entry's words.
-    fn from_words(words: [u64; 4]) -> Self;
-}
-
-/// A token bucket's entry: its state alone, 16 bytes (a lockout, if any, is in the shard's lockout table).
-#[derive(Clone, Copy)]
-pub(super) struct BucketEntry(TokenBucketState);
-
-/// A bucket lives until it is full again.
-impl Expiry for BucketEntry {
-    fn expires_at(&self) -> u64 {
-        self.0.full_at
-    }
-}
-
-impl Entry for BucketEntry {
-    type State = TokenBucketState;
-    type Ctx = ();
-    const TAG: u32 = 0;
-    #[inline]
-    fn slab(slabs: &mut Slabs) -> &mut Slab<Self> {
-        &mut slabs.buckets
-    }
-    fn slab_ref(slabs: &Slabs) -> &Slab<Self> {
-        &slabs.buckets
-    }
-    #[inline(always)]
-    fn check(
-        state: Option<TokenBucketState>,
-        policy: &Policy,
-        cost: u64,
-        now: Timestamp,
-    ) -> Step<TokenBucketState> {
-        token_bucket::decide(state, policy.quota_ref(), cost, now)
-    }
-    #[inline(always)]
-    fn new(state: TokenBucketState, (): ()) -> Self {
-        Self(state)
-    }
-    #[inline(always)]
-    fn state(&self, (): ()) -> TokenBucketState {
-        self.0
-    }
-    #[inline(always)]
-    fn to_words(state: TokenBucketState, (): ()) -> [u64; 4] {
-        [state.full_at, state.remainder, 0, 0]
-    }
-    #[inline(always)]
-    fn state_of([full_at, remainder, _]: [u64; 3]) -> TokenBucketState {
-        TokenBucketState { full_at, remainder }
-    }
-    #[inline(always)]
-    fn from_words([full_at, remainder, ..]: [u64; 4]) -> Self {
-        Self(TokenBucketState { full_at, remainder })
-    }
-}
-
-// A node is its key word and its state, nothing more: the visited mark rides in the key's word.
-const _: () = assert!(size_of::<super::table::Node<BucketEntry>>() == 24);
-const _: () = assert!(size_of::<super::table::Node<WindowEntry>>() == 32);
-
-/// A window's entry, 24 bytes: its counts and the instant it expires, from which (with the period) its window's
-/// start is read back; the window's start is a multiple of the period, and the entry expires a whole number of
-/// periods after it ([`Window::periods`]), so nothing is lost.
-#[derive(Clone, Copy)]
-pub(super) struct WindowEntry {
-    /// The state's reset: the window's start plus [`Window::periods`] periods.
-    expires_at: u64,
-    previous: u64,
-    current: u64,
-}
-
-/// How a window's entry is written and read back: its policy's period, and whether the state is a fixed window's
-/// (kept in the sliding window's slab, `previous` unused).
-#[derive(Clone, Copy)]
-pub(super) struct Window {
-    period: u64,
-    fixed: bool,
-}
-
-impl Window {
-    /// A sliding window counter's entries under `policy`.
-    #[inline(always)]
-    pub(super) fn sliding(policy: &Policy) -> Self {
-        Self {
-            period: policy.quota_ref().period_micros(),
-            fixed: false,
-        }
-    }
-
-    /// A fixed window's entries under `policy`.
-    pub(super) fn fixed(policy: &Policy) -> Self {
-        Self {
-            period: policy.quota_ref().period_micros(),
-            fixed: true,
-        }
-    }
-
-    /// How many periods after its window's start a state stops mattering (its reset): two while the current
-    /// window holds requests (its count still weighs in the next one), one while only the previous does or a fixed
-    /// window's does, none when nothing is counted (it is as good as fresh then).
-    #[inline(always)]
-    fn periods(self, previous: u64, current: u64) -> u64 {
-        match (current > 0, previous > 0) {
-            (true, _) if !self.fixed => 2,
-            (true, _) | (false, true) => 1,
-            (false, false) => 0,
-        }
-    }
-}
-
-impl Entry for WindowEntry {
-    type State = SlidingWindowState;
-    type Ctx = Window;
-    const TAG: u32 = WINDOW;
-    #[inline]
-    fn slab(slabs: &mut Slabs) -> &mut Slab<Self> {
-        &mut slabs.windows
-    }
-    fn slab_ref(slabs: &Slabs) -> &Slab<Self> {
-        &slabs.windows
-    }
-    #[inline(always)]
-    fn check(
-        state: Option<SlidingWindowState>,
-        policy: &Policy,
-        cost: u64,
-        now: Timestamp,
-    ) -> Step<SlidingWindowState> {
-        sliding_window::decide(state, policy, cost, now)
-    }
-    #[inline(always)]
-    fn new(state: SlidingWindowState, window: Window) -> Self {
-        let periods = window.periods(state.previous, state.current);
-        Self {
-            expires_at: state.window_start + periods * window.period,
-            previous: state.previous,
-            current: state.current,
-        }
-    }
-    #[inline(always)]
-    fn state(&self, window: Window) -> SlidingWindowState {
-        let periods = window.periods(self.previous, self.current);
-        SlidingWindowState {
-            window_start: self.expires_at - periods * window.period,
-            previous: self.previous,
-            current: self.current,
-        }
-    }
-    #[inline(always)]
-    fn to_words(state: SlidingWindowState, window: Window) -> [u64; 4] {
-        [
-            state.window_start,
-            state.previous,
-            state.current,
-            Self::new(state, window).expires_at,
-        ]
-    }
-    #[inline(always)]
-    fn state_of([window_start, previous, current]: [u64; 3]) -> SlidingWindowState {
-        SlidingWindowState {
-            window_start,
-            previous,
-            current,
-        }
-    }
-    #[inline(always)]
-    fn from_words([_, previous, current, expires_at]: [u64; 4]) -> Self {
-        Self {
-            expires_at,
-            previous,
-            current,
-        }
-    }
-}
-
-impl Expiry for WindowEntry {
-    fn expires_at(&self) -> u64 {
-        self.expires_at
-    }
-}
-
-/// The top bit of a link under a shard's hand: the sliding-window slab (clear: the token-bucket slab).
-const WINDOW: u32 = SECOND;
-
-/// The keys of a shard that carry a lockout end (`Policy::with_lockout`), per algorithm: a side table, so that
-/// entries of policies without a lockout carry no lockout bytes and their checks never read it. An end lives as
-/// long as its key's entry (removed with it; the entry is not swept or evicted as decayed before it), as it did
-/// inside the entry; only a lockout policy's checks, charges and peeks read it, and only a lockout sets it.
-#[derive(Default)]
-pub(super) struct Lockouts {
-    /// `(key digest, locked until)`; the digest, without the bit the slabs mark visits in (they return their keys
-    /// so), is its own hash.
-    by_algorithm: [HashTable<(u64, u64)>; 2],
-}
-
-impl Lockouts {
-    #[inline(always)]
-    fn table(&self, tag: u32) -> &HashTable<(u64, u64)> {
-        &self.by_algorithm[(tag >> 31) as usize]
-    }
-
-    /// The key's lockout end (0: none).
-    #[inline]
-    fn get(&self, tag: u32, key: u64) -> u64 {
-        let key = key & !VISITED;
-        let table = self.table(tag);
-        if table.is_empty() {
-            return 0;
-        }
-        table.find(key, |e| e.0 == key).map_or(0, |e| e.1)
-    }
-
-    fn set(&mut self, tag: u32, key: u64, until: u64) {
-        let key = key & !VISITED;
-        let table = &mut self.by_algorithm[(tag >> 31) as usize];
-        match table.find_mut(key, |e| e.0 == key) {
-            Some(e) => e.1 = until,
-            None => {
-                table.insert_unique(key, (key, until), |e| e.0);
-            }
-        }
-    }
-
-    /// Forgets the key's lockout end, if any (its entry is gone).
-    #[inline]
-    fn remove(&mut self, tag: u32, key: u64) {
-        let key = key & !VISITED;
-        let table = &mut self.by_algorithm[(tag >> 31) as usize];
-        if table.is_empty() {
-            return;
-        }
-        if let Ok(e) = table.find_entry(key, |e| e.0 == key) {
-            e.remove();
-        }
-    }
-}
-
-/// A shard's two slabs, one per algorithm, which its one hand walks, and their keys' lockout ends.
-#[derive(Default)]
-pub(super) struct Slabs {
-    buckets: Slab<BucketEntry>,
-    windows: Slab<WindowEntry>,
-    lockouts: Lockouts,
-}
-
-impl Slabs {
-    /// Puts a hot entry taken out of the shard's [`HotEntry`] back into its key's node (which a key in the copy
-    /// keeps: only the lock's holder removes nodes, and taking the lock puts the copy back first).
-    fn put_back<E: Entry>(&mut self, key: u64, words: [u64; 4]) {
-        let slab = E::slab(self);
-        if let Some(slot) = slab.find(key) {
-            slab.node_mut(slot).value = E::from_words(words);
-        }
-    }
-
-    /// The key's state with its lockout end, read only; the end is read only for a policy with a lockout
-    /// (`lockout_us > 0`: one without ignores it).
-    fn locked<E: Entry>(&self, key: u64, lockout_us: u64, ctx: E::Ctx) -> Option<Locked<E::State>> {
-        let state = E::slab_ref(self).get(key)?.state(ctx);
-        let locked_until = if lockout_us == 0 {
-            0
-        } else {
-            self.lockouts.get(E::TAG, key)
-        };
-        Some(Locked {
-            state,
-            locked_until,
-        })
-    }
-}
-
-impl Arena for Slabs {
-    fn lens(&self) -> [u32; 2] {
-        [self.buckets.len() as u32, self.windows.len() as u32]
-    }
-
-    fn pass(&mut self, link: u32) -> bool {
-        if link & WINDOW == 0 {
-            self.buckets.node_mut(link).pass()
-        } else {
-            self.windows.node_mut(link & !WINDOW).pass()
-        }
-    }
-
-    /// The entry's own expiry, or its lockout's end if later: a locked key is neither swept nor evicted as
-    /// decayed (the table is read only while some key of this algorithm in the shard has a lockout end).
-    fn expires_at(&self, link: u32) -> u64 {
-        let (tag, slot) = (link & WINDOW, link & !WINDOW);
-        let (own, key) = if tag == 0 {
-            let node = self.buckets.node(slot);
-            (node.value.expires_at(), node.key())
-        } else {
-            let node = self.windows.node(slot);
-            (node.value.expires_at(), node.key())
-        };
-        own.max(self.lockouts.get(tag, key))
-    }
-}
-
-#[derive(Default)]
-pub(super) struct Shard {
-    slabs: Slabs,
-    hand: Hand,
-    evictions: EvictionCounts,
-    /// Sweep when the shard grows to this many keys…
-    sweep_at: usize,
-    /// …but only once some key may have expired.
-    next_expiry: u64,
-}
-
-impl Shard {
-    fn len(&self) -> usize {
-        self.slabs.buckets.len() + self.slabs.windows.len()
-    }
-
-    #[inline(always)]
-    pub(super) fn apply<E: Entry, D: Decide<E::State>>(
-        &mut self,
-        hash: u64,
-        now: Timestamp,
-        bound: &Bound,
-        log: &EvictionLog,
-        ctx: E::Ctx,
-        decide: D,
-    ) -> Result<Decision, StoreError> {
-        let slab = E::slab(&mut self.slabs);
-        let slot = slab.find(hash);
-        let state = slot.map(|slot| slab.node_mut(slot).value.state(ctx));
-        // Only a step with a lockout reads the key's end (only a held key has one).
-        let held = if D::LOCKOUT && slot.is_some() {
-            self.slabs.lockouts.get(E::TAG, hash)
-        } else {
-            0
-        };
-        let (step, locked_until) = decide.decide::<E>(state, held);
-        if let Some(slot) = slot {
-            // The state and the visited bit are one node: a hit writes that alone.
-            let node = E::slab(&mut self.slabs).node_mut(slot);
-            node.visit();
-            if let Some(state) = step.state {
-                node.value = E::new(state, ctx);
-                if D::LOCKOUT && locked_until != held {
-                    self.slabs.lockouts.set(E::TAG, hash, locked_until);
-                }
-            }
-            return Ok(step.decision);
-        }
-        let Some(state) = step.state else {
-            return Ok(step.decision);
-        };
-        let entry = E::new(state, ctx);
-        let now = now.as_micros();
-        let expires_at = entry.expires_at().max(locked_until);
-        if expires_at <= now {
-            return Ok(step.decision); // already indistinguishable from fresh
-        }
-        let cap = bound.shard_capacity;
-        let len = self.len();
-        match bound.on_full {
-            OnFull::Evict => {
-                // Sweeps only while growing (each one at twice the keys of the last: O(1) amortised); at the bound,
-                // eviction makes room one key at a time, decayed keys first, so no request waits on a scan.
-                if len < cap && len >= self.sweep_at.max(MIN_SWEEP) && now >= self.next_expiry {
-                    self.sweep(now, bound);
-                }
-                if self.len() >= cap && self.evict_for(hash, entry, expires_at, now, bound, log) {
-                    if D::LOCKOUT && locked_until != 0 {
-                        self.slabs.lockouts.set(E::TAG, hash, locked_until);
-                    }
-                    return Ok(step.decision);
-                }
-            }
-            OnFull::Refuse => {
-                if (len >= self.sweep_at.max(MIN_SWEEP) || len >= cap) && now >= self.next_expiry {
-                    self.sweep(now, bound);
-                }
-                if self.len() >= cap {
-                    return Err(StoreError::KeyCapacity {
-                        max_keys: bound.max_keys,
-                    });
-                }
-            }
-        }
-        self.next_expiry = self.next_expiry.min(expires_at);
-        E::slab(&mut self.slabs).push(hash, entry);
-        if D::LOCKOUT && locked_until != 0 {
-            self.slabs.lockouts.set(E::TAG, hash, locked_until);
-        }
-        Ok(step.decision)
-    }
-
-    /// Evicts the hand's victim for the new key `hash`, which takes the victim's slot when both are of one
-    /// algorithm (no allocation, nothing moved); `false` if it still has to be added (the victim was of the other
-    /// algorithm, or there was none).
-    fn evict_for<E: Entry>(
-        &mut self,
-        hash: u64,
-        entry: E,
-        expires_at: u64,
-        now: u64,
-        bound: &Bound,
-        log: &EvictionLog,
-    ) -> bool {
-        let Some((victim, decayed)) = self.hand.victim(&mut self.slabs, now) else {
-            return false; // an empty shard is never full (its capacity is at least 1)
-        };
-        self.next_expiry = self.next_expiry.min(expires_at);
-        let replaced = victim & WINDOW == E::TAG;
-        if replaced {
-            let (old, _) = E::slab(&mut self.slabs).replace(victim & !WINDOW, hash, entry);
-            self.slabs.lockouts.remove(E::TAG, old);
-        } else {
-            self.remove(victim);
-        }
-        self.evictions.add(!decayed);
-        log.record(!decayed, &self.evictions, bound.max_keys);
-        replaced
-    }
-
-    /// Removes the entry at `link` from its slab (whose last entry moves into its slot) and its lockout end.
-    fn remove(&mut self, link: u32) {
-        let (tag, slot) = (link & WINDOW, link & !WINDOW);
-        let key = if tag == 0 {
-            self.slabs.buckets.swap_remove(slot).key()
-        } else {
-            self.slabs.windows.swap_remove(slot).key()
-        };
-        self.slabs.lockouts.remove(tag, key);
-    }
-
-    fn sweep(&mut self, now: u64, bound: &Bound) {
-        let mut next = u64::MAX;
-        for (tag, len) in [
-            (0, self.slabs.buckets.len()),
-            (WINDOW, self.slabs.windows.len()),
-        ] {
-            // From the last slot down: the entry a removal moves into a slot was already looked at.
-            for slot in (0..len as u32).rev() {
-                let link = slot | tag;
-                let expires_at = self.slabs.expires_at(link);
-                if expires_at <= now {
-                    self.remove(link);
-                } else {
-                    next = next.min(expires_at);
-                }
-            }
-        }
-        self.next_expiry = next;
-        self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
-        // Refusing and still (nearly) full: sweeping again as soon as the next key expires would scan the whole
-        // shard, under its lock, for every new key (a client spraying keys at the bound). Wait until an eighth of
-        // it can go; new keys are refused meanwhile, as they would be at the bound anyway. (An evicting store does
-        // not sweep at the bound.)
-        let cap = bound.shard_capacity;
-        let batch = (cap / 8).max(1);
-        if bound.on_full == OnFull::Refuse && self.len() + batch > cap {
-            let links = (0..self.slabs.buckets.len() as u32)
-                .chain((0..self.slabs.windows.len() as u32).map(|slot| slot | WINDOW));
-            let mut expiries: Vec<u64> = links.map(|link| self.slabs.expires_at(link)).collect();
-            if !expiries.is_empty() {
-                let index = batch.min(expiries.len()) - 1;
-                self.next_expiry = *expiries.select_nth_unstable(index).1;
-            }
-        }
     }
 }
