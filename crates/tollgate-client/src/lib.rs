@@ -18,7 +18,7 @@
 //! the whole scope waits out the server's delay, with jitter. The layer **never retries** a request: put tower's
 //! retry layer around it for that (`examples/paced_client_retry.rs` does), and each retry is paced like any
 //! request. The budget rules, and how the layer stays bounded against servers that send garbage, are in
-//! `budget.rs` and `docs/design/ratelimit-fields.md`.
+//! the `budget` module and `docs/design/ratelimit-fields.md`.
 //!
 //! Metrics (the `metrics` facade, beside the server's `tollgate_*` series): `tollgate_client_wait_seconds`, a
 //! histogram of the time each request waited for its turn (0 for most), and `tollgate_client_refused_total`, the

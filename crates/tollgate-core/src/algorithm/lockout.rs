@@ -37,8 +37,7 @@ pub struct Locked<S> {
 
 /// Decides one request with `inner` (the algorithm, called once) under a lockout of `lockout_us` (0: none).
 /// `Step::state` is `None` when nothing is to be written.
-// Inlined with the algorithm into the store's check (measured: a call here cost the steady path ~45 instructions,
-// 1.1-1.2x governor's, by `memory_store`'s instruction counts).
+// Inlined with the algorithm into the store's check: a call here would be a large part of the steady path.
 #[inline(always)]
 pub fn decide<S: Copy + Default>(
     state: Option<Locked<S>>,

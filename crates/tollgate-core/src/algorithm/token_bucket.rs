@@ -23,8 +23,8 @@ pub struct TokenBucketState {
 
 /// Decides one request of `cost` tokens at `now`.
 #[must_use]
-// Inlined into the store's check, which is generic over the clock and so compiled in the caller's crate (a plain
-// `#[inline]` measured not always taken: 14 instructions of call and copies per check, by `memory_store`'s instruction counts).
+// Inlined into the store's check, which is generic over the clock and so compiled in the caller's crate: a plain
+// `#[inline]` is not always taken, and a call costs this hot path its copies.
 #[inline(always)]
 pub fn decide(
     state: Option<TokenBucketState>,

@@ -412,8 +412,7 @@ impl<C: Clock> MemoryStore<C> {
     /// The key's shard: the digest's `log2(shards)` bits below bit 40.
     #[inline(always)]
     fn shard(&self, hash: u64) -> &ShardLock {
-        // Shift and mask derived once (the test for one shard and the `min` per check were ~8 instructions of the
-        // steady path, by `memory_store`'s instruction counts).
+        // Shift and mask derived once: no test for one shard and no `min` on the steady path.
         &self.shards[(hash >> self.shard_shift) as usize & self.shard_mask]
     }
 
