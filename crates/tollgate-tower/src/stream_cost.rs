@@ -199,15 +199,17 @@ impl StreamCharges {
         let cut_by = if cut { self.cut_by().cloned() } else { None };
         for charge in self.charges.drain(..) {
             let was_cut = cut_by.as_ref() == Some(charge.charger.limiter());
-            charge.settle(real, was_cut);
+            charge.finish(Some(real), was_cut);
         }
     }
 }
 
 impl Drop for StreamCharges {
+    /// Settles what was counted; a ledger never counted leaves its key's pool with the reservation standing.
     fn drop(&mut self) {
-        if let Some(counted) = self.counted {
-            self.settle(counted, false);
+        let counted = self.counted.take();
+        for charge in self.charges.drain(..) {
+            charge.finish(counted, false);
         }
     }
 }
@@ -312,12 +314,15 @@ impl StreamCharge {
     /// Hands the key's pool the difference between the real total and what this charge accounted for (a refund
     /// if negative); the pool's last stream debits what the pool still owes, without waiting. Counts a cut
     /// stream, and a stream that ends while its key's budget is spent (a debt, when streams finish).
-    fn settle(self, real: Usage, cut: bool) {
-        let real = self.streamed.tokens.of(real);
-        let delta = i64::try_from(real)
-            .unwrap_or(i64::MAX)
-            .saturating_sub(i64::try_from(self.accounted).unwrap_or(i64::MAX));
-        self.add(delta, Instant::now());
+    /// `real: None` (never counted): nothing more is charged, the reservation stands.
+    fn finish(self, real: Option<Usage>, cut: bool) {
+        if let Some(real) = real {
+            let real = self.streamed.tokens.of(real);
+            let delta = i64::try_from(real)
+                .unwrap_or(i64::MAX)
+                .saturating_sub(i64::try_from(self.accounted).unwrap_or(i64::MAX));
+            self.add(delta, Instant::now());
+        }
         let limiter = self.charger.limiter();
         if cut {
             metrics::counter!(crate::observe::STREAMS_CUT_TOTAL, "limiter" => limiter.to_string())
@@ -331,5 +336,144 @@ impl StreamCharge {
             self.charger
                 .debit(self.key, owed, self.decided_at, Box::new(|_| {}));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tollgate_core::Outcome;
+
+    use super::*;
+    use crate::limit::charger::StreamPools;
+
+    /// A limiter of 100 tokens that answers every debit at once and records it.
+    #[derive(Default)]
+    struct Ledger {
+        pools: StreamPools,
+        debits: Mutex<Vec<i64>>,
+        left: Mutex<i64>,
+    }
+
+    impl Charger for Ledger {
+        fn charge(&self, _: String, _: i64, _: Timestamp) {}
+        fn charge_moves_reset(&self) -> bool {
+            true
+        }
+        fn limiter(&self) -> &Name {
+            static NAME: std::sync::OnceLock<Name> = std::sync::OnceLock::new();
+            NAME.get_or_init(|| Name::from("tokens"))
+        }
+        fn enforcing(&self) -> bool {
+            true
+        }
+        fn debit(
+            &self,
+            _: String,
+            delta: i64,
+            decided_at: Timestamp,
+            done: Box<dyn FnOnce(Option<Decision>) + Send>,
+        ) {
+            self.debits.lock().unwrap().push(delta);
+            let mut left = self.left.lock().unwrap();
+            *left -= delta;
+            done(Some(Decision {
+                outcome: if *left >= 0 {
+                    Outcome::Allowed
+                } else {
+                    Outcome::Limited
+                },
+                limit: 100,
+                remaining: u64::try_from(*left).unwrap_or(0),
+                reset: decided_at,
+                retry_after: None,
+                now: decided_at,
+            }));
+        }
+        fn pools(&self) -> &StreamPools {
+            &self.pools
+        }
+    }
+
+    fn ledger(charger: &Arc<Ledger>, streams: usize, cut: bool) -> StreamCharges {
+        let streamed = Streamed::new(Tokens::Output)
+            .on_exhausted(if cut {
+                Exhausted::Cut
+            } else {
+                Exhausted::Finish
+            })
+            .batch(10, Duration::from_secs(60));
+        let mut charges = StreamCharges::default();
+        for _ in 0..streams {
+            let charger: Arc<dyn Charger> = charger.clone();
+            charges.push(StreamCharge::new(
+                charger,
+                "k".to_owned(),
+                streamed,
+                16,
+                Timestamp::from_micros(1),
+                Some(100 - 16),
+            ));
+        }
+        charges
+    }
+
+    fn output(n: u64) -> Usage {
+        Usage {
+            input: 0,
+            output: n,
+        }
+    }
+
+    #[test]
+    fn a_ledger_never_counted_leaves_its_pool_and_charges_nothing() {
+        let charger = Arc::new(Ledger::default());
+        *charger.left.lock().unwrap() = 84;
+        drop(ledger(&charger, 2, false));
+        assert_eq!(charger.pools.len(), 0, "the key's pool is gone");
+        assert!(charger.debits.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn debits_are_batched_and_the_end_settles_the_rest() {
+        let charger = Arc::new(Ledger::default());
+        *charger.left.lock().unwrap() = 84;
+        let mut charges = ledger(&charger, 1, false);
+        for n in 1..=45 {
+            charges.count(output(n));
+        }
+        // 16 reserved: 29 more streamed, debited 10 at a time.
+        assert_eq!(*charger.debits.lock().unwrap(), [10, 10]);
+        charges.settle(output(45), false);
+        assert_eq!(*charger.debits.lock().unwrap(), [10, 10, 9]);
+        assert_eq!(charger.pools.len(), 0);
+        drop(charges);
+        assert_eq!(charger.debits.lock().unwrap().len(), 3, "settled once");
+    }
+
+    #[test]
+    fn an_unspent_reservation_is_refunded() {
+        let charger = Arc::new(Ledger::default());
+        let mut charges = ledger(&charger, 1, false);
+        charges.count(output(4));
+        drop(charges);
+        assert_eq!(*charger.debits.lock().unwrap(), [-12]);
+    }
+
+    #[test]
+    fn a_cutting_limiter_cuts_at_the_budget_it_knows() {
+        let charger = Arc::new(Ledger::default());
+        *charger.left.lock().unwrap() = 84;
+        let mut charges = ledger(&charger, 1, true);
+        let mut streamed = 0;
+        while charges.cut_by().is_none() {
+            streamed += 1;
+            charges.count(output(streamed));
+            assert!(streamed <= 200, "never cut");
+        }
+        assert_eq!(streamed, 100, "cut at exactly the budget");
+        charges.settle(output(streamed), true);
+        assert_eq!(charger.debits.lock().unwrap().iter().sum::<i64>(), 84);
     }
 }

@@ -121,6 +121,14 @@ impl StreamPools {
     }
 }
 
+#[cfg(test)]
+impl StreamPools {
+    /// Keys with streams in progress.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.keys).len()
+    }
+}
+
 impl KeyPool {
     pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
         lock(&self.state)
