@@ -13,6 +13,8 @@ pub(crate) enum Scenario {
     Steady,
     /// One client as fast as its connections go, closed loop, straight to the instances.
     Flood,
+    /// A private Redis Cluster of 3 primaries and 3 replicas, faulted under load (`cluster_faults.rs`).
+    ClusterFaults,
 }
 
 /// The command line as given.
@@ -211,8 +213,9 @@ fn nodes(v: &str) -> Result<Vec<String>, String> {
 }
 
 fn scenario() -> impl clap::builder::TypedValueParser<Value = Scenario> {
-    PossibleValuesParser::new(["steady", "flood"]).map(|v| match v.as_str() {
+    PossibleValuesParser::new(["steady", "flood", "cluster-faults"]).map(|v| match v.as_str() {
         "flood" => Scenario::Flood,
+        "cluster-faults" => Scenario::ClusterFaults,
         _ => Scenario::Steady,
     })
 }

@@ -8,10 +8,13 @@
 //! Each Redis row also counts the script calls its stores made per decision (`RedisStore::script_calls`: the
 //! deny cache answers some decisions without one). `--scenario flood` floods the fleet as one client far over
 //! its limit and compares the stores' throughput and Redis load with the deny cache on and off (`flood.rs`).
+//! `--scenario cluster-faults` fails over, reshards and kills the nodes of a private Redis Cluster under load
+//! (`cluster_faults.rs`).
 
 mod args;
 #[path = "../common/cli.rs"]
 mod cli;
+mod cluster_faults;
 mod fleet;
 mod flood;
 mod load;
@@ -30,7 +33,7 @@ use fleet::{Balancer, start_instance};
 use load::{Outcome, Progress};
 
 /// The demo measures limits, not timeouts: twice the store's default budget.
-const REDIS_TIMEOUT: Duration = Duration::from_millis(500);
+pub(crate) const REDIS_TIMEOUT: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -113,6 +116,10 @@ impl Design {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    if args.scenario == Scenario::ClusterFaults {
+        cluster_faults::scenario(&args).await;
+        return;
+    }
     let redis = redis_reachable(&args).await;
     if args.scenario == Scenario::Flood {
         flood::scenario(&args, redis).await;

@@ -107,7 +107,7 @@ pub(crate) async fn run(config: &Config) -> i32 {
     };
     let shared = if config.redis.is_set() {
         Shared::Redis(None)
-    } else if which("redis-server") {
+    } else if tollgate_testkit::redis::installed("redis-server") {
         Shared::Redis(Some(Box::new(RedisServer::start())))
     } else {
         Shared::Memory(Arc::new(MemoryStore::new()))
@@ -169,11 +169,6 @@ pub(crate) async fn run(config: &Config) -> i32 {
         eprintln!("llm_gateway: goal missed: {miss}");
     }
     i32::from(config.check && !misses.is_empty())
-}
-
-fn which(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
 
 /// Runs the clients against fresh instances with fresh keys until every client was refused or the run's time is

@@ -321,6 +321,13 @@ impl Drop for Watcher {
     }
 }
 
+/// The shortest and the longest wait before a Cluster command is retried (after a connection error, `MOVED`,
+/// `TRYAGAIN`, `CLUSTERDOWN`, …).
+#[cfg(feature = "cluster")]
+const CLUSTER_RETRY_MIN: Duration = Duration::from_millis(10);
+#[cfg(feature = "cluster")]
+const CLUSTER_RETRY_MAX: Duration = Duration::from_millis(100);
+
 #[cfg(feature = "cluster")]
 pub(crate) async fn cluster(
     builder: redis::cluster::ClusterClientBuilder,
@@ -328,9 +335,17 @@ pub(crate) async fn cluster(
 ) -> Result<ClusterConnection, redis::RedisError> {
     // The connections' own limits are the start-up budget (as the pool's): each decision is bounded by the store's
     // budget above them, and a node reconnected to after a cut-off call must not have to fit into that budget.
+    //
+    // Retries come soon: redis-rs waits at least 1.28 s before retrying a command by default, longer than a
+    // decision's whole budget, so a slot whose primary failed over would stay unanswered for a second after its
+    // replica took over. Retrying within tens of milliseconds, each retry after a fresh slot map, follows a
+    // failover or a resharding as soon as the cluster has done it; the budget still bounds every decision.
     let client = builder
         .connection_timeout(timeout)
         .response_timeout(timeout)
+        .min_retry_wait(CLUSTER_RETRY_MIN.as_millis() as u64)
+        .max_retry_wait(CLUSTER_RETRY_MAX.as_millis() as u64)
+        .retry_wait_formula(10, 2)
         .build()?;
     let mut conn = client.get_async_connection().await?;
     // Pinned on every primary at start; a node that loses them later (a restart, a reshard onto a new node) is

@@ -8,7 +8,7 @@ use crate::tls::TlsFiles;
 use super::server::{RedisServer, ServerTls};
 use super::{binary, fresh_dir, tls_cli_args};
 
-/// A private Redis Cluster of primaries without replicas, made with `redis-cli --cluster create`.
+/// A private Redis Cluster made with `redis-cli --cluster create`: primaries alone, or each with one replica.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
@@ -25,6 +25,10 @@ impl Drop for RedisCluster {
     }
 }
 
+/// The nodes' `cluster-node-timeout`: a primary unreachable for this long is failed over to its replica.
+pub const CLUSTER_NODE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(2_000);
+const NODE_TIMEOUT_MS: &str = "2000";
+
 impl RedisCluster {
     /// `masters` cluster-enabled servers (at least 3), joined and with every slot assigned.
     ///
@@ -32,7 +36,25 @@ impl RedisCluster {
     /// When the servers do not start or the cluster does not form within 20 s.
     #[must_use]
     pub fn start(masters: usize) -> Self {
-        Self::start_inner(masters, None)
+        Self::start_inner(masters, 0, None)
+    }
+
+    /// `masters` primaries (at least 3), each with one replica (`--cluster-replicas 1`): a primary that fails is
+    /// replaced by its replica after the node timeout ([`CLUSTER_NODE_TIMEOUT`]).
+    ///
+    /// # Panics
+    /// When the servers do not start or the cluster does not form within 20 s.
+    #[must_use]
+    pub fn start_with_replicas(masters: usize) -> Self {
+        let cluster = Self::start_inner(masters, 1, None);
+        // A replica that has not synced yet would not be promoted: wait until every one has.
+        for node in &cluster.nodes {
+            node.wait_until("a replica in sync", || {
+                let info = node.cli(&["INFO", "replication"]);
+                info.contains("role:master") || info.contains("master_link_status:up")
+            });
+        }
+        cluster
     }
 
     /// A Cluster whose nodes speak TLS only (clients and the cluster bus), with one CA and one certificate.
@@ -45,6 +67,7 @@ impl RedisCluster {
         let files = TlsFiles::generate(&dir, &TlsFiles::LOCAL_NAMES, false);
         let mut cluster = Self::start_inner(
             masters,
+            0,
             Some(ServerTls {
                 files,
                 auth_clients: false,
@@ -54,12 +77,12 @@ impl RedisCluster {
         cluster
     }
 
-    fn start_inner(masters: usize, tls: Option<ServerTls>) -> Self {
+    fn start_inner(masters: usize, replicas: usize, tls: Option<ServerTls>) -> Self {
         assert!(
             masters >= 3,
             "redis-cli --cluster create needs at least 3 primaries"
         );
-        let nodes: Vec<RedisServer> = (0..masters)
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| {
                 RedisServer::start_inner(
                     &[
@@ -68,7 +91,7 @@ impl RedisCluster {
                         "--cluster-config-file",
                         "nodes.conf",
                         "--cluster-node-timeout",
-                        "2000",
+                        NODE_TIMEOUT_MS,
                     ],
                     tls.clone(),
                 )
@@ -86,7 +109,7 @@ impl RedisCluster {
             .args(&tool_args)
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .unwrap_or_else(|e| panic!("redis-cli --cluster create failed to run: {e}"));
         assert!(
@@ -107,7 +130,8 @@ impl RedisCluster {
     /// # Panics
     /// After 20 s without agreement.
     pub fn wait_settled(&self) {
-        for node in &self.nodes {
+        let live: Vec<&RedisServer> = self.nodes.iter().filter(|n| n.pid().is_some()).collect();
+        for node in &live {
             node.wait_until("cluster_state:ok", || {
                 let info = node.cli(&["CLUSTER", "INFO"]);
                 info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
@@ -129,9 +153,9 @@ impl RedisCluster {
             lines.sort();
             lines
         };
-        let first = &self.nodes[0];
+        let first = live[0];
         first.wait_until("agreement on the slot map", || {
-            self.nodes.iter().all(|n| sign(n) == sign(first))
+            live.iter().all(|n| sign(n) == sign(first))
         });
     }
 
@@ -162,13 +186,16 @@ impl RedisCluster {
         let id = self.slot_owner_id(slot);
         self.nodes
             .iter()
-            .position(|n| n.cli(&["CLUSTER", "MYID"]) == id)
+            .position(|n| n.pid().is_some() && n.cli(&["CLUSTER", "MYID"]) == id)
             .unwrap_or_else(|| panic!("no node serves slot {slot}"))
     }
 
     fn slot_owner_id(&self, slot: u16) -> String {
-        for line in self.nodes[0].cli(&["CLUSTER", "NODES"]).lines() {
+        for line in self.live_node().cli(&["CLUSTER", "NODES"]).lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
+            if f.get(2).is_some_and(|flags| flags.contains("fail")) {
+                continue;
+            }
             for range in f.iter().skip(8) {
                 let (lo, hi) = range.split_once('-').unwrap_or((range, range));
                 if let (Ok(lo), Ok(hi)) = (lo.parse::<u16>(), hi.parse::<u16>())
@@ -179,6 +206,91 @@ impl RedisCluster {
             }
         }
         panic!("no node serves slot {slot}");
+    }
+
+    /// A node that is running (the first), to ask about the cluster.
+    fn live_node(&self) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|n| n.pid().is_some())
+            .expect("a node of the cluster is running")
+    }
+
+    /// Index of the replica of node `primary`, if it has one that is running.
+    #[must_use]
+    pub fn replica_of(&self, primary: usize) -> Option<usize> {
+        let id = self.nodes[primary].cli(&["CLUSTER", "MYID"]);
+        self.nodes.iter().position(|n| {
+            n.pid().is_some() && {
+                let info = n.cli(&["CLUSTER", "NODES"]);
+                info.lines().any(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.get(2)
+                        .is_some_and(|flags| flags.contains("myself") && flags.contains("slave"))
+                        && f.get(3) == Some(&id.as_str())
+                })
+            }
+        })
+    }
+
+    /// `CLUSTER FAILOVER` on `replica`: it and its primary swap roles with no write lost (the primary stops
+    /// taking writes until the replica has them all); waits until the replica says it is the primary.
+    ///
+    /// # Panics
+    /// When the node refuses, or is not the primary within 20 s.
+    pub fn failover(&self, replica: usize) {
+        let node = &self.nodes[replica];
+        assert_eq!(node.cli(&["CLUSTER", "FAILOVER"]), "OK", "CLUSTER FAILOVER");
+        node.wait_until("the role of primary after CLUSTER FAILOVER", || {
+            node.cli(&["ROLE"]).starts_with("master")
+        });
+    }
+
+    /// Moves one slot with its keys to node `to`, step by step as `redis-cli --cluster reshard` does (`IMPORTING`
+    /// on the target, `MIGRATING` on the source, `MIGRATE` of its keys in batches of `batch`, then the slot's new
+    /// owner announced to every primary): while it runs, a key already moved answers `ASK` from the source, and
+    /// once it is done every key of the slot answers `MOVED` there.
+    ///
+    /// # Panics
+    /// When a step is refused.
+    pub fn move_slot(&self, slot: u16, to: usize, batch: usize) {
+        let from = self.owner_of_slot(slot);
+        if from == to {
+            return;
+        }
+        let (source, target) = (&self.nodes[from], &self.nodes[to]);
+        let from_id = source.cli(&["CLUSTER", "MYID"]);
+        let to_id = target.cli(&["CLUSTER", "MYID"]);
+        let slot = slot.to_string();
+        let ok = |reply: String, what: &str| assert_eq!(reply, "OK", "{what}");
+        ok(
+            target.cli(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]),
+            "SETSLOT IMPORTING",
+        );
+        ok(
+            source.cli(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]),
+            "SETSLOT MIGRATING",
+        );
+        let port = target.port().to_string();
+        loop {
+            let keys = source.cli(&["CLUSTER", "GETKEYSINSLOT", &slot, &batch.to_string()]);
+            let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys);
+            let reply = source.cli(&args);
+            assert!(reply == "OK" || reply == "NOKEY", "MIGRATE: {reply}");
+        }
+        for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+            if node.cli(&["ROLE"]).starts_with("master") {
+                ok(
+                    node.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]),
+                    "SETSLOT NODE",
+                );
+            }
+        }
     }
 
     /// Moves `count` slots (with their keys) from node `from` to node `to` with `redis-cli --cluster reshard`, and

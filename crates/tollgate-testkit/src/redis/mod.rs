@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::tls::TlsFiles;
 
-pub use cluster::RedisCluster;
+pub use cluster::{CLUSTER_NODE_TIMEOUT, RedisCluster};
 pub use sentinel::{RedisSentinels, SENTINEL_MASTER, SentinelSetup};
 pub use server::{RedisServer, ServerTls};
 
@@ -68,12 +68,22 @@ pub fn unique_prefix(name: &str) -> String {
 /// When the binary cannot be run, with the command that installs it.
 #[must_use]
 pub fn binary(name: &str) -> PathBuf {
+    locate(name).unwrap_or_else(|e| panic!("{e}: {INSTALL_HINT}"))
+}
+
+/// Whether the Redis binary `name` can be run (where [`binary`] looks for it).
+#[must_use]
+pub fn installed(name: &str) -> bool {
+    locate(name).is_ok()
+}
+
+fn locate(name: &str) -> Result<PathBuf, String> {
     static FOUND: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
     let mut found = FOUND
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some((_, path)) = found.iter().find(|(n, _)| n == name) {
-        return path.clone();
+        return Ok(path.clone());
     }
     let path = std::env::var_os("TOLLGATE_REDIS_BIN_DIR")
         .map_or_else(|| PathBuf::from(name), |d| Path::new(&d).join(name));
@@ -85,9 +95,9 @@ pub fn binary(name: &str) -> PathBuf {
     {
         Ok(_) => {
             found.push((name.to_owned(), path.clone()));
-            path
+            Ok(path)
         }
-        Err(e) => panic!("cannot run `{}` ({e}): {INSTALL_HINT}", path.display()),
+        Err(e) => Err(format!("cannot run `{}` ({e})", path.display())),
     }
 }
 
