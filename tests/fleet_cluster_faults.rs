@@ -1,10 +1,8 @@
 //! `examples/fleet --scenario cluster-faults` as a black box: a private Redis Cluster of 3 primaries and 3
 //! replicas failed over, resharded and stripped of a primary while 4 instances decide on it, read from `--json`.
 
-use std::process::Command;
-
 use serde_json::Value;
-use tollgate_testkit::examples::example;
+use tollgate_testkit::examples::run_example;
 use tollgate_testkit::redis::CLUSTER_NODE_TIMEOUT;
 
 fn num(row: &Value, field: &str) -> f64 {
@@ -15,16 +13,8 @@ fn num(row: &Value, field: &str) -> f64 {
 
 #[test]
 fn failover_resharding_and_a_killed_primary_under_load() {
-    let out = Command::new(example("fleet"))
-        .args(["--scenario", "cluster-faults", "--json"])
-        .output()
-        .expect("run the fleet");
+    let out = run_example("fleet", ["--scenario", "cluster-faults", "--json"]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let rows: Vec<Value> = stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))

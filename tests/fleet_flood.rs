@@ -4,23 +4,15 @@
 use std::process::Command;
 
 use serde_json::Value;
-use tollgate_testkit::examples::example;
+use tollgate_testkit::examples::{example, run_example};
 use tollgate_testkit::redis::RedisServer;
 
 /// Runs the fleet with `args` on a private Redis; its `--json` output.
 fn fleet_json(args: &[&str]) -> Value {
     let redis = RedisServer::start();
-    let out = Command::new(example("fleet"))
-        .args(args)
-        .args(["--redis-url", &redis.url(), "--json"])
-        .output()
-        .expect("run the fleet");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let url = redis.url();
+    let args = args.iter().copied().chain(["--redis-url", &url, "--json"]);
+    let stdout = String::from_utf8_lossy(&run_example("fleet", args).stdout).into_owned();
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
 }
 

@@ -1,29 +1,26 @@
 //! `examples/fleet --plot FILE.svg` as a black box: a short real run (on a private Redis, so every design is
 //! measured), its chart parsed as XML: one line per design, with a point for every measured second.
 
-use std::process::Command;
+use std::ffi::OsStr;
 
 use tollgate_testkit::redis::RedisServer;
 
-use tollgate_testkit::examples::example;
+use tollgate_testkit::examples::run_example;
 
 /// Runs the fleet with `args` and `--plot`; the chart's polylines as point counts, and the run's stdout.
 fn plotted(name: &str, args: &[&str]) -> (Vec<usize>, String) {
     let redis = RedisServer::start();
     let svg =
         std::env::temp_dir().join(format!("tollgate-fleet-{}-{name}.svg", std::process::id()));
-    let out = Command::new(example("fleet"))
-        .args(args)
-        .args(["--redis-url", &redis.url(), "--plot"])
-        .arg(&svg)
-        .output()
-        .expect("run the fleet");
+    let url = redis.url();
+    let args = args.iter().map(OsStr::new).chain([
+        OsStr::new("--redis-url"),
+        OsStr::new(&url),
+        OsStr::new("--plot"),
+        svg.as_os_str(),
+    ]);
+    let out = run_example("fleet", args);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(
         out.stderr.is_empty(),
         "no progress line when stderr is not a terminal: {:?}",

@@ -1,9 +1,29 @@
 //! The example binaries the black-box tests run, and [`ExampleServer`], one of them running.
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};
+
+/// Runs example `name` with `args` to its end; what it printed.
+///
+/// # Panics
+/// If it cannot be run, or exits unsuccessfully (with its stdout and stderr in the message).
+pub fn run_example<S: AsRef<OsStr>>(name: &str, args: impl IntoIterator<Item = S>) -> Output {
+    let out = Command::new(example(name))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run the {name} example: {e}"));
+    assert!(
+        out.status.success(),
+        "{name} exited with {}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
 
 /// The path of example `name` as built for the running test's profile (`target/<profile>/examples/<name>`).
 ///

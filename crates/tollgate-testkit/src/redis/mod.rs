@@ -107,18 +107,7 @@ fn locate(name: &str) -> Result<PathBuf, String> {
 /// When `redis-cli` is missing.
 #[must_use]
 pub fn cli_url(url: &str, args: &[&str]) -> String {
-    let out = Command::new(binary("redis-cli"))
-        .arg("-u")
-        .arg(url)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("redis-cli failed to run: {e}"));
-    let mut text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    let err = String::from_utf8_lossy(&out.stderr);
-    if !err.trim().is_empty() {
-        text.push_str(err.trim());
-    }
-    text
+    run_cli(&["-u".to_owned(), url.to_owned()], args)
 }
 
 /// `redis-cli` with `tool_args` (where and how to connect) and then `args`; trimmed stdout, then stderr.
