@@ -63,7 +63,9 @@ struct Flags {
 
     /// steady: the offered load through the load balancer, one row per design; flood: one client far over its
     /// limit, --connections keep-alive connections sending back to back straight to the instances; per store
-    /// admitted/s, served/s and Redis calls/s, with the deny cache on and off (--offered does not apply)
+    /// admitted/s, served/s and Redis calls/s, with the deny cache on and off (--offered does not apply);
+    /// cluster-faults: a private Redis Cluster of 3 primaries and 3 replicas failed over, resharded and a primary
+    /// killed under load, one row per fault (needs redis-server; --instances and --limit apply)
     #[arg(long, value_name = "S", default_value = "steady", value_parser = scenario())]
     scenario: Scenario,
 
@@ -138,6 +140,18 @@ impl Args {
         if flags.scenario == Scenario::Flood && (flags.offered.is_some() || flags.autoscale) {
             return Err(
                 "--scenario flood sends as fast as its connections go: --offered and --autoscale do not apply"
+                    .into(),
+            );
+        }
+        if flags.scenario == Scenario::ClusterFaults
+            && (flags.redis_cluster.is_some()
+                || flags.offered.is_some()
+                || flags.autoscale
+                || flags.plot.is_some())
+        {
+            return Err(
+                "--scenario cluster-faults starts and faults its own Redis Cluster at its own load: \
+                 --redis-cluster, --offered, --autoscale and --plot do not apply"
                     .into(),
             );
         }
