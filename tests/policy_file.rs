@@ -283,6 +283,18 @@ fn sighup_changes_the_header_families(name: &str, store_args: &[&str]) {
     );
     assert_eq!(families(&server.get("a")), (Some(policy), None));
 
+    // `RateLimit` alone: the state without the policy.
+    file.write(&(String::from("headers = [\"ratelimit\"]\n") + &hourly(6, "")));
+    assert!(server.reload().ends_with("; new header families"));
+    let other = server.get("c");
+    assert_eq!(families(&other), (None, None));
+    assert!(
+        other
+            .header("ratelimit")
+            .is_some_and(|v| v.starts_with(r#""per-key";r=2;t="#)),
+        "{other:#?}"
+    );
+
     file.write(&(String::from("headers = [\"github\"]\n") + &hourly(6, "")));
     assert!(server.reload().ends_with("; new header families"));
     let third = server.get("a");

@@ -50,7 +50,8 @@ pub fn axum<St: Store>(
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 /// Builds the policy in `source` on `store` into a layer for a tonic server (`Server::builder().layer(..)`): keys
 /// are read from metadata (`header:`), the peer address (`client-ip`) and the method (`route`); limiters naming
-/// `methods` apply to those. The file's `headers` does not apply here: gRPC answers carry every field as metadata.
+/// `methods` apply to those. The file's `headers` does not apply here: an admitted call carries `ratelimit` as metadata, a refused one every field (as
+/// [`GrpcLimitLayer::new`] answers).
 ///
 /// # Errors
 /// If the policy cannot be read (with the place and what was expected).

@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! trusted-proxies = ["10.0.0.0/8"]  # whose X-Forwarded-For `client-ip` keys believe (default: none)
-//! headers = ["ietf", "github"]      # response fields: ietf | github | all | none (default: all)
+//! headers = ["ietf", "github"]      # response fields: ietf | ratelimit | github | all | none (default: all)
 //!
 //! [[limiter]]
 //! name = "per-key"

@@ -67,13 +67,14 @@ pub(crate) fn resolve(spec: FileSpec, places: &Places<'_>) -> Result<Resolved, P
             for family in list.get_ref() {
                 set = set.union(match family.get_ref().as_str() {
                     "ietf" => HeaderSet::IETF,
+                    "ratelimit" => HeaderSet::RATELIMIT_ONLY,
                     "github" => HeaderSet::GITHUB,
                     "all" => HeaderSet::ALL,
                     "none" => HeaderSet::NONE,
                     other => {
                         return Err(places.at(
                             family.span(),
-                            format!("unknown header family {other:?}: expected ietf, github, all or none"),
+                            format!("unknown header family {other:?}: expected ietf, ratelimit, github, all or none"),
                         ));
                     }
                 });

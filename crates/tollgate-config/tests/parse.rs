@@ -321,7 +321,7 @@ fn top_level_settings() {
     );
     assert_eq!(
         at("headers = [\"ietf\", \"x\"]\n"),
-        "1:20: unknown header family \"x\": expected ietf, github, all or none"
+        "1:20: unknown header family \"x\": expected ietf, ratelimit, github, all or none"
     );
 }
 

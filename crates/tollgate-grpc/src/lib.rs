@@ -2,7 +2,8 @@
 //!
 //! A rejected call becomes a trailers-only response with `RESOURCE_EXHAUSTED` (rate and concurrency limits) or
 //! `UNAVAILABLE` (load shedding, a store that failed closed), a `google.rpc.RetryInfo` detail with the exact retry
-//! delay, and the rate-limit fields as metadata; admitted calls carry the same fields. Services stay infallible.
+//! delay, and every rate-limit field as metadata; admitted calls carry `ratelimit` (what each limit has left, within which
+//! time), or the fields [`GrpcLimitLayer::headers`] chooses. Services stay infallible.
 //!
 //! | concept | where |
 //! |---|---|

@@ -14,6 +14,7 @@ use support::{greeter, hello, meta, with_api_key};
 use tollgate_core::{MemoryStore, Policy, Quota, Store};
 use tollgate_grpc::GrpcLimitLayer;
 use tollgate_grpc::key::MetadataKey;
+use tollgate_http::HeaderSet;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{redis_url, unique_prefix};
 use tollgate_tower::limit::rate::RateLimitSetLayer;
@@ -131,13 +132,16 @@ fn limiter<St: Store>(store: Arc<St>, source: CostAfter) -> RateLimitLayer<Metad
 }
 
 async fn alone<St: Store>(store: Arc<St>, source: CostAfter) {
-    charged_and_refunded(serve(GrpcLimitLayer::new(limiter(store, source))).await).await;
+    charged_and_refunded(
+        serve(GrpcLimitLayer::new(limiter(store, source)).headers(HeaderSet::ALL)).await,
+    )
+    .await;
 }
 
 async fn in_a_set<St: Store>(store: Arc<St>, source: CostAfter) {
     let layer = limiter(store, source);
     let set = RateLimitSetLayer::new([(layer.clone(), true)]);
-    charged_and_refunded(serve(GrpcLimitLayer::new(set)).await).await;
+    charged_and_refunded(serve(GrpcLimitLayer::new(set).headers(HeaderSet::ALL)).await).await;
 }
 
 async fn redis(test: &str) -> Arc<RedisStore> {

@@ -10,6 +10,7 @@ use support::{GuardLayer, countdown, eventually, greeter, hello, meta, serve, wi
 use tollgate_core::{ManualClock, MemoryStore, Policy, Quota, Timestamp};
 use tollgate_grpc::key::{MetadataKey, PeerIp};
 use tollgate_grpc::{GrpcLimitLayer, MethodLimitLayer};
+use tollgate_http::HeaderSet;
 use tollgate_tower::verdict::ceil_secs;
 use tollgate_tower::{Mode, RateLimitLayer};
 use tonic::Code;
@@ -28,11 +29,59 @@ fn clocked_store() -> (ManualClock, Arc<MemoryStore<ManualClock>>) {
     )
 }
 
+/// By default an admitted call carries `ratelimit` alone (what is left, within which time); a refused one every
+/// field, as [`HeaderSet::ALL`] writes them, with its status.
+#[tokio::test]
+async fn admitted_calls_carry_ratelimit_by_default_and_refusals_every_field() -> TestResult {
+    let (_clock, store) = clocked_store();
+    let policy = Policy::token_bucket(Quota::per_second(4)?.with_burst(2)?);
+    let (addr, _) = serve(GrpcLimitLayer::new(RateLimitLayer::new(
+        "per-client",
+        policy,
+        store,
+        PeerIp,
+    )))
+    .await;
+    let mut client = greeter(addr).await;
+    for (remaining, t) in [("1", "1"), ("0", "1")] {
+        let reply = client.say_hello(hello("ann")).await?;
+        let md = reply.metadata();
+        assert_eq!(
+            meta(md, "ratelimit"),
+            format!("\"per-client\";r={remaining};t={t}")
+        );
+        for absent in [
+            "ratelimit-policy",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+            "x-ratelimit-used",
+            "x-ratelimit-resource",
+            "retry-after",
+        ] {
+            assert!(md.get(absent).is_none(), "{absent} in {md:?}");
+        }
+    }
+    let status = client
+        .say_hello(hello("ann"))
+        .await
+        .expect_err("the third call is over the limit");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let md = status.metadata();
+    assert_eq!(meta(md, "ratelimit-policy"), r#""per-client";q=4;w=1"#);
+    assert!(meta(md, "ratelimit").starts_with(r#""per-client";r=0;t="#));
+    assert_eq!(meta(md, "x-ratelimit-remaining"), "0");
+    assert_eq!(meta(md, "x-ratelimit-resource"), "per-client");
+    assert_eq!(meta(md, "retry-after"), "1");
+    Ok(())
+}
+
 #[tokio::test]
 async fn resource_exhausted_after_the_limit_with_the_decisions_retry_info() -> TestResult {
     let (clock, store) = clocked_store();
     let policy = Policy::token_bucket(Quota::per_second(4)?.with_burst(2)?);
-    let layer = GrpcLimitLayer::new(RateLimitLayer::new("per-client", policy, store, PeerIp));
+    let layer = GrpcLimitLayer::new(RateLimitLayer::new("per-client", policy, store, PeerIp))
+        .headers(HeaderSet::ALL);
     let (addr, _) = serve(layer).await;
     let mut client = greeter(addr).await;
 
@@ -126,7 +175,8 @@ async fn per_method_and_per_service_policies() -> TestResult {
         MethodLimitLayer::new()
             .method("/helloworld.Greeter/SayHello", limit("say-hello", 1))?
             .service("countdown.Countdown", limit("countdown", 3))?,
-    );
+    )
+    .headers(HeaderSet::ALL);
     let (addr, go) = serve(layer).await;
     let mut greeter = greeter(addr).await;
     let mut countdown = countdown(addr).await;
@@ -177,7 +227,8 @@ async fn the_default_policy_limits_the_other_methods() -> TestResult {
         MethodLimitLayer::new()
             .method("/helloworld.Greeter/SayHello", limit("say-hello", 1))?
             .default_limit(limit("rest", 2)),
-    );
+    )
+    .headers(HeaderSet::ALL);
     let (addr, _) = serve(layer).await;
     let mut countdown = countdown(addr).await;
     for remaining in ["1", "0"] {
@@ -210,7 +261,8 @@ async fn methods_without_a_rule_or_default_are_not_limited() -> TestResult {
     );
     let layer = GrpcLimitLayer::new(
         MethodLimitLayer::new().method("/helloworld.Greeter/SayHello", say_hello)?,
-    );
+    )
+    .headers(HeaderSet::ALL);
     let (addr, _) = serve(layer).await;
     let mut countdown = countdown(addr).await;
     for from in 0..5 {
@@ -233,7 +285,8 @@ async fn api_keys_in_metadata_have_their_own_buckets_and_a_missing_key_is_an_err
         policy,
         store,
         MetadataKey::metadata("x-api-key")?,
-    ));
+    ))
+    .headers(HeaderSet::ALL);
     let (addr, _) = serve(layer).await;
     let mut client = greeter(addr).await;
 
@@ -273,7 +326,8 @@ async fn the_peer_address_is_one_key_across_connections() -> TestResult {
         Policy::token_bucket(Quota::per_minute(2)?),
         store,
         PeerIp,
-    ));
+    ))
+    .headers(HeaderSet::ALL);
     let (addr, _) = serve(layer).await;
     greeter(addr)
         .await
@@ -303,7 +357,7 @@ async fn a_streams_guard_lives_until_the_stream_ends_or_is_dropped() -> TestResu
         PeerIp,
     );
     // The guard sits inside the rate limit, where a concurrency limiter's permit would be.
-    let layer = GrpcLimitLayer::new(Stack::new(guards.clone(), rate));
+    let layer = GrpcLimitLayer::new(Stack::new(guards.clone(), rate)).headers(HeaderSet::ALL);
     let (addr, go) = serve(layer).await;
     let mut client = countdown(addr).await;
 
@@ -352,7 +406,7 @@ async fn shadow_mode_admits_without_fields_and_the_kill_switch_turns_the_limit_o
     )
     .shadow();
     let switch = rate.enforcement();
-    let (addr, _) = serve(GrpcLimitLayer::new(rate)).await;
+    let (addr, _) = serve(GrpcLimitLayer::new(rate).headers(HeaderSet::ALL)).await;
     let mut client = greeter(addr).await;
     for _ in 0..3 {
         let reply = client.say_hello(hello("a")).await?;
@@ -389,7 +443,7 @@ async fn a_rejection_carries_the_fields_of_every_limit_that_counted_the_call() -
         ))
     };
     let pair = Stack::new(limit("inner", 1)?, limit("outer", 10)?);
-    let (addr, _) = serve(GrpcLimitLayer::new(pair)).await;
+    let (addr, _) = serve(GrpcLimitLayer::new(pair).headers(HeaderSet::ALL)).await;
     greeter(addr).await.say_hello(hello("one")).await?;
     let status = greeter(addr)
         .await

@@ -15,6 +15,7 @@ use tollgate_core::{
 };
 use tollgate_grpc::key::{MetadataKey, PeerIp};
 use tollgate_grpc::{GrpcLimitLayer, MethodLimitLayer};
+use tollgate_http::HeaderSet;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{RedisServer, cli_url, redis_url, unique_prefix};
 use tollgate_tower::RateLimitLayer;
@@ -74,12 +75,10 @@ async fn resource_exhausted_with_the_decisions_retry_info_over_redis() -> TestRe
         clock: clock.clone(),
     });
     let policy = Policy::sliding_window(Quota::new(3, Duration::from_secs(2))?)?;
-    let (addr, _) = serve(GrpcLimitLayer::new(RateLimitLayer::new(
-        "per-client",
-        policy,
-        store,
-        PeerIp,
-    )))
+    let (addr, _) = serve(
+        GrpcLimitLayer::new(RateLimitLayer::new("per-client", policy, store, PeerIp))
+            .headers(HeaderSet::ALL),
+    )
     .await;
     let mut client = greeter(addr).await;
     let expected_store = MemoryStore::builder().clock(clock.clone()).build();
@@ -122,9 +121,10 @@ async fn retry_info_on_redis_time_is_within_the_policy() -> TestResult {
     // never earlier than the delay.
     let store = Arc::new(shared_store("grpc-redis-time").await);
     let policy = Policy::token_bucket(Quota::new(2, Duration::from_secs(600))?);
-    let (addr, _) = serve(GrpcLimitLayer::new(RateLimitLayer::new(
-        "tb", policy, store, PeerIp,
-    )))
+    let (addr, _) = serve(
+        GrpcLimitLayer::new(RateLimitLayer::new("tb", policy, store, PeerIp))
+            .headers(HeaderSet::ALL),
+    )
     .await;
     let mut client = greeter(addr).await;
     let before = redis_time_us();
@@ -175,7 +175,8 @@ async fn per_method_policies_and_hashed_api_keys_in_redis() -> TestResult {
         MethodLimitLayer::new()
             .method("/helloworld.Greeter/SayHello", limit("say-hello", 1))?
             .default_limit(limit("rest", 2)),
-    );
+    )
+    .headers(HeaderSet::ALL);
     let (addr, _) = serve(layer).await;
     let secret = "secret-api-key-0123456789";
     let mut greeter = greeter(addr).await;
@@ -227,7 +228,8 @@ async fn a_stream_holds_its_guard_over_redis() -> TestResult {
         store,
         PeerIp,
     );
-    let (addr, go) = serve(GrpcLimitLayer::new(Stack::new(guards.clone(), rate))).await;
+    let (addr, go) =
+        serve(GrpcLimitLayer::new(Stack::new(guards.clone(), rate)).headers(HeaderSet::ALL)).await;
     let mut stream = countdown(addr)
         .await
         .count(CountRequest { from: 1 })
@@ -263,7 +265,8 @@ async fn a_failed_redis_with_a_closed_failure_policy_is_unavailable() -> TestRes
             PeerIp,
         )
         .on_store_error(FailurePolicy::Closed),
-    );
+    )
+    .headers(HeaderSet::ALL);
     let (addr, _) = serve(layer).await;
     let mut client = greeter(addr).await;
     client.say_hello(hello("a")).await?;

@@ -26,10 +26,11 @@ use tollgate_rls::proto::envoy::service::ratelimit::v3::rate_limit_service_serve
 };
 use tollgate_rls::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-const VARIANTS: [&str; 4] = [
+const VARIANTS: [&str; 5] = [
     "bare tonic",
     "tollgate",
     "tollgate (no fields)",
+    "tollgate (every field)",
     "tower-governor",
 ];
 
@@ -63,7 +64,7 @@ async fn serve(v: usize) -> SocketAddr {
                     .serve_with_incoming(incoming),
             );
         }
-        1 | 2 => {
+        1..=3 => {
             let policy = Policy::token_bucket(Quota::per_second(1_000_000_000).unwrap());
             let limiter = tollgate_tower::RateLimitLayer::new(
                 "bench",
@@ -75,6 +76,9 @@ async fn serve(v: usize) -> SocketAddr {
             if v == 2 {
                 // As tower-governor answers an admitted call: no rate-limit metadata.
                 layer = layer.headers(tollgate_http::HeaderSet::NONE);
+            }
+            if v == 3 {
+                layer = layer.headers(tollgate_http::HeaderSet::ALL);
             }
             tokio::spawn(
                 tonic::transport::Server::builder()

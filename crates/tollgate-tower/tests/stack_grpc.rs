@@ -67,7 +67,8 @@ async fn the_stack_on_a_tonic_server() {
                 .reserve_percent(50)
                 .unwrap(),
         );
-    let (addr, go) = grpc::serve(GrpcLimitLayer::new(stack)).await;
+    let (addr, go) =
+        grpc::serve(GrpcLimitLayer::new(stack).headers(tollgate_http::HeaderSet::ALL)).await;
     let mut client = grpc::countdown(addr).await;
 
     // Ann's stream is open: it holds her concurrency lease and the fleet's one non-critical slot.

@@ -19,18 +19,21 @@ impl<L: Default> Default for GrpcLimitLayer<L> {
 
 impl<L> GrpcLimitLayer<L> {
     /// Wraps `limiters`: one tollgate layer, or several stacked (e.g. with `tower::ServiceBuilder`), writing
-    /// every family of rate-limit metadata on admitted calls.
+    /// `ratelimit` on admitted calls ([`HeaderSet::RATELIMIT_ONLY`]: what each limit has left and within which
+    /// time); [`headers`](Self::headers) chooses more, or none.
     pub const fn new(limiters: L) -> Self {
         Self {
             limiters,
-            headers: HeaderSet::ALL,
+            headers: HeaderSet::RATELIMIT_ONLY,
         }
     }
 
-    /// Chooses the families of rate-limit metadata written on admitted calls (the same names and values as the
-    /// HTTP adapter's headers): [`HeaderSet::NONE`] writes none, and saves the server encoding them and every
-    /// client decoding them. A refusal carries its status, `RetryInfo` and fields whatever the choice: the
-    /// refused client needs them to know when to come back.
+    /// Chooses the rate-limit metadata written on admitted calls (the same names and values as the HTTP adapter's
+    /// headers): [`HeaderSet::ALL`] writes `ratelimit-policy` and the `x-ratelimit-*` family too,
+    /// [`HeaderSet::NONE`] nothing. Every field costs the server encoding it and every client decoding it on every
+    /// call (HTTP/2 header compression turns a repeated value into a byte on the wire, not into no work), which is
+    /// why the default is the one field a client paces itself by. A refusal carries its status, `RetryInfo` and
+    /// every field whatever the choice: the refused client needs them to know when to come back.
     pub const fn headers(mut self, headers: HeaderSet) -> Self {
         self.headers = headers;
         self

@@ -7,8 +7,8 @@
 //!   headers, no body) built by [`rejection_status`](crate::status::rejection_status);
 //! - a [`KeyError`](tollgate_tower::KeyError) becomes `INTERNAL` naming the missing key source;
 //! - any other error becomes the status tonic would have made of it;
-//! - an admitted call's response carries the rate-limit metadata of every enforced verdict
-//!   ([`insert_verdicts`](crate::status::insert_verdicts)), and its body is passed through untouched, so a
+//! - an admitted call's response carries `ratelimit` for every enforced verdict (or the fields
+//!   [`GrpcLimitLayer::headers`] chooses; a refusal carries every field), and its body is passed through untouched, so a
 //!   guard living in the body (a concurrency permit) is held until a stream ends or is dropped. A guard must ride
 //!   in the body, as the stack's permits do: hyper drops the response's extensions once the headers are
 //!   written, long before a stream ends.

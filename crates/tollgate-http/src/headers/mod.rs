@@ -66,53 +66,69 @@ pub const X_RATELIMIT_USED: HeaderName = HeaderName::from_static("x-ratelimit-us
 /// `X-RateLimit-Resource`.
 pub const X_RATELIMIT_RESOURCE: HeaderName = HeaderName::from_static("x-ratelimit-resource");
 
-/// Which header families a layer writes (both by default).
+/// Which header fields a layer writes (every one by default): the IETF pair, `RateLimit-Policy` and `RateLimit`,
+/// and the GitHub-style `X-RateLimit-*` family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct HeaderSet {
-    ietf: bool,
+    policy: bool,
+    state: bool,
     github: bool,
 }
 
 impl HeaderSet {
     /// The IETF fields and the GitHub-style ones.
     pub const ALL: Self = Self {
-        ietf: true,
+        policy: true,
+        state: true,
         github: true,
     };
     /// `RateLimit-Policy` and `RateLimit` only.
     pub const IETF: Self = Self {
-        ietf: true,
+        policy: true,
+        state: true,
+        github: false,
+    };
+    /// `RateLimit` only: what each limit has left and within which time, without the policies (which the draft
+    /// lets a server leave out: they change only with the configuration). The one field a client needs to pace
+    /// itself, at a fraction of the cost of every field.
+    pub const RATELIMIT_ONLY: Self = Self {
+        policy: false,
+        state: true,
         github: false,
     };
     /// `X-RateLimit-*` only.
     pub const GITHUB: Self = Self {
-        ietf: false,
+        policy: false,
+        state: false,
         github: true,
     };
     /// No rate-limit fields (`Retry-After` is still sent on rejections).
     pub const NONE: Self = Self {
-        ietf: false,
+        policy: false,
+        state: false,
         github: false,
     };
 
-    /// The families as two bits (a rate-limit set keeps the families it was given in one atomic byte).
+    /// The fields as three bits (a rate-limit set keeps the fields it was given in one atomic byte).
     pub(crate) const fn bits(self) -> u8 {
-        self.ietf as u8 | (self.github as u8) << 1
+        self.policy as u8 | (self.github as u8) << 1 | (self.state as u8) << 2
     }
 
-    /// The families of [`bits`](Self::bits).
+    /// The fields of [`bits`](Self::bits).
     pub(crate) const fn from_bits(bits: u8) -> Self {
         Self {
-            ietf: bits & 1 != 0,
+            policy: bits & 1 != 0,
             github: bits & 2 != 0,
+            state: bits & 4 != 0,
         }
     }
 
-    /// The families of either set.
+    /// The fields of either set.
     #[must_use]
     pub const fn union(self, other: Self) -> Self {
         Self {
-            ietf: self.ietf || other.ietf,
+            policy: self.policy || other.policy,
+            state: self.state || other.state,
             github: self.github || other.github,
         }
     }
@@ -149,7 +165,7 @@ impl HeaderSet {
         // Grow the map once, and format every value in one scratch buffer.
         headers.reserve(self.fields());
         let mut buf = String::with_capacity(64);
-        if self.ietf {
+        if self.policy {
             for (i, v) in verdicts.enforced().rev().enumerate() {
                 push_name(&mut buf, i, &v.limiter);
                 push_param(&mut buf, draft::QUOTA, v.window_limit());
@@ -161,6 +177,8 @@ impl HeaderSet {
             }
             insert_str(headers, RATELIMIT_POLICY, &buf);
             buf.clear();
+        }
+        if self.state {
             for (i, v) in verdicts.enforced().rev().enumerate() {
                 push_name(&mut buf, i, &v.limiter);
                 push_param(&mut buf, draft::AVAILABLE, v.decision.remaining);
@@ -183,7 +201,7 @@ impl HeaderSet {
 
     /// How many fields `render` writes.
     fn fields(self) -> usize {
-        2 * usize::from(self.ietf) + 5 * usize::from(self.github)
+        usize::from(self.policy) + usize::from(self.state) + 5 * usize::from(self.github)
     }
 }
 

@@ -209,7 +209,7 @@ impl HeaderSet {
         };
         // `RateLimit: "<name>";r=<available>;t=<effective window>`; X-RateLimit-Remaining slices its `r` when both
         // are on.
-        let (state, mut remaining) = if self.ietf {
+        let (state, mut remaining) = if self.state {
             let start = s.push(&constant.state_prefix)?.start;
             let remaining = s.push_u64(v.decision.remaining)?;
             s.push(draft::EFFECTIVE_WINDOW.as_bytes())?;
@@ -233,11 +233,11 @@ impl HeaderSet {
         // Every byte is a digit or came from a valid constant: conversion cannot fail, and skipping beats panicking.
         let value = |range: Range<usize>| HeaderValue::from_maybe_shared(bytes.slice(range)).ok();
         headers.reserve(self.fields());
-        if let Some(state) = state {
+        if self.policy {
             headers.insert(RATELIMIT_POLICY, constant.policy.clone());
-            if let Some(state) = value(state) {
-                headers.insert(RATELIMIT, state);
-            }
+        }
+        if let Some(state) = state.and_then(value) {
+            headers.insert(RATELIMIT, state);
         }
         if let Some([remaining, reset, used]) = numbers {
             headers.insert(X_RATELIMIT_LIMIT, constant.limit.clone());
@@ -315,8 +315,10 @@ mod tests {
         for set in [
             HeaderSet::ALL,
             HeaderSet::IETF,
+            HeaderSet::RATELIMIT_ONLY,
             HeaderSet::GITHUB,
             HeaderSet::NONE,
+            HeaderSet::RATELIMIT_ONLY.union(HeaderSet::GITHUB),
         ] {
             for v in &cases {
                 let verdicts = Verdicts::from(v.clone());
