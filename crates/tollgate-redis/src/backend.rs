@@ -328,10 +328,25 @@ const CLUSTER_RETRY_MIN: Duration = Duration::from_millis(10);
 #[cfg(feature = "cluster")]
 const CLUSTER_RETRY_MAX: Duration = Duration::from_millis(100);
 
+/// How many times a Cluster command is retried: as many as the waits between them (10 ms, doubling, at most
+/// [`CLUSTER_RETRY_MAX`]) fill half of `budget`, at least 2 (a `MOVED` and an `ASK` while a slot migrates), so that a
+/// slot nobody serves is reported as such within a decision's budget instead of being cut off by it.
+#[cfg(feature = "cluster")]
+fn cluster_retries(budget: Duration) -> u32 {
+    let (mut retries, mut waited, mut wait) = (0, Duration::ZERO, CLUSTER_RETRY_MIN);
+    while waited + wait <= budget / 2 && retries < 16 {
+        waited += wait;
+        wait = (wait * 2).min(CLUSTER_RETRY_MAX);
+        retries += 1;
+    }
+    retries.max(2)
+}
+
 #[cfg(feature = "cluster")]
 pub(crate) async fn cluster(
     builder: redis::cluster::ClusterClientBuilder,
     timeout: Duration,
+    budget: Duration,
 ) -> Result<ClusterConnection, redis::RedisError> {
     // The connections' own limits are the start-up budget (as the pool's): each decision is bounded by the store's
     // budget above them, and a node reconnected to after a cut-off call must not have to fit into that budget.
@@ -346,6 +361,7 @@ pub(crate) async fn cluster(
         .min_retry_wait(CLUSTER_RETRY_MIN.as_millis() as u64)
         .max_retry_wait(CLUSTER_RETRY_MAX.as_millis() as u64)
         .retry_wait_formula(10, 2)
+        .retries(cluster_retries(budget))
         .build()?;
     let mut conn = client.get_async_connection().await?;
     // Pinned on every primary at start; a node that loses them later (a restart, a reshard onto a new node) is
@@ -447,6 +463,43 @@ fn classify(e: redis::RedisError) -> BackendError {
     }
 }
 
+/// [`classify`] for a Cluster: a key whose hash slot no primary answers for after every retry (`CLUSTERDOWN`, its
+/// node unreachable, or a redirection to that node left as the last answer) is reported with the slot.
+#[cfg(feature = "cluster")]
+fn classify_cluster(e: redis::RedisError, key: &str) -> BackendError {
+    let unserved = [
+        ServerErrorKind::ClusterDown,
+        ServerErrorKind::Moved,
+        ServerErrorKind::Ask,
+    ];
+    if unserved
+        .iter()
+        .any(|&kind| e.kind() == ErrorKind::Server(kind))
+        || (e.is_io_error() && !e.is_timeout())
+        || e.is_connection_refusal()
+    {
+        BackendError::ClusterSlotDown {
+            hash_slot: hash_slot(key),
+            error: e,
+        }
+    } else {
+        classify(e)
+    }
+}
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the first non-empty `{…}`), or of the
+/// whole key without one, modulo 16384.
+#[cfg(feature = "cluster")]
+pub(crate) fn hash_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes)) % 16_384
+}
+
 impl Backend {
     /// Runs one script on `key`. The caller bounds it with the store's timeout.
     pub(crate) async fn run(
@@ -498,7 +551,7 @@ impl Backend {
             #[cfg(feature = "cluster")]
             Self::Cluster(conn) => eval(&mut conn.clone(), script, key, args, read_only)
                 .await
-                .map_err(classify),
+                .map_err(|e| classify_cluster(e, key)),
         }
     }
 

@@ -220,19 +220,19 @@ impl RedisStoreBuilder {
             #[cfg(feature = "cluster")]
             Target::Cluster(nodes) => {
                 let builder = crate::cluster::builder(nodes, &security)?;
-                let conn =
-                    match tokio::time::timeout(startup, backend::cluster(builder, startup)).await {
-                        Err(_) => {
-                            return Err(BuildError::Connect(BackendError::Pool(format!(
-                                "no Cluster node answered within {startup:?}"
-                            ))));
-                        }
-                        Ok(Err(e)) => {
-                            return Err(connect::config_error(&e)
-                                .unwrap_or(BuildError::Connect(BackendError::Redis(e))));
-                        }
-                        Ok(Ok(conn)) => conn,
-                    };
+                let cluster = backend::cluster(builder, startup, self.timeout);
+                let conn = match tokio::time::timeout(startup, cluster).await {
+                    Err(_) => {
+                        return Err(BuildError::Connect(BackendError::Pool(format!(
+                            "no Cluster node answered within {startup:?}"
+                        ))));
+                    }
+                    Ok(Err(e)) => {
+                        return Err(connect::config_error(&e)
+                            .unwrap_or(BuildError::Connect(BackendError::Redis(e))));
+                    }
+                    Ok(Ok(conn)) => conn,
+                };
                 (Backend::Cluster(conn), None, None)
             }
             #[cfg(feature = "deadpool-redis")]

@@ -10,6 +10,16 @@ pub enum BackendError {
     /// The server is a replica (`READONLY`): limiter state is only ever read and written on a primary, because
     /// a lagging replica would answer from stale state. Point the store at the primary.
     ReadOnly(redis::RedisError),
+    /// No primary of a Redis Cluster answers for the key's hash slot (its node is unreachable, or the cluster
+    /// answers `CLUSTERDOWN`): a primary failed with no replica left to take its slots. Decisions on the slot's keys
+    /// fail until a primary serves it again (its replica promoted, or the node restarted); the store follows the
+    /// cluster back by itself.
+    ClusterSlotDown {
+        /// The hash slot (0–16383) of the key that was being decided.
+        hash_slot: u16,
+        /// What the cluster or the connection answered.
+        error: redis::RedisError,
+    },
     /// Any other Redis or connection error.
     Redis(redis::RedisError),
     /// No pooled connection could be had.
@@ -33,7 +43,7 @@ impl BackendError {
     /// The Redis error behind this one, if any.
     pub(crate) fn redis_error(&self) -> Option<&redis::RedisError> {
         match self {
-            Self::ReadOnly(e) | Self::Redis(e) => Some(e),
+            Self::ReadOnly(e) | Self::Redis(e) | Self::ClusterSlotDown { error: e, .. } => Some(e),
             Self::Pool(_) | Self::BadReply(_) => None,
         }
     }
@@ -47,6 +57,11 @@ impl fmt::Display for BackendError {
                 "Redis refused the write because the server is a read-only replica ({e}); \
                  tollgate keeps limiter state on primaries only: point the store at the primary"
             ),
+            Self::ClusterSlotDown { hash_slot, error } => write!(
+                f,
+                "no Redis Cluster primary answers for hash slot {hash_slot} ({error}): its primary is down with \
+                 no replica to take over; decisions on its keys fail until a primary serves the slot again"
+            ),
             Self::Redis(e) => write!(f, "Redis error: {e}"),
             Self::Pool(e) => write!(f, "no Redis connection: {e}"),
             Self::BadReply(e) => write!(f, "unexpected reply from the limiter script: {e}"),
@@ -57,7 +72,7 @@ impl fmt::Display for BackendError {
 impl std::error::Error for BackendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::ReadOnly(e) | Self::Redis(e) => Some(e),
+            Self::ReadOnly(e) | Self::Redis(e) | Self::ClusterSlotDown { error: e, .. } => Some(e),
             Self::Pool(_) | Self::BadReply(_) => None,
         }
     }

@@ -22,6 +22,9 @@
 //!   [`BackendError::ReadOnly`] and left to the limiter's failure policy; the connection is then made again (after a
 //!   failover the host name may point at the new primary). A connection the server or a proxy closed while idle
 //!   is retried once on a new one.
+//! - **A Cluster slot no primary serves** (its primary down with no replica left): decisions on its keys fail with
+//!   [`BackendError::ClusterSlotDown`], naming the key's hash slot, within the decision's budget; once a primary
+//!   serves the slot again, the same store decides on them again.
 //! - **Redis 5 or later**: the scripts write after reading `TIME`, which needs effects replication (the default
 //!   from Redis 5).
 //! - **Start-up check**: `maxmemory-policy` other than `noeviction` (or unreadable) is logged loudly, and the result
