@@ -1,5 +1,6 @@
 //! The one place a descriptor's decision is made: today a [`Store`] check per limited descriptor (those of a
-//! request concurrently, so a request of four descriptors on Redis waits for one round trip, not four).
+//! request concurrently, so a request of four descriptors on Redis waits for one round trip, not four), and, for
+//! a refused request decided all or nothing, the give-back of what the others spent.
 
 use futures_util::future::join_all;
 use tollgate_core::{Decision, Store, StoreError};
@@ -49,5 +50,45 @@ impl<S: Store> Engine<S> {
             }
         }
         out
+    }
+
+    /// Gives back the hits of every descriptor the store admitted (`decided`: each one's decision, and whether the
+    /// store made it), all at once, and keeps the state the store reports after it. A refund the store cannot make
+    /// (a fixed window has none) or that fails leaves the decision as it was, logged.
+    pub(crate) async fn give_back(
+        &self,
+        plan: &[Planned<'_>],
+        decided: &mut [Option<(Decision, bool)>],
+    ) {
+        let mut refunds = Vec::new();
+        for (i, (p, d)) in plan.iter().zip(decided.iter()).enumerate() {
+            let (Some(limit), Some((decision, true))) = (&p.limit, d) else {
+                continue;
+            };
+            let (Some(policy), Ok(hits)) = (limit.limit.policy(), i64::try_from(p.cost)) else {
+                continue;
+            };
+            if decision.is_allowed() && hits > 0 {
+                refunds.push((
+                    i,
+                    self.store.charge(&limit.key, policy, -hits, decision.now),
+                ));
+            }
+        }
+        let (slots, futures): (Vec<usize>, Vec<_>) = refunds.into_iter().unzip();
+        for (i, result) in slots.into_iter().zip(join_all(futures).await) {
+            let Some((decision, _)) = &mut decided[i] else {
+                continue;
+            };
+            match result {
+                Ok(after) => {
+                    decision.remaining = after.remaining;
+                    decision.reset = after.reset;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "a refused request's hits could not be given back")
+                }
+            }
+        }
     }
 }

@@ -82,6 +82,11 @@ struct Cli {
     #[arg(long)]
     shadow_mode: bool,
 
+    /// A refused request spends nothing: when the answer is OVER_LIMIT, the descriptors that admitted it get their
+    /// hits back (envoyproxy/ratelimit, and the default, count every descriptor's hits whatever the others answer).
+    #[arg(long)]
+    all_or_nothing: bool,
+
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<SocketAddr>,
@@ -187,6 +192,7 @@ async fn run(cli: Cli) -> Result<(), Fatal> {
             Headers::All => HeaderSet::ALL,
         })
         .shadow_mode(cli.shadow_mode)
+        .all_or_nothing(cli.all_or_nothing)
         .override_algorithm(algorithm)
         .on_store_error(match cli.on_store_error {
             OnError::Error => OnStoreError::Error,

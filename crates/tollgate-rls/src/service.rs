@@ -56,6 +56,7 @@ pub struct Options {
     pub(crate) shadow_mode: bool,
     pub(crate) on_store_error: OnStoreError,
     pub(crate) algorithm: Algorithm,
+    pub(crate) all_or_nothing: bool,
 }
 
 impl Default for Options {
@@ -65,6 +66,7 @@ impl Default for Options {
             shadow_mode: false,
             on_store_error: OnStoreError::Error,
             algorithm: crate::config::DEFAULT_ALGORITHM,
+            all_or_nothing: false,
         }
     }
 }
@@ -91,6 +93,15 @@ impl Options {
     /// What a store error makes of a descriptor's decision.
     pub const fn on_store_error(mut self, on: OnStoreError) -> Self {
         self.on_store_error = on;
+        self
+    }
+
+    /// A refused request spends nothing: when the answer is `OVER_LIMIT`, every descriptor that admitted it gets
+    /// its hits back before the answer leaves (a refund dated at the decision, exact for the token bucket and the
+    /// sliding window; a fixed window's count stays). Off by default, as in envoyproxy/ratelimit, which counts
+    /// every descriptor's hits whatever the others answer.
+    pub const fn all_or_nothing(mut self, on: bool) -> Self {
+        self.all_or_nothing = on;
         self
     }
 
@@ -191,14 +202,52 @@ impl<S: Store> RateLimitService<S> {
             }
         }
         let decisions = inner.engine.decide_all(&plan).await;
+        // Each limited descriptor's decision, and whether the store made it (a failure policy's decision spent
+        // nothing there to give back).
+        let mut decided: Vec<Option<(Decision, bool)>> = Vec::with_capacity(plan.len());
+        for (p, result) in plan.iter().zip(decisions) {
+            let Some(planned) = p.limit.as_ref().filter(|l| !l.limit.unlimited) else {
+                decided.push(None);
+                continue;
+            };
+            decided.push(Some(match result {
+                Some(Ok(decision)) => (decision, true),
+                Some(Err(e)) => match self.on_error(planned, &e).await {
+                    Some(decision) => (decision, false),
+                    None => {
+                        return Err(tonic::Status::unavailable(format!(
+                            "the rate limit store failed: {e}"
+                        )));
+                    }
+                },
+                // `requests_per_unit: 0`: nothing is admitted.
+                None => (refused(planned, inner.clock.now()), false),
+            }));
+        }
+        let (mut over, mut quota_over, mut quota_total) = (0, 0, 0);
+        for (p, d) in plan.iter().zip(&decided) {
+            let (Some(planned), Some((decision, _))) = (&p.limit, d) else {
+                continue;
+            };
+            let over_limit = !decision.is_allowed() && !planned.limit.shadow_mode;
+            if planned.limit.quota_mode {
+                quota_total += 1;
+                quota_over += usize::from(over_limit);
+            } else {
+                over += usize::from(over_limit);
+            }
+        }
+        let refused_request = over > 0 || (quota_total > 0 && quota_over == quota_total);
+        if refused_request && inner.options.all_or_nothing && !inner.options.shadow_mode {
+            inner.engine.give_back(&plan, &mut decided).await;
+        }
         let mut response = RateLimitResponse {
             overall_code: Code::Ok as i32,
             statuses: Vec::with_capacity(plan.len()),
             response_headers_to_add: Vec::new(),
         };
-        let (mut over, mut quota_over, mut quota_total) = (0, 0, 0);
         let mut verdicts = Verdicts::default();
-        for (p, decided) in plan.iter().zip(decisions) {
+        for (p, d) in plan.iter().zip(decided) {
             let Some(planned) = &p.limit else {
                 response.statuses.push(DescriptorStatus {
                     code: Code::Ok as i32,
@@ -207,7 +256,7 @@ impl<S: Store> RateLimitService<S> {
                 continue;
             };
             let limit = &planned.limit;
-            if limit.unlimited {
+            let Some((decision, _)) = d else {
                 inner.metrics.allowed(planned);
                 response.statuses.push(DescriptorStatus {
                     code: Code::Ok as i32,
@@ -215,19 +264,6 @@ impl<S: Store> RateLimitService<S> {
                     ..DescriptorStatus::default()
                 });
                 continue;
-            }
-            let decision = match decided {
-                Some(Ok(decision)) => decision,
-                Some(Err(e)) => match self.on_error(planned, &e).await {
-                    Some(decision) => decision,
-                    None => {
-                        return Err(tonic::Status::unavailable(format!(
-                            "the rate limit store failed: {e}"
-                        )));
-                    }
-                },
-                // `requests_per_unit: 0`: nothing is admitted.
-                None => refused(planned, inner.clock.now()),
             };
             let refused = !decision.is_allowed();
             inner.metrics.decided(planned, &decision);
@@ -237,12 +273,6 @@ impl<S: Store> RateLimitService<S> {
             } else {
                 Code::Ok
             };
-            if limit.quota_mode {
-                quota_total += 1;
-                quota_over += usize::from(code == Code::OverLimit);
-            } else {
-                over += usize::from(code == Code::OverLimit);
-            }
             let window = planned.window();
             let mut verdict = Verdict::new(limit.display_name(), window, decision);
             verdict.enforced = !shadow;
@@ -263,7 +293,7 @@ impl<S: Store> RateLimitService<S> {
                 verdicts.push(verdict);
             }
         }
-        if over > 0 || (quota_total > 0 && quota_over == quota_total) {
+        if refused_request {
             if inner.options.shadow_mode {
                 inner.metrics.global_shadow();
             } else {

@@ -237,6 +237,7 @@ fn help_lists_every_flag_and_bad_flags_or_files_exit_2_with_one_line() {
         "--on-store-error",
         "--response-headers",
         "--shadow-mode",
+        "--all-or-nothing",
         "--metrics-addr",
         "--log",
     ] {
@@ -374,6 +375,43 @@ async fn two_replicas_on_one_redis_share_the_limit() {
         tollgate_testkit::redis::cli_url(&url, &["--scan", "--pattern", &format!("{namespace}:*")]);
     assert!(keys.lines().any(|k| k.ends_with(":fw")), "{keys}");
     assert!(keys.lines().any(|k| k.ends_with(":sw")), "{keys}");
+}
+
+/// `--all-or-nothing` on Redis: a request refused by one descriptor gives the other its hit back, so the hourly
+/// limit is spent only by requests served.
+#[tokio::test]
+async fn all_or_nothing_on_redis_spends_nothing_for_a_refused_request() {
+    let namespace = unique_prefix("rls-all-or-nothing");
+    let two = "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 5 }\n  - key: burst\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n";
+    let dir = ConfigDir::new(&[("edge.yaml", two)]);
+    let url = redis_url();
+    let rls = Rls::start(
+        dir.path(),
+        &[
+            "--redis-url",
+            url.as_str(),
+            "--redis-namespace",
+            namespace.as_str(),
+            "--all-or-nothing",
+        ],
+    );
+    let mut client = rls.client().await;
+    let mut both = request("edge", &[("user", "ann")]);
+    both.descriptors
+        .extend(request("edge", &[("burst", "ann")]).descriptors);
+    let mut left = Vec::new();
+    for _ in 0..5 {
+        let reply = client
+            .should_rate_limit(both.clone())
+            .await
+            .expect("an answer")
+            .into_inner();
+        left.push((reply.overall_code(), reply.statuses[0].limit_remaining));
+    }
+    // Two served; the three refused by `burst` leave `user` at 3.
+    assert_eq!(left, [(OK, 4), (OK, 3), (OVER, 3), (OVER, 3), (OVER, 3)]);
+    let user = request("edge", &[("user", "ann")]);
+    assert_eq!(codes(&mut client, &user, 4).await, [OK, OK, OK, OVER]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

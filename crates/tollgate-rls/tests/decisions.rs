@@ -390,3 +390,43 @@ async fn response_headers_carry_the_ratelimit_fields_of_the_descriptors_decided(
         "off by default"
     );
 }
+
+/// Envoy's semantics by default: a refused request's other descriptors are counted. All or nothing: a refused
+/// request spends nothing, and the refused answer reports what the others have left after the give-back.
+#[tokio::test]
+async fn all_or_nothing_gives_a_refused_requests_hits_back() {
+    let r = request(
+        "shop",
+        vec![
+            descriptor(&[("path", "/checkout")]),
+            descriptor(&[("tenant", "acme"), ("user", "ann")]),
+        ],
+    );
+    let checkout_only = request("shop", vec![descriptor(&[("path", "/checkout")])]);
+    // 10 a minute on /checkout, 5 a second for ann; the clock stands still: 5 admitted, then 3 refused.
+    for (options, left_when_refused, left_after) in [
+        (Options::new(), [4, 3, 2], 1),
+        (Options::new().all_or_nothing(true), [5, 5, 5], 4),
+    ] {
+        let f = fixture(options);
+        for n in 0..5 {
+            let reply = f.ask(&r).await;
+            assert_eq!(reply.overall_code(), OK);
+            assert_eq!(reply.statuses[0].limit_remaining, 9 - n);
+        }
+        for left in left_when_refused {
+            let reply = f.ask(&r).await;
+            assert_eq!(reply.overall_code(), OVER);
+            assert_eq!(
+                (reply.statuses[0].code(), reply.statuses[0].limit_remaining),
+                (OK, left)
+            );
+            assert_eq!(reply.statuses[1].code(), OVER);
+        }
+        let reply = f.ask(&checkout_only).await;
+        assert_eq!(
+            (reply.overall_code(), reply.statuses[0].limit_remaining),
+            (OK, left_after)
+        );
+    }
+}
