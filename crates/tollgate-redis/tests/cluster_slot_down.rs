@@ -5,12 +5,29 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use tollgate_core::{Outcome, Store, StoreError};
+use tollgate_core::{Decision, Outcome, Policy, Store, StoreError};
 use tollgate_redis::{BackendError, RedisStore};
 use tollgate_testkit::redis::RedisCluster;
 
 /// Long enough for the cluster to see a node fail (its node timeout) and to take it back, many times over.
 const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Decides `client-0` every 50 ms until `wanted` takes the result, for at most [`PATIENCE`].
+async fn first_answer<T>(
+    store: &RedisStore,
+    policy: &Policy,
+    what: &str,
+    wanted: impl Fn(Result<Decision, StoreError>) -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(found) = wanted(store.check("client-0", policy, 1).await) {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "{what} within {PATIENCE:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
 
 #[test]
 fn a_slot_without_a_primary_is_named_and_recovers_when_its_node_returns() {
@@ -48,16 +65,7 @@ fn a_slot_without_a_primary_is_named_and_recovers_when_its_node_returns() {
             .expect("a slot number");
         cluster.node_mut(owner).kill();
 
-        let deadline = Instant::now() + PATIENCE;
-        let error = loop {
-            match store.check("client-0", &policy, 1).await {
-                Err(e) => break e,
-                Ok(_) => {
-                    assert!(Instant::now() < deadline, "decisions never failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        };
+        let error = first_answer(&store, &policy, "decisions never failed", Result::err).await;
         let StoreError::Backend(backend) = &error else {
             panic!("not a Redis error: {error:?}");
         };
@@ -81,16 +89,7 @@ fn a_slot_without_a_primary_is_named_and_recovers_when_its_node_returns() {
 
         // The node comes back (empty: nothing is persisted): the same store decides on its keys again.
         cluster.node_mut(owner).restart();
-        let deadline = Instant::now() + PATIENCE;
-        let resumed = loop {
-            match store.check("client-0", &policy, 1).await {
-                Ok(d) => break d,
-                Err(e) => {
-                    assert!(Instant::now() < deadline, "never resumed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        };
+        let resumed = first_answer(&store, &policy, "never resumed", Result::ok).await;
         assert_eq!(resumed.outcome, Outcome::Allowed);
     });
 }
