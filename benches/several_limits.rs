@@ -1,4 +1,4 @@
-//! Decisions per second with 1, 2 and 4 limits per request, in process and on Redis: the limits as one
+//! Decisions per second with 1, 2, 3 and 4 limits per request, in process and on Redis: the limits as one
 //! `RateLimitSetLayer` (decided as one, all or nothing) beside the same limits as separate `RateLimitLayer`s
 //! stacked one inside the other, in interleaved rounds.
 //!
@@ -131,7 +131,7 @@ async fn main() {
     );
     let memory = Arc::new(MemoryStore::new());
     let mut variants = Vec::new();
-    for limits in [1, 2, 4] {
+    for limits in [1, 2, 3, 4] {
         for (shape, set) in [("set", true), ("stacked", false)] {
             if limits == 1 && !set {
                 continue;

@@ -43,7 +43,7 @@ pub use failure::{FailurePolicy, ParseFailurePolicyError};
 pub use name::Name;
 pub use policy::{Algorithm, MAX_SCALED, Policy, PolicyError, Quota};
 pub use store::{
-    DEFAULT_MAX_KEYS, KeyHasher, LostCharge, MemoryStore, MemoryStoreBuilder, OnFull, Store,
+    Check, DEFAULT_MAX_KEYS, KeyHasher, LostCharge, MemoryStore, MemoryStoreBuilder, OnFull, Store,
     StoreError,
 };
 pub use time::Timestamp;

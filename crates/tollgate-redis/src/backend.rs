@@ -387,7 +387,7 @@ pub(crate) async fn cluster(
 async fn eval(
     conn: &mut impl ConnectionLike,
     script: &Script,
-    key: &str,
+    keys: &[&str],
     args: &[String],
     read_only: bool,
 ) -> redis::RedisResult<Value> {
@@ -397,12 +397,12 @@ async fn eval(
         ("EVALSHA", "EVAL")
     };
     let mut cmd = redis::cmd(evalsha);
-    cmd.arg(&script.sha).arg(1).arg(key).arg(args);
+    cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
     match cmd.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             tracing::debug!(sha = %script.sha, "script missing on the server; sending it with EVAL");
             let mut cmd = redis::cmd(eval);
-            cmd.arg(script.source).arg(1).arg(key).arg(args);
+            cmd.arg(script.source).arg(keys.len()).arg(keys).arg(args);
             cmd.query_async(conn).await
         }
         other => other,
@@ -413,7 +413,7 @@ async fn eval(
 async fn run_pooled(
     pool: &Pool,
     script: &Script,
-    key: &str,
+    keys: &[&str],
     args: &[String],
     read_only: bool,
 ) -> Result<redis::RedisResult<Value>, BackendError> {
@@ -428,7 +428,7 @@ async fn run_pooled(
     // replica (`READONLY`: a failover demoted it): the new connection resolves the host name again and may reach
     // the new primary.
     let guard = CutOffOnDrop(&health);
-    let result = eval(&mut multiplexed, script, key, args, read_only).await;
+    let result = eval(&mut multiplexed, script, keys, args, read_only).await;
     let replace = matches!(&result, Err(e) if e.is_io_error()
         || e.is_connection_dropped()
         || e.is_unrecoverable_error()
@@ -508,15 +508,15 @@ impl Backend {
         key: &str,
         args: &[String],
     ) -> Result<Value, BackendError> {
-        self.run_mode(script, key, args, false).await
+        self.run_mode(script, &[key], args, false).await
     }
 
-    /// Runs one script on `key`, read-only (`EVALSHA_RO`) if `read_only`. The caller bounds it with the store's
-    /// timeout.
+    /// Runs one script on `keys` (on a Cluster, keys of one hash slot), read-only (`EVALSHA_RO`) if `read_only`.
+    /// The caller bounds it with the store's timeout.
     pub(crate) async fn run_mode(
         &self,
         script: &Script,
-        key: &str,
+        keys: &[&str],
         args: &[String],
         read_only: bool,
     ) -> Result<Value, BackendError> {
@@ -527,14 +527,14 @@ impl Backend {
                 // future would size every backend's. That pool already costs a second round trip per decision.
                 Box::pin(async {
                     let mut conn = pool.get().await.map_err(deadpool_error)?;
-                    eval(&mut conn, script, key, args, read_only)
+                    eval(&mut conn, script, keys, args, read_only)
                         .await
                         .map_err(classify)
                 })
                 .await
             }
             Self::Pooled(pool) => {
-                let result = match run_pooled(pool, script, key, args, read_only).await? {
+                let result = match run_pooled(pool, script, keys, args, read_only).await? {
                     // The server (or a proxy, a load balancer) closed a connection that sat idle: the command
                     // failed on the way out. One retry on a fresh connection, within the caller's timeout, as
                     // Redis clients do; without it every quiet spell cost a decision to the failure policy.
@@ -542,16 +542,31 @@ impl Backend {
                     // twice, which beats failing it.)
                     Err(e) if e.is_connection_dropped() => {
                         tracing::debug!(error = %e, "Redis connection dropped; retrying on a new one");
-                        run_pooled(pool, script, key, args, read_only).await?
+                        run_pooled(pool, script, keys, args, read_only).await?
                     }
                     other => other,
                 };
                 result.map_err(classify)
             }
             #[cfg(feature = "cluster")]
-            Self::Cluster(conn) => eval(&mut conn.clone(), script, key, args, read_only)
+            Self::Cluster(conn) => eval(&mut conn.clone(), script, keys, args, read_only)
                 .await
-                .map_err(|e| classify_cluster(e, key)),
+                .map_err(|e| classify_cluster(e, keys.first().copied().unwrap_or_default())),
+        }
+    }
+
+    /// Whether one script call can take every key of `keys`: on a Cluster only keys of one hash slot (a script's
+    /// keys must all be on the node it runs on).
+    pub(crate) fn one_call(&self, keys: &[String]) -> bool {
+        match self {
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => keys
+                .windows(2)
+                .all(|w| hash_slot(&w[0]) == hash_slot(&w[1])),
+            _ => {
+                let _ = keys;
+                true
+            }
         }
     }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Decision, Outcome, Policy, Timestamp};
+use tollgate_core::{Algorithm, Check, Decision, Outcome, Policy, Timestamp};
 
 use crate::BackendError;
 
@@ -89,6 +89,23 @@ pub const CONCURRENCY_RELEASE_LUA: &str = concat!(
     include_str!("../lua/concurrency_release.lua")
 );
 
+/// Several limits decided as one (`lua/set_open.lua`, `lua/set_close.lua`): every algorithm's script wrapped as a
+/// function of its `KEYS` and `ARGV`, after `lua/prelude.lua` and `lua/token_leases.lua`. The wrapping lines are
+/// here rather than in files of their own: they are only the functions' opening and closing.
+pub const SET_LUA: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/set_open.lua"),
+    include_str!("../lua/token_leases.lua"),
+    "local function token_bucket(KEYS, ARGV)\n",
+    include_str!("../lua/token_bucket.lua"),
+    "end\nlocal function sliding_window(KEYS, ARGV)\n",
+    include_str!("../lua/sliding_window.lua"),
+    "end\nlocal function fixed_window(KEYS, ARGV)\n",
+    include_str!("../lua/fixed_window.lua"),
+    "end\n",
+    include_str!("../lua/set_close.lua")
+);
+
 /// A script's source and SHA-1, as `EVALSHA` wants it.
 pub(crate) struct Script {
     pub(crate) source: &'static str,
@@ -124,6 +141,7 @@ pub(crate) struct Scripts {
     sliding_window_charge: Script,
     fixed_window: Script,
     fixed_window_ops: Script,
+    set: Script,
     startup_probe: Script,
     pub(crate) concurrency_acquire: Script,
     pub(crate) concurrency_renew: Script,
@@ -143,6 +161,7 @@ impl Scripts {
             sliding_window_charge: Script::new(SLIDING_WINDOW_CHARGE_LUA),
             fixed_window: Script::new(FIXED_WINDOW_LUA),
             fixed_window_ops: Script::new(FIXED_WINDOW_OPS_LUA),
+            set: Script::new(SET_LUA),
             startup_probe: Script::new(STARTUP_PROBE_LUA),
             concurrency_acquire: Script::new(CONCURRENCY_ACQUIRE_LUA),
             concurrency_renew: Script::new(CONCURRENCY_RENEW_LUA),
@@ -177,6 +196,11 @@ impl Scripts {
         }
     }
 
+    /// Several limits decided as one (`SET_LUA`).
+    pub(crate) fn set(&self) -> &Script {
+        &self.set
+    }
+
     /// The start-up check of the store's permissions (`lua/startup_probe.lua`).
     pub(crate) fn startup_probe(&self) -> &Script {
         &self.startup_probe
@@ -199,7 +223,7 @@ impl Scripts {
 
 /// Every script a store runs: loaded with `SCRIPT LOAD` on each new connection (and at start-up), so that a
 /// decision is one `EVALSHA` even where the server evicts scripts that `EVAL` loaded (Redis 7.4 and later).
-pub(crate) fn pinned() -> [&'static Script; 14] {
+pub(crate) fn pinned() -> [&'static Script; 15] {
     let s = Scripts::shared();
     [
         &s.token_bucket,
@@ -212,6 +236,7 @@ pub(crate) fn pinned() -> [&'static Script; 14] {
         &s.sliding_window_charge,
         &s.fixed_window,
         &s.fixed_window_ops,
+        &s.set,
         &s.startup_probe,
         &s.concurrency_acquire,
         &s.concurrency_renew,
@@ -370,6 +395,50 @@ pub(crate) fn parse_charge_reply(
     }
 }
 
+/// The set script's ARGV for `checks` (see `lua/set_open.lua`): the instant (empty: the server's `TIME`), then per
+/// check its algorithm, whether it is enforced, and the algorithm's arguments without their own time.
+pub(crate) fn set_args(checks: &[Check<'_>], now: Option<Timestamp>) -> Vec<String> {
+    let mut args = Vec::with_capacity(1 + 7 * checks.len());
+    args.push(now_arg(now));
+    for check in checks {
+        let algorithm = match check.policy.algorithm() {
+            Algorithm::TokenBucket => "tb",
+            Algorithm::SlidingWindowCounter => "sw",
+            Algorithm::FixedWindow => "fw",
+        };
+        let [a, b, c, d, _] = self::args(check.policy, check.cost, None);
+        let enforced = if check.enforced { "1" } else { "0" };
+        args.extend([
+            algorithm.to_owned(),
+            enforced.to_owned(),
+            a,
+            b,
+            c,
+            d,
+            String::new(),
+        ]);
+    }
+    args
+}
+
+/// Turns the set script's reply, one decision reply per check, into the checks' decisions.
+pub(crate) fn parse_set_reply(
+    checks: &[Check<'_>],
+    reply: &redis::Value,
+) -> Result<Vec<Decision>, BackendError> {
+    match reply {
+        redis::Value::Array(items) if items.len() == checks.len() => checks
+            .iter()
+            .zip(items)
+            .map(|(check, item)| parse_reply(check.policy, item))
+            .collect(),
+        _ => Err(BackendError::BadReply(format!(
+            "expected {} decisions in the set script's reply {reply:?}",
+            checks.len()
+        ))),
+    }
+}
+
 /// Turns `{outcome, remaining, reset_us, retry_after_us, now_us}` into a [`Decision`].
 pub(crate) fn parse_reply(policy: &Policy, reply: &redis::Value) -> Result<Decision, BackendError> {
     let bad = |why: &str| BackendError::BadReply(format!("{why} in script reply {reply:?}"));
@@ -463,6 +532,7 @@ mod tests {
             SLIDING_WINDOW_OPS_LUA,
             TOKEN_BUCKET_CHARGE_LUA,
             SLIDING_WINDOW_CHARGE_LUA,
+            SET_LUA,
             crate::CONCURRENCY_ACQUIRE_LUA,
             crate::CONCURRENCY_RENEW_LUA,
             crate::CONCURRENCY_RELEASE_LUA,

@@ -1,11 +1,12 @@
 //! [`RedisStore`]: one `EVALSHA` per decision, bounded by a timeout and guarded by a circuit breaker. What to do
 //! when Redis cannot answer is the limiter's failure policy: the store returns the error.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use tollgate_core::{Algorithm, Decision, LostCharge, Policy, Store, StoreError, Timestamp};
+use tollgate_core::{Algorithm, Check, Decision, LostCharge, Policy, Store, StoreError, Timestamp};
 
 use crate::backend::Backend;
 use crate::circuit::{Admission, Circuit, CircuitState};
@@ -228,6 +229,55 @@ impl RedisStore {
             .await
     }
 
+    /// [`Store::check_all`] at `now` instead of the server's time (for tests and replays, as
+    /// [`check_at`](Self::check_at)); `None` where one script call cannot decide `checks` (see `check_all`).
+    pub fn check_all_at(
+        &self,
+        checks: &[Check<'_>],
+        now: Timestamp,
+    ) -> Option<impl Future<Output = Result<Vec<Decision>, StoreError>> + Send> {
+        let (keys, args) = self.set_call(checks, Some(now))?;
+        Some(async move { self.decide_all(checks, &keys, &args).await })
+    }
+
+    /// The keys and arguments of the one set script call that decides `checks`, or `None` where one call cannot:
+    /// fewer than two checks, a policy with a lockout (its script of its own), two checks on one key (the set
+    /// holds a limit's writes back, so a second look at its key would not see them), keys in different hash
+    /// slots of a Cluster.
+    fn set_call(
+        &self,
+        checks: &[Check<'_>],
+        now: Option<Timestamp>,
+    ) -> Option<(Vec<String>, Vec<String>)> {
+        if checks.len() < 2 || checks.iter().any(|c| c.policy.lockout_micros() > 0) {
+            return None;
+        }
+        let namespace = &self.inner.namespace;
+        let keys: Vec<String> = checks
+            .iter()
+            .map(|c| keys::redis_key(namespace, c.key, c.policy.algorithm()))
+            .collect();
+        let distinct = keys.iter().enumerate().all(|(i, k)| !keys[..i].contains(k));
+        if !distinct || !self.inner.backend.one_call(&keys) {
+            return None;
+        }
+        let now = now.map(|t| t.min(Timestamp::LATEST));
+        Some((keys, script::set_args(checks, now)))
+    }
+
+    /// One set script call (see [`set_call`](Self::set_call)).
+    async fn decide_all(
+        &self,
+        checks: &[Check<'_>],
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Vec<Decision>, StoreError> {
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let parse = |reply: &redis::Value| script::parse_set_reply(checks, reply);
+        self.run_script_mode(self.inner.scripts.set(), &keys, args, false, parse)
+            .await
+    }
+
     async fn charge_inner(
         &self,
         key: &str,
@@ -350,7 +400,7 @@ impl RedisStore {
         let script = self.inner.scripts.ops_for_algorithm(policy.algorithm());
         let redis_key = keys::redis_key(&self.inner.namespace, key, policy.algorithm());
         let args = script::ops_args(policy, cost, now.map(|t| t.min(Timestamp::LATEST)), true);
-        self.run_script_mode(script, &redis_key, &args, true, |reply| {
+        self.run_script_mode(script, &[&redis_key], &args, true, |reply| {
             script::parse_reply(policy, reply)
         })
         .await
@@ -366,15 +416,15 @@ impl RedisStore {
         args: &[String],
         parse: impl FnOnce(&redis::Value) -> Result<T, crate::BackendError>,
     ) -> Result<T, StoreError> {
-        self.run_script_mode(script, redis_key, args, false, parse)
+        self.run_script_mode(script, &[redis_key], args, false, parse)
             .await
     }
 
-    /// [`run_script`](Self::run_script), read-only (`EVALSHA_RO`) if `read_only` and the server has it.
+    /// [`run_script`](Self::run_script) on `keys`, read-only (`EVALSHA_RO`) if `read_only` and the server has it.
     async fn run_script_mode<T>(
         &self,
         script: &script::Script,
-        redis_key: &str,
+        keys: &[&str],
         args: &[String],
         read_only: bool,
         parse: impl FnOnce(&redis::Value) -> Result<T, crate::BackendError>,
@@ -392,11 +442,7 @@ impl RedisStore {
         let started = Instant::now();
         let call = async {
             let read_only = read_only && !inner.no_read_only.load(Ordering::Relaxed);
-            match inner
-                .backend
-                .run_mode(script, redis_key, args, read_only)
-                .await
-            {
+            match inner.backend.run_mode(script, keys, args, read_only).await {
                 Err(e) if read_only && e.is_unknown_command() => {
                     // Redis before 7: the script writes nothing in peek mode by construction; the server just
                     // cannot enforce it.
@@ -404,7 +450,7 @@ impl RedisStore {
                     tracing::info!(
                         "Redis does not know EVALSHA_RO (before 7.0): peeks run their read-only script by EVALSHA"
                     );
-                    inner.backend.run_mode(script, redis_key, args, false).await
+                    inner.backend.run_mode(script, keys, args, false).await
                 }
                 other => other,
             }
@@ -460,6 +506,16 @@ impl Store for RedisStore {
         hold: Duration,
     ) -> Result<Decision, StoreError> {
         self.decide(key, policy, cost, None, Some(hold)).await
+    }
+
+    /// One script call (`SET_LUA`) for every check, where the checks allow one (see
+    /// [`check_all_at`](RedisStore::check_all_at)): the limits' writes are made only if every enforced limit admits.
+    fn check_all(
+        &self,
+        checks: &[Check<'_>],
+    ) -> Option<impl Future<Output = Result<Vec<Decision>, StoreError>> + Send> {
+        let (keys, args) = self.set_call(checks, None)?;
+        Some(async move { self.decide_all(checks, &keys, &args).await })
     }
 
     /// Shared, so rate limiters cache its denials (their deny cache): every denial it returns is Redis's own (a

@@ -1,15 +1,16 @@
 //! A set of limiters decides a request as one: over random sequences of requests and clock steps, against
 //! random mixes of token buckets and sliding windows, a request is admitted exactly when every limiter would
 //! admit it, a refusal leaves every limiter's state as it was, and its retry is the latest of the refusing
-//! limiters', and the set's peek is every limiter's — in process, and on a real Redis deciding at the same manual
-//! instants.
+//! limiters', and the set's peek is every limiter's — in process, on a real Redis deciding at the same manual
+//! instants (in one script call per request, and one call per limit with give-backs), and on a Redis Cluster.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use proptest::prelude::*;
 use tollgate_core::{
-    Clock, Decision, ManualClock, MemoryStore, Policy, Quota, Store, StoreError, Timestamp,
+    Check, Clock, Decision, ManualClock, MemoryStore, Policy, Quota, Store, StoreError, Timestamp,
 };
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis::{redis_url, unique_prefix};
@@ -43,13 +44,25 @@ fn layer<St: Store>(name: &str, policy: Policy, store: Arc<St>) -> Limit<St> {
     RateLimitLayer::new(name.to_owned(), policy, store, key as KeyOf).cost(cost as CostOf)
 }
 
-/// Redis deciding, peeking and charging at a manual clock's instants; shared, as Redis is.
+/// Redis deciding, peeking and charging at a manual clock's instants; shared, as Redis is. `joint`: a set's
+/// limiters are decided in one script call (as `RedisStore` decides them), else one call each and give-backs (as
+/// on a Redis Cluster whose limits' keys are in different slots).
 struct Clocked {
     redis: RedisStore,
     clock: ManualClock,
+    joint: bool,
 }
 
 impl Store for Clocked {
+    fn check_all(
+        &self,
+        checks: &[Check<'_>],
+    ) -> Option<impl Future<Output = Result<Vec<Decision>, StoreError>> + Send> {
+        if !self.joint {
+            return None;
+        }
+        self.redis.check_all_at(checks, self.clock.now())
+    }
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         self.redis
             .check_at(key, policy, cost, self.clock.now())
@@ -97,12 +110,16 @@ fn steps() -> impl Strategy<Value = Vec<(u64, u64)>> {
 
 /// Runs `steps` through a set of `limits` on `store` (whose instants `clock` gives) and checks every decision. The
 /// deny cache is off: it keeps time by its own clock, not the manual one (the example servers' tests cover it).
+///
+/// `calls` counts the store's round trips, where they are counted and one decides the whole set: every request
+/// then costs exactly one, admitted or refused.
 async fn run<St: Store>(
     store: Arc<St>,
     clock: &ManualClock,
     prefix: &str,
     limits: &[(bool, u64, u64)],
     steps: &[(u64, u64)],
+    calls: impl Fn() -> Option<u64>,
 ) -> Result<(), TestCaseError> {
     let layers: Vec<Limit<St>> = limits
         .iter()
@@ -128,8 +145,12 @@ async fn run<St: Store>(
             .collect();
         prop_assert_eq!(&peeked, &before, "the set's peek is every limiter's");
         let every = before.iter().all(Decision::is_allowed);
+        let calls_before = calls();
         let result = svc.ready().await.expect("ready").call(cost).await;
         prop_assert_eq!(result.is_ok(), every, "every limit admits: {:?}", before);
+        if let (Some(before), Some(after)) = (calls_before, calls()) {
+            prop_assert_eq!(after - before, 1, "one round trip decides the set");
+        }
         let Err(err) = result else { continue };
         let rejection = err.downcast_ref::<Rejection>().expect("a rejection");
         let latest = before
@@ -142,6 +163,24 @@ async fn run<St: Store>(
             latest.expect("a refusing limit"),
             "the latest retry of the refusing limits"
         );
+        // Every other limit is listed with what it has left: an admitting one with its cost unspent.
+        let listed: Vec<_> = std::iter::once(rejection.verdict().expect("a verdict"))
+            .chain(rejection.admitted())
+            .map(|v| (v.limiter.to_string(), v.decision))
+            .collect();
+        for (i, was) in before.iter().enumerate() {
+            let name = format!("{prefix}{i}");
+            let shown = listed.iter().find(|(n, _)| *n == name).map(|(_, d)| d);
+            let shown = shown.ok_or_else(|| TestCaseError::fail(format!("{name} not listed")))?;
+            if was.is_allowed() {
+                prop_assert_eq!(
+                    shown.remaining,
+                    was.remaining + cost,
+                    "{} has its cost back",
+                    name
+                );
+            }
+        }
         for (l, was) in layers.iter().zip(&before) {
             let now = l.peek(&cost).await.expect("a peek");
             prop_assert_eq!(
@@ -177,7 +216,7 @@ proptest! {
     fn in_process_a_set_decides_as_one(limits in limits(), steps in steps()) {
         let clock = clock();
         let store = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
-        runtime().block_on(run(store, &clock, "l", &limits, &steps))?;
+        runtime().block_on(run(store, &clock, "l", &limits, &steps, || None))?;
     }
 }
 
@@ -185,7 +224,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
 
     #[test]
-    fn on_redis_a_set_decides_as_one(limits in limits(), steps in steps()) {
+    fn on_redis_a_set_decides_as_one(limits in limits(), steps in steps(), joint in any::<bool>()) {
         let clock = clock();
         let rt = runtime();
         rt.block_on(async {
@@ -195,8 +234,46 @@ proptest! {
                 .build()
                 .await
                 .expect("Redis answers");
-            let store = Arc::new(Clocked { redis, clock: clock.clone() });
-            run(store, &clock, "l", &limits, &steps).await
+            let store = Arc::new(Clocked { redis, clock: clock.clone(), joint });
+            let counted = store.clone();
+            let calls = move || joint.then(|| counted.redis.script_calls());
+            run(store, &clock, "l", &limits, &steps, calls).await
         })?;
     }
+}
+
+/// On a private 3-primary Redis Cluster (one for every case, each case on keys of its own): a set's keys are in different hash slots
+/// (one script call cannot take them), so each limit is decided on its own node and a refusal gives back.
+#[test]
+fn on_a_redis_cluster_a_set_decides_as_one() {
+    let cluster = tollgate_testkit::redis::RedisCluster::start(3);
+    let rt = runtime();
+    let redis = rt.block_on(async {
+        RedisStore::cluster_builder(cluster.urls())
+            .namespace(unique_prefix("several"))
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .expect("the cluster answers")
+    });
+    let clock = clock();
+    let store = Arc::new(Clocked {
+        redis,
+        clock: clock.clone(),
+        joint: true,
+    });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(8));
+    let case = std::sync::atomic::AtomicU64::new(0);
+    runner
+        .run(&(limits(), steps()), |(limits, steps)| {
+            // A key prefix of its own per case (and per shrinking step): no case sees another's state.
+            let prefix = format!(
+                "c{}-",
+                case.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            rt.block_on(run(store.clone(), &clock, &prefix, &limits, &steps, || {
+                None
+            }))
+        })
+        .expect("the set decides as one on a Cluster");
 }

@@ -196,6 +196,22 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Decides several limits of one request as one, atomically: when every enforced check admits, each is spent
+    /// as [`check`](Self::check) would spend it; when one refuses, nothing is written anywhere, each refusing
+    /// check answers its refusal and each that would have admitted answers as a request of cost 0 would (what
+    /// it has left). The answers are in the order of `checks`. One instant decides them all.
+    ///
+    /// `None` when this store cannot decide these checks as one (the default): the caller decides them one by
+    /// one. The Redis store answers in one script call, but for a policy with a lockout, two checks on one key,
+    /// or keys in different hash slots of a Redis Cluster.
+    fn check_all(
+        &self,
+        checks: &[Check<'_>],
+    ) -> Option<impl Future<Output = Result<Vec<Decision>, StoreError>> + Send> {
+        let _ = checks;
+        None::<std::future::Ready<_>>
+    }
+
     /// Whether this store's state is shared by other instances (Redis) and its denials are the shared state's
     /// own answers: a rate limiter then caches them until their retry instant (its deny cache, on by default for
     /// such a store). `false` (the default) for an in-process store, and for a store that may synthesize
@@ -221,6 +237,20 @@ pub trait Store: Send + Sync + 'static {
     fn supports_token_leases(&self) -> bool {
         false
     }
+}
+
+/// One limit of a request decided with the others by [`Store::check_all`].
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    /// The key, as [`Store::check`] takes it.
+    pub key: &'a str,
+    /// The limit's policy.
+    pub policy: &'a Policy,
+    /// What the request costs on this limit.
+    pub cost: u64,
+    /// Whether this limit's refusal refuses the request (`false`: a limit in shadow mode, decided and reported,
+    /// never refusing).
+    pub enforced: bool,
 }
 
 /// What a [`Store::charge_detached`] calls when its charge cannot reach the store (an error, or no way to run
@@ -342,6 +372,13 @@ impl<S: Store> Store for Arc<S> {
         lost: LostCharge,
     ) {
         (**self).charge_detached(key, policy, delta, decided_at, lost);
+    }
+
+    fn check_all(
+        &self,
+        checks: &[Check<'_>],
+    ) -> Option<impl Future<Output = Result<Vec<Decision>, StoreError>> + Send> {
+        (**self).check_all(checks)
     }
 
     fn is_shared(&self) -> bool {

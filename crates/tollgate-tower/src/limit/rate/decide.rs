@@ -329,6 +329,59 @@ impl<K, St: Store, C> Shared<K, St, C> {
         self.conclude(result, &key, cost, mode, keep)
     }
 
+    /// Whether this limiter's request on `key` can be decided in one store call with other limiters' requests
+    /// ([`Store::check_all`]): not while it leases tokens, nor has a lockout, nor while its deny cache holds an
+    /// entry for the key (whose single flight the key's requests share). Returns the deny cache's clock then
+    /// (0 without a cache), from before the call, as [`decide`](Self::decide) measures it.
+    pub(crate) fn joins(&self, key: &str, deny: Option<KeyDigests>, cost: u64) -> Option<u64> {
+        if self.leases.is_some() || self.policy.lockout_micros() > 0 {
+            return None;
+        }
+        let Some(table) = &self.deny else {
+            return Some(0);
+        };
+        let digests = deny.unwrap_or_else(|| table.key(key));
+        (!table.holds_entry(digests, cost)).then(|| table.now())
+    }
+
+    /// Concludes this limiter's request from the answer of a store call shared with other limiters (see
+    /// [`joins`](Self::joins); `sent` is what it returned) as [`decide`](Self::decide) concludes from its own:
+    /// the deny cache records a denial, and an admission if the call `committed` it (an admission the call did
+    /// not write is no state of the store's).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn conclude_joint(
+        &self,
+        result: Result<Decision, &StoreError>,
+        committed: bool,
+        key: &str,
+        deny: Option<KeyDigests>,
+        cost: u64,
+        mode: Mode,
+        keep: bool,
+        sent: u64,
+    ) -> Conclusion {
+        match result {
+            Ok(decision) => {
+                if let Some(table) = &self.deny
+                    && (committed || !decision.is_allowed())
+                {
+                    let digests = deny.unwrap_or_else(|| table.key(key));
+                    table.record(
+                        digests,
+                        key,
+                        &self.policy,
+                        cost,
+                        sent,
+                        std::time::Duration::ZERO,
+                        &decision,
+                    );
+                }
+                self.judge(decision, mode, keep)
+            }
+            Err(err) => self.store_failed(err, key, cost, mode, keep),
+        }
+    }
+
     /// Ends the key's cached denial, if the cache is on (see [`DenyTable::expire`]).
     fn forget_denial(&self, key: &str, deny: Option<KeyDigests>) {
         if let Some(table) = &self.deny {

@@ -163,6 +163,19 @@ impl DenyTable {
         Some(decision)
     }
 
+    /// Whether a request of `cost` on the key `key` digests would be decided through the key's entry (a live one,
+    /// or one whose denial has just expired, whose single flight the key's requests share): `false` when the
+    /// store is asked as if the cache were not there.
+    pub(crate) fn holds_entry(&self, key: KeyDigests, cost: u64) -> bool {
+        let KeyDigests { digest, check } = key;
+        let now = self.now();
+        self.table
+            .get(digest, |d| {
+                d.check == check && covers(d, cost) && now < d.coalesce_until
+            })
+            .unwrap_or(false)
+    }
+
     /// Decides a request on the key `key` digests (`text` its text) with this cache: refused from an entry (one a
     /// flight it waited for brought), or asked of the store by `ask` — as the key's single flight when its entry
     /// has just expired, while the others wait for that reply (at most [`MAX_WAITS`] flights, each one store
@@ -282,7 +295,7 @@ impl DenyTable {
     /// that tells the denial the key's next such request would get ([`next_denial`]); any reply also tightens the
     /// bound on the clocks' offset an entry for the key keeps.
     #[allow(clippy::too_many_arguments)]
-    fn record(
+    pub(crate) fn record(
         &self,
         key: KeyDigests,
         text: &str,

@@ -62,6 +62,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 mod grant;
+mod joint;
 
 use grant::{SetAnswer, SetGrant};
 
@@ -470,23 +471,37 @@ impl<S, K, St, C, A, R> RateLimitSet<S, K, St, C, A, R> {
             return Machine::calling(self.inner.call(req), Some(grant), answer);
         }
         let decide: Deciding<SetGrant> = Box::pin(async move {
-            for w in later {
+            // Decided as one: those the store can decide in one call are (a refusal there spends nothing).
+            let mut joint = match &composed {
+                Some(_) => joint::decide(&later, kept).await,
+                None => None,
+            };
+            for (i, w) in later.into_iter().enumerate() {
                 let keep_this = kept || w.settle;
                 let key = if w.settle || composed.is_some() {
                     Some(w.key.clone())
                 } else {
                     None
                 };
-                let conclusion = w
-                    .shared
-                    .decide(w.key, w.deny, w.cost, w.mode, keep_this)
-                    .await;
+                let (conclusion, spent_here) = match joint.as_mut().and_then(|j| j.take(i)) {
+                    Some(conclusion) => (conclusion, joint.as_ref().is_some_and(|j| j.committed)),
+                    None => {
+                        let conclusion = w
+                            .shared
+                            .decide(w.key, w.deny, w.cost, w.mode, keep_this)
+                            .await;
+                        (conclusion, true)
+                    }
+                };
                 if let (Conclusion::Admit(Some(v)), Some(key), true) = (&conclusion, &key, w.settle)
+                    && spent_here
                 {
                     grant.settle(&w.shared, key.clone(), w.cost, v);
                 }
                 if let Some(composed) = &mut composed {
-                    let spent = key.map(|key| (SpentKey::Text(key, w.deny), w.cost));
+                    let spent = key
+                        .filter(|_| spent_here)
+                        .map(|key| (SpentKey::Text(key, w.deny), w.cost));
                     composed.push(&w.shared, conclusion, spent);
                     continue;
                 }
