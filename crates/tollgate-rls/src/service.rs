@@ -201,11 +201,13 @@ impl<S: Store> RateLimitService<S> {
                 }
             }
         }
-        let decisions = inner.engine.decide_all(&plan).await;
+        let together = inner.options.all_or_nothing && !inner.options.shadow_mode;
+        let decisions = inner.engine.decide_all(&plan, together).await;
+        let as_one = decisions.as_one;
         // Each limited descriptor's decision, and whether the store made it (a failure policy's decision spent
         // nothing there to give back).
         let mut decided: Vec<Option<(Decision, bool)>> = Vec::with_capacity(plan.len());
-        for (p, result) in plan.iter().zip(decisions) {
+        for (p, result) in plan.iter().zip(decisions.results) {
             let Some(planned) = p.limit.as_ref().filter(|l| !l.limit.unlimited) else {
                 decided.push(None);
                 continue;
@@ -238,7 +240,7 @@ impl<S: Store> RateLimitService<S> {
             }
         }
         let refused_request = over > 0 || (quota_total > 0 && quota_over == quota_total);
-        if refused_request && inner.options.all_or_nothing && !inner.options.shadow_mode {
+        if refused_request && together && !as_one {
             inner.engine.give_back(&plan, &mut decided).await;
         }
         let mut response = RateLimitResponse {

@@ -414,6 +414,77 @@ async fn all_or_nothing_on_redis_spends_nothing_for_a_refused_request() {
     assert_eq!(codes(&mut client, &user, 4).await, [OK, OK, OK, OVER]);
 }
 
+/// How many decision scripts `server` has run (`EVALSHA` calls, from `INFO commandstats`).
+fn script_calls(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .map_or(0, |rest| {
+            rest.split(',')
+                .next()
+                .unwrap_or("0")
+                .parse()
+                .expect("a count")
+        })
+}
+
+/// A request of three descriptors on Redis is one script call (its descriptors decided in one script), as Envoy
+/// counts (every descriptor's hits) and all or nothing alike; the answers are those of separate calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_descriptors_on_redis_are_one_script_call() {
+    let three = "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 5 }\n  - key: org\n    rate_limit: { unit: hour, requests_per_unit: 4 }\n  - key: burst\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n";
+    let dir = ConfigDir::new(&[("edge.yaml", three)]);
+    let server = RedisServer::start();
+    let url = server.url();
+    for (mode, expected, expected_calls) in [
+        // Envoy's counting: refused requests still spend `user` and `org`. The fourth request finds `burst`'s
+        // denial in the deny cache, which answers it: `user` and `org` are then a call each.
+        (
+            None,
+            [(OK, 4, 3), (OK, 3, 2), (OVER, 2, 1), (OVER, 1, 0)],
+            [1, 1, 1, 2],
+        ),
+        // All or nothing: a refused request spends nothing; `user` and `org` report what they have left, from the
+        // one call that also refuses `burst`.
+        (
+            Some("--all-or-nothing"),
+            [(OK, 4, 3), (OK, 3, 2), (OVER, 3, 2), (OVER, 3, 2)],
+            [1, 1, 1, 1],
+        ),
+    ] {
+        let namespace = unique_prefix("rls-one-call");
+        let mut args = vec![
+            "--redis-url",
+            url.as_str(),
+            "--redis-namespace",
+            namespace.as_str(),
+        ];
+        args.extend(mode);
+        let rls = Rls::start(dir.path(), &args);
+        let mut client = rls.client().await;
+        let mut all = request("edge", &[("user", "ann")]);
+        for (key, value) in [("org", "acme"), ("burst", "ann")] {
+            all.descriptors
+                .extend(request("edge", &[(key, value)]).descriptors);
+        }
+        let (mut seen, mut calls) = (Vec::new(), Vec::new());
+        for _ in 0..4 {
+            let before = script_calls(&server);
+            let reply = client
+                .should_rate_limit(all.clone())
+                .await
+                .expect("an answer")
+                .into_inner();
+            let left = |i: usize| reply.statuses[i].limit_remaining;
+            seen.push((reply.overall_code(), left(0), left(1)));
+            calls.push(script_calls(&server) - before);
+        }
+        assert_eq!(seen, expected, "{mode:?}");
+        assert_eq!(calls, expected_calls, "{mode:?}: script calls per request");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_directory_is_applied_without_a_restart_and_a_bad_change_keeps_the_loaded_set() {
     let dir = ConfigDir::new(&[("edge.yaml", PER_HOUR_3)]);

@@ -35,9 +35,9 @@ use std::future::Future;
 
 use tollgate_core::store::LostCharge;
 use tollgate_core::token_lease::{TokenLeaseGrant, TokenLeaseRequest};
-use tollgate_core::{Decision, Policy, Store, StoreError, Timestamp};
+use tollgate_core::{Check, Decision, Policy, Store, StoreError, Timestamp};
 
-use super::deny_cache::{Asked, DenyCacheConfig, DenyTable};
+use super::deny_cache::{Asked, DenyCacheConfig, DenyTable, KeyDigests};
 use crate::Name;
 
 impl DenyCacheConfig {
@@ -110,6 +110,52 @@ impl<S: Store> Store for DenyCachedStore<S> {
             Asked::Cached(decision) => Ok(decision),
             Asked::Store(result) => result,
         }
+    }
+
+    /// The wrapped store's one call; its denials are cached, and its admissions' next denials if it wrote them.
+    /// `None` (each check then takes [`check`](Store::check)'s way) when a check that does not refuse the others
+    /// has an entry in the cache (a cached denial, or one just expired whose single flight the key's requests
+    /// share): the cache answers it. An enforced check is asked with the others even so: a cached denial would
+    /// refuse the request, and the one call that the others need for what they have left refuses it as well,
+    /// spending nothing.
+    fn check_all(
+        &self,
+        checks: &[Check<'_>],
+    ) -> Option<impl Future<Output = Result<Vec<Decision>, StoreError>> + Send> {
+        let keys: Vec<KeyDigests> = checks
+            .iter()
+            .map(|c| self.table.key_under(c.key, c.policy))
+            .collect();
+        if keys
+            .iter()
+            .zip(checks)
+            .any(|(&key, c)| !c.enforced && self.table.holds_entry(key, c.cost))
+        {
+            return None;
+        }
+        let sent = self.table.now();
+        let call = self.store.check_all(checks)?;
+        Some(async move {
+            let decisions = call.await?;
+            let committed = decisions
+                .iter()
+                .zip(checks)
+                .all(|(d, c)| d.is_allowed() || !c.enforced);
+            for ((decision, c), key) in decisions.iter().zip(checks).zip(keys) {
+                if committed || !decision.is_allowed() {
+                    self.table.record(
+                        key,
+                        c.key,
+                        c.policy,
+                        c.cost,
+                        sent,
+                        std::time::Duration::ZERO,
+                        decision,
+                    );
+                }
+            }
+            Ok(decisions)
+        })
     }
 
     // No look-up of its own here: `check` answers a cached denial without I/O, and a look-up in both would hash
