@@ -19,7 +19,6 @@
 //! is that row, the same limiter with nobody listening: what listening costs a request.
 
 use std::net::SocketAddr;
-use std::process::Command;
 
 #[path = "support/axum_variants.rs"]
 mod axum_variants;
@@ -105,37 +104,8 @@ fn load(runtime: &tokio::runtime::Runtime, addr: SocketAddr, requests: u64) {
 
 /// Instructions per request of variant `v`, counted by callgrind over `requests` requests.
 fn count(v: usize, requests: u64) -> Result<f64, String> {
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out_file = std::env::temp_dir().join(format!(
-        "tollgate-axum-instructions-{}-{v}.out",
-        std::process::id()
-    ));
-    let status = Command::new("valgrind")
-        .arg("--tool=callgrind")
-        .arg("--toggle-collect=*measured_requests*")
-        .arg(format!("--callgrind-out-file={}", out_file.display()))
-        .arg(&me)
-        .args(["--child", &v.to_string(), &requests.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run valgrind ({e}); install it (apt-get install valgrind)"))?;
-    if !status.success() {
-        return Err(format!(
-            "the child for variant {v} failed under valgrind ({status}); run it alone: {} --child {v} {requests}",
-            me.display()
-        ));
-    }
-    let text = std::fs::read_to_string(&out_file).map_err(|e| e.to_string())?;
-    let _ = std::fs::remove_file(&out_file);
-    let total: u64 = text
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("summary:")
-                .or_else(|| l.strip_prefix("totals:"))
-        })
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| format!("no instruction total in {}", out_file.display()))?;
+    let args = ["--child".to_owned(), v.to_string(), requests.to_string()];
+    let total = tollgate_testkit::callgrind::instructions("*measured_requests*", &args)?;
     Ok(total as f64 / requests as f64)
 }
 

@@ -3,7 +3,7 @@
 local set_algorithms = { tb = token_bucket, sw = sliding_window, fw = fixed_window }
 -- Where each algorithm reads its cost among its five arguments.
 local set_cost_at = { tb = 4, sw = 4, fw = 3 }
-local set_replies, set_refused = {}, false
+local set_answers, set_refused = {}, false
 local function set_decide(i, cost)
   local at = 2 + (i - 1) * 7
   local algorithm = ARGV[at]
@@ -15,7 +15,7 @@ local function set_decide(i, cost)
 end
 for i = 1, #KEYS do
   local reply, enforced = set_decide(i, nil)
-  set_replies[i] = reply
+  set_answers[i] = reply
   if reply[1] ~= 0 and enforced then
     set_refused = true
   end
@@ -24,8 +24,8 @@ if set_refused then
   -- Nothing is written: a limit that would have admitted reports what it has left, as a request of cost 0.
   set_writes = nil
   for i = 1, #KEYS do
-    if set_replies[i][1] == 0 then
-      set_replies[i] = set_decide(i, '0')
+    if set_answers[i][1] == 0 then
+      set_answers[i] = set_decide(i, '0')
     end
   end
 else
@@ -33,4 +33,4 @@ else
     set_server.call(unpack(write))
   end
 end
-return set_replies
+return set_answers

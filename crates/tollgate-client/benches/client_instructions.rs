@@ -11,7 +11,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::process::Command;
 
 use http::{Request, Response};
 use http_body_util::{BodyExt as _, Empty, Full};
@@ -129,37 +128,8 @@ fn child(v: usize, requests: u64) {
 }
 
 fn count(v: usize, requests: u64) -> Result<f64, String> {
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out = std::env::temp_dir().join(format!(
-        "tollgate-client-instructions-{}-{v}.out",
-        std::process::id()
-    ));
-    let status = Command::new("valgrind")
-        .arg("--tool=callgrind")
-        .arg("--toggle-collect=*measured_requests*")
-        .arg(format!("--callgrind-out-file={}", out.display()))
-        .arg(&me)
-        .args(["--child", &v.to_string(), &requests.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run valgrind ({e}); install it (apt-get install valgrind)"))?;
-    if !status.success() {
-        return Err(format!(
-            "variant {v} failed under valgrind ({status}): {} --child {v} {requests}",
-            me.display()
-        ));
-    }
-    let text = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
-    let _ = std::fs::remove_file(&out);
-    let total: u64 = text
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("summary:")
-                .or_else(|| l.strip_prefix("totals:"))
-        })
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or("no instruction total")?;
+    let args = ["--child".to_owned(), v.to_string(), requests.to_string()];
+    let total = tollgate_testkit::callgrind::instructions("*measured_requests*", &args)?;
     Ok(total as f64 / requests as f64)
 }
 

@@ -13,7 +13,6 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -178,40 +177,14 @@ fn child(limited: bool, shape: usize, messages: u32, n: u64) {
 
 /// Instructions per call of `messages` messages, counted by callgrind in a child process.
 fn instructions(limited: bool, shape: usize, messages: u32, n: u64) -> Result<f64, String> {
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out = std::env::temp_dir().join(format!(
-        "tollgate-stream-overhead-{}-{limited}-{shape}-{messages}.out",
-        std::process::id()
-    ));
-    let status = Command::new("valgrind")
-        .arg("--tool=callgrind")
-        .arg("--toggle-collect=*measured_calls*")
-        .arg(format!("--callgrind-out-file={}", out.display()))
-        .arg(&me)
-        .args([
-            "--child",
-            &limited.to_string(),
-            &shape.to_string(),
-            &messages.to_string(),
-            &n.to_string(),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map_err(|e| format!("valgrind: {e}"))?;
-    if !status.success() {
-        return Err(format!("the child failed under valgrind ({status})"));
-    }
-    let text = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
-    let _ = std::fs::remove_file(&out);
-    let total: u64 = text
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("summary:")
-                .or_else(|| l.strip_prefix("totals:"))
-        })
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or("no instruction total")?;
+    let args = [
+        "--child".to_owned(),
+        limited.to_string(),
+        shape.to_string(),
+        messages.to_string(),
+        n.to_string(),
+    ];
+    let total = tollgate_testkit::callgrind::instructions("*measured_calls*", &args)?;
     Ok(total as f64 / n as f64)
 }
 

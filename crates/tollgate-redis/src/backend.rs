@@ -264,10 +264,20 @@ impl Connecting {
     }
 }
 
-/// `SCRIPT LOAD` of every script the store runs, in one pipelined round trip.
+/// `SCRIPT LOAD` of every script the store runs: the shortest alone, then the others in one pipelined round trip. A
+/// server that wants a password closes the connection of an unauthenticated client that sends a long argument (a
+/// script of 16 KiB or more) before its `NOAUTH` can be read; the short script's load reads that answer first.
 pub(crate) async fn load_scripts(conn: &mut impl ConnectionLike) -> redis::RedisResult<()> {
+    let mut scripts = crate::script::pinned();
+    scripts.sort_by_key(|s| s.source.len());
+    let (first, rest) = scripts.split_first().expect("scripts to load");
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(first.source)
+        .query_async::<()>(conn)
+        .await?;
     let mut pipe = redis::pipe();
-    for script in crate::script::pinned() {
+    for script in rest {
         pipe.cmd("SCRIPT").arg("LOAD").arg(script.source).ignore();
     }
     pipe.query_async::<()>(conn).await

@@ -266,8 +266,9 @@ fn calls_of(server: &RedisServer, command: &str) -> (u64, u64) {
 
 /// The scripts a connection loads: the token bucket and the sliding window, each also wrapped in the store
 /// operations (peek, lockouts), as its charge after the response and as its token lease; the fixed window and its
-/// store operations; the start-up permission probe; and the three concurrency-lease scripts.
-const PINNED: u64 = 14;
+/// store operations; several limits decided as one; the start-up permission probe; and the three concurrency-lease
+/// scripts.
+const PINNED: u64 = 15;
 
 #[tokio::test]
 async fn scripts_are_loaded_at_start_and_after_a_reconnect_so_a_decision_is_one_evalsha() {

@@ -14,7 +14,6 @@
 //! generated code of this crate), so the figure is tonic's own per-call cost plus the limiter's.
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -144,37 +143,8 @@ fn child(v: usize, n: u64) {
 }
 
 fn instructions(v: usize, n: u64) -> Result<f64, String> {
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out = std::env::temp_dir().join(format!(
-        "tollgate-tonic-overhead-{}-{v}.out",
-        std::process::id()
-    ));
-    let status = Command::new("valgrind")
-        .arg("--tool=callgrind")
-        .arg("--toggle-collect=*measured_calls*")
-        .arg(format!("--callgrind-out-file={}", out.display()))
-        .arg(&me)
-        .args(["--child", &v.to_string(), &n.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map_err(|e| format!("valgrind: {e}"))?;
-    if !status.success() {
-        return Err(format!(
-            "the child of {} failed under valgrind ({status})",
-            VARIANTS[v]
-        ));
-    }
-    let text = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
-    let _ = std::fs::remove_file(&out);
-    let total: u64 = text
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("summary:")
-                .or_else(|| l.strip_prefix("totals:"))
-        })
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or("no instruction total")?;
+    let args = ["--child".to_owned(), v.to_string(), n.to_string()];
+    let total = tollgate_testkit::callgrind::instructions("*measured_calls*", &args)?;
     Ok(total as f64 / n as f64)
 }
 
